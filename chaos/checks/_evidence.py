@@ -1,0 +1,153 @@
+"""Helpers shared by the built-in checks: finding fault ops, ordering events, and citing them as evidence.
+
+Everything here is a pure function of a :class:`~chaos.history.History` (or of events), so checks stay
+testable offline. Evidence strings follow one shape, ``"<kind> <what> at +<seconds since start>s"``, for
+example ``"fault.applied kill-rank1 (op 3) at +12.301s"``, so a reader can find the event in the timeline.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import TypeVar
+
+from pydantic import BaseModel
+
+from chaos.history import FAULT_APPLIED, FAULT_FAILED, TARGET_STEP, Event, History
+
+P = TypeVar("P", bound=BaseModel)
+
+MAX_EVIDENCE = 20
+"""Evidence lists are cut to this many lines (plus a "... N more" line) so reports stay readable."""
+
+
+def narrow(params: BaseModel, model: type[P]) -> P:
+    """``params`` as ``model``; a TypeError (not an assert, which ``-O`` strips) when the runner mixed them up."""
+    if not isinstance(params, model):
+        raise TypeError(f"expected {model.__name__} params, got {type(params).__name__}")
+    return params
+
+
+def _content_key(event: Event) -> tuple[int, str, int, int, str, str]:
+    # A total order on event content: History sorts by ts only (stably), so two events with the same
+    # ts_ns would otherwise keep their input order and a check could depend on how events were fed in.
+    return (
+        event.ts_ns,
+        event.kind,
+        0 if event.rank is None else 1,
+        event.rank if event.rank is not None else 0,
+        event.source,
+        json.dumps(event.data, sort_keys=True, default=str),
+    )
+
+
+def ordered(events: Iterable[Event]) -> list[Event]:
+    """``events`` sorted by time, ties broken by content, so results never depend on input order."""
+    return sorted(events, key=_content_key)
+
+
+def events_of(history: History, pattern: str) -> list[Event]:
+    """Events whose kind matches the glob ``pattern``, in :func:`ordered` order."""
+    return ordered(history.of(pattern))
+
+
+def origin_ns(history: History) -> int:
+    """The timeline's zero: the first event's timestamp (0 for an empty history)."""
+    events = history.events
+    return events[0].ts_ns if events else 0
+
+
+def seconds(delta_ns: int) -> float:
+    """Nanoseconds as float seconds."""
+    return delta_ns / 1e9
+
+
+def fmt_offset(history: History, ts_ns: int) -> str:
+    """``ts_ns`` as an offset from the history's first event, e.g. ``+12.301s``."""
+    return f"+{seconds(ts_ns - origin_ns(history)):.3f}s"
+
+
+def fmt_seconds(value: float) -> str:
+    """A duration for reasons and bounds, e.g. ``2.5s`` (no trailing zeros beyond what is needed)."""
+    return f"{value:.3f}".rstrip("0").rstrip(".") + "s"
+
+
+def attempt_of(event: Event) -> int:
+    """The restart attempt an event belongs to; events without one belong to the first attempt (0)."""
+    attempt = event.get_int("attempt")
+    return 0 if attempt is None else attempt
+
+
+def step_of(event: Event) -> int | None:
+    """``data.step`` as an int, or None."""
+    return event.get_int("step")
+
+
+def describe(event: Event) -> str:
+    """The few fields that identify an event in a sentence (fault name and op, rank, step, attempt)."""
+    parts: list[str] = []
+    fault = event.get_str("fault")
+    if fault is not None:
+        op = event.data.get("op")
+        parts.append(fault if op is None else f"{fault} (op {op})")
+    if event.rank is not None:
+        parts.append(f"rank {event.rank}")
+    step = step_of(event)
+    if step is not None:
+        parts.append(f"step {step}")
+    if event.get_int("attempt") is not None:
+        parts.append(f"attempt {attempt_of(event)}")
+    detector = event.get_str("detector")
+    if detector is not None:
+        parts.append(f"by {detector}")
+    code = event.get_int("code")
+    if code is not None:
+        parts.append(f"code {code}")
+    return " ".join(parts)
+
+
+def cite(history: History, event: Event, note: str = "") -> str:
+    """One evidence line for ``event``: ``"<kind> <describe> at +<offset>s[; note]"``."""
+    what = describe(event)
+    text = (
+        f"{event.kind} {what} at {fmt_offset(history, event.ts_ns)}"
+        if what
+        else (f"{event.kind} at {fmt_offset(history, event.ts_ns)}")
+    )
+    return f"{text}; {note}" if note else text
+
+
+def capped(lines: Sequence[str], limit: int = MAX_EVIDENCE) -> list[str]:
+    """``lines`` cut to ``limit`` entries plus a count of the rest, so a Poisson storm stays readable."""
+    if len(lines) <= limit:
+        return list(lines)
+    return [*lines[:limit], f"... {len(lines) - limit} more"]
+
+
+def label(check: str, fault: str | None = None) -> str:
+    """The result name: ``check[fault]`` when a fault is named (the scenario loader's default label)."""
+    return check if fault is None else f"{check}[{fault}]"
+
+
+def applied_ops(history: History, fault: str) -> list[Event]:
+    """Every ``fault.applied`` event of the fault named ``fault``, in time order (one per applied op)."""
+    return [e for e in events_of(history, FAULT_APPLIED) if e.get_str("fault") == fault]
+
+
+def missing_fault_reason(history: History, fault: str) -> str:
+    """Why a check about ``fault`` cannot judge: it never applied; says whether it failed or what else fired."""
+    reason = f"fault {fault!r} was never applied: no fault.applied event names it"
+    failed = [e for e in events_of(history, FAULT_FAILED) if e.get_str("fault") == fault]
+    if failed:
+        error = failed[0].get_str("error") or failed[0].get_str("message")
+        reason += f"; it failed {len(failed)} time(s)" + (f" ({error})" if error else "")
+    others = sorted({name for e in events_of(history, FAULT_APPLIED) if (name := e.get_str("fault"))})
+    if others:
+        # A typo in the check's fault name is the commonest cause; listing what did fire makes it obvious.
+        reason += f"; faults that were applied: {', '.join(others)}"
+    return reason
+
+
+def step_events(history: History) -> list[Event]:
+    """All ``target.step`` events that carry an integer step, in time order."""
+    return [e for e in events_of(history, TARGET_STEP) if step_of(e) is not None]

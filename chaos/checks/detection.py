@@ -1,0 +1,130 @@
+"""Detection checks: did something notice each fault, and how fast.
+
+``detected_within`` holds every applied op of one fault to a latency bound: the time from its
+``fault.applied`` event to the first event matching a kind glob (``detect.*`` by default) that comes
+strictly after it, optionally only on one rank.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from chaos.checks._evidence import (
+    applied_ops,
+    capped,
+    cite,
+    describe,
+    events_of,
+    fmt_offset,
+    fmt_seconds,
+    label,
+    missing_fault_reason,
+    narrow,
+    seconds,
+)
+from chaos.checks.base import CheckResult, register_check
+from chaos.history import Event, History
+from chaos.units import Duration
+
+if TYPE_CHECKING:
+    from chaos.scenario import Scenario
+
+CHECK_DETECTED_WITHIN = "detected_within"
+
+
+class DetectedWithinParams(BaseModel):
+    """Parameters of ``detected_within``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    fault: str = Field(description="name of the scenario fault whose every applied op must be detected")
+    within: Duration = Field(
+        description="largest allowed time from fault.applied to the first detection (e.g. 10s, 2m, 0.5)"
+    )
+    event: str = Field(
+        default="detect.*",
+        min_length=1,
+        description="glob over event kinds that count as a detection (e.g. detect.collective_*)",
+    )
+    rank: int | None = Field(
+        default=None, ge=0, description="count only detections reported on this rank; null means any rank"
+    )
+
+
+@register_check(
+    CHECK_DETECTED_WITHIN,
+    DetectedWithinParams,
+    summary="every applied op of a fault is followed by a matching detection event within a time bound",
+)
+def detected_within(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
+    """Worst detection latency over the fault's applied ops, in seconds.
+
+    For each ``fault.applied`` of ``fault``: latency = first event matching ``event`` (and ``rank`` when
+    set) strictly after the applied timestamp, minus that timestamp. ``pass`` when every op has a detection
+    and the worst latency is ``<= within``; ``fail`` when an op has none or one is too slow; ``unknown``
+    when the fault was never applied (so a fault that silently failed to fire cannot pass).
+    """
+    p = narrow(params, DetectedWithinParams)
+    name = label(CHECK_DETECTED_WITHIN, p.fault)
+    bound = f"<= {fmt_seconds(p.within)}"
+    ops = applied_ops(history, p.fault)
+    if not ops:
+        return CheckResult(
+            check=CHECK_DETECTED_WITHIN,
+            name=name,
+            status="unknown",
+            bound=bound,
+            unit="s",
+            reason=missing_fault_reason(history, p.fault),
+        )
+
+    where = f"{p.event!r}" + ("" if p.rank is None else f" on rank {p.rank}")
+    candidates = [e for e in events_of(history, p.event) if p.rank is None or e.rank == p.rank]
+    evidence: list[str] = []
+    undetected: list[Event] = []
+    worst: tuple[float, Event] | None = None
+    for op in ops:
+        # Strictly after: an event at the very same instant cannot have been caused by the fault.
+        first = next((e for e in candidates if e.ts_ns > op.ts_ns), None)
+        if first is None:
+            undetected.append(op)
+            evidence.append(cite(history, op, f"no event matching {where} after it"))
+            continue
+        latency = seconds(first.ts_ns - op.ts_ns)
+        evidence.append(cite(history, op))
+        evidence.append(cite(history, first, f"{fmt_seconds(latency)} after {describe(op) or op.kind}"))
+        if worst is None or latency > worst[0]:
+            worst = (latency, op)
+
+    verdict = partial(
+        CheckResult,
+        check=CHECK_DETECTED_WITHIN,
+        name=name,
+        bound=bound,
+        unit="s",
+        evidence=capped(evidence),
+        measured=None if worst is None else worst[0],
+    )
+    if undetected:
+        first_missed = undetected[0]
+        return verdict(
+            status="fail",
+            reason=(
+                f"{len(undetected)} of {len(ops)} op(s) of {p.fault!r} were never detected: no event matching "
+                f"{where} after {describe(first_missed)} at {fmt_offset(history, first_missed.ts_ns)}"
+            ),
+        )
+    assert worst is not None  # every op was detected, so a worst latency exists
+    latency, op = worst
+    if latency > p.within:
+        return verdict(
+            status="fail",
+            reason=(f"detection of {describe(op)} took {fmt_seconds(latency)}, over the {fmt_seconds(p.within)} bound"),
+        )
+    return verdict(
+        status="pass",
+        reason=f"all {len(ops)} op(s) of {p.fault!r} detected; worst {fmt_seconds(latency)} ({describe(op)})",
+    )

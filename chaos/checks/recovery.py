@@ -1,0 +1,304 @@
+"""Recovery checks: does training make progress again after a fault, how much work is redone, does it finish.
+
+- ``recovered_within``: time from each applied op of a fault to the first step beyond the highest step
+  reached before it.
+- ``lost_work_at_most``: steps recomputed because a restarted attempt resumed from an older checkpoint.
+- ``completes``: the job's final exit code is 0.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from chaos.checks._evidence import (
+    applied_ops,
+    attempt_of,
+    capped,
+    cite,
+    describe,
+    events_of,
+    fmt_offset,
+    fmt_seconds,
+    label,
+    missing_fault_reason,
+    narrow,
+    seconds,
+    step_events,
+    step_of,
+)
+from chaos.checks.base import CheckResult, Status, register_check
+from chaos.history import (
+    FAULT_APPLIED,
+    TARGET_EXIT,
+    TARGET_RESTART,
+    TARGET_RESUME,
+    TARGET_START,
+    Event,
+    History,
+)
+from chaos.units import Duration
+
+if TYPE_CHECKING:
+    from chaos.scenario import Scenario
+
+CHECK_RECOVERED_WITHIN = "recovered_within"
+CHECK_LOST_WORK = "lost_work_at_most"
+CHECK_COMPLETES = "completes"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# recovered_within
+
+
+class RecoveredWithinParams(BaseModel):
+    """Parameters of ``recovered_within``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    fault: str = Field(description="name of the scenario fault after whose every applied op training must progress")
+    within: Duration = Field(
+        description="largest allowed time from fault.applied to the first step beyond the pre-fault high-water mark"
+    )
+
+
+@register_check(
+    CHECK_RECOVERED_WITHIN,
+    RecoveredWithinParams,
+    summary="after each applied op of a fault, training passes its pre-fault highest step within a time bound",
+)
+def recovered_within(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
+    """Worst time to progress, in seconds, over the fault's applied ops.
+
+    For an op applied at T: S = highest ``target.step`` step (any rank) at or before T; the op is recovered
+    at the first ``target.step`` after T with step > S, so merely replaying steps from an older checkpoint
+    does not count. Evidence also gives the time to the first step of a newer attempt (a restart), if any.
+    ``fail`` when some op is never followed by progress past S or the worst time exceeds ``within``;
+    ``unknown`` when the fault never applied, or an op came before any step (no S to pass).
+    """
+    p = narrow(params, RecoveredWithinParams)
+    name = label(CHECK_RECOVERED_WITHIN, p.fault)
+    bound = f"<= {fmt_seconds(p.within)}"
+    ops = applied_ops(history, p.fault)
+    if not ops:
+        return CheckResult(
+            check=CHECK_RECOVERED_WITHIN,
+            name=name,
+            status="unknown",
+            bound=bound,
+            unit="s",
+            reason=missing_fault_reason(history, p.fault),
+        )
+
+    steps = step_events(history)
+    evidence: list[str] = []
+    stuck: list[tuple[Event, int]] = []
+    no_baseline: list[Event] = []
+    worst: tuple[float, Event] | None = None
+    for op in ops:
+        before = [e for e in steps if e.ts_ns <= op.ts_ns]
+        if not before:
+            no_baseline.append(op)
+            evidence.append(cite(history, op, "no target.step at or before it"))
+            continue
+        high = max(before, key=lambda e: (step_of(e) or 0, e.ts_ns))
+        high_step = step_of(high) or 0
+        attempt_then = max(attempt_of(e) for e in before)
+        after = [e for e in steps if e.ts_ns > op.ts_ns]
+        evidence.append(cite(history, op, f"highest step before it: {high_step}"))
+        restarted = next((e for e in after if attempt_of(e) > attempt_then), None)
+        if restarted is not None:
+            # Why a separate line: "time to first step after restart" separates restart cost from the
+            # recomputation that follows, which is what a slow recovery usually needs explained.
+            evidence.append(
+                cite(
+                    history,
+                    restarted,
+                    f"first step after restart, {fmt_seconds(seconds(restarted.ts_ns - op.ts_ns))} after the fault",
+                )
+            )
+        progressed = next((e for e in after if (step_of(e) or 0) > high_step), None)
+        if progressed is None:
+            stuck.append((op, high_step))
+            evidence.append(f"no target.step beyond step {high_step} after {describe(op)}")
+            continue
+        latency = seconds(progressed.ts_ns - op.ts_ns)
+        evidence.append(cite(history, progressed, f"recovered {fmt_seconds(latency)} after the fault"))
+        if worst is None or latency > worst[0]:
+            worst = (latency, op)
+
+    verdict = partial(
+        CheckResult,
+        check=CHECK_RECOVERED_WITHIN,
+        name=name,
+        bound=bound,
+        unit="s",
+        evidence=capped(evidence),
+        measured=None if worst is None else worst[0],
+    )
+    # A definite failure outranks "cannot tell": report fail even when another op lacked a baseline.
+    if stuck:
+        op, high_step = stuck[0]
+        return verdict(
+            status="fail",
+            reason=(
+                f"{len(stuck)} of {len(ops)} op(s) of {p.fault!r} never recovered: no step beyond {high_step} "
+                f"after {describe(op)} at {fmt_offset(history, op.ts_ns)}"
+            ),
+        )
+    if worst is not None and worst[0] > p.within:
+        return verdict(
+            status="fail",
+            reason=f"recovery from {describe(worst[1])} took {fmt_seconds(worst[0])}, over the {fmt_seconds(p.within)} bound",
+        )
+    if no_baseline:
+        op = no_baseline[0]
+        return verdict(
+            status="unknown",
+            reason=(
+                f"{describe(op)} was applied at {fmt_offset(history, op.ts_ns)} before any target.step, "
+                "so there is no pre-fault step to progress past"
+            ),
+        )
+    assert worst is not None  # every op had a baseline and progressed, so a worst latency exists
+    return verdict(
+        status="pass",
+        reason=f"all {len(ops)} op(s) of {p.fault!r} recovered; worst {fmt_seconds(worst[0])} ({describe(worst[1])})",
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# lost_work_at_most
+
+
+class LostWorkParams(BaseModel):
+    """Parameters of ``lost_work_at_most``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    steps: int = Field(
+        ge=0, description="most steps any restart may recompute (highest step reached before it minus resume step)"
+    )
+
+
+def _lowest_rank_first(event: Event) -> tuple[int, int, int]:
+    # Rank 0 (or the lowest rank present) speaks for an attempt; rank None (a job-level event) comes last.
+    return (1, 0, event.ts_ns) if event.rank is None else (0, event.rank, event.ts_ns)
+
+
+@register_check(
+    CHECK_LOST_WORK,
+    LostWorkParams,
+    summary="every restart resumes close enough to where training had got that it recomputes at most N steps",
+)
+def lost_work_at_most(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
+    """Most steps recomputed by any restart.
+
+    Restarts are the attempts newer than the first one seen on ``target.start``/``step``/``resume``/
+    ``restart`` events. For restarted attempt A resuming from step R (its rank-0, else lowest-rank,
+    ``target.resume``): recomputed = max(0, highest step reached in attempts < A - R). An attempt without a
+    ``target.resume`` but with steps is taken to resume from (its first step - 1), so a silent restart from
+    scratch still counts; one with neither recomputed nothing itself and is skipped.
+    ``pass`` with 0 when faults fired but nothing restarted; ``unknown`` when no fault was applied at all
+    (nothing could lose work) or no step was recorded.
+    """
+    p = narrow(params, LostWorkParams)
+    bound = f"<= {p.steps} steps"
+    verdict = partial(CheckResult, check=CHECK_LOST_WORK, name=CHECK_LOST_WORK, bound=bound, unit=" steps")
+    applied = events_of(history, FAULT_APPLIED)
+    if not applied:
+        return verdict(status="unknown", reason="no fault.applied event: no fault fired, so no work could be lost")
+    steps = step_events(history)
+    if not steps:
+        return verdict(status="unknown", reason="no target.step event with a step number: progress was not recorded")
+
+    resumes = [e for e in events_of(history, TARGET_RESUME) if step_of(e) is not None]
+    lifecycle = [*steps, *resumes, *events_of(history, TARGET_START), *events_of(history, TARGET_RESTART)]
+    first_attempt = min(attempt_of(e) for e in lifecycle)
+    restarted = sorted({attempt_of(e) for e in lifecycle} - {first_attempt})
+    if not restarted:
+        return verdict(
+            status="pass",
+            measured=0.0,
+            reason="no restart: nothing recomputed",
+            evidence=[f"{len(applied)} fault op(s) applied, all {len(steps)} steps in attempt {first_attempt}"],
+        )
+
+    evidence: list[str] = []
+    worst: tuple[int, int] | None = None  # (recomputed, attempt)
+    for attempt in restarted:
+        earlier = [step_of(e) or 0 for e in steps if attempt_of(e) < attempt]
+        reached = max(earlier, default=0)
+        own = sorted((e for e in resumes if attempt_of(e) == attempt), key=_lowest_rank_first)
+        if own:
+            resumed_at = step_of(own[0]) or 0
+            source = cite(history, own[0])
+        else:
+            mine = [step_of(e) or 0 for e in steps if attempt_of(e) == attempt]
+            if not mine:
+                evidence.append(f"attempt {attempt}: no target.resume and no steps, nothing recomputed in it")
+                continue
+            resumed_at = min(mine) - 1
+            source = (
+                f"attempt {attempt} has no target.resume; its first step {min(mine)} implies resume from {resumed_at}"
+            )
+        recomputed = max(0, reached - resumed_at)
+        evidence.append(f"{source}; highest earlier step {reached}, recomputed {recomputed}")
+        if worst is None or recomputed > worst[0]:
+            worst = (recomputed, attempt)
+
+    if worst is None:
+        return verdict(
+            status="pass",
+            measured=0.0,
+            evidence=capped(evidence),
+            reason="restarted attempts neither resumed nor stepped: nothing recomputed",
+        )
+    recomputed, attempt = worst
+    status: Status = "pass" if recomputed <= p.steps else "fail"
+    return verdict(
+        status=status,
+        measured=float(recomputed),
+        evidence=capped(evidence),
+        reason=(
+            f"worst restart (attempt {attempt}) recomputed {recomputed} step(s)"
+            + ("" if status == "pass" else f", over the bound of {p.steps}")
+        ),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# completes
+
+
+class CompletesParams(BaseModel):
+    """``completes`` takes no parameters."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+@register_check(CHECK_COMPLETES, CompletesParams, summary="the job's last target.exit has code 0")
+def completes(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
+    """The exit code of the last ``target.exit``: ``pass`` when 0, ``fail`` otherwise, ``unknown`` when the
+    history holds no ``target.exit`` (the run was cut off) or the last one carries no integer code."""
+    narrow(params, CompletesParams)
+    verdict = partial(CheckResult, check=CHECK_COMPLETES, name=CHECK_COMPLETES, bound="== 0")
+    exits = events_of(history, TARGET_EXIT)
+    if not exits:
+        return verdict(status="unknown", reason="no target.exit event: the job's end was never recorded")
+    last = exits[-1]
+    code = last.get_int("code")
+    if code is None:
+        return verdict(
+            status="unknown",
+            evidence=[cite(history, last)],
+            reason=f"the last target.exit (at {fmt_offset(history, last.ts_ns)}) carries no integer code",
+        )
+    return verdict(
+        status="pass" if code == 0 else "fail",
+        measured=float(code),
+        evidence=[cite(history, last)],
+        reason="job exited with code 0" if code == 0 else f"job exited with code {code}",
+    )

@@ -1,0 +1,207 @@
+"""The ``mlchaos`` command line: run, validate, schema, list, plan, cleanup.
+
+Exit codes (stable, for CI): 0 every check passed; 1 a check failed (or was unknown); 2 invalid input or a
+fault unsupported here (nothing was applied); 3 the harness itself failed or was interrupted (faults healed).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from pydantic import BaseModel
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from chaos import registry
+from chaos.cluster.local import LocalTransport
+from chaos.journal import heal_leftovers
+from chaos.plan import make_plan
+from chaos.runner import EXIT_INVALID, EXIT_PASS, RunOptions, RunResult, RunStatus, execute
+from chaos.scenario import Scenario, ScenarioError, json_schema, load_scenario
+
+app = typer.Typer(
+    name="mlchaos",
+    help="Fault injection and chaos testing for distributed ML training and serving.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+# Not a terminal (CI logs): a fixed 120 columns rather than rich's 80, so tables stay readable.
+_WIDTH = None if sys.stdout.isatty() else 120
+console = Console(highlight=False, soft_wrap=True, width=_WIDTH)
+errors = Console(stderr=True, highlight=False, soft_wrap=True)
+
+_STATUS_STYLE = {"pass": "bold green", "fail": "bold red", "unknown": "bold yellow"}
+
+
+def _load_all(files: list[Path]) -> list[tuple[Path, Scenario]]:
+    loaded, problems = [], []
+    for file in files:
+        try:
+            loaded.append((file, load_scenario(file)))
+        except ScenarioError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        for problem in problems:
+            errors.print(f"[red]error[/red] {escape(str(problem))}")
+        errors.print(f"{len(problems)} problem(s); nothing was run.")
+        raise typer.Exit(EXIT_INVALID)
+    return loaded
+
+
+@app.command()
+def validate(files: Annotated[list[Path], typer.Argument(help="scenario YAML files")]) -> None:
+    """Check scenario files without running anything; errors name file:line:column and a fix."""
+    for file, scenario in _load_all(files):
+        console.print(
+            f"[green]ok[/green] {file}: {scenario.name} "
+            f"({len(scenario.faults)} fault(s), {len(scenario.checks)} check(s))"
+        )
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of scenario files (for editor completion)."""
+    sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")
+
+
+def _params_text(model: type[BaseModel]) -> str:
+    parts = []
+    for name, field in model.model_fields.items():
+        default = "" if field.is_required() else f"={field.default!r}"
+        parts.append(f"{name}{default}")
+    return ", ".join(parts) or "-"
+
+
+@app.command("list")
+def list_plugins() -> None:
+    """Show every injector and check with its parameters."""
+    table = Table(title="injectors (faults: type)")
+    for column in ("type", "what it does", "params"):
+        table.add_column(column)
+    for name, cls in registry.injectors().items():
+        table.add_row(name, cls.summary, _params_text(cls.Params))
+    console.print(table)
+    table = Table(title="checks (checks: type)")
+    for column in ("type", "what it asserts", "params"):
+        table.add_column(column)
+    for name, spec in registry.checks().items():
+        table.add_row(name, spec.summary, _params_text(spec.Params))
+    console.print(table)
+
+
+@app.command()
+def plan(
+    file: Annotated[Path, typer.Argument(help="scenario YAML file")],
+    seed: Annotated[Optional[int], typer.Option(help="override the scenario's seed")] = None,  # noqa: UP007
+) -> None:
+    """Show the fault plan a run would follow (seeded: the same seed gives the same plan)."""
+    [(_, scenario)] = _load_all([file])
+    planned = make_plan(scenario, seed)
+    console.print(f"plan for [bold]{scenario.name}[/bold], seed {planned.seed}:")
+    for op in planned.ops:
+        console.print(f"  {op.describe()}")
+
+
+@app.command()
+def cleanup() -> None:
+    """Heal every fault a dead run left applied (from the journal). Safe to run any time."""
+    lines = heal_leftovers(LocalTransport(), log=lambda line: console.print(escape(line)), only_dead_owners=False)
+    if not lines:
+        console.print("nothing to heal: no fault is left applied by any mlchaos run")
+
+
+def _print_results(result: RunResult) -> None:
+    table = Table(title=f"{result.scenario.name}: {result.verdict.upper()}")
+    for column in ("check", "result", "measured", "bound", "why"):
+        table.add_column(column)
+    for check in result.results:
+        style = _STATUS_STYLE[check.status]
+        why = "" if check.status == "pass" else check.reason  # a pass says it all in measured vs bound
+        table.add_row(check.name, f"[{style}]{check.status}[/{style}]", check.measured_text(), check.bound or "", why)
+    console.print(table)
+    if result.error:
+        errors.print(f"[red]{escape(result.error)}[/red]")
+    console.print(f"ended by: {result.ended_by}; reports: {result.run_dir}")
+
+
+@app.command()
+def run(
+    files: Annotated[list[Path], typer.Argument(help="scenario YAML files")],
+    seed: Annotated[Optional[int], typer.Option(help="override the scenario's seed")] = None,  # noqa: UP007
+    repeat: Annotated[int, typer.Option(min=1, help="run each scenario N times; report pass rate per check")] = 1,
+    report_dir: Annotated[Path, typer.Option(help="where run folders are written")] = Path("reports"),
+    golden: Annotated[bool, typer.Option(help="do the fault-free golden run when a check needs it")] = True,
+    golden_cache: Annotated[bool, typer.Option(help="reuse a cached golden digest for the same job")] = True,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="only the verdict table")] = False,
+) -> None:
+    """Run scenarios against their targets, inject the faults, heal, judge and write reports."""
+    scenarios = _load_all(files)
+    worst = EXIT_PASS
+    options = RunOptions(report_root=report_dir, seed=seed, golden=golden, golden_cache=golden_cache)
+    for file, scenario in scenarios:
+        outcomes: list[RunResult] = []
+        for index in range(repeat):
+            label = f" (run {index + 1}/{repeat})" if repeat > 1 else ""
+            console.print(f"[bold]{scenario.name}[/bold]{label}: {escape(scenario.description.strip())}")
+            result = _run_one(scenario, replace(options, scenario_file=file), quiet)
+            outcomes.append(result)
+            _print_results(result)
+            worst = max(worst, result.exit_code) if result.exit_code != EXIT_INVALID else EXIT_INVALID
+        if repeat > 1:
+            _print_pass_rates(scenario, outcomes)
+    raise typer.Exit(worst)
+
+
+def _run_one(scenario: Scenario, options: RunOptions, quiet: bool) -> RunResult:
+    def log(line: str) -> None:
+        if not quiet:
+            console.print(f"  {escape(line)}")
+
+    if console.is_terminal and not quiet:
+        with console.status("starting …") as live:
+
+            def status(snapshot: RunStatus) -> None:
+                live.update(
+                    f"+{snapshot.elapsed_s:5.1f}s  step {snapshot.step if snapshot.step is not None else '-'}  "
+                    f"faults {snapshot.fired}/{snapshot.planned}  active: {', '.join(snapshot.active) or 'none'}"
+                )
+
+            result = execute(scenario, options, log=log, status=status)
+    else:
+        result = execute(scenario, options, log=log)
+    return result
+
+
+def _print_pass_rates(scenario: Scenario, outcomes: list[RunResult]) -> None:
+    rates: dict[str, list[str]] = defaultdict(list)
+    for outcome in outcomes:
+        for check in outcome.results:
+            rates[check.name].append(check.status)
+    table = Table(title=f"{scenario.name}: pass rate over {len(outcomes)} runs")
+    for column in ("check", "pass rate", "fail", "unknown"):
+        table.add_column(column)
+    for name, statuses in rates.items():
+        passed = statuses.count("pass")
+        table.add_row(
+            name, f"{passed}/{len(statuses)} ({100 * passed / len(statuses):.0f}%)",
+            str(statuses.count("fail")), str(statuses.count("unknown")),
+        )
+    verdicts = [o.verdict for o in outcomes]
+    table.caption = f"runs passed: {verdicts.count('pass')}/{len(outcomes)}"
+    console.print(table)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
+

@@ -1,0 +1,1 @@
+"""Transports: how the harness runs commands on hosts (local now; SSH and Docker behind the same protocol)."""

@@ -1,0 +1,71 @@
+"""The Transport protocol every host access goes through, and the small value types it returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Protocol
+
+
+class TransportError(RuntimeError):
+    """A command could not be run on a host at all (not: it ran and exited non-zero)."""
+
+
+@dataclass(frozen=True)
+class Completed:
+    """A finished command: exit code and captured text."""
+
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+class HostProcess(Protocol):
+    """A process started on a host by :meth:`Transport.spawn`."""
+
+    @property
+    def pid(self) -> int: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, signum: int) -> None: ...
+
+    @property
+    def stdout(self) -> IO[bytes] | None: ...
+
+
+class Transport(Protocol):
+    """Runs argv lists (never shell strings) on one host."""
+
+    host: str
+
+    def run(self, argv: list[str], *, timeout: float = 30.0, check: bool = False) -> Completed:
+        """Run to completion; raise TransportError on timeout or when ``check`` and the exit code is non-zero."""
+        ...
+
+    def spawn(
+        self,
+        argv: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        kill_with_parent: int | None = None,
+    ) -> HostProcess:
+        """Start ``argv`` in its own session with stdout+stderr piped; ``kill_with_parent`` is a signal
+        delivered to it if the harness dies (so a SIGKILLed harness does not orphan a training job)."""
+        ...
+
+    def put(self, data: bytes, path: str) -> None:
+        """Write ``data`` to ``path`` on the host atomically."""
+        ...
+
+    def clock_offset(self) -> float:
+        """Seconds to add to host timestamps to put them on the harness timeline."""
+        ...

@@ -1,0 +1,117 @@
+"""The local transport: this machine, through subprocess with argv lists."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+from chaos.cluster.base import Completed, TransportError
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _death_signal(signum: int) -> None:
+    """Ask the kernel to send ``signum`` to this (child) process when its parent dies."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
+
+
+class LocalTransport:
+    """Runs commands on the harness's own host."""
+
+    host = "local"
+
+    def run(self, argv: list[str], *, timeout: float = 30.0, check: bool = False) -> Completed:
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise TransportError(f"{argv[0]} timed out after {timeout:.0f}s on {self.host}") from exc
+        except OSError as exc:
+            raise TransportError(f"cannot run {argv[0]} on {self.host}: {exc}") from exc
+        done = Completed(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
+        if check and not done.ok:
+            raise TransportError(
+                f"{' '.join(argv)} exited {proc.returncode} on {self.host}: {proc.stderr.strip()[:300]}"
+            )
+        return done
+
+    def spawn(
+        self,
+        argv: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        kill_with_parent: int | None = None,
+    ) -> subprocess.Popen[bytes]:
+        preexec = None
+        if kill_with_parent is not None:
+            death = kill_with_parent
+
+            def preexec() -> None:
+                _death_signal(death)
+
+        try:
+            return subprocess.Popen(
+                argv,
+                env=env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=preexec,
+            )
+        except OSError as exc:
+            raise TransportError(f"cannot start {argv[0]} on {self.host}: {exc}") from exc
+
+    def put(self, data: bytes, path: str) -> None:
+        target = Path(path)
+        tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+
+    def clock_offset(self) -> float:
+        return 0.0
+
+
+def process_start_time(pid: int) -> int | None:
+    """The kernel's start time of ``pid`` (clock ticks since boot), to tell a pid from its reuse; None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces and parentheses; fields after the last ')' are fixed.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return int(fields[19])
+
+
+def process_state(pid: int) -> str | None:
+    """One-letter state of ``pid`` (R, S, T for stopped, Z …), or None when it no longer exists."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2]
+
+
+def signal_number(name: str | int) -> int:
+    """``SIGKILL``/``KILL``/``9`` -> 9; ValueError naming the valid spellings otherwise."""
+    if isinstance(name, int):
+        return name
+    text = name.upper()
+    if text.isdigit():
+        return int(text)
+    if not text.startswith("SIG"):
+        text = "SIG" + text
+    try:
+        return int(signal.Signals[text])
+    except KeyError:
+        raise ValueError(f"unknown signal {name!r}; use a name such as SIGKILL, SIGTERM or SIGSTOP") from None

@@ -1,0 +1,232 @@
+"""The run's one timeline: typed events, an append-only JSONL history, and the recorders that feed it.
+
+Everything the runner learns (faults applied and healed, steps, checkpoints, restarts, detections, exits)
+becomes an :class:`Event` in one :class:`History`. Checks read only the history, never the target, so every
+check can be exercised offline on recorded or hand-made histories.
+
+Event kinds used across the project (``detect.*`` and ``runner.*`` are open families):
+
+- ``fault.applied`` / ``fault.healed`` / ``fault.failed``: data ``fault`` (name), ``op`` (plan op id), ``injector``
+- ``target.start`` (a rank process started: ``pid``, ``attempt``), ``target.step`` (``step``, ``loss``,
+  ``samples``, ``attempt``), ``target.checkpoint`` (``step``, ``path``), ``target.resume`` (``step``),
+  ``target.restart``, ``target.exit`` (``code``), ``target.digest`` (``digest``, ``step``)
+- ``detect.<what>``: something noticed a fault (``detector``, ``message``), on ``rank`` when known
+- ``runner.*``: the harness's own milestones (``runner.start``, ``runner.golden``, ``runner.abort`` …)
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, JsonValue
+
+FAULT_APPLIED = "fault.applied"
+FAULT_HEALED = "fault.healed"
+FAULT_FAILED = "fault.failed"
+TARGET_START = "target.start"
+TARGET_STEP = "target.step"
+TARGET_CHECKPOINT = "target.checkpoint"
+TARGET_RESUME = "target.resume"
+TARGET_RESTART = "target.restart"
+TARGET_EXIT = "target.exit"
+TARGET_DIGEST = "target.digest"
+RUNNER_GOLDEN = "runner.golden"
+
+
+class Event(BaseModel):
+    """One timestamped fact. ``ts_ns`` is wall-clock nanoseconds on the harness timeline."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ts_ns: int
+    kind: str
+    source: str = "runner"
+    rank: int | None = None
+    data: dict[str, JsonValue] = {}
+
+    def matches(self, pattern: str) -> bool:
+        """True when ``kind`` matches a glob such as ``detect.*`` or an exact kind."""
+        return fnmatch.fnmatchcase(self.kind, pattern)
+
+    def get_int(self, key: str) -> int | None:
+        """``data[key]`` as an int, or None when absent or not an integer."""
+        value = self.data.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def get_str(self, key: str) -> str | None:
+        """``data[key]`` as a str, or None when absent or not a string."""
+        value = self.data.get(key)
+        return value if isinstance(value, str) else None
+
+
+def now_ns() -> int:
+    """The harness clock: wall time in ns, so events from separate processes share one timeline."""
+    return time.time_ns()
+
+
+class History:
+    """Append-only, thread-safe event log; mirrored line by line to a JSONL file when ``path`` is set."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self._events: list[Event] = []
+        self._lock = threading.Lock()
+        self._path = path
+        self._file = open(path, "a", encoding="utf-8") if path is not None else None  # noqa: SIM115
+
+    @classmethod
+    def from_events(cls, events: Iterable[Event]) -> History:
+        """An in-memory history holding ``events`` sorted by time (for checks and tests)."""
+        history = cls()
+        history._events = sorted(events, key=lambda e: e.ts_ns)
+        return history
+
+    @classmethod
+    def load(cls, path: Path) -> History:
+        """Read a history.jsonl written by a run."""
+        with open(path, encoding="utf-8") as handle:
+            events = [Event.model_validate_json(line) for line in handle if line.strip()]
+        return cls.from_events(events)
+
+    @property
+    def path(self) -> Path | None:
+        return self._path
+
+    def append(self, event: Event) -> Event:
+        """Add ``event`` (kept in time order) and persist it before returning."""
+        with self._lock:
+            if self._events and event.ts_ns < self._events[-1].ts_ns:
+                # Job events arrive slightly late through file tails; keep the list sorted by time.
+                index = len(self._events)
+                while index > 0 and self._events[index - 1].ts_ns > event.ts_ns:
+                    index -= 1
+                self._events.insert(index, event)
+            else:
+                self._events.append(event)
+            if self._file is not None:
+                self._file.write(event.model_dump_json() + "\n")
+                self._file.flush()
+        return event
+
+    def record(
+        self,
+        kind: str,
+        *,
+        source: str = "runner",
+        rank: int | None = None,
+        ts_ns: int | None = None,
+        **data: JsonValue,
+    ) -> Event:
+        """Create and append an event stamped now (or at ``ts_ns``)."""
+        return self.append(
+            Event(ts_ns=now_ns() if ts_ns is None else ts_ns, kind=kind, source=source, rank=rank, data=data)
+        )
+
+    @property
+    def events(self) -> tuple[Event, ...]:
+        with self._lock:
+            return tuple(self._events)
+
+    def of(self, pattern: str, *, after_ns: int | None = None) -> list[Event]:
+        """Events whose kind matches ``pattern`` (glob), optionally strictly after ``after_ns``."""
+        return [
+            e for e in self.events if e.matches(pattern) and (after_ns is None or e.ts_ns > after_ns)
+        ]
+
+    def __iter__(self) -> Iterator[Event]:
+        return iter(self.events)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._events)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class EventFileTail:
+    """Reads new complete JSON lines from the event file a job writes (env ``CHAOS_EVENTS``).
+
+    Lines the job wrote with :func:`chaos.events.emit` are already Event-shaped; anything unparsable is
+    turned into a ``runner.bad_event`` event instead of being dropped silently.
+    """
+
+    def __init__(self, path: Path, source: str = "target") -> None:
+        self.path = path
+        self.source = source
+        self._offset = 0
+        self._partial = b""
+
+    def poll(self) -> list[Event]:
+        """Return events appended since the last poll (never a half-written line)."""
+        try:
+            with open(self.path, "rb") as handle:
+                handle.seek(self._offset)
+                chunk = handle.read()
+        except FileNotFoundError:
+            return []
+        self._offset += len(chunk)
+        data = self._partial + chunk
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        events = []
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                raw = json.loads(line)
+                raw.setdefault("source", self.source)
+                events.append(Event.model_validate(raw))
+            except ValueError as exc:
+                events.append(
+                    Event(
+                        ts_ns=now_ns(),
+                        kind="runner.bad_event",
+                        data={"line": line.decode(errors="replace")[:500], "error": str(exc)[:300]},
+                    )
+                )
+        return events
+
+
+class LogMatcher:
+    """Turns log lines into events: ``pattern`` is a regex; named groups become event data.
+
+    A group named ``rank`` (digits) sets the event's rank. Used by the command target and by torchrun's own
+    agent log (worker failures, restarts).
+    """
+
+    def __init__(self, pattern: str, kind: str, source: str = "log") -> None:
+        self.regex = re.compile(pattern)
+        self.kind = kind
+        self.source = source
+
+    def match(self, line: str, ts_ns: int) -> Event | None:
+        found = self.regex.search(line)
+        if found is None:
+            return None
+        groups = {k: v for k, v in found.groupdict().items() if v is not None}
+        rank_text = groups.pop("rank", None)
+        data: dict[str, JsonValue] = {"line": line.rstrip()[:500]}
+        for key, value in groups.items():
+            data[key] = int(value) if value.lstrip("-").isdigit() else value
+        rank = int(rank_text) if rank_text is not None and rank_text.isdigit() else None
+        return Event(ts_ns=ts_ns, kind=self.kind, source=self.source, rank=rank, data=data)
+
+
+def write_jsonl(path: Path, events: Iterable[Event]) -> None:
+    """Write events to ``path`` atomically (temp file, fsync, rename)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        for event in events:
+            handle.write(event.model_dump_json() + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)

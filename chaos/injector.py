@@ -1,0 +1,101 @@
+"""The injector contract (a Jepsen nemesis / a toxiproxy toxic) and the values passed across it.
+
+Life of one fault op, driven by the runner so that no injector can get the order wrong:
+
+1. ``check(ctx, params)`` before anything is applied: raise :class:`Unsupported` with the reason.
+2. ``prepare(ctx, op)`` resolves the fault's targets (pids, hosts …) WITHOUT changing anything and returns
+   an :class:`Applied` record holding everything needed to undo it.
+3. The runner journals that record (fsync) and arms the dead-man reverter from ``revert_command``.
+4. ``apply(ctx, applied)`` changes the world.
+5. ``heal(ctx, applied)`` undoes it; idempotent, safe after a crash, safe when the target is gone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, JsonValue
+
+if TYPE_CHECKING:
+    from chaos.cluster.base import Transport
+    from chaos.history import History
+
+
+class Unsupported(Exception):
+    """This fault cannot run here (missing kernel feature, tool or permission); the message says why."""
+
+
+class InjectionError(RuntimeError):
+    """A fault could not be applied (its target vanished, a command failed)."""
+
+
+class FaultOp(BaseModel):
+    """One planned firing of a fault: which injector, with which params, for how long."""
+
+    model_config = ConfigDict(frozen=True)
+
+    op_id: str
+    fault: str
+    injector: str
+    params: BaseModel
+    duration_s: float | None = None
+
+
+class Applied(BaseModel):
+    """What a fault changed, in enough detail to undo it from the journal alone (even in another process)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    op_id: str
+    fault: str
+    injector: str
+    host: str = "local"
+    duration_s: float | None = None
+    reversible: bool = True
+    state: dict[str, JsonValue] = {}
+    description: str = ""
+
+
+@runtime_checkable
+class RankResolver(Protocol):
+    """A target that knows which host process runs each rank (e.g. torchrun)."""
+
+    def pids_for_rank(self, rank: int) -> list[int]: ...
+
+    def ranks(self) -> list[int]: ...
+
+
+@dataclass
+class InjectionContext:
+    """What an injector may use: the host transport, the target (for rank lookups) and the history."""
+
+    transport: Transport
+    history: History | None = None
+    target: object | None = None
+    extras: dict[str, object] = field(default_factory=dict)
+
+    def rank_resolver(self) -> RankResolver:
+        if isinstance(self.target, RankResolver):
+            return self.target
+        raise InjectionError("this target does not report ranks; select processes by pid or name instead")
+
+
+class Injector(Protocol):
+    """A fault family member, registered under its YAML ``type`` name."""
+
+    name: ClassVar[str]
+    Params: ClassVar[type[BaseModel]]
+    summary: ClassVar[str]
+
+    def check(self, ctx: InjectionContext, params: BaseModel) -> None: ...
+
+    def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied: ...
+
+    def apply(self, ctx: InjectionContext, applied: Applied) -> None: ...
+
+    def heal(self, ctx: InjectionContext, applied: Applied) -> None: ...
+
+    def revert_command(self, applied: Applied) -> list[str] | None:
+        """Argv that undoes ``applied`` on its host without the harness (for the dead-man switch)."""
+        ...

@@ -1,0 +1,446 @@
+"""The only orchestrator: load -> plan -> setup -> run -> heal (finally) -> golden -> check -> report.
+
+Guarantees:
+- Capabilities are checked for every fault before anything is applied (``Unsupported`` refuses the run).
+- Every fault is journaled (fsync) and, when it has a duration, covered by a detached dead-man reverter
+  BEFORE the world changes; heal runs in ``finally`` in reverse order, also on SIGINT/SIGTERM.
+- A run that stops making progress is ended with a ``no progress`` verdict instead of hanging.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import time
+import types
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from chaos import deadman, registry
+from chaos.checks.base import CheckResult
+from chaos.cluster.local import LocalTransport
+from chaos.history import (
+    FAULT_APPLIED,
+    FAULT_FAILED,
+    FAULT_HEALED,
+    RUNNER_GOLDEN,
+    TARGET_DIGEST,
+    TARGET_EXIT,
+    TARGET_STEP,
+    Event,
+    History,
+)
+from chaos.injector import Applied, InjectionContext, InjectionError, Injector, Unsupported
+from chaos.journal import Journal, heal_leftovers
+from chaos.plan import Plan, PlannedOp, fault_op, make_plan
+from chaos.report.files import write_reports
+from chaos.scenario import Scenario, TorchrunTarget
+from chaos.targets.base import Target
+from chaos.targets.command import CommandJob
+from chaos.targets.torchrun import TorchrunJob
+
+Verdict = Literal["pass", "fail", "error"]
+EXIT_PASS, EXIT_FAIL, EXIT_INVALID, EXIT_HARNESS = 0, 1, 2, 3
+POLL_S = 0.05
+
+
+class RunRefused(Exception):
+    """The run cannot start here (a fault is unsupported, a target is missing); nothing was applied."""
+
+
+class RunInterrupted(Exception):
+    """SIGTERM/SIGHUP reached the harness; raised in the main thread so ``finally`` heals."""
+
+
+@dataclass
+class RunOptions:
+    """How to run: where reports go, seed override, golden-run policy, safety overrides."""
+
+    report_root: Path = Path("reports")
+    seed: int | None = None
+    golden: bool = True
+    golden_cache: bool = True
+    scenario_file: Path | None = None
+
+
+@dataclass
+class RunStatus:
+    """A snapshot for live progress displays."""
+
+    elapsed_s: float
+    step: int | None
+    active: list[str]
+    fired: int
+    planned: int
+    note: str = ""
+
+
+@dataclass
+class RunResult:
+    """The outcome of one run: verdict, exit code, check results and where the reports are."""
+
+    scenario: Scenario
+    plan: Plan
+    run_dir: Path
+    history: History
+    results: list[CheckResult]
+    verdict: Verdict
+    exit_code: int
+    ended_by: str
+    error: str = ""
+    golden_digest: str | None = None
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+Listener = Callable[[str], None]
+StatusListener = Callable[[RunStatus], None]
+
+
+def _quiet(_: object) -> None:
+    pass
+
+
+@contextmanager
+def _signals_raise() -> Iterator[None]:
+    """Turn SIGTERM/SIGHUP into an exception in the main thread so healing runs in ``finally``."""
+
+    def handler(signum: int, _frame: types.FrameType | None) -> None:
+        raise RunInterrupted(signal.Signals(signum).name)
+
+    try:
+        previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    except ValueError:  # not the main thread (e.g. inside a test worker): rely on finally alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+
+
+def make_target(scenario: Scenario, transport: LocalTransport, run_dir: Path, seed: int) -> Target:
+    spec = scenario.target
+    if isinstance(spec, TorchrunTarget):
+        return TorchrunJob(spec, transport, run_dir, seed)
+    return CommandJob(spec, transport, run_dir, seed)
+
+
+class _ActiveFault:
+    def __init__(self, op: PlannedOp, injector: Injector, applied: Applied, deadman_pid: int | None) -> None:
+        self.op = op
+        self.injector = injector
+        self.applied = applied
+        self.deadman_pid = deadman_pid
+        self.heal_at = time.monotonic() + op.duration_s if op.duration_s is not None else None
+
+
+class _Execution:
+    """State of one run in progress (one target, one journal, one history)."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        plan: Plan,
+        run_dir: Path,
+        history: History,
+        log: Listener,
+        status: StatusListener,
+    ) -> None:
+        self.scenario = scenario
+        self.plan = plan
+        self.run_dir = run_dir
+        self.history = history
+        self.log = log
+        self.status = status
+        self.transport = LocalTransport()
+        self.journal = Journal.for_run(run_dir.name)
+        self.target = make_target(scenario, self.transport, run_dir, plan.seed)
+        self.ctx = InjectionContext(self.transport, history=history, target=self.target)
+        self.pending: list[PlannedOp] = list(plan.ops)
+        self.active: list[_ActiveFault] = []
+        self.fired = 0
+        self.step: int | None = None
+        self.event_counts: dict[str, int] = {}
+        self.ended_by = ""
+
+    # -- setup -------------------------------------------------------------------------------------------
+    def refuse_unsupported(self) -> None:
+        for fault in self.scenario.faults:
+            injector = registry.injector(fault.type)
+            try:
+                injector.check(self.ctx, fault.params)
+            except Unsupported as exc:
+                raise RunRefused(f"fault {fault.name!r} ({fault.type}) is not supported here: {exc}") from None
+
+    # -- the loop ----------------------------------------------------------------------------------------
+    def run(self) -> None:
+        safety = self.scenario.safety
+        self.target.start()
+        self.history.record("runner.target_started", target=self.target.describe())
+        started = time.monotonic()
+        last_progress = started
+        while True:
+            now = time.monotonic()
+            exited = False
+            for event in self.target.poll_events():
+                self.history.append(event)
+                exited = exited or event.kind == TARGET_EXIT
+                if event.kind == TARGET_STEP:
+                    last_progress = now
+                    step = event.get_int("step")
+                    if step is not None:
+                        self.step = step if self.step is None else max(self.step, step)
+                self._on_event(event)
+                if any(event.matches(pattern) for pattern in safety.abort_on):
+                    self._end(f"abort: {event.kind} matched safety.abort_on")
+                    return
+            if exited:
+                self._end(f"target exited ({self.target.exit_code()})")
+                return
+            elapsed = now - started
+            for op in [op for op in self.pending if op.at_s is not None and op.at_s <= elapsed]:
+                self._fire(op)
+            for active in [a for a in self.active if a.heal_at is not None and a.heal_at <= now]:
+                self._heal(active)
+            if elapsed > safety.max_duration:
+                self._end(f"max_duration {safety.max_duration:g}s reached")
+                return
+            timeout = safety.no_progress_timeout
+            if timeout is not None and now - last_progress > timeout:
+                self.history.record("runner.no_progress", seconds=round(now - last_progress, 3), step=self.step)
+                self._end(f"no progress: no target.step for {timeout:g}s")
+                return
+            self.status(
+                RunStatus(elapsed, self.step, [a.op.op_id for a in self.active], self.fired, len(self.plan.ops))
+            )
+            time.sleep(POLL_S)
+
+    def _end(self, why: str) -> None:
+        self.ended_by = why
+        self.history.record("runner.end", reason=why)
+        self.log(f"run ended: {why}")
+
+    def _on_event(self, event: Event) -> None:
+        if event.kind.startswith("detect."):
+            where = f" on rank {event.rank}" if event.rank is not None else ""
+            self.log(f"detected: {event.kind}{where}")
+        elif event.kind == "target.restart":
+            self.log(f"target restarted (attempt {event.get_int('attempt')})")
+        for op in list(self.pending):
+            if op.at_step is not None and event.kind == TARGET_STEP:
+                step = event.get_int("step")
+                if step is not None and step >= op.at_step and (op.rank is None or op.rank == event.rank):
+                    self._fire(op)
+            elif op.event_kind is not None and event.matches(op.event_kind):
+                if op.rank is not None and op.rank != event.rank:
+                    continue
+                key = op.op_id
+                self.event_counts[key] = self.event_counts.get(key, 0) + 1
+                if self.event_counts[key] >= (op.event_nth or 1):
+                    self._fire(op)
+
+    # -- faults ------------------------------------------------------------------------------------------
+    def _fire(self, op: PlannedOp) -> None:
+        radius = self.scenario.safety.blast_radius
+        if radius is not None and len(self.active) >= radius:
+            return  # stays pending: fires once an active fault heals
+        self.pending.remove(op)
+        injector = registry.injector(op.injector)
+        fop = fault_op(op, self.scenario)
+        try:
+            applied = injector.prepare(self.ctx, fop)
+        except (InjectionError, ValueError) as exc:
+            self.history.record(FAULT_FAILED, fault=op.fault, op=op.op_id, injector=op.injector, error=str(exc))
+            self.log(f"fault {op.op_id} could not be prepared: {exc}")
+            return
+        # Journal first, then the dead-man, then the world: a crash at any point leaves a healable record.
+        self.journal.intent(applied)
+        deadman_pid = None
+        revert = injector.revert_command(applied)
+        if op.duration_s is not None and revert:
+            grace = self.scenario.safety.heal_grace
+            deadman_pid = deadman.arm(self.journal.path, op.op_id, revert, op.duration_s + grace)  # journals itself
+        try:
+            injector.apply(self.ctx, applied)
+        except (InjectionError, ValueError, OSError) as exc:
+            self.journal.failed(op.op_id, str(exc))
+            if deadman_pid is not None:
+                deadman.disarm(deadman_pid)
+            injector.heal(self.ctx, applied)
+            self.journal.healed(op.op_id, "harness")
+            self.history.record(FAULT_FAILED, fault=op.fault, op=op.op_id, injector=op.injector, error=str(exc))
+            self.log(f"fault {op.op_id} failed: {exc}")
+            return
+        self.journal.applied(op.op_id, applied.state)
+        self.fired += 1
+        self.history.record(
+            FAULT_APPLIED,
+            fault=op.fault,
+            op=op.op_id,
+            injector=op.injector,
+            description=applied.description,
+            duration_s=op.duration_s,
+        )
+        self.log(f"fault applied: {applied.description or op.op_id}")
+        if applied.reversible:
+            self.active.append(_ActiveFault(op, injector, applied, deadman_pid))
+        else:
+            self.journal.healed(op.op_id, "irreversible")
+
+    def _heal(self, active: _ActiveFault) -> None:
+        try:
+            active.injector.heal(self.ctx, active.applied)
+        finally:
+            if active.deadman_pid is not None:
+                deadman.disarm(active.deadman_pid)
+            self.active.remove(active)
+        self.journal.healed(active.op.op_id, "harness")
+        self.history.record(FAULT_HEALED, fault=active.op.fault, op=active.op.op_id, injector=active.op.injector)
+        self.log(f"fault healed: {active.op.op_id}")
+
+    def heal_all(self) -> list[str]:
+        """Heal every active fault, newest first; returns errors (healing continues past one)."""
+        errors = []
+        for active in reversed(list(self.active)):
+            try:
+                self._heal(active)
+            except Exception as exc:  # one failed heal must not stop the others
+                errors.append(f"{active.op.op_id}: {exc}")
+        return errors
+
+
+def _golden_digest(scenario: Scenario, options: RunOptions, log: Listener) -> tuple[str | None, bool]:
+    """The fault-free run's final digest, from the cache when the job and its code are unchanged."""
+    cache_dir = options.report_root / ".golden"
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    key = scenario.golden_key() + "-" + _code_fingerprint(scenario)
+    cached = cache_dir / f"{key}.json"
+    if options.golden_cache and cached.exists():
+        digest = json.loads(cached.read_text()).get("digest")
+        if isinstance(digest, str):
+            return digest, True
+    log("golden run: same job and seed, no faults …")
+    result = execute(scenario.without_faults(), RunOptions(report_root=cache_dir, golden=False), log=_quiet)
+    digests = [e for e in result.history.of(TARGET_DIGEST)]
+    if not digests or result.ended_by.startswith(("no progress", "max_duration")):
+        return None, False
+    first = min(digests, key=lambda e: (e.rank if e.rank is not None else 0, -e.ts_ns))
+    digest = first.get_str("digest")
+    if digest is not None:
+        cached.write_text(json.dumps({"digest": digest, "run_dir": str(result.run_dir)}))
+    return digest, False
+
+
+def _code_fingerprint(scenario: Scenario) -> str:
+    """Hash of the job's code file, so an edited trainer invalidates the golden cache."""
+    import hashlib
+    import importlib.util
+
+    spec = scenario.target
+    path: str | None = None
+    if isinstance(spec, TorchrunTarget):
+        if spec.module is not None:
+            found = importlib.util.find_spec(spec.module)
+            path = found.origin if found is not None else None
+        else:
+            path = spec.script
+    if path is None or not os.path.exists(path):
+        return "nocode"
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
+
+
+def new_run_dir(root: Path, name: str) -> Path:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = root / f"{name}-{stamp}-{secrets.token_hex(2)}"
+    run_dir.mkdir(parents=True, exist_ok=False)
+    return run_dir
+
+
+def execute(
+    scenario: Scenario,
+    options: RunOptions | None = None,
+    *,
+    log: Listener = _quiet,
+    status: StatusListener = _quiet,
+) -> RunResult:
+    """Run ``scenario`` once end to end and write its reports. Never leaves a fault applied."""
+    options = options or RunOptions()
+    plan = make_plan(scenario, options.seed)
+    run_dir = new_run_dir(options.report_root, scenario.name)
+    history = History(run_dir / "history.jsonl")
+    history.record("runner.start", scenario=scenario.name, seed=plan.seed, pid=os.getpid())
+    # Before this run's own journal exists: heal what dead runs left (live runs' journals are locked).
+    for line in heal_leftovers(LocalTransport(), log=log):
+        history.record("runner.leftover_healed", detail=line)
+    execution = _Execution(scenario, plan, run_dir, history, log, status)
+    error = ""
+    heal_errors: list[str] = []
+    exit_code = EXIT_PASS
+    try:
+        with _signals_raise():
+            execution.refuse_unsupported()
+            try:
+                execution.run()
+            finally:
+                heal_errors = execution.heal_all()
+                execution.target.stop(grace=10.0)
+                for event in execution.target.poll_events():
+                    history.append(event)
+    except RunRefused as exc:
+        error, exit_code = str(exc), EXIT_INVALID
+        execution.ended_by = "refused"
+        history.record("runner.refused", reason=error)
+    except (KeyboardInterrupt, RunInterrupted) as exc:
+        error, exit_code = f"interrupted ({type(exc).__name__} {exc}); faults healed", EXIT_HARNESS
+        execution.ended_by = "interrupted"
+        history.record("runner.interrupted", reason=str(exc))
+    except Exception as exc:
+        error, exit_code = f"harness error: {type(exc).__name__}: {exc}", EXIT_HARNESS
+        execution.ended_by = execution.ended_by or "harness error"
+        history.record("runner.error", error=str(exc)[:1000])
+    finally:
+        execution.journal.close()
+    if heal_errors:
+        error = (error + "; " if error else "") + "heal failed: " + "; ".join(heal_errors)
+        exit_code = EXIT_HARNESS
+    golden: str | None = None
+    results: list[CheckResult] = []
+    if exit_code == EXIT_PASS:
+        checks = registry.checks()
+        if options.golden and any(checks[c.type].needs_golden for c in scenario.checks):
+            golden, cached = _golden_digest(scenario, options, log)
+            if golden is not None:
+                history.record(RUNNER_GOLDEN, digest=golden, cached=cached)
+        results = evaluate(history, scenario)
+        if execution.ended_by.startswith("no progress"):
+            results.append(
+                CheckResult(check="progress", name="progress", status="fail", reason=execution.ended_by)
+            )
+        failed = [r for r in results if r.status == "fail" or (r.status == "unknown" and not scenario.allow_unknown)]
+        exit_code = EXIT_FAIL if failed else EXIT_PASS
+    verdict: Verdict = "pass" if exit_code == EXIT_PASS else "fail" if exit_code == EXIT_FAIL else "error"
+    history.record("runner.verdict", verdict=verdict, exit_code=exit_code)
+    history.close()
+    result = RunResult(
+        scenario, plan, run_dir, history, results, verdict, exit_code, execution.ended_by, error, golden
+    )
+    if options.scenario_file is not None:
+        result.extra["scenario_file"] = str(options.scenario_file)
+    write_reports(result)
+    return result
+
+
+def evaluate(history: History, scenario: Scenario) -> list[CheckResult]:
+    """Run every check of ``scenario`` over ``history`` (pure: no target access)."""
+    checks = registry.checks()
+    results = []
+    for spec in scenario.checks:
+        result = checks[spec.type].evaluate(history, spec.params, scenario)
+        results.append(result.model_copy(update={"name": spec.name or result.name}))
+    return results

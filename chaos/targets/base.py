@@ -1,0 +1,139 @@
+"""A job the harness starts on a host and listens to: its output, its event file, its exit.
+
+Targets report through two channels that both end up as Events: the JSONL file named by ``CHAOS_EVENTS``
+(written by :mod:`chaos.events` inside the job) and regex matchers over the job's combined stdout/stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Protocol
+
+from chaos.cluster.base import HostProcess, Transport
+from chaos.history import TARGET_EXIT, Event, EventFileTail, LogMatcher, now_ns
+
+
+class Target(Protocol):
+    """What the runner needs from a job: start it, hear from it, know when it ended, stop it."""
+
+    def start(self) -> None: ...
+
+    def poll_events(self) -> list[Event]:
+        """Events that arrived since the last call (never blocks)."""
+        ...
+
+    def exit_code(self) -> int | None:
+        """None while running; the job's exit code once it ended."""
+        ...
+
+    def stop(self, grace: float = 10.0) -> None:
+        """End the job (and everything it started): SIGTERM, then SIGKILL after ``grace`` seconds."""
+        ...
+
+    def describe(self) -> str: ...
+
+
+class SpawnedJob:
+    """A process tree started through a transport, with its output logged and matched line by line."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        argv: list[str],
+        *,
+        env: dict[str, str],
+        run_dir: Path,
+        matchers: Sequence[LogMatcher],
+        log_name: str = "target.log",
+    ) -> None:
+        self.transport = transport
+        self.argv = argv
+        self.env = env
+        self.run_dir = run_dir
+        self.events_path = run_dir / "events.jsonl"
+        self.log_path = run_dir / log_name
+        self.matchers = list(matchers)
+        self._tail = EventFileTail(self.events_path)
+        self._lines: queue.Queue[Event] = queue.Queue()
+        self._proc: HostProcess | None = None
+        self._reader: threading.Thread | None = None
+        self._exit_reported = False
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self) -> None:
+        env = {**os.environ, **self.env, "CHAOS_EVENTS": str(self.events_path), "CHAOS_RUN_DIR": str(self.run_dir)}
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        # SIGTERM (not SIGKILL) on harness death lets launchers such as torchrun take their workers down too.
+        self._proc = self.transport.spawn(self.argv, env=env, cwd=None, kill_with_parent=signal.SIGTERM)
+        self._reader = threading.Thread(target=self._read_output, args=(self._proc.stdout,), daemon=True)
+        self._reader.start()
+
+    def _read_output(self, stream: IO[bytes] | None) -> None:
+        if stream is None:
+            return
+        with open(self.log_path, "ab") as log:
+            for raw in iter(stream.readline, b""):
+                log.write(raw)
+                log.flush()
+                line = raw.decode(errors="replace")
+                stamp = now_ns()
+                for matcher in self.matchers:
+                    event = matcher.match(line, stamp)
+                    if event is not None:
+                        self._lines.put(event)
+
+    def poll_events(self) -> list[Event]:
+        events = self._tail.poll()
+        while True:
+            try:
+                events.append(self._lines.get_nowait())
+            except queue.Empty:
+                break
+        code = self._proc.poll() if self._proc is not None else None
+        if code is not None and not self._exit_reported:
+            # Drain what the job wrote before it died, so its last events precede target.exit.
+            if self._reader is not None:
+                self._reader.join(timeout=5)
+            events.extend(self._tail.poll())
+            while not self._lines.empty():
+                events.append(self._lines.get_nowait())
+            self._exit_reported = True
+            events.append(Event(ts_ns=now_ns(), kind=TARGET_EXIT, source="runner", data={"code": code}))
+        return events
+
+    def exit_code(self) -> int | None:
+        return self._proc.poll() if self._proc is not None else None
+
+    def stop(self, grace: float = 10.0) -> None:
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            self._reap_group()
+            return
+        self._signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self._reap_group()
+        proc.wait(timeout=10)
+
+    def _signal_group(self, signum: int) -> None:
+        if self._proc is None:
+            return
+        try:
+            os.killpg(self._proc.pid, signum)  # spawn() starts a new session: its pgid is its pid
+        except ProcessLookupError:
+            pass
+
+    def _reap_group(self) -> None:
+        """SIGKILL whatever is left of the job's process group (workers that ignored SIGTERM)."""
+        self._signal_group(signal.SIGCONT)  # a stopped member cannot die of SIGTERM until continued
+        self._signal_group(signal.SIGKILL)

@@ -1,0 +1,43 @@
+"""Any command as a target: its log lines become events through the scenario's matchers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from chaos.cluster.base import Transport
+from chaos.history import Event, LogMatcher
+from chaos.scenario import CommandTarget
+from chaos.targets.base import SpawnedJob
+
+
+def expand(template: str, values: dict[str, str]) -> str:
+    """Replace ``{run_dir}``-style placeholders; other braces are left alone."""
+    for key, value in values.items():
+        template = template.replace("{" + key + "}", value)
+    return template
+
+
+class CommandJob:
+    """Runs ``spec.command`` (argv, placeholders ``{run_dir}`` and ``{seed}`` expanded)."""
+
+    def __init__(self, spec: CommandTarget, transport: Transport, run_dir: Path, seed: int) -> None:
+        values = {"run_dir": str(run_dir), "seed": str(seed)}
+        argv = [expand(part, values) for part in spec.command]
+        env = {k: expand(v, values) for k, v in spec.env.items()}
+        matchers = [LogMatcher(m.pattern, m.event) for m in spec.matchers]
+        self.job = SpawnedJob(transport, argv, env=env, run_dir=run_dir, matchers=matchers)
+
+    def start(self) -> None:
+        self.job.start()
+
+    def poll_events(self) -> list[Event]:
+        return self.job.poll_events()
+
+    def exit_code(self) -> int | None:
+        return self.job.exit_code()
+
+    def stop(self, grace: float = 10.0) -> None:
+        self.job.stop(grace)
+
+    def describe(self) -> str:
+        return " ".join(self.job.argv)

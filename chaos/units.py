@@ -1,0 +1,56 @@
+"""Human-friendly duration parsing shared by the scenario model and the CLI.
+
+``"500ms"``, ``"10s"``, ``"2m"``, ``"1h"``, ``"1m30s"`` and plain numbers (seconds) are accepted.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import BeforeValidator
+
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+
+
+def parse_duration(value: object) -> float:
+    """Return ``value`` as seconds; raise ValueError with the accepted forms when it is not a duration."""
+    if isinstance(value, bool):
+        raise ValueError("a duration cannot be a boolean")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip().replace(" ", "")
+        pos, seconds, matched = 0, 0.0, False
+        for match in _PART.finditer(text):
+            if match.start() != pos:
+                break
+            seconds += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+            pos, matched = match.end(), True
+        if not matched or pos != len(text):
+            try:
+                seconds = float(text)
+            except ValueError:
+                raise ValueError(
+                    f"{value!r} is not a duration; write e.g. 500ms, 10s, 2m, 1h or 1m30s"
+                ) from None
+    else:
+        raise ValueError(f"{value!r} is not a duration; write e.g. 500ms, 10s, 2m, 1h or 1m30s")
+    if seconds < 0:
+        raise ValueError(f"a duration must not be negative, got {value!r}")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """Render seconds compactly for tables and logs (``1.25s``, ``2m05s``)."""
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 120:
+        return f"{seconds:.2f}s"
+    minutes, rest = divmod(seconds, 60)
+    return f"{int(minutes)}m{rest:04.1f}s"
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+"""A float number of seconds that YAML may spell as ``10s`` or ``2m``."""

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Idempotent set-up for `make demo` and `make test`: a .venv with torch 2.13.0 (CPU) and the project, and,
+# as root, the Debian packages and daemons that the fault families need. Safe to run again and again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+VENV=.venv
+TORCH_VERSION=2.13.0   # pinned: this version comes as a CPU build from local disk; others download GBs
+
+log() { printf '[setup] %s\n' "$*"; }
+
+# --- system packages (root only; each installed only when missing) -------------------------------------
+if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    need=()
+    command -v iptables >/dev/null 2>&1 || need+=(iptables)
+    command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
+    command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
+    command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
+    command -v ip >/dev/null 2>&1 || need+=(iproute2)
+    command -v pgrep >/dev/null 2>&1 || need+=(procps)
+    if [ ${#need[@]} -gt 0 ]; then
+        log "installing Debian packages: ${need[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq || log "apt-get update failed; trying the install anyway"
+        apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null \
+            || log "WARNING: could not install ${need[*]}; tests needing them will skip with the reason"
+    fi
+else
+    log "not root (or no apt-get): skipping system packages; tests needing them skip with the reason"
+fi
+
+# --- python environment ---------------------------------------------------------------------------------
+if [ ! -x "$VENV/bin/python" ]; then
+    log "creating $VENV"
+    "$PY" -m venv "$VENV"
+fi
+if ! "$VENV/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; then
+    log "installing torch==$TORCH_VERSION (CPU)"
+    "$VENV/bin/pip" install -q "torch==$TORCH_VERSION"
+fi
+stamp="$VENV/.mlchaos-installed"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    log "installing mlchaos (editable) with dev extras"
+    "$VENV/bin/pip" install -q -e ".[dev]" "torch==$TORCH_VERSION"
+    touch "$stamp"
+fi
+log "ready: $("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'), $("$VENV/bin/mlchaos" --help >/dev/null && echo mlchaos ok)"

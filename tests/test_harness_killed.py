@@ -1,0 +1,105 @@
+"""Kill the harness mid-fault: the dead-man switch heals on time and `mlchaos cleanup` finds nothing left."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from chaos.cluster.local import process_state
+
+ROOT = Path(__file__).resolve().parents[1]
+FREEZE_S, GRACE_S = 4.0, 2.0
+
+SCENARIO = """\
+name: harness-killed
+seed: 1
+target:
+  type: command
+  command: [{python}, -c, "import time\\nfor i in range(600): print('tick', i, '{marker}', flush=True); time.sleep(0.1)"]
+  matchers:
+    - {{pattern: 'tick (?P<step>\\d+)', event: target.step}}
+faults:
+  - name: freeze-victim
+    type: freeze
+    params: {{pid: {victim}}}
+    trigger: {{after: 1s}}
+    duration: {freeze}s
+safety: {{heal_grace: {grace}s, max_duration: 120s}}
+"""
+
+
+def _wait_for(predicate, timeout: float, interval: float = 0.05) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return False
+
+
+def _pids_with(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+@pytest.mark.slow
+def test_sigkilled_harness_is_healed_by_dead_man_then_cleanup_has_nothing(tmp_path: Path) -> None:
+    env = {**os.environ, "MLCHAOS_STATE_DIR": str(tmp_path / "state")}
+    marker = f"chaos-victim-{uuid.uuid4().hex[:8]}"
+    victim = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)", marker])
+    harness = None
+    try:
+        scenario = tmp_path / "s.yaml"
+        scenario.write_text(
+            SCENARIO.format(python=sys.executable, marker=marker, victim=victim.pid, freeze=FREEZE_S, grace=GRACE_S)
+        )
+        harness = subprocess.Popen(
+            [sys.executable, "-m", "chaos.cli", "run", str(scenario), "--report-dir", str(tmp_path / "reports")],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        assert _wait_for(lambda: process_state(victim.pid) == "T", 60), "the freeze never stopped the victim"
+        frozen_seen = time.monotonic()
+        harness.send_signal(signal.SIGKILL)
+        harness.wait(timeout=10)
+        # The harness is gone; only the dead-man can resume the victim, at duration + grace after the apply.
+        assert _wait_for(lambda: process_state(victim.pid) not in ("T", None), FREEZE_S + GRACE_S + 10)
+        resumed_after = time.monotonic() - frozen_seen
+        assert resumed_after <= FREEZE_S + GRACE_S + 10
+        assert resumed_after >= FREEZE_S * 0.5, "resumed too early: something other than the dead-man healed"
+        journals = list((tmp_path / "state" / "journal").rglob("*.jsonl"))
+        records = [json.loads(line) for j in journals for line in j.read_text().splitlines() if line.strip()]
+        assert any(r.get("by") == "deadman" for r in records), records
+        # The harness's own target must not outlive it (it gets SIGTERM through PR_SET_PDEATHSIG).
+        assert _wait_for(lambda: [p for p in _pids_with(marker) if p != victim.pid] == [], 10), "target orphaned"
+        cleanup = subprocess.run(
+            [sys.executable, "-m", "chaos.cli", "cleanup"], cwd=ROOT, env=env, capture_output=True, text=True,
+            timeout=60,
+        )
+        assert cleanup.returncode == 0, cleanup.stderr
+        assert "nothing to heal" in cleanup.stdout
+    finally:
+        if harness is not None and harness.poll() is None:
+            harness.kill()
+        victim.send_signal(signal.SIGCONT)
+        victim.kill()
+        victim.wait(timeout=10)
+        for pid in _pids_with(marker):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -1,0 +1,179 @@
+"""The journal: durable records, the unhealed view after a crash, and cleanup of leftovers from other runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from chaos import deadman
+from chaos.cluster.local import LocalTransport, process_state
+from chaos.injector import Applied, FaultOp, InjectionContext
+from chaos.journal import Journal, all_journals, heal_leftovers, journal_dir, state_dir
+from injectors.process import FreezeInjector, FreezeParams
+
+
+@pytest.fixture(autouse=True)
+def _state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("MLCHAOS_STATE_DIR", str(tmp_path))
+    return tmp_path
+
+
+@contextmanager
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        yield proc
+    finally:
+        proc.kill()  # SIGKILL also ends a stopped process
+        proc.wait()
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 15.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def applied(op_id: str, *, reversible: bool = True) -> Applied:
+    return Applied(op_id=op_id, fault="f", injector="freeze", reversible=reversible, state={"pids": [12345]})
+
+
+def test_state_dir_follows_env(tmp_path: Path) -> None:
+    assert state_dir() == tmp_path
+    assert Journal.for_run("r1").path == tmp_path / "journal" / "r1.jsonl"
+
+
+def test_run_id_must_be_a_safe_file_name() -> None:
+    with pytest.raises(ValueError, match="safe file name"):
+        Journal.for_run("../escape")
+
+
+def test_lifecycle_intent_applied_healed() -> None:
+    with Journal.for_run("life") as journal:
+        journal.intent(applied("op1"))
+        assert [a.op_id for a in journal.unhealed()] == ["op1"]
+        journal.applied("op1", {"pids": [1], "helper_pid": 77})
+        assert journal.unhealed()[0].state["helper_pid"] == 77  # the state learned while applying wins
+        journal.deadman("op1", 4242, 123)
+        assert journal.deadman_pid("op1") == 4242
+        assert journal.healed_by("op1") is None
+        journal.healed("op1", "harness")
+        assert journal.unhealed() == []
+        assert journal.healed_by("op1") == "harness"
+        assert [r.kind for r in journal.records()] == ["intent", "applied", "deadman", "healed"]
+
+
+def test_unhealed_after_crash_is_newest_first_and_skips_irreversible(tmp_path: Path) -> None:
+    journal = Journal.for_run("crashed")
+    journal.intent(applied("a"))
+    journal.applied("a")
+    journal.intent(applied("kill", reversible=False))
+    journal.intent(applied("b"))
+    journal.failed("b", "boom")  # a failed apply may have half-changed the world: still needs a heal
+    journal.intent(applied("c"))
+    journal.healed("c", "harness")
+    journal.close()  # the harness "dies" here: no more records
+
+    reopened = Journal(tmp_path / "journal" / "crashed.jsonl", owner=False)
+    assert [a.op_id for a in reopened.unhealed()] == ["b", "a"]
+
+
+def test_records_are_whole_lines_on_disk_and_survive_reopening(tmp_path: Path) -> None:
+    with Journal.for_run("durable") as journal:
+        for index in range(20):
+            journal.intent(applied(f"op{index}"))
+    lines = (tmp_path / "journal" / "durable.jsonl").read_text().splitlines()
+    assert len(lines) == 20
+    assert [json.loads(line)["op_id"] for line in lines] == [f"op{i}" for i in range(20)]
+    assert len(Journal(tmp_path / "journal" / "durable.jsonl", owner=False).unhealed()) == 20
+
+
+def test_torn_tail_is_reported_and_later_records_stay_readable(tmp_path: Path) -> None:
+    path = tmp_path / "journal" / "torn.jsonl"
+    with Journal(path) as journal:
+        journal.intent(applied("a"))
+        with open(path, "ab") as handle:
+            handle.write(b'{"kind":"intent","op_id":"half')  # what a power cut mid-write could leave
+        journal.intent(applied("b"))
+        assert [a.op_id for a in journal.unhealed()] == ["b", "a"]
+        assert len(journal.unreadable) == 1
+
+
+def _frozen_leftover(pid: int, run_id: str) -> tuple[Path, Applied]:
+    """What a harness that died mid-fault leaves behind: a frozen process and its journal."""
+    ctx = InjectionContext(LocalTransport())
+    op = FaultOp(op_id=f"{run_id}-op", fault="hang", injector="freeze", params=FreezeParams(pid=pid), duration_s=60)
+    injector = FreezeInjector()
+    record = injector.prepare(ctx, op)
+    journal = Journal.for_run(run_id)
+    journal.intent(record)
+    injector.apply(ctx, record)
+    journal.applied(record.op_id)
+    journal.close()  # the owner is gone: the kernel would drop its lock the same way
+    return journal.path, record
+
+
+def test_heal_leftovers_heals_a_really_frozen_process_from_another_run(tmp_path: Path) -> None:
+    with sleeper() as child:
+        path, record = _frozen_leftover(child.pid, "other-run")
+        dm = deadman.arm(path, record.op_id, ["kill", "-s", "CONT", str(child.pid)], 120)
+        try:
+            assert wait_for(lambda: process_state(child.pid) == "T", 5)
+            seen: list[str] = []
+            lines = heal_leftovers(LocalTransport(), state_dir=tmp_path, log=seen.append)
+            assert lines == seen
+            assert any("other-run-op" in line and "healed" in line for line in lines), lines
+            assert any("dead-man" in line and "disarmed" in line for line in lines), lines
+            assert process_state(child.pid) not in (None, "T")
+            assert not deadman.is_deadman(dm)
+            done = journal_dir(tmp_path) / "done" / "other-run.jsonl"
+            assert done.exists() and not path.exists()
+            assert Journal(done, owner=False).healed_by(record.op_id) == "cleanup"
+            assert all_journals(tmp_path) == []
+            assert heal_leftovers(LocalTransport(), state_dir=tmp_path) == []
+        finally:
+            deadman.disarm(dm)
+
+
+def test_heal_leftovers_leaves_a_live_run_alone(tmp_path: Path) -> None:
+    with sleeper() as child, Journal.for_run("live") as journal:
+        ctx = InjectionContext(LocalTransport())
+        op = FaultOp(op_id="op", fault="f", injector="freeze", params=FreezeParams(pid=child.pid), duration_s=60)
+        record = FreezeInjector().prepare(ctx, op)
+        journal.intent(record)
+        FreezeInjector().apply(ctx, record)
+        try:
+            assert wait_for(lambda: process_state(child.pid) == "T", 5)  # SIGSTOP lands asynchronously
+            lines = heal_leftovers(LocalTransport(), state_dir=tmp_path)
+            assert lines == ["run live: still running, its faults are left to it"]
+            assert process_state(child.pid) == "T"
+            assert journal.unhealed()
+            forced = heal_leftovers(LocalTransport(), state_dir=tmp_path, only_dead_owners=False)
+            assert forced[0] == "run live: still running, healing its faults anyway"
+            assert "healed" in forced[1]
+            assert wait_for(lambda: process_state(child.pid) not in (None, "T"), 5)
+            assert journal.healed_by("op") == "cleanup"
+            assert journal.path.exists()  # its owner may still write: not moved to done/
+        finally:
+            FreezeInjector().heal(ctx, record)
+
+
+def test_failed_heal_is_reported_and_kept(tmp_path: Path) -> None:
+    with Journal.for_run("broken") as journal:
+        journal.intent(Applied(op_id="op", fault="f", injector="no-such-injector"))
+    lines = heal_leftovers(LocalTransport(), state_dir=tmp_path)
+    assert len(lines) == 1 and "FAILED" in lines[0] and "no-such-injector" in lines[0]
+    kept = Journal(journal_dir(tmp_path) / "broken.jsonl", owner=False)
+    assert [a.op_id for a in kept.unhealed()] == ["op"]
+    assert [r.kind for r in kept.records()] == ["intent", "failed"]
+    assert "FAILED" in heal_leftovers(LocalTransport(), state_dir=tmp_path)[0]  # still there next time
