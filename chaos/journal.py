@@ -112,6 +112,20 @@ class Journal:
             os.close(self._lock_fd)
             self._lock_fd = None
 
+    def archive(self) -> bool:
+        """Close, and move the journal to ``done/`` when nothing in it is left to heal; True if moved.
+
+        A run calls this at its end so the state directory holds only journals that still matter.
+        """
+        self.close()
+        if not self.path.exists() or self.unhealed() or self.unreadable:
+            return False
+        done = self.path.parent / "done"
+        done.mkdir(exist_ok=True)
+        os.replace(self.path, done / self.path.name)
+        self.path = done / self.path.name
+        return True
+
     def __enter__(self) -> Self:
         return self
 
@@ -293,7 +307,8 @@ def heal_leftovers(
         with Journal(path, owner=False) as journal:
             owner_alive = not journal.try_lock_exclusive()
             if owner_alive and only_dead_owners:
-                say(f"run {journal.run_id}: still running, its faults are left to it")
+                if journal.unhealed():
+                    say(f"run {journal.run_id}: still running, its faults are left to it")
                 continue
             if owner_alive and journal.unhealed():
                 say(f"run {journal.run_id}: still running, healing its faults anyway")

@@ -405,7 +405,7 @@ def execute(
         execution.ended_by = execution.ended_by or "harness error"
         history.record("runner.error", error=str(exc)[:1000])
     finally:
-        execution.journal.close()
+        execution.journal.archive()
     if heal_errors:
         error = (error + "; " if error else "") + "heal failed: " + "; ".join(heal_errors)
         exit_code = EXIT_HARNESS

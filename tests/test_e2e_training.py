@@ -70,3 +70,10 @@ def test_step_trigger_past_the_end_is_unknown_not_pass(report_root: Path) -> Non
     assert statuses["detected_within"] == "unknown" and statuses["recovered_within"] == "unknown"
     assert not result.history.of(FAULT_APPLIED)
     assert result.exit_code == EXIT_FAIL
+
+
+def test_slow_rank_changes_nothing_but_pace(report_root: Path) -> None:
+    result = execute(_scenario("slow-rank"), RunOptions(report_root=report_root))
+    assert result.exit_code == EXIT_PASS, (result.error, [r.model_dump() for r in result.results])
+    assert len(result.history.of(FAULT_HEALED)) == 1
+    assert not result.history.of("target.restart")

@@ -1,0 +1,164 @@
+"""The runner's guard rails, on real processes: interrupted runs heal, stalled runs end with `no progress`,
+unsupported faults are refused before anything is applied, --repeat reports pass rates."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+from pydantic import BaseModel
+
+from chaos import registry
+from chaos.cluster.local import process_state
+from chaos.history import FAULT_APPLIED, FAULT_HEALED
+from chaos.injector import Applied, FaultOp, InjectionContext, Unsupported
+from chaos.runner import EXIT_FAIL, EXIT_HARNESS, EXIT_INVALID, EXIT_PASS, RunOptions, execute
+from chaos.scenario import parse_scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TICKER = """\
+name: {name}
+seed: 3
+target:
+  type: command
+  command: [{python}, -c, "import time\\nfor i in range({ticks}): print('tick', i, flush=True); time.sleep(0.1)\\ntime.sleep({tail})"]
+  matchers:
+    - {{pattern: 'tick (?P<step>\\d+)', event: target.step}}
+faults:
+{faults}
+checks:
+{checks}
+safety: {{no_progress_timeout: {no_progress}, max_duration: 60s}}
+"""
+
+
+def _ticker(name: str, faults: str = "  []", checks: str = "  []", ticks: int = 30, tail: float = 0,
+            no_progress: str = "30s") -> str:
+    return TICKER.format(name=name, python=sys.executable, faults=faults, checks=checks, ticks=ticks, tail=tail,
+                         no_progress=no_progress)
+
+
+def _wait_for(predicate, timeout: float) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_sigterm_to_the_harness_heals_at_once_and_exits_3(tmp_path: Path) -> None:
+    victim = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"])
+    try:
+        scenario = tmp_path / "s.yaml"
+        faults = f"  - {{type: freeze, params: {{pid: {victim.pid}}}, trigger: {{after: 0.5s}}, duration: 60s}}"
+        scenario.write_text(_ticker("interrupted", faults=faults, ticks=600))
+        harness = subprocess.Popen(
+            [sys.executable, "-m", "chaos.cli", "run", str(scenario), "--report-dir", str(tmp_path)],
+            cwd=ROOT, env={"MLCHAOS_STATE_DIR": str(tmp_path / "state"), "PATH": "/usr/bin:/bin"},
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        assert _wait_for(lambda: process_state(victim.pid) == "T", 60)
+        harness.send_signal(signal.SIGTERM)
+        output, _ = harness.communicate(timeout=60)
+        assert harness.returncode == EXIT_HARNESS, output
+        assert process_state(victim.pid) not in ("T", None), "the freeze outlived the interrupted harness"
+        [run_json] = tmp_path.glob("interrupted-*/run.json")
+        document = json.loads(run_json.read_text())
+        assert document["verdict"] == "error" and document["ended_by"] == "interrupted"
+        kinds = [e["kind"] for e in document["events"]]
+        assert kinds.index(FAULT_APPLIED) < kinds.index(FAULT_HEALED)
+    finally:
+        victim.send_signal(signal.SIGCONT)
+        victim.kill()
+        victim.wait(timeout=10)
+
+
+def test_a_stalled_target_ends_with_no_progress_and_is_stopped(tmp_path: Path) -> None:
+    scenario = parse_scenario(_ticker("stalled", ticks=5, tail=300, no_progress="2s", checks="  - type: completes"))
+    started = time.monotonic()
+    result = execute(scenario, RunOptions(report_root=tmp_path))
+    assert time.monotonic() - started < 45, "the watchdog did not end the run"
+    assert result.ended_by.startswith("no progress")
+    assert result.exit_code == EXIT_FAIL
+    assert any(r.check == "progress" and r.status == "fail" for r in result.results)
+    assert result.history.of("runner.no_progress")
+    assert result.history.of("target.exit"), "the stalled target was not stopped"
+
+
+class _NeverHere(BaseModel):
+    pass
+
+
+class _UnsupportedInjector:
+    """A fault family whose capability probe always refuses (stands in for e.g. tc netem on this kernel)."""
+
+    name: ClassVar[str] = "kill"
+    Params: ClassVar[type[BaseModel]] = _NeverHere
+    summary: ClassVar[str] = "refuses"
+    applied: ClassVar[int] = 0
+
+    def check(self, ctx: InjectionContext, params: BaseModel) -> None:
+        raise Unsupported("this kernel lacks the feature")
+
+    def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
+        raise AssertionError("prepare must not run after check refused")
+
+    def apply(self, ctx: InjectionContext, applied: Applied) -> None:
+        raise AssertionError("apply must not run after check refused")
+
+    def heal(self, ctx: InjectionContext, applied: Applied) -> None:
+        pass
+
+    def revert_command(self, applied: Applied) -> list[str] | None:
+        return None
+
+
+def test_an_unsupported_fault_is_refused_before_the_target_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    started = tmp_path / "target-started"
+    scenario = parse_scenario(
+        _ticker("refused", faults="  - {type: kill, params: {pid: 4242}, trigger: {after: 1s}}").replace(
+            "import time", f"import time, pathlib; pathlib.Path('{started}').touch()"
+        )
+    )
+    monkeypatch.setattr(registry, "injectors", lambda: {"kill": _UnsupportedInjector})
+    result = execute(scenario, RunOptions(report_root=tmp_path))
+    assert result.exit_code == EXIT_INVALID
+    assert "not supported here: this kernel lacks the feature" in result.error
+    assert not started.exists() and not result.history.of(FAULT_APPLIED)
+
+
+def test_repeat_reports_a_pass_rate_per_check(tmp_path: Path) -> None:
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(_ticker("repeated", ticks=5, checks="  - type: completes"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "chaos.cli", "run", str(scenario), "--repeat", "2", "--report-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == EXIT_PASS, proc.stdout + proc.stderr
+    assert "pass rate over 2 runs" in proc.stdout and "2/2 (100%)" in proc.stdout
+    assert len(list(tmp_path.glob("repeated-*/run.json"))) == 2
+
+
+def test_a_finished_run_leaves_no_open_journal(tmp_path: Path) -> None:
+    from chaos.journal import all_journals
+
+    victim = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"])
+    try:
+        faults = f"  - {{type: freeze, params: {{pid: {victim.pid}}}, trigger: {{after: 0.2s}}, duration: 0.5s}}"
+        checks = "  - {type: recovered_within, params: {fault: freeze-1, within: 10s}}"
+        result = execute(parse_scenario(_ticker("archived", faults=faults, checks=checks, ticks=20)),
+                         RunOptions(report_root=tmp_path))
+        assert result.exit_code == EXIT_PASS, result.results
+        assert all(result.run_dir.name not in p.name for p in all_journals()), "journal not archived"
+        assert process_state(victim.pid) not in ("T", None)
+    finally:
+        victim.kill()
+        victim.wait(timeout=10)
