@@ -98,8 +98,13 @@ def bench_kill_rank(tmp: Path) -> None:
     t_golden = time.perf_counter() - start
     start = time.perf_counter()
     faulted = execute(scenario, RunOptions(report_root=tmp / "f", golden_cache=False))
-    t_faulted = time.perf_counter() - start - 0  # includes its own (uncached) golden run
+    t_faulted = time.perf_counter() - start  # includes its own (uncached) golden run
     measured = {r.check: r.measured for r in faulted.results}
+    applied = faulted.history.of("fault.applied")[0]
+    trigger = next(
+        e for e in faulted.history.of("target.step") if e.rank == 1 and (e.get_int("step") or 0) >= 25
+    )
+    print(f"  trigger (step 25 event) -> fault applied  {(applied.ts_ns - trigger.ts_ns) / 1e6:.1f} ms")
     print(f"kill-rank verdict               {faulted.verdict} (golden run alone {golden.verdict})")
     print(f"  detection latency             {measured.get('detected_within')} s")
     print(f"  recovery (past fault step)    {measured.get('recovered_within')} s")
