@@ -13,6 +13,7 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q tests
 	$(PY) -m mypy
+	.venv/bin/ruff check chaos injectors tests benchmarks
 	.venv/bin/mlchaos validate scenarios/*.yaml
 
 test-fast: setup

@@ -49,7 +49,9 @@ def bench_history_and_journal(tmp: Path) -> None:
     journal.close()
     print(f"history.record in memory        {t_mem * 1e6:8.1f} us/event")
     print(f"history.record + JSONL line     {t_disk * 1e6:8.1f} us/event   ratio to memory {t_disk / t_mem:5.2f}x")
-    print(f"journal record (fsync)          {t_journal * 1e6:8.1f} us/record  ratio to JSONL  {t_journal / t_disk:5.1f}x")
+    print(
+        f"journal record (fsync)          {t_journal * 1e6:8.1f} us/record  ratio to JSONL  {t_journal / t_disk:5.1f}x"
+    )
 
 
 def bench_freeze_roundtrip(tmp: Path) -> None:
@@ -70,7 +72,9 @@ def bench_freeze_roundtrip(tmp: Path) -> None:
         journal = Journal(tmp / "freeze.jsonl")
         for k in range(10):
             start = time.perf_counter()
-            op = FaultOp(op_id=f"f#{k}", fault="f", injector="freeze", params=FreezeParams(pid=victim.pid), duration_s=30)
+            op = FaultOp(
+                op_id=f"f#{k}", fault="f", injector="freeze", params=FreezeParams(pid=victim.pid), duration_s=30
+            )
             applied = injector.prepare(ctx, op)
             journal.intent(applied)
             dm = deadman.arm(journal.path, op.op_id, injector.revert_command(applied) or [], 60)
@@ -101,9 +105,7 @@ def bench_kill_rank(tmp: Path) -> None:
     t_faulted = time.perf_counter() - start  # includes its own (uncached) golden run
     measured = {r.check: r.measured for r in faulted.results}
     applied = faulted.history.of("fault.applied")[0]
-    trigger = next(
-        e for e in faulted.history.of("target.step") if e.rank == 1 and (e.get_int("step") or 0) >= 25
-    )
+    trigger = next(e for e in faulted.history.of("target.step") if e.rank == 1 and (e.get_int("step") or 0) >= 25)
     print(f"  trigger (step 25 event) -> fault applied  {(applied.ts_ns - trigger.ts_ns) / 1e6:.1f} ms")
     print(f"kill-rank verdict               {faulted.verdict} (golden run alone {golden.verdict})")
     print(f"  detection latency             {measured.get('detected_within')} s")

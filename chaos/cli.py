@@ -11,7 +11,7 @@ import sys
 from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from pydantic import BaseModel
@@ -99,7 +99,7 @@ def list_plugins() -> None:
 @app.command()
 def plan(
     file: Annotated[Path, typer.Argument(help="scenario YAML file")],
-    seed: Annotated[Optional[int], typer.Option(help="override the scenario's seed")] = None,  # noqa: UP007
+    seed: Annotated[int | None, typer.Option(help="override the scenario's seed")] = None,  # noqa: UP007
 ) -> None:
     """Show the fault plan a run would follow (seeded: the same seed gives the same plan)."""
     [(_, scenario)] = _load_all([file])
@@ -134,7 +134,7 @@ def _print_results(result: RunResult) -> None:
 @app.command()
 def run(
     files: Annotated[list[Path], typer.Argument(help="scenario YAML files")],
-    seed: Annotated[Optional[int], typer.Option(help="override the scenario's seed")] = None,  # noqa: UP007
+    seed: Annotated[int | None, typer.Option(help="override the scenario's seed")] = None,  # noqa: UP007
     repeat: Annotated[int, typer.Option(min=1, help="run each scenario N times; report pass rate per check")] = 1,
     report_dir: Annotated[Path, typer.Option(help="where run folders are written")] = Path("reports"),
     golden: Annotated[bool, typer.Option(help="do the fault-free golden run when a check needs it")] = True,
@@ -190,8 +190,10 @@ def _print_pass_rates(scenario: Scenario, outcomes: list[RunResult]) -> None:
     for name, statuses in rates.items():
         passed = statuses.count("pass")
         table.add_row(
-            name, f"{passed}/{len(statuses)} ({100 * passed / len(statuses):.0f}%)",
-            str(statuses.count("fail")), str(statuses.count("unknown")),
+            name,
+            f"{passed}/{len(statuses)} ({100 * passed / len(statuses):.0f}%)",
+            str(statuses.count("fail")),
+            str(statuses.count("unknown")),
         )
     verdicts = [o.verdict for o in outcomes]
     table.caption = f"runs passed: {verdicts.count('pass')}/{len(outcomes)}"
@@ -204,4 +206,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-

@@ -9,6 +9,8 @@ Guarantees:
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import json
 import os
 import secrets
@@ -77,7 +79,6 @@ class RunStatus:
     active: list[str]
     fired: int
     planned: int
-    note: str = ""
 
 
 @dataclass
@@ -327,8 +328,9 @@ def _golden_digest(scenario: Scenario, options: RunOptions, log: Listener) -> tu
             return digest, True
     log("golden run: same job and seed, no faults …")
     result = execute(scenario.without_faults(), RunOptions(report_root=cache_dir, golden=False), log=_quiet)
-    digests = [e for e in result.history.of(TARGET_DIGEST)]
+    digests = result.history.of(TARGET_DIGEST)
     if not digests or result.ended_by.startswith(("no progress", "max_duration")):
+        log(f"golden run produced no digest ({result.ended_by}); its reports: {result.run_dir}")
         return None, False
     first = min(digests, key=lambda e: (e.rank if e.rank is not None else 0, -e.ts_ns))
     digest = first.get_str("digest")
@@ -339,9 +341,6 @@ def _golden_digest(scenario: Scenario, options: RunOptions, log: Listener) -> tu
 
 def _code_fingerprint(scenario: Scenario) -> str:
     """Hash of the job's code file, so an edited trainer invalidates the golden cache."""
-    import hashlib
-    import importlib.util
-
     spec = scenario.target
     path: str | None = None
     if isinstance(spec, TorchrunTarget):
@@ -419,17 +418,13 @@ def execute(
                 history.record(RUNNER_GOLDEN, digest=golden, cached=cached)
         results = evaluate(history, scenario)
         if execution.ended_by.startswith("no progress"):
-            results.append(
-                CheckResult(check="progress", name="progress", status="fail", reason=execution.ended_by)
-            )
+            results.append(CheckResult(check="progress", name="progress", status="fail", reason=execution.ended_by))
         failed = [r for r in results if r.status == "fail" or (r.status == "unknown" and not scenario.allow_unknown)]
         exit_code = EXIT_FAIL if failed else EXIT_PASS
     verdict: Verdict = "pass" if exit_code == EXIT_PASS else "fail" if exit_code == EXIT_FAIL else "error"
     history.record("runner.verdict", verdict=verdict, exit_code=exit_code)
     history.close()
-    result = RunResult(
-        scenario, plan, run_dir, history, results, verdict, exit_code, execution.ended_by, error, golden
-    )
+    result = RunResult(scenario, plan, run_dir, history, results, verdict, exit_code, execution.ended_by, error, golden)
     if options.scenario_file is not None:
         result.extra["scenario_file"] = str(options.scenario_file)
     write_reports(result)

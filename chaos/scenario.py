@@ -164,7 +164,7 @@ class CommandTarget(BaseModel):
     matchers: list[LogMatcherSpec] = []
 
 
-TargetSpec = Annotated[Union[TorchrunTarget, CommandTarget], Discriminator("type")]
+TargetSpec = Annotated[TorchrunTarget | CommandTarget, Discriminator("type")]
 
 
 class ClusterSpec(BaseModel):
@@ -290,10 +290,12 @@ class ScenarioError(Exception):
         super().__init__("\n".join(str(p) for p in problems))
 
 
-Path_ = tuple[Union[str, int], ...]
+Path_ = tuple[str | int, ...]
 
 
-def _positions(node: yaml.Node, path: Path_, out: dict[Path_, tuple[int, int]], dupes: list[Problem], file: str) -> None:
+def _positions(
+    node: yaml.Node, path: Path_, out: dict[Path_, tuple[int, int]], dupes: list[Problem], file: str
+) -> None:
     """Record (line, column), 1-based, of every mapping key and sequence item below ``node``."""
     if isinstance(node, yaml.MappingNode):
         seen: set[str] = set()
@@ -313,9 +315,9 @@ def _positions(node: yaml.Node, path: Path_, out: dict[Path_, tuple[int, int]], 
             _positions(item, here, out, dupes, file)
 
 
-def _raw_path(data: object, loc: tuple[Union[str, int], ...]) -> Path_:
+def _raw_path(data: object, loc: tuple[str | int, ...]) -> Path_:
     """Map a pydantic error location onto the YAML data, dropping union tags that are not real keys."""
-    path: list[Union[str, int]] = []
+    path: list[str | int] = []
     node = data
     for index, part in enumerate(loc):
         last = index == len(loc) - 1
@@ -343,7 +345,7 @@ def _unwrap(annotation: Any) -> list[Any]:
     return [annotation]
 
 
-def _model_at(root: type[BaseModel], loc: tuple[Union[str, int], ...]) -> type[BaseModel] | None:
+def _model_at(root: type[BaseModel], loc: tuple[str | int, ...]) -> type[BaseModel] | None:
     """Walk a model along a pydantic error location; returns the model owning the last key, if found."""
     current: Any = root
     for part in loc:
@@ -380,7 +382,7 @@ def _suggest(word: str, options: list[str]) -> str:
 def _problem_for(
     error: dict[str, Any], data: object, marks: dict[Path_, tuple[int, int]], file: str, model: type[BaseModel]
 ) -> Problem:
-    loc: tuple[Union[str, int], ...] = tuple(error["loc"])
+    loc: tuple[str | int, ...] = tuple(error["loc"])
     path = _raw_path(data, loc)
     # Position: the deepest part of the path that exists in the file.
     line, column = 1, 1
@@ -453,7 +455,12 @@ def _name_and_cross_check(scenario: Scenario, marks: dict[Path_, tuple[int, int]
         name = fault.name or f"{fault.type}-{counts[fault.type]}"
         if any(f.name == name for f in named_faults):
             problems.append(
-                Problem(file, *marks.get(("faults", index), (1, 1)), f"duplicate fault name {name!r}", "give each fault a unique name")
+                Problem(
+                    file,
+                    *marks.get(("faults", index), (1, 1)),
+                    f"duplicate fault name {name!r}",
+                    "give each fault a unique name",
+                )
             )
         named_faults.append(fault.model_copy(update={"name": name}))
     fault_names = [f.name for f in named_faults]
@@ -463,7 +470,11 @@ def _name_and_cross_check(scenario: Scenario, marks: dict[Path_, tuple[int, int]
         if isinstance(referenced, str) and referenced not in fault_names:
             line, column = marks.get(("checks", index, "params", "fault"), marks.get(("checks", index), (1, 1)))
             hint = _suggest(referenced, fault_names) if fault_names else "add the fault under faults:"
-            problems.append(Problem(file, line, column, f"check {check.type!r} names fault {referenced!r}, which is not defined", hint))
+            problems.append(
+                Problem(
+                    file, line, column, f"check {check.type!r} names fault {referenced!r}, which is not defined", hint
+                )
+            )
         label = check.name or (f"{check.type}[{referenced}]" if isinstance(referenced, str) else check.type)
         named_checks.append(check.model_copy(update={"name": label}))
     if problems:
@@ -477,5 +488,7 @@ def load_scenario(path: Path | str) -> Scenario:
     try:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ScenarioError([Problem(str(path), 1, 1, f"cannot read scenario: {exc.strerror}", "check the path")]) from None
+        raise ScenarioError(
+            [Problem(str(path), 1, 1, f"cannot read scenario: {exc.strerror}", "check the path")]
+        ) from None
     return parse_scenario(text, str(path))

@@ -96,7 +96,7 @@ def main(argv: list[str]) -> int:
         parser.error("need 0 < --stopped-fraction < 1 and --period > 0")
     if not args.foreground:
         detach(args.log)
-    targets = {pid: start for pid, start in zip(args.pids, args.start_times) if pid != os.getpid()}
+    targets = {pid: start for pid, start in zip(args.pids, args.start_times, strict=False) if pid != os.getpid()}
     print(f"dutycycle[{os.getpid()}] {args.op_id}: cycling {sorted(targets)}", flush=True)
     run(targets, args.stopped_fraction, args.period, args.until_ns)
     print(f"dutycycle[{os.getpid()}] {args.op_id}: done, targets continued", flush=True)

@@ -233,7 +233,7 @@ def _same_processes(host: _Host, state: dict[str, JsonValue]) -> list[int]:
     pids, starts = _ints(state, "pids"), _ints(state, "start_times")
     if len(pids) != len(starts):
         raise InjectionError("journal state has different numbers of pids and start times")
-    return [pid for pid, start in zip(pids, starts) if host.start_time(pid) == start]
+    return [pid for pid, start in zip(pids, starts, strict=False) if host.start_time(pid) == start]
 
 
 def _require_duration(name: str, op: FaultOp) -> float:

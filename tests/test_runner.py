@@ -39,10 +39,12 @@ safety: {{no_progress_timeout: {no_progress}, max_duration: 60s}}
 """
 
 
-def _ticker(name: str, faults: str = "  []", checks: str = "  []", ticks: int = 30, tail: float = 0,
-            no_progress: str = "30s") -> str:
-    return TICKER.format(name=name, python=sys.executable, faults=faults, checks=checks, ticks=ticks, tail=tail,
-                         no_progress=no_progress)
+def _ticker(
+    name: str, faults: str = "  []", checks: str = "  []", ticks: int = 30, tail: float = 0, no_progress: str = "30s"
+) -> str:
+    return TICKER.format(
+        name=name, python=sys.executable, faults=faults, checks=checks, ticks=ticks, tail=tail, no_progress=no_progress
+    )
 
 
 def _wait_for(predicate, timeout: float) -> bool:  # type: ignore[no-untyped-def]
@@ -62,8 +64,11 @@ def test_sigterm_to_the_harness_heals_at_once_and_exits_3(tmp_path: Path) -> Non
         scenario.write_text(_ticker("interrupted", faults=faults, ticks=600))
         harness = subprocess.Popen(
             [sys.executable, "-m", "chaos.cli", "run", str(scenario), "--report-dir", str(tmp_path)],
-            cwd=ROOT, env={"MLCHAOS_STATE_DIR": str(tmp_path / "state"), "PATH": "/usr/bin:/bin"},
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            cwd=ROOT,
+            env={"MLCHAOS_STATE_DIR": str(tmp_path / "state"), "PATH": "/usr/bin:/bin"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         assert _wait_for(lambda: process_state(victim.pid) == "T", 60)
         harness.send_signal(signal.SIGTERM)
@@ -121,7 +126,9 @@ class _UnsupportedInjector:
         return None
 
 
-def test_an_unsupported_fault_is_refused_before_the_target_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unsupported_fault_is_refused_before_the_target_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     started = tmp_path / "target-started"
     scenario = parse_scenario(
         _ticker("refused", faults="  - {type: kill, params: {pid: 4242}, trigger: {after: 1s}}").replace(
@@ -140,7 +147,10 @@ def test_repeat_reports_a_pass_rate_per_check(tmp_path: Path) -> None:
     scenario.write_text(_ticker("repeated", ticks=5, checks="  - type: completes"))
     proc = subprocess.run(
         [sys.executable, "-m", "chaos.cli", "run", str(scenario), "--repeat", "2", "--report-dir", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == EXIT_PASS, proc.stdout + proc.stderr
     assert "pass rate over 2 runs" in proc.stdout and "2/2 (100%)" in proc.stdout
@@ -154,8 +164,10 @@ def test_a_finished_run_leaves_no_open_journal(tmp_path: Path) -> None:
     try:
         faults = f"  - {{type: freeze, params: {{pid: {victim.pid}}}, trigger: {{after: 0.2s}}, duration: 0.5s}}"
         checks = "  - {type: recovered_within, params: {fault: freeze-1, within: 10s}}"
-        result = execute(parse_scenario(_ticker("archived", faults=faults, checks=checks, ticks=20)),
-                         RunOptions(report_root=tmp_path))
+        result = execute(
+            parse_scenario(_ticker("archived", faults=faults, checks=checks, ticks=20)),
+            RunOptions(report_root=tmp_path),
+        )
         assert result.exit_code == EXIT_PASS, result.results
         assert all(result.run_dir.name not in p.name for p in all_journals()), "journal not archived"
         assert process_state(victim.pid) not in ("T", None)
