@@ -103,3 +103,64 @@ def test_sigkilled_harness_is_healed_by_dead_man_then_cleanup_has_nothing(tmp_pa
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+@pytest.mark.slow
+def test_sigkilled_harness_frozen_torchrun_rank_is_resumed_by_dead_man(tmp_path: Path) -> None:
+    """The acceptance case literally: a frozen rank of a real torchrun job, the harness SIGKILLed mid-freeze.
+
+    torchrun (SIGTERMed through PR_SET_PDEATHSIG when the harness dies) would only SIGKILL the stopped rank
+    after its fixed 30 s grace; the dead-man must continue it well before that, at duration + grace.
+    """
+    env = {**os.environ, "MLCHAOS_STATE_DIR": str(tmp_path / "state")}
+    text = (ROOT / "scenarios" / "freeze-rank.yaml").read_text()
+    text = text.replace("trigger: {at_step: 20, rank: 1}", "trigger: {at_step: 10, rank: 1}")
+    text = text.replace("duration: 20s", f"duration: {FREEZE_S}s").replace("heal_grace: 5s", f"heal_grace: {GRACE_S}s")
+    assert f"duration: {FREEZE_S}s" in text and f"heal_grace: {GRACE_S}s" in text
+    scenario = tmp_path / "freeze.yaml"
+    scenario.write_text(text.replace("--steps, 60", "--steps, 400"))
+    reports = tmp_path / "reports"
+    harness = subprocess.Popen(
+        [sys.executable, "-m", "chaos.cli", "run", str(scenario), "--report-dir", str(reports), "--no-golden"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    pids: list[int] = []
+    try:
+
+        def rank1_pid() -> int | None:
+            for events in reports.glob("freeze-rank-*/events.jsonl"):
+                for line in events.read_text().splitlines():
+                    record = json.loads(line)
+                    if record["kind"] == "target.start" and record["rank"] == 1:
+                        return int(record["data"]["pid"])
+            return None
+
+        assert _wait_for(lambda: rank1_pid() is not None, 90)
+        rank1 = rank1_pid()
+        assert rank1 is not None
+        pids.append(rank1)
+        assert _wait_for(lambda: process_state(rank1) == "T", 60), "rank 1 was never frozen"
+        frozen_seen = time.monotonic()
+        harness.send_signal(signal.SIGKILL)
+        harness.wait(timeout=10)
+        assert _wait_for(lambda: process_state(rank1) != "T", FREEZE_S + GRACE_S + 10)
+        assert time.monotonic() - frozen_seen < 25, "only torchrun's 30 s SIGKILL ended the freeze"
+        journals = list((tmp_path / "state" / "journal").rglob("*.jsonl"))
+        records = [json.loads(line) for j in journals for line in j.read_text().splitlines() if line.strip()]
+        assert any(r.get("by") == "deadman" for r in records), records
+        # Nothing of the job outlives the harness: torchrun and both ranks end.
+        assert _wait_for(lambda: not _pids_with(str(reports)), 40), "job processes outlived the harness"
+        cleanup = subprocess.run(
+            [sys.executable, "-m", "chaos.cli", "cleanup"], cwd=ROOT, env=env, capture_output=True, text=True,
+            timeout=60,
+        )
+        assert "nothing to heal" in cleanup.stdout, cleanup.stdout + cleanup.stderr
+    finally:
+        if harness.poll() is None:
+            harness.kill()
+        for pid in pids + _pids_with(str(reports)):
+            for signum in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(pid, signum)
+                except ProcessLookupError:
+                    pass
