@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from chaos import registry
+from chaos.cli_sdc import register as register_sdc_coverage
 from chaos.cluster.local import LocalTransport
 from chaos.journal import heal_leftovers
 from chaos.plan import make_plan
@@ -198,6 +199,9 @@ def _print_pass_rates(scenario: Scenario, outcomes: list[RunResult]) -> None:
     verdicts = [o.verdict for o in outcomes]
     table.caption = f"runs passed: {verdicts.count('pass')}/{len(outcomes)}"
     console.print(table)
+
+
+register_sdc_coverage(app)
 
 
 def main() -> None:

@@ -99,3 +99,38 @@ class Injector(Protocol):
     def revert_command(self, applied: Applied) -> list[str] | None:
         """Argv that undoes ``applied`` on its host without the harness (for the dead-man switch)."""
         ...
+
+
+class InJobInjector:
+    """Base for faults applied INSIDE the target process by the in-job agent (:mod:`chaos.agent`).
+
+    The harness never applies these itself: the runner hands their ops to the job in the plan file named by
+    ``CHAOS_PLAN``, the agent fires them at exact (rank, step, phase) points and reports ``fault.applied`` /
+    ``fault.healed`` through the job's event file. There is nothing to heal from outside: the corruption
+    lives in the process's own memory and dies with it.
+    """
+
+    in_job: ClassVar[bool] = True
+    name: ClassVar[str]
+    Params: ClassVar[type[BaseModel]]
+    summary: ClassVar[str]
+
+    def check(self, ctx: InjectionContext, params: BaseModel) -> None:
+        """In-job faults need nothing from the host; the runner checks their triggers."""
+
+    def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
+        raise InjectionError(f"{self.name} is applied by the in-job agent, not by the harness")
+
+    def apply(self, ctx: InjectionContext, applied: Applied) -> None:
+        raise InjectionError(f"{self.name} is applied by the in-job agent, not by the harness")
+
+    def heal(self, ctx: InjectionContext, applied: Applied) -> None:
+        """Nothing to undo from outside the job."""
+
+    def revert_command(self, applied: Applied) -> list[str] | None:
+        return None
+
+
+def is_in_job(injector: object) -> bool:
+    """True for injectors whose faults the job's own agent applies."""
+    return bool(getattr(injector, "in_job", False))

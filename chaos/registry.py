@@ -14,11 +14,12 @@ from importlib.metadata import entry_points
 from chaos.checks.base import CHECKS, CheckSpec
 from chaos.injector import Injector
 
-BUILTIN_INJECTOR_MODULES = ("injectors.process",)
+BUILTIN_INJECTOR_MODULES = ("injectors.process", "injectors.gradient", "injectors.tensor")
 BUILTIN_CHECK_MODULES = (
     "chaos.checks.detection",
     "chaos.checks.recovery",
     "chaos.checks.lineage",
+    "chaos.checks.sdc",
 )
 INJECTOR_GROUP = "mlchaos.injectors"
 CHECK_GROUP = "mlchaos.checks"

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Literal
 
 from chaos import deadman, registry
+from chaos.agent_plan import ENV_PLAN, InJobOp, write_plan
 from chaos.checks.base import CheckResult
 from chaos.cluster.local import LocalTransport
 from chaos.history import (
@@ -37,7 +38,7 @@ from chaos.history import (
     Event,
     History,
 )
-from chaos.injector import Applied, InjectionContext, InjectionError, Injector, Unsupported
+from chaos.injector import Applied, InjectionContext, InjectionError, Injector, Unsupported, is_in_job
 from chaos.journal import Journal, heal_leftovers
 from chaos.plan import Plan, PlannedOp, fault_op, make_plan
 from chaos.report.files import write_reports
@@ -125,11 +126,31 @@ def _signals_raise() -> Iterator[None]:
             signal.signal(signum, old)
 
 
-def make_target(scenario: Scenario, transport: LocalTransport, run_dir: Path, seed: int) -> Target:
+def make_target(
+    scenario: Scenario, transport: LocalTransport, run_dir: Path, seed: int, extra_env: dict[str, str]
+) -> Target:
     spec = scenario.target
     if isinstance(spec, TorchrunTarget):
-        return TorchrunJob(spec, transport, run_dir, seed)
-    return CommandJob(spec, transport, run_dir, seed)
+        return TorchrunJob(spec, transport, run_dir, seed, extra_env)
+    return CommandJob(spec, transport, run_dir, seed, extra_env)
+
+
+def _in_job_plan(plan: Plan, run_dir: Path) -> tuple[list[PlannedOp], Path]:
+    """Split off the ops the job's agent fires itself and write them to the plan file it reads."""
+    in_job = [op for op in plan.ops if is_in_job(registry.injectors()[op.injector])]
+    path = run_dir / "chaos-plan.json"
+    write_plan(
+        path,
+        plan.seed,
+        [
+            InJobOp(
+                op_id=op.op_id, fault=op.fault, injector=op.injector, params=op.params,
+                at_step=op.at_step if op.at_step is not None else -1, rank=op.rank,
+            )
+            for op in in_job
+        ],
+    )
+    return in_job, path
 
 
 class _ActiveFault:
@@ -161,9 +182,10 @@ class _Execution:
         self.status = status
         self.transport = LocalTransport()
         self.journal = Journal.for_run(run_dir.name)
-        self.target = make_target(scenario, self.transport, run_dir, plan.seed)
+        self.in_job, plan_file = _in_job_plan(plan, run_dir)
+        self.target = make_target(scenario, self.transport, run_dir, plan.seed, {ENV_PLAN: str(plan_file)})
         self.ctx = InjectionContext(self.transport, history=history, target=self.target)
-        self.pending: list[PlannedOp] = list(plan.ops)
+        self.pending: list[PlannedOp] = [op for op in plan.ops if op not in self.in_job]
         self.active: list[_ActiveFault] = []
         self.fired = 0
         self.step: int | None = None
@@ -178,6 +200,11 @@ class _Execution:
                 injector.check(self.ctx, fault.params)
             except Unsupported as exc:
                 raise RunRefused(f"fault {fault.name!r} ({fault.type}) is not supported here: {exc}") from None
+            if is_in_job(injector) and fault.trigger.at_step is None:
+                raise RunRefused(
+                    f"fault {fault.name!r} ({fault.type}) is applied inside the job at a training step: "
+                    f"use trigger: {{at_step: N, rank: R}} (got {fault.trigger.kind})"
+                )
 
     # -- the loop ----------------------------------------------------------------------------------------
     def run(self) -> None:
@@ -228,7 +255,10 @@ class _Execution:
         self.log(f"run ended: {why}")
 
     def _on_event(self, event: Event) -> None:
-        if event.kind.startswith("detect."):
+        if event.kind == FAULT_APPLIED and event.source == "target":
+            self.fired += 1  # an in-job fault, fired by the job's agent
+            self.log(f"fault applied in the job: {event.get_str('description') or event.get_str('op')}")
+        elif event.kind.startswith("detect."):
             where = f" on rank {event.rank}" if event.rank is not None else ""
             self.log(f"detected: {event.kind}{where}")
         elif event.kind == "target.restart":
@@ -316,42 +346,60 @@ class _Execution:
         return errors
 
 
-def _golden_digest(scenario: Scenario, options: RunOptions, log: Listener) -> tuple[str | None, bool]:
-    """The fault-free run's final digest, from the cache when the job and its code are unchanged."""
+@dataclass(frozen=True)
+class Golden:
+    """What the fault-free run ended with: its digest and every detection it raised (false alarms)."""
+
+    digest: str
+    detections: list[str]
+    cached: bool
+
+
+def _golden(scenario: Scenario, options: RunOptions, log: Listener) -> Golden | None:
+    """The fault-free run's outcome, from the cache when the job, its seed and its code are unchanged."""
     cache_dir = options.report_root / ".golden"
     cache_dir.mkdir(parents=True, exist_ok=True)
     key = scenario.golden_key() + "-" + _code_fingerprint(scenario)
     cached = cache_dir / f"{key}.json"
     if options.golden_cache and cached.exists():
-        digest = json.loads(cached.read_text()).get("digest")
-        if isinstance(digest, str):
-            return digest, True
+        saved = json.loads(cached.read_text())
+        if isinstance(saved.get("digest"), str) and isinstance(saved.get("detections"), list):
+            return Golden(saved["digest"], [str(d) for d in saved["detections"]], cached=True)
     log("golden run: same job and seed, no faults …")
     result = execute(scenario.without_faults(), RunOptions(report_root=cache_dir, golden=False), log=_quiet)
     digests = result.history.of(TARGET_DIGEST)
     if not digests or result.ended_by.startswith(("no progress", "max_duration")):
         log(f"golden run produced no digest ({result.ended_by}); its reports: {result.run_dir}")
-        return None, False
+        return None
     first = min(digests, key=lambda e: (e.rank if e.rank is not None else 0, -e.ts_ns))
     digest = first.get_str("digest")
-    if digest is not None:
-        cached.write_text(json.dumps({"digest": digest, "run_dir": str(result.run_dir)}))
-    return digest, False
+    if digest is None:
+        return None
+    detections = [e.kind for e in result.history.of("detect.*")]
+    cached.write_text(json.dumps({"digest": digest, "detections": detections, "run_dir": str(result.run_dir)}))
+    return Golden(digest, detections, cached=False)
 
 
 def _code_fingerprint(scenario: Scenario) -> str:
-    """Hash of the job's code file, so an edited trainer invalidates the golden cache."""
+    """Hash of the job's entry file and of mlchaos's own code (the in-job agent and guards run inside the job),
+    so an edited trainer or guard invalidates the golden cache. Other code the job imports is not hashed:
+    use ``--no-golden-cache`` after changing it."""
     spec = scenario.target
-    path: str | None = None
+    files: list[Path] = sorted(p for pkg in _OWN_PACKAGES for p in pkg.rglob("*.py"))
     if isinstance(spec, TorchrunTarget):
+        entry = spec.script
         if spec.module is not None:
             found = importlib.util.find_spec(spec.module)
-            path = found.origin if found is not None else None
-        else:
-            path = spec.script
-    if path is None or not os.path.exists(path):
-        return "nocode"
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:12]
+            entry = found.origin if found is not None else None
+        if entry is not None and os.path.exists(entry):
+            files.append(Path(entry))
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+_OWN_PACKAGES = (Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent / "injectors")
 
 
 def new_run_dir(root: Path, name: str) -> Path:
@@ -413,9 +461,12 @@ def execute(
     if exit_code == EXIT_PASS:
         checks = registry.checks()
         if options.golden and any(checks[c.type].needs_golden for c in scenario.checks):
-            golden, cached = _golden_digest(scenario, options, log)
-            if golden is not None:
-                history.record(RUNNER_GOLDEN, digest=golden, cached=cached)
+            outcome = _golden(scenario, options, log)
+            if outcome is not None:
+                golden = outcome.digest
+                history.record(
+                    RUNNER_GOLDEN, digest=outcome.digest, detections=list(outcome.detections), cached=outcome.cached
+                )
         results = evaluate(history, scenario)
         if execution.ended_by.startswith("no progress"):
             results.append(CheckResult(check="progress", name="progress", status="fail", reason=execution.ended_by))

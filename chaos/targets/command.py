@@ -20,10 +20,12 @@ def expand(template: str, values: dict[str, str]) -> str:
 class CommandJob:
     """Runs ``spec.command`` (argv, placeholders ``{run_dir}`` and ``{seed}`` expanded)."""
 
-    def __init__(self, spec: CommandTarget, transport: Transport, run_dir: Path, seed: int) -> None:
+    def __init__(
+        self, spec: CommandTarget, transport: Transport, run_dir: Path, seed: int, extra_env: dict[str, str] | None = None
+    ) -> None:
         values = {"run_dir": str(run_dir), "seed": str(seed)}
         argv = [expand(part, values) for part in spec.command]
-        env = {k: expand(v, values) for k, v in spec.env.items()}
+        env = {**(extra_env or {}), **{k: expand(v, values) for k, v in spec.env.items()}}
         matchers = [LogMatcher(m.pattern, m.event) for m in spec.matchers]
         self.job = SpawnedJob(transport, argv, env=env, run_dir=run_dir, matchers=matchers)
 

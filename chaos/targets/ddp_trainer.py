@@ -53,6 +53,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from chaos.agent import attach
 from chaos.events import emit
 
 IN_FEATURES = 16
@@ -84,6 +85,8 @@ class Config:
     pg_timeout: float
     lr: float
     sabotage: str
+    guard: str = "none"
+    anomaly_guard: bool = False
 
 
 def _positive_int(text: str) -> int:
@@ -130,6 +133,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     )
     parser.add_argument("--lr", type=_positive_float, default=0.05, help="SGD learning rate")
     parser.add_argument("--sabotage", choices=SABOTAGES, default="none", help="break recovery on purpose")
+    parser.add_argument(
+        "--guard", choices=("none", "checksum"), default="none", help="gradient all-reduce guard (chaos.guards)"
+    )
+    parser.add_argument("--anomaly-guard", action="store_true", help="per-rank gradient/loss anomaly detection")
     args = parser.parse_args(argv)
     sabotage: str = args.sabotage
     env_sabotage = os.environ.get(ENV_SABOTAGE, "").strip()
@@ -147,6 +154,8 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         pg_timeout=args.pg_timeout,
         lr=args.lr,
         sabotage=sabotage,
+        guard=args.guard,
+        anomaly_guard=args.anomaly_guard,
     )
 
 
@@ -436,15 +445,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         # Wrapped after loading, so DDP's initial broadcast from rank 0 sends already-restored weights.
         ddp = DistributedDataParallel(model)
+        # The in-job agent: fires this rank's planned SDC faults (CHAOS_PLAN) and runs the guards. Without a
+        # plan it still installs the same guards, so golden and faulted runs share their numerics.
+        agent = attach(model, optimizer=optimizer, ddp=ddp, guard=cfg.guard, anomaly=cfg.anomaly_guard)  # type: ignore[arg-type]
         loss_fn = nn.MSELoss()
         for step in range(start_step, cfg.steps + 1):
             current_step = step
+            agent.begin_step(step)
             ids = step_sample_ids(step, rank, cfg.batch_size, world_size)
             features, labels = make_batch(cfg.seed, ids)
             optimizer.zero_grad(set_to_none=True)
             loss = loss_fn(ddp(features), labels)
             loss.backward()  # the gradient all-reduce happens here; a dead or frozen peer surfaces here
-            optimizer.step()
+            agent.after_backward(loss)
+            if agent.allow_optimizer_step():  # False when every rank agreed a guard blocked this step
+                optimizer.step()
+            agent.end_step()
             emit("target.step", rank=rank, step=step, loss=float(loss.item()), samples=ids, attempt=attempt)
             if step % cfg.checkpoint_every == 0:
                 if rank == 0:
@@ -471,6 +487,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             os._exit(1)
         return 1
 
+    agent.close()  # heals in-job faults (exact original bits) before the final digest
     digest = state_digest(model, optimizer)
     final_step = max(start_step - 1, cfg.steps)
     emit("target.digest", rank=rank, digest=digest, step=final_step, attempt=attempt)

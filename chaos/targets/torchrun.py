@@ -43,7 +43,9 @@ DEFAULT_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "OMP_NUM_THREADS": "1"
 class TorchrunJob:
     """``python -m torch.distributed.run --standalone`` with the scenario's ranks and restarts."""
 
-    def __init__(self, spec: TorchrunTarget, transport: Transport, run_dir: Path, seed: int) -> None:
+    def __init__(
+        self, spec: TorchrunTarget, transport: Transport, run_dir: Path, seed: int, extra_env: dict[str, str] | None = None
+    ) -> None:
         values = {"run_dir": str(run_dir), "seed": str(seed)}
         argv = [
             sys.executable,
@@ -61,7 +63,7 @@ class TorchrunJob:
         ]
         argv += ["-m", spec.module] if spec.module is not None else [expand(spec.script or "", values)]
         argv += [expand(arg, values) for arg in spec.args]
-        env = {**DEFAULT_ENV, **{k: expand(v, values) for k, v in spec.env.items()}}
+        env = {**DEFAULT_ENV, **(extra_env or {}), **{k: expand(v, values) for k, v in spec.env.items()}}
         matchers = [*TORCHRUN_MATCHERS, *(LogMatcher(m.pattern, m.event) for m in spec.matchers)]
         self.spec = spec
         self.job = SpawnedJob(transport, argv, env=env, run_dir=run_dir, matchers=matchers)

@@ -1,0 +1,281 @@
+"""The in-job agent: the part of mlchaos that lives inside the training process.
+
+A training script opts in with one call and four one-line hooks in its loop::
+
+    agent = chaos.attach(model, optimizer=optimizer, ddp=ddp_model, guard="checksum", anomaly=True)
+    for step in range(start, steps + 1):
+        agent.begin_step(step)                      # weight/activation faults due now fire here
+        loss = loss_fn(ddp_model(x), y)
+        loss.backward()                             # DDP all-reduce: gradient faults + checksum guard here
+        agent.after_backward(loss)                  # gradient-phase faults; anomaly guard
+        if agent.allow_optimizer_step():            # False when the guards agreed to skip this step
+            optimizer.step()
+        agent.end_step()
+    agent.close()                                   # heals every in-job fault, exactly
+
+The harness hands the agent its faults in a JSON plan (env ``CHAOS_PLAN``) and reads what happened from the
+event file (env ``CHAOS_EVENTS``). Without ``CHAOS_PLAN`` no fault is armed, but the guards still run, so a
+golden run and a faulted run execute the same numerics. Faults fire at exact (rank, step, phase) points:
+``forward`` (before the forward pass), the collective sites ``local`` / ``in_transit`` / ``post_reduce``
+(inside the gradient all-reduce), ``backward`` (after it) and ``optimizer_step``.
+
+A fault fires once per run even across torchrun restarts: the agent leaves a marker in ``CHAOS_RUN_DIR`` so a
+recomputed step after a restart does not re-inject a transient fault.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+from pydantic import JsonValue
+from torch import nn
+from torch._C._distributed_c10d import GradBucket
+
+from chaos import events
+from chaos.agent_plan import InJobOp, InJobPlan, load_plan
+from chaos.guards.anomaly import GradAnomalyGuard
+from chaos.guards.checksum import ChecksumConfig, ChecksumState, checksum_hook
+from injectors.gradient import GradCorruptParams, Site, corrupt_bucket
+from injectors.tensor import BitFlipParams
+from injectors.tensor_apply import ArmedFault, TensorFaultError, arm
+
+Emit = Callable[..., None]
+
+
+def _rank_and_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+class _GradFault:
+    """A ``grad_corrupt`` op waiting for its step and site inside the gradient all-reduce."""
+
+    def __init__(self, op: InJobOp, params: GradCorruptParams) -> None:
+        self.op = op
+        self.params = params
+        self.fired = False
+
+
+class Agent:
+    """Fires this rank's planned faults, runs the guards, and reports both as events."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        optimizer: torch.optim.Optimizer | None = None,
+        ddp: nn.parallel.DistributedDataParallel | None = None,
+        guard: Literal["checksum", "none"] = "none",
+        checksum: ChecksumConfig | None = None,
+        anomaly: bool = False,
+        plan: InJobPlan | None = None,
+        emit: Emit = events.emit,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.rank, self.world_size = _rank_and_world()
+        self.emit = emit
+        self.plan = plan if plan is not None else load_plan()
+        self.step = 0
+        self._skip = False
+        self._fired_dir = Path(os.environ["CHAOS_RUN_DIR"]) / "agent" if os.environ.get("CHAOS_RUN_DIR") else None
+        mine = [op for op in self.plan.ops if self._targets_me(op)]
+        self._grad_faults = [
+            _GradFault(op, GradCorruptParams.model_validate(op.params)) for op in mine if op.injector == "grad_corrupt"
+        ]
+        self._tensor_ops = [(op, BitFlipParams.model_validate(op.params)) for op in mine if op.injector == "bitflip"]
+        self._armed: dict[str, ArmedFault] = {}
+        self.checksum_state: ChecksumState | None = None
+        self._anomaly_requested = anomaly
+        self.anomaly_guard = GradAnomalyGuard(model, emit=emit) if anomaly else None
+        if ddp is not None:
+            self._install_comm_hook(ddp, guard, checksum)
+            if self.checksum_state is not None and self.anomaly_guard is not None:
+                # The anomaly guard must see each rank's LOCAL gradients, i.e. inside the hook, pre-reduction.
+                self.checksum_state.observe = self.anomaly_guard.observe
+
+    # -- plan bookkeeping -------------------------------------------------------------------------------
+    def _targets_me(self, op: InJobOp) -> bool:
+        wanted = op.params.get("rank")
+        rank = wanted if isinstance(wanted, int) else op.rank
+        if rank is None:
+            rank = 1 if op.injector == "grad_corrupt" and self.world_size > 1 else 0
+        return rank == self.rank
+
+    def _rng(self, op: InJobOp) -> random.Random:
+        # One stream per op, derived from the run seed: the same plan corrupts the same elements every replay.
+        return random.Random(f"{self.plan.seed}:{op.op_id}:{self.rank}")
+
+    def _already_fired(self, op: InJobOp) -> bool:
+        return self._fired_dir is not None and (self._fired_dir / f"{op.op_id}.r{self.rank}").exists()
+
+    def _mark_fired(self, op: InJobOp) -> None:
+        if self._fired_dir is not None:
+            self._fired_dir.mkdir(parents=True, exist_ok=True)
+            (self._fired_dir / f"{op.op_id}.r{self.rank}").touch()
+
+    def _applied(self, op: InJobOp, description: str, **extra: JsonValue) -> None:
+        self.emit(
+            "fault.applied",
+            rank=self.rank,
+            fault=op.fault,
+            op=op.op_id,
+            injector=op.injector,
+            description=description,
+            step=self.step,
+            **extra,
+        )
+
+    # -- the collective ---------------------------------------------------------------------------------
+    def _install_comm_hook(
+        self, ddp: nn.parallel.DistributedDataParallel, guard: str, checksum: ChecksumConfig | None
+    ) -> None:
+        """The checksum guard's hook, or (when faults or the anomaly guard need the local buckets) a plain
+        all-reduce hook with the same injection points. Decided from the guard settings, not from the plan,
+        wherever possible, so a golden run takes the same code path as the faulted run."""
+        if guard == "checksum":
+            config = checksum or ChecksumConfig()
+            if config.emit is None:
+                config.emit = self.emit
+            state = ChecksumState(config, group=None)
+            state.corrupt = self._corrupt
+            self.checksum_state = state
+            ddp.register_comm_hook(state, checksum_hook)
+        elif self._grad_faults or self._anomaly_requested:
+            ddp.register_comm_hook(self, _plain_hook)
+
+    def _corrupt(self, site: Site, bucket_index: int, tensor: torch.Tensor) -> None:
+        """The corruption hook the collective calls at each site; fires due ``grad_corrupt`` ops."""
+        for fault in self._grad_faults:
+            p = fault.params
+            if fault.fired or p.site != site or p.bucket != bucket_index or fault.op.at_step != self.step:
+                continue
+            fault.fired = True
+            if self._already_fired(fault.op):
+                continue
+            record = corrupt_bucket(tensor, p, self._rng(fault.op))
+            self._mark_fired(fault.op)
+            self._applied(
+                fault.op,
+                f"{p.kind} {record.detail} in bucket {bucket_index} at {site}, rank {self.rank}, step {self.step}",
+                site=site,
+                bucket=bucket_index,
+                indices=list(record.indices[:16]),
+            )
+            # Transient by nature: the corrupted bucket is consumed by this reduction. Nothing to restore later.
+            self.emit("fault.healed", rank=self.rank, fault=fault.op.fault, op=fault.op.op_id, injector="grad_corrupt")
+
+    # -- the loop hooks ---------------------------------------------------------------------------------
+    def begin_step(self, step: int) -> None:
+        """Call at the top of each step (1-based); fires weight/activation faults due at this step."""
+        self.step = step
+        self._skip = False
+        if self.checksum_state is not None:
+            self.checksum_state.step = step
+        self._tensor_phase("forward")
+
+    def after_backward(self, loss: torch.Tensor | None = None) -> None:
+        """Call after ``loss.backward()``: gradient-phase faults, then the anomaly guard."""
+        self._tensor_phase("backward")
+        if self.anomaly_guard is not None:
+            reasons = self.anomaly_guard.check(self.step, None if loss is None else float(loss.detach()))
+            flag = torch.tensor([1.0 if reasons else 0.0])
+            if dist.is_available() and dist.is_initialized():
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank skips, or none does
+            if flag.item() > 0:
+                self._skip = True
+
+    def allow_optimizer_step(self) -> bool:
+        """False when a guard (checksum after a failed retry, anomaly) agreed on every rank to skip this step."""
+        self._tensor_phase("optimizer_step")
+        state = self.checksum_state
+        if state is not None and state.consume_skip():
+            self._skip = True
+        if self._skip:
+            self.emit("target.step_skipped", rank=self.rank, step=self.step)
+        return not self._skip
+
+    def end_step(self) -> None:
+        """Call at the end of each step: heals tensor faults whose persistence ran out."""
+        for op_id, armed in list(self._armed.items()):
+            if armed.expired(self.step):
+                self._heal(op_id)
+
+    def close(self) -> None:
+        """Heal every in-job fault still applied (exact original bits); idempotent."""
+        for op_id in list(self._armed):
+            self._heal(op_id)
+
+    # -- tensor faults ----------------------------------------------------------------------------------
+    def _tensor_phase(self, phase: str) -> None:
+        for op, params in self._tensor_ops:
+            if params.phase != phase:
+                continue
+            armed = self._armed.get(op.op_id)
+            first = armed is None
+            if armed is None:
+                if op.at_step != self.step or self._already_fired(op):
+                    continue
+                armed = arm(self.model, self.optimizer, params, self._rng(op))
+            try:
+                armed.fire(self.step)
+            except TensorFaultError as exc:
+                # e.g. no gradient or optimizer state yet: say so, and leave nothing half-applied.
+                armed.heal()
+                self._armed.pop(op.op_id, None)
+                self.emit("fault.failed", rank=self.rank, fault=op.fault, op=op.op_id, injector=op.injector, error=str(exc))
+                continue
+            if first:
+                self._armed[op.op_id] = armed
+                self._mark_fired(op)
+                self._applied(op, armed.describe(), where=params.where, persistence=params.persistence)
+
+    def _heal(self, op_id: str) -> None:
+        armed = self._armed.pop(op_id)
+        armed.heal()
+        op = next(o for o, _ in self._tensor_ops if o.op_id == op_id)
+        self.emit("fault.healed", rank=self.rank, fault=op.fault, op=op_id, injector=op.injector, step=self.step)
+
+
+def _plain_hook(agent: Agent, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP's default all-reduce (divide, then sum) with the three corruption sites and no detection."""
+    tensor = bucket.buffer()
+    index = bucket.index()
+    agent._corrupt("local", index, tensor)
+    if agent.anomaly_guard is not None:
+        agent.anomaly_guard.observe(index, tensor)
+    tensor.div_(dist.get_world_size())
+    agent._corrupt("in_transit", index, tensor)
+    dist.all_reduce(tensor)
+    agent._corrupt("post_reduce", index, tensor)
+    future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    future.set_result(tensor)
+    return future
+
+
+# register_comm_hook checks the hook's ``bucket`` annotation by identity; postponed (string) annotations
+# would fail that check, so the real objects are put back.
+_plain_hook.__annotations__.update({"bucket": GradBucket, "return": torch.futures.Future[torch.Tensor]})
+
+
+def attach(
+    model: nn.Module,
+    *,
+    optimizer: torch.optim.Optimizer | None = None,
+    ddp: nn.parallel.DistributedDataParallel | None = None,
+    guard: Literal["checksum", "none"] = "none",
+    anomaly: bool = False,
+    checksum: ChecksumConfig | None = None,
+) -> Agent:
+    """Opt a training loop into mlchaos: arms this rank's planned faults and the chosen guards."""
+    return Agent(model, optimizer=optimizer, ddp=ddp, guard=guard, anomaly=anomaly, checksum=checksum)
+
+
+__all__ = ["Agent", "attach"]

@@ -1,0 +1,166 @@
+"""Checks for silent data corruption: was it caught, by whom, and did it reach the model?
+
+- ``sdc_detected``: a detection (``detect.sdc`` by default) follows each firing of the fault within N steps,
+  and names the right culprit rank.
+- ``step_blocked``: the corruption never reached the optimizer: the run's final digest equals the golden
+  run's although the fault fired (a retried in-transit fault costs one retry, not a corrupted model).
+- ``no_false_positives``: no detection in the golden (fault-free) run, nor before the first fault.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from functools import partial
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from chaos.checks._evidence import (
+    applied_ops,
+    capped,
+    cite,
+    events_of,
+    label,
+    missing_fault_reason,
+    narrow,
+    step_of,
+)
+from chaos.checks.base import CheckResult, register_check
+from chaos.checks.lineage import MatchesGoldenParams, matches_golden
+from chaos.history import FAULT_APPLIED, RUNNER_GOLDEN, Event, History
+
+if TYPE_CHECKING:
+    from chaos.scenario import Scenario
+
+
+class SdcDetectedParams(BaseModel):
+    """Which fault, how many steps late a detection may come, which events count, whether to check the culprit."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    fault: str
+    within_steps: int = Field(default=0, ge=0, description="0: detected in the injected step itself")
+    event: str = Field(default="detect.sdc", description="glob of detection events that count")
+    culprit: bool = Field(default=True, description="the detection must name the corrupted rank")
+
+
+def _culprit(event: Event) -> int | None:
+    """The rank a detection blames: ``culprit_rank`` when the detector localized it, else the event's rank."""
+    blamed = event.get_int("culprit_rank")
+    return blamed if blamed is not None else event.rank
+
+
+@register_check(
+    "sdc_detected",
+    SdcDetectedParams,
+    summary="each firing of an SDC fault is detected within N steps, naming the corrupted rank",
+)
+def sdc_detected(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
+    """measured = worst steps from injection to detection; fail on a miss, a late detection or a wrong culprit."""
+    p = narrow(params, SdcDetectedParams)
+    name = label("sdc_detected", p.fault)
+    verdict = partial(CheckResult, check="sdc_detected", name=name, bound=f"<= {p.within_steps} steps", unit=" steps")
+    ops = applied_ops(history, p.fault)
+    if not ops:
+        return verdict(status="unknown", reason=missing_fault_reason(history, p.fault))
+    detections = events_of(history, p.event)
+    worst = 0
+    evidence: list[str] = []
+    problems: list[str] = []
+    for op in ops:
+        injected_step = step_of(op)
+        if injected_step is None:
+            return verdict(status="unknown", reason=f"{cite(history, op)} carries no step: not an in-job fault?")
+        evidence.append(cite(history, op))
+        window = [
+            d
+            for d in detections
+            if d.ts_ns >= op.ts_ns and (s := step_of(d)) is not None and injected_step <= s <= injected_step + p.within_steps
+        ]
+        if not window:
+            problems.append(f"no {p.event} within {p.within_steps} step(s) of step {injected_step} (rank {op.rank})")
+            continue
+        first = window[0]
+        worst = max(worst, (step_of(first) or injected_step) - injected_step)
+        evidence.append(cite(history, first, f"culprit {_culprit(first)}"))
+        if p.culprit:
+            blamed = {_culprit(d) for d in window}
+            if op.rank not in blamed:
+                problems.append(f"detections at step {injected_step} blame rank(s) {sorted(map(str, blamed))}, not {op.rank}")
+    if problems:
+        return verdict(status="fail", measured=float(worst), reason="; ".join(problems), evidence=capped(evidence))
+    return verdict(
+        status="pass",
+        measured=float(worst),
+        reason=f"all {len(ops)} firing(s) detected" + (", culprit named" if p.culprit else ""),
+        evidence=capped(evidence),
+    )
+
+
+class StepBlockedParams(BaseModel):
+    """The fault whose corrupted gradient must never reach the optimizer."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    fault: str
+
+
+@register_check(
+    "step_blocked",
+    StepBlockedParams,
+    summary="the corruption never reached the optimizer: final digest == golden although the fault fired",
+    needs_golden=True,
+)
+def step_blocked(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
+    p = narrow(params, StepBlockedParams)
+    name = label("step_blocked", p.fault)
+    ops = applied_ops(history, p.fault)
+    if not ops:
+        return CheckResult(check="step_blocked", name=name, status="unknown", reason=missing_fault_reason(history, p.fault))
+    golden = matches_golden(history, MatchesGoldenParams(), scenario)
+    reason = golden.reason
+    if golden.status == "pass":
+        reason = f"fault fired {len(ops)} time(s) and the final model equals the golden model"
+    elif golden.status == "fail":
+        reason = "a corrupted update reached the model: " + golden.reason
+    retries = [cite(history, e) for e in events_of(history, "detect.*") if e.data.get("action")]
+    return golden.model_copy(
+        update={
+            "check": "step_blocked",
+            "name": name,
+            "reason": reason,
+            "evidence": capped([cite(history, ops[0]), *retries, *golden.evidence]),
+        }
+    )
+
+
+class NoFalsePositivesParams(BaseModel):
+    """Which detection events count as alarms (default: every ``detect.*``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    event: str = "detect.sdc*"
+
+
+@register_check(
+    "no_false_positives",
+    NoFalsePositivesParams,
+    summary="no detection fired in the golden run, nor in this run before the first fault",
+    needs_golden=True,
+)
+def no_false_positives(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
+    p = narrow(params, NoFalsePositivesParams)
+    verdict = partial(CheckResult, check="no_false_positives", name="no_false_positives", bound="== 0")
+    goldens = events_of(history, RUNNER_GOLDEN)
+    if not goldens or not isinstance(goldens[-1].data.get("detections"), list):
+        return verdict(status="unknown", reason="the golden run's detections were not recorded (no runner.golden)")
+    recorded = goldens[-1].data["detections"]
+    kinds = [str(kind) for kind in recorded] if isinstance(recorded, list) else []
+    golden_alarms = [kind for kind in kinds if fnmatch.fnmatchcase(kind, p.event)]
+    first_fault = next(iter(events_of(history, FAULT_APPLIED)), None)
+    early = [d for d in events_of(history, p.event) if first_fault is None or d.ts_ns < first_fault.ts_ns]
+    count = len(golden_alarms) + len(early)
+    evidence = [f"golden run: {kind}" for kind in golden_alarms] + [cite(history, d, "before any fault") for d in early]
+    if count:
+        return verdict(status="fail", measured=float(count), reason=f"{count} alarm(s) without a fault", evidence=capped(evidence))
+    return verdict(status="pass", measured=0.0, reason="no alarm without a fault")

@@ -1,0 +1,151 @@
+"""Tensor faults inside the training process: bit flips, NaN/Inf and block scaling in weights, activations,
+gradients and optimizer state, fired once, stuck at every step, or intermittently.
+
+The harness never touches these tensors itself: the in-job agent (:mod:`chaos.agent`) validates a
+:class:`BitFlipParams`, calls :func:`arm` when the fault's step comes, then :meth:`ArmedFault.fire` at the
+fault's phase of every following step and :meth:`ArmedFault.heal` when :meth:`ArmedFault.expired` says so
+(or at close). Everything is seeded from the rng handed to :func:`arm`, so a replay corrupts the same bits.
+
+What each ``where`` corrupts and what heal means there:
+
+- ``weights``: a parameter's storage. A transient flip stays in memory until healed (training reads and
+  updates the corrupted value meanwhile); ``stuck`` forces the element back to its corrupted value at every
+  fire (the original bytes are restored, then the same flip re-applied, so it never toggles back or
+  accumulates). Heal writes back the bytes from before the FIRST fire, discarding whatever the optimizer
+  wrote to those few elements while the fault was live: heal removes the fault from them, exactly.
+- ``optimizer_state``: a float tensor in ``optimizer.state[param]`` (``exp_avg``, ``momentum_buffer`` …,
+  never the ``step`` counter), chosen by the rng at the first fire; same rules as weights. The state must
+  exist when the fault fires (after the first optimizer step).
+- ``gradients``: ``param.grad`` at the moment of the fire (the caller fires after backward). Gradients are
+  rewritten every step, so a later fire or heal restores an element only if it still holds exactly the bytes
+  written: anything else would write a stale gradient into a fresh one.
+- ``activations``: a forward hook on the chosen module flips its output in place during the forward that
+  follows a fire (once per fire, also when the module runs twice). Outputs are recomputed each forward, so
+  heal just removes the hook.
+
+Writes bypass autograd's version counter on purpose (see :mod:`chaos.bitflip`): a hardware upset does not
+tell autograd either, so backward consumes the corrupted value instead of raising.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from chaos.injector import InJobInjector
+
+BitClass = Literal["sign", "exponent", "mantissa"]  # as chaos.bitflip.BitClass, without importing torch
+Where = Literal["weights", "activations", "gradients", "optimizer_state"]
+Phase = Literal["forward", "backward", "optimizer_step"]
+Kind = Literal["bitflip", "nan", "inf", "scale"]
+Persistence = Literal["transient", "stuck", "intermittent"]
+Emit = Callable[..., None]
+
+# Where a fault fires when ``phase`` is not given: the one point in the step where its tensor is live.
+DEFAULT_PHASE: dict[str, Phase] = {
+    "weights": "forward",
+    "activations": "forward",
+    "gradients": "backward",
+    "optimizer_state": "optimizer_step",
+}
+_MAX_BITS = 32  # the widest supported dtype; the exact width is checked when the dtype is known
+
+
+class BitFlipParams(BaseModel):
+    """One tensor fault: where, what, how many, how long. Bit indices are checked against the real dtype
+    when the fault is applied (the dtype is not known before)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    where: Where = Field(default="weights", description="weights | activations | gradients | optimizer_state")
+    layer: str | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "glob over parameter names (weights, gradients, optimizer_state) or module names (activations), "
+            "e.g. 'layer1.*.conv1.weight'; null = any, chosen by the seeded rng "
+            "(parameters weighted by size, leaf modules uniformly)"
+        ),
+    )
+    kind: Kind = Field(default="bitflip", description="bitflip | nan | inf | scale (a block times factor)")
+    element: int | None = Field(
+        default=None, ge=0, description="flat element index (row-major); null = seeded random; kind=scale: start"
+    )
+    bit: int | BitClass | None = Field(
+        default=None, description="kind=bitflip: bit index (0 = least significant) or sign | exponent | mantissa"
+    )
+    count: int = Field(
+        default=1, ge=1, description="distinct elements corrupted (with element: distinct bits of that element)"
+    )
+    block: int = Field(
+        default=32, ge=1, description="kind=scale: consecutive elements scaled (cut at the tensor's end)"
+    )
+    factor: float = Field(default=1e7, description="kind=scale: the factor")
+    persistence: Persistence = Field(
+        default="transient",
+        description="transient (once) | stuck (re-applied every step) | intermittent (each step with probability)",
+    )
+    probability: float = Field(default=0.5, ge=0.0, le=1.0, description="intermittent: chance of firing each step")
+    steps: int | None = Field(
+        default=None, ge=1, description="stuck/intermittent: how many steps it lasts; null = until the run ends"
+    )
+    phase: Phase = Field(
+        default="forward",
+        description=(
+            "when in the step it fires; default: forward for weights/activations, backward for gradients, "
+            "optimizer_step for optimizer_state"
+        ),
+    )
+    rank: int | None = Field(default=None, ge=0, description="the rank hit; null = the trigger's rank, else 0")
+    seed: int | None = Field(default=None, description="own rng seed for this fault; null = the run's stream")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _phase_follows_where(cls, data: Any) -> Any:
+        # A plain `where: gradients` must not inherit the weights' "forward" (no gradient exists then).
+        if isinstance(data, dict) and data.get("phase") is None:
+            where = data.get("where", "weights")
+            if where in DEFAULT_PHASE:
+                return {**data, "phase": DEFAULT_PHASE[where]}
+        return data
+
+    @field_validator("bit")
+    @classmethod
+    def _bit_fits_some_dtype(cls, value: int | str | None) -> int | str | None:
+        if isinstance(value, int) and not 0 <= value < _MAX_BITS:
+            raise ValueError(f"bit must be in 0..{_MAX_BITS - 1} (0 = least significant), got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BitFlipParams:
+        if self.bit is not None and self.kind != "bitflip":
+            raise ValueError(f"bit applies to kind=bitflip only, not kind={self.kind}")
+        if self.where == "activations" and self.phase != "forward":
+            raise ValueError("activations are corrupted during the forward pass: phase must be forward")
+        if self.where == "gradients" and self.phase == "forward":
+            raise ValueError("gradients do not exist before backward: phase must be backward or optimizer_step")
+        if self.steps is not None and self.persistence == "transient":
+            raise ValueError("steps applies to stuck/intermittent faults; a transient fault fires once")
+        if self.element is not None and self.count > 1:
+            if self.kind in ("nan", "inf"):
+                raise ValueError(f"kind={self.kind} with an element corrupts one element: count must be 1")
+            if isinstance(self.bit, int) or self.bit == "sign":
+                raise ValueError("count > 1 with an element needs that many distinct bits: give a bit class")
+        return self
+
+
+class BitFlipInjector(InJobInjector):
+    """``bitflip``: IEEE-754 flips, NaN/Inf or block scaling in weights, activations, gradients, optimizer state."""
+
+    name: ClassVar[str] = "bitflip"
+    Params: ClassVar[type[BaseModel]] = BitFlipParams
+    summary: ClassVar[str] = (
+        "flip bits / NaN / Inf / scale in weights, activations, gradients or optimizer state (in-job)"
+    )
+
+
+INJECTORS = (BitFlipInjector,)  # what chaos.registry collects from a built-in injector module
+
+__all__ = ["DEFAULT_PHASE", "INJECTORS", "BitFlipInjector", "BitFlipParams"]
