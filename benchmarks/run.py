@@ -28,6 +28,10 @@ from chaos.runner import RunOptions, execute  # noqa: E402
 from chaos.scenario import load_scenario  # noqa: E402
 from injectors.process import FreezeInjector, FreezeParams  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bitflip_vs_pytorchfi  # noqa: E402
+import checksum_allreduce  # noqa: E402
+
 
 def _per_op(fn, n: int) -> float:  # type: ignore[no-untyped-def]
     start = time.perf_counter()
@@ -118,9 +122,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="mlchaos-bench-") as tmp:
         os.environ.setdefault("MLCHAOS_STATE_DIR", str(Path(tmp) / "state"))
         print(f"mlchaos benchmarks, python {sys.version.split()[0]}, {os.cpu_count()} cpus")
+        print("\n== harness: history, journal, freeze round trip, kill-rank end to end")
         bench_history_and_journal(Path(tmp))
         bench_freeze_roundtrip(Path(tmp))
         bench_kill_rank(Path(tmp))
+    print("\n== SDC: checksummed vs plain all-reduce (benchmarks/checksum_allreduce.py)")
+    checksum_allreduce.main()
+    print("\n== SDC: in-place bit flips vs pytorchfi (benchmarks/bitflip_vs_pytorchfi.py)")
+    bitflip_vs_pytorchfi.main()
 
 
 if __name__ == "__main__":
