@@ -23,10 +23,9 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
-from typing_extensions import Self
 
 from chaos.injector import Applied, InjectionContext
 

@@ -80,26 +80,29 @@ class LocalTransport:
         return 0.0
 
 
-def process_start_time(pid: int) -> int | None:
-    """The kernel's start time of ``pid`` (clock ticks since boot), to tell a pid from its reuse; None if gone."""
+def _stat_after_comm(pid: int) -> str | None:
+    """``/proc/<pid>/stat`` from field 3 (state) on, or None when the process is gone.
+
+    The command name (field 2) may contain spaces and parentheses; the fields after the LAST ')' are fixed.
+    """
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
             stat = handle.read()
     except OSError:
         return None
-    # The command name (field 2) may contain spaces and parentheses; fields after the last ')' are fixed.
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[19])
+    return stat[stat.rindex(")") + 2 :]
+
+
+def process_start_time(pid: int) -> int | None:
+    """The kernel's start time of ``pid`` (clock ticks since boot), to tell a pid from its reuse; None if gone."""
+    rest = _stat_after_comm(pid)
+    return None if rest is None else int(rest.split()[19])
 
 
 def process_state(pid: int) -> str | None:
     """One-letter state of ``pid`` (R, S, T for stopped, Z …), or None when it no longer exists."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
-            stat = handle.read()
-    except OSError:
-        return None
-    return stat[stat.rindex(")") + 2]
+    rest = _stat_after_comm(pid)
+    return None if rest is None else rest[0]
 
 
 def signal_number(name: str | int) -> int:
