@@ -21,6 +21,7 @@ from rich.table import Table
 
 from chaos import registry
 from chaos.cli_sdc import register as register_sdc_coverage
+from chaos.cli_testbed import register as register_testbed
 from chaos.cluster.local import LocalTransport
 from chaos.journal import heal_leftovers
 from chaos.plan import make_plan
@@ -202,6 +203,7 @@ def _print_pass_rates(scenario: Scenario, outcomes: list[RunResult]) -> None:
 
 
 register_sdc_coverage(app)
+register_testbed(app)
 
 
 def main() -> None:

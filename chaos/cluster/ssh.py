@@ -1,0 +1,599 @@
+"""The SSH transport: one host of an inventory, through paramiko, behind the Transport protocol.
+
+Contracts worth knowing:
+
+* Commands are argv lists. :func:`remote_command` is the ONE place that turns an argv into text for the
+  remote shell (every word through ``shlex.quote``); the few shell fragments around it are constants.
+  The login shell must be POSIX (sh, bash, dash, zsh).
+* Host keys are verified against ``known_hosts``. An unknown host is refused unless ``accept_unknown``
+  (then trusted for this transport's lifetime, with a warning); a CHANGED key is always refused, with a
+  TransportError naming the host, the known_hosts file and the fix. Nothing is ever written to known_hosts.
+* A remote process is the command itself (the shell ``exec``s it), so ``pid`` and signals reach the real
+  process, and a death by signal reads as ``-signum`` like :class:`subprocess.Popen`.
+* A dropped connection is re-opened once, but only before a command starts: a command is never run twice.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import threading
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import IO, Any, TypeVar
+
+import paramiko
+from paramiko.common import MSG_CHANNEL_REQUEST
+
+from chaos.cluster.base import Completed, Transport, TransportError
+from chaos.cluster.inventory import Host, Inventory
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DRAIN_INTERVAL_S = 0.05
+_KEEPALIVE_S = 15
+
+
+class UnknownHostKeyWarning(UserWarning):
+    """A host absent from known_hosts was trusted because ``accept_unknown`` is on."""
+
+
+def remote_command(
+    argv: Sequence[str],
+    sudo: bool = False,
+    *,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+) -> str:
+    """The remote shell text that runs ``argv`` and nothing else: ``[cd -- DIR && ]exec [sudo -n --] [env K=V…] ARGV``.
+
+    Every word is quoted with ``shlex.quote``, so no argument is ever interpreted by the shell. ``exec``
+    makes the shell's pid the command's pid. ``env`` names must be identifiers (ValueError otherwise).
+    """
+    if not argv:
+        raise ValueError("an empty argv cannot be run")
+    words: list[str] = ["sudo", "-n", "--"] if sudo else []
+    if env:
+        for name in env:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"environment variable name {name!r} is not a valid identifier")
+        words += ["env", *(f"{name}={value}" for name, value in env.items())]
+    words += list(argv)
+    text = "exec " + " ".join(shlex.quote(word) for word in words)
+    return f"cd -- {shlex.quote(cwd)} && {text}" if cwd is not None else text
+
+
+@dataclass(frozen=True)
+class ClockEstimate:
+    """Host clock vs harness clock: add ``offset_s`` to a host timestamp to put it on the harness timeline.
+
+    The true offset lies within ``offset_s ± error_s`` (half the best round trip), assuming neither clock
+    jumped while sampling.
+    """
+
+    offset_s: float
+    error_s: float
+    rtt_s: float
+    samples: int
+
+
+class _ChannelReader(io.RawIOBase):
+    """A channel's stdout as a raw byte stream, so it can be wrapped into a real ``IO[bytes]``."""
+
+    def __init__(self, channel: paramiko.Channel) -> None:
+        super().__init__()
+        self._channel = channel
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._channel.recv(len(buffer))  # blocks until data or EOF (b"")
+        buffer[: len(data)] = data
+        return len(data)
+
+
+class SshProcess:
+    """A process started by :meth:`SshTransport.spawn`; behaves like the parts of Popen the harness uses."""
+
+    def __init__(self, owner: SshTransport, channel: paramiko.Channel, pid: int, argv: list[str], watched: bool) -> None:
+        self._owner = owner
+        self._channel = channel
+        self._pid = pid
+        self._argv = argv
+        self._watched = watched
+        self._released = False
+        self._stdout: IO[bytes] = io.BufferedReader(_ChannelReader(channel))
+
+    @property
+    def pid(self) -> int:
+        """The remote process id (on the remote host's pid namespace)."""
+        return self._pid
+
+    @property
+    def stdout(self) -> IO[bytes]:
+        """stdout and stderr merged, readable line by line; EOF once the process and its children close it."""
+        return self._stdout
+
+    def poll(self) -> int | None:
+        """The exit code (``-signum`` if killed by a signal) or None while running.
+
+        -1 when the connection was lost before the exit was reported: the process's fate is then unknown
+        (with ``kill_with_parent`` it has been sent that signal)."""
+        if not self._channel.exit_status_ready():
+            return None
+        self._release_watcher()
+        return self._channel.recv_exit_status()
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Block until exit; subprocess.TimeoutExpired after ``timeout`` seconds (the process keeps running)."""
+        if not self._channel.status_event.wait(timeout):
+            raise subprocess.TimeoutExpired(self._argv, timeout or 0.0)
+        code = self.poll()
+        assert code is not None
+        return code
+
+    def send_signal(self, signum: int) -> None:
+        """Deliver ``signum`` through the host's ``kill``; a process that already exited is left alone."""
+        if self.poll() is not None:
+            return
+        done = self._owner.run(["kill", "-s", _signal_name(signum), "--", str(self._pid)], timeout=30)
+        if not done.ok and self.poll() is None:
+            raise TransportError(f"cannot signal pid {self._pid} on {self._owner.host}: {done.stderr.strip()}")
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def _release_watcher(self) -> None:
+        # The host-side watcher signals the process when stdin hits EOF (harness gone); "done" tells it
+        # the process ended normally, so it exits instead of signalling a pid that may be reused.
+        if self._watched and not self._released:
+            self._released = True
+            try:
+                self._channel.sendall(b"done\n")
+                self._channel.shutdown_write()
+            except (OSError, EOFError, paramiko.SSHException):
+                pass
+
+
+def _signal_name(signum: int) -> str:
+    """``15`` -> ``TERM``: names, not numbers, since numbers differ between architectures."""
+    return signal.Signals(signum).name.removeprefix("SIG")
+
+
+def _fingerprint(key: paramiko.PKey) -> str:
+    return f"{key.get_name()} {key.fingerprint}"
+
+
+def _install_exit_signal_handler(transport: paramiko.Transport) -> None:
+    """Make a death by signal read as ``-signum`` instead of paramiko's bare -1.
+
+    sshd reports it with an ``exit-signal`` channel request that paramiko ignores; this wraps paramiko's
+    (private, per-class) channel-request handler on this one transport. Without that table (a future
+    paramiko), nothing changes and such deaths read as -1.
+    """
+    table = getattr(type(transport), "_channel_handler_table", None)
+    if not isinstance(table, dict) or MSG_CHANNEL_REQUEST not in table:
+        return
+    original: Callable[[paramiko.Channel, paramiko.Message], None] = table[MSG_CHANNEL_REQUEST]
+
+    def handle(channel: paramiko.Channel, message: paramiko.Message) -> None:
+        start = message.packet.tell()
+        if message.get_text() == "exit-signal":
+            message.get_boolean()  # want_reply: always false for exit-signal (RFC 4254 6.10)
+            name = message.get_text()
+            try:
+                channel.exit_status = -int(signal.Signals["SIG" + name])
+            except KeyError:
+                channel.exit_status = -1
+            channel.status_event.set()
+            return
+        message.packet.seek(start)
+        original(channel, message)
+
+    transport._channel_handler_table = {**table, MSG_CHANNEL_REQUEST: handle}  # type: ignore[attr-defined]
+
+
+class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
+    """Unknown host: refuse with a clear error, or (accept_unknown) trust it for this transport and warn."""
+
+    def __init__(self, owner: SshTransport) -> None:
+        self._owner = owner
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        owner = self._owner
+        if not owner.accept_unknown:
+            raise TransportError(
+                f"host {owner.host} ({hostname}) is not in {owner.known_hosts_label}; its key is {_fingerprint(key)}. "
+                f"Verify that fingerprint out of band, then add the key (e.g. `ssh-keyscan -p {owner.spec.port} "
+                f"{owner.spec.address} >> {owner.known_hosts_label}`), or set accept_unknown_host_keys: true "
+                "to trust first-seen hosts"
+            )
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        owner._accepted[(hostname, key.get_name())] = key
+        warnings.warn(
+            f"trusting unknown host key of {owner.host} ({hostname}): {_fingerprint(key)}",
+            UnknownHostKeyWarning,
+            stacklevel=2,
+        )
+
+
+class SshTransport:
+    """Runs argv lists on one inventory host over SSH. Connects lazily; thread-safe; ``close()`` when done."""
+
+    def __init__(
+        self,
+        host: Host,
+        *,
+        known_hosts: Path | None = None,
+        accept_unknown: bool = False,
+        connect_timeout: float = 10.0,
+        clock_cache_s: float = 60.0,
+    ) -> None:
+        self.host = host.name
+        self.spec = host
+        self.known_hosts = known_hosts
+        self.accept_unknown = accept_unknown
+        self.connect_timeout = connect_timeout
+        self.clock_cache_s = clock_cache_s
+        self._client: paramiko.SSHClient | None = None
+        self._lock = threading.Lock()
+        self._accepted: dict[tuple[str, str], paramiko.PKey] = {}
+        self._clock: tuple[float, ClockEstimate] | None = None
+
+    @classmethod
+    def for_host(cls, inventory: Inventory, name: str, **options: Any) -> SshTransport:
+        """The transport for inventory host ``name``, with the inventory's host-key settings."""
+        return cls(
+            inventory.host(name),
+            known_hosts=inventory.known_hosts,
+            accept_unknown=inventory.accept_unknown_host_keys,
+            **options,
+        )
+
+    @property
+    def known_hosts_label(self) -> str:
+        return str(self.known_hosts) if self.known_hosts is not None else "~/.ssh/known_hosts"
+
+    def __enter__(self) -> SshTransport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection; a later call reconnects."""
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            client.close()
+
+    # --- connection -------------------------------------------------------------------------------------
+
+    def connect(self) -> paramiko.Transport:
+        """The live paramiko transport, connecting (and verifying the host key) if needed."""
+        with self._lock:
+            if self._client is not None:
+                live = self._client.get_transport()
+                if live is not None and live.is_active():
+                    return live
+                self._client.close()
+                self._client = None
+            client = self._new_client()
+            self._client = client
+            live = client.get_transport()
+            assert live is not None
+            return live
+
+    def _new_client(self) -> paramiko.SSHClient:
+        spec = self.spec
+        client = paramiko.SSHClient()
+        try:
+            if self.known_hosts is not None:
+                client.load_host_keys(str(self.known_hosts))
+            else:
+                client.load_system_host_keys()
+        except OSError as exc:
+            raise TransportError(f"cannot read known_hosts {self.known_hosts_label} for {self.host}: {exc}") from exc
+        for (name, kind), key in self._accepted.items():
+            client.get_host_keys().add(name, kind, key)
+        client.set_missing_host_key_policy(_HostKeyPolicy(self))
+        where = f"{spec.user}@{spec.address}:{spec.port}"
+        try:
+            sock = socket.create_connection((spec.address, spec.port), timeout=self.connect_timeout)
+            # Without NODELAY every channel open waits out a delayed ACK (~40 ms): 10x slower commands.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError as exc:
+            raise TransportError(f"cannot connect to {self.host} ({where}): {exc}") from None
+        try:
+            client.connect(
+                spec.address,
+                port=spec.port,
+                username=spec.user,
+                key_filename=str(spec.key_file) if spec.key_file is not None else None,
+                allow_agent=spec.key_file is None,
+                look_for_keys=spec.key_file is None,
+                timeout=self.connect_timeout,
+                banner_timeout=self.connect_timeout,
+                auth_timeout=self.connect_timeout,
+                sock=sock,
+            )
+        except paramiko.BadHostKeyException as exc:
+            client.close()
+            pattern = spec.address if spec.port == 22 else f"[{spec.address}]:{spec.port}"
+            raise TransportError(
+                f"HOST KEY MISMATCH for {self.host} ({spec.address}:{spec.port}): it presented "
+                f"{_fingerprint(exc.key)} but {self.known_hosts_label} expects {_fingerprint(exc.expected_key)}. "
+                "Someone may be intercepting the connection, or the host was rebuilt. Refusing to connect. "
+                f"If the change is legitimate, remove the old entry with `ssh-keygen -R '{pattern}' -f "
+                f"{self.known_hosts_label}` and add the new key after checking its fingerprint "
+                "(for an mlchaos testbed, `mlchaos testbed up` rewrites its known_hosts)"
+            ) from None
+        except TransportError:
+            client.close()
+            raise
+        except paramiko.AuthenticationException as exc:
+            client.close()
+            how = f"key {spec.key_file}" if spec.key_file is not None else "the SSH agent and default keys"
+            raise TransportError(f"authentication failed for {self.host} ({where}) with {how}: {exc}") from None
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            client.close()
+            raise TransportError(f"cannot connect to {self.host} ({where}): {exc}") from None
+        transport = client.get_transport()
+        assert transport is not None
+        transport.set_keepalive(_KEEPALIVE_S)  # so a dead peer is noticed, not waited on forever
+        _install_exit_signal_handler(transport)
+        return client
+
+    def _open_channel(self) -> paramiko.Channel:
+        """A new session channel; a dropped connection is re-opened once (nothing has run yet)."""
+        for attempt in (1, 2):
+            transport = self.connect()
+            try:
+                return transport.open_session(timeout=self.connect_timeout)
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                self.close()
+                if attempt == 2:
+                    raise TransportError(f"cannot open a session on {self.host}: {exc}") from None
+        raise AssertionError("unreachable")
+
+    # --- Transport protocol -----------------------------------------------------------------------------
+
+    def run(self, argv: list[str], *, timeout: float = 30.0, check: bool = False) -> Completed:
+        """Run ``argv`` (stdin: /dev/null) and capture its output. On timeout the remote process group is
+        SIGKILLed and TransportError raised; ``check`` raises TransportError on a non-zero exit."""
+        command = "echo $$ >&2; " + remote_command(argv, self.spec.sudo) + " </dev/null"
+        channel = self._open_channel()
+        out: list[bytes] = []
+        err: list[bytes] = []
+        deadline = time.monotonic() + timeout
+        try:
+            channel.exec_command(command)
+            while not channel.status_event.wait(_DRAIN_INTERVAL_S):
+                self._drain(channel, out, err)  # keep the windows open so a chatty command cannot stall
+                if time.monotonic() > deadline:
+                    self._kill_group(b"".join(err))
+                    raise TransportError(f"{argv[0]} timed out after {timeout:.0f}s on {self.host}")
+            channel.settimeout(max(0.1, deadline - time.monotonic()))
+            for chunk in iter(lambda: channel.recv(65536), b""):
+                out.append(chunk)
+            for chunk in iter(lambda: channel.recv_stderr(65536), b""):
+                err.append(chunk)
+            code = channel.recv_exit_status()
+            if code == -1 and not channel.get_transport().is_active():
+                # Closed without an exit status: the connection died, the command's fate is unknown.
+                raise TransportError(f"connection to {self.host} lost while running {argv[0]}")
+        except TimeoutError:
+            raise TransportError(f"{argv[0]} on {self.host}: output still open {timeout:.0f}s after exit") from None
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise TransportError(f"connection to {self.host} failed while running {argv[0]}: {exc}") from None
+        finally:
+            channel.close()
+        stderr = b"".join(err).decode(errors="replace")
+        _pid, _, stderr = stderr.partition("\n")
+        done = Completed(tuple(argv), code, b"".join(out).decode(errors="replace"), stderr)
+        if check and not done.ok:
+            raise TransportError(f"{shlex.join(argv)} exited {code} on {self.host}: {stderr.strip()[:300]}")
+        return done
+
+    @staticmethod
+    def _drain(channel: paramiko.Channel, out: list[bytes], err: list[bytes]) -> None:
+        while channel.recv_ready():
+            out.append(channel.recv(65536))
+        while channel.recv_stderr_ready():
+            err.append(channel.recv_stderr(65536))
+
+    def _kill_group(self, stderr: bytes) -> None:
+        """SIGKILL the process group of a timed-out command (sshd made it a session leader)."""
+        first = stderr.split(b"\n", 1)[0].strip()
+        if first.isdigit():
+            try:
+                self.run(["kill", "-s", "KILL", "--", f"-{int(first)}"], timeout=10)
+            except TransportError:
+                pass  # the original timeout is the error worth reporting
+
+    def spawn(
+        self,
+        argv: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        kill_with_parent: int | None = None,
+    ) -> SshProcess:
+        """Start ``argv`` on the host with stdout+stderr merged into :attr:`SshProcess.stdout`.
+
+        ``env`` is ADDED to the remote login environment (the harness's own environment means nothing on
+        another host, so pass only what the job needs). ``kill_with_parent``: a host-side watcher delivers
+        that signal when the connection ends without the harness having seen the process exit (harness
+        killed, network lost). stdin is /dev/null.
+        """
+        quoted = remote_command(argv, self.spec.sudo, env=env, cwd=str(cwd) if cwd is not None else None)
+        if kill_with_parent is None:
+            command = f"exec </dev/null; echo $$ >&2; {quoted} 2>&1"
+        else:
+            # The watcher is a background subshell holding the channel's stdin (fd 3): EOF without a
+            # "done" line means the harness is gone. $$ there is the main shell's pid, i.e. the command's.
+            kill = ("sudo -n " if self.spec.sudo else "") + f"kill -s {_signal_name(kill_with_parent)} $$"
+            command = (
+                "exec 3<&0 </dev/null; echo $$ >&2; "
+                f'{{ while read -r line <&3; do [ "$line" = done ] && exit 0; done; {kill}; }} >/dev/null 2>&1 & '
+                f"{quoted} 2>&1 3<&-"
+            )
+        channel = self._open_channel()
+        try:
+            channel.exec_command(command)
+            channel.settimeout(self.connect_timeout)
+            first = b""
+            while not first.endswith(b"\n"):
+                byte = channel.recv_stderr(1)
+                if not byte:
+                    break
+                first += byte
+            channel.settimeout(None)
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            channel.close()
+            raise TransportError(f"cannot start {argv[0]} on {self.host}: {exc}") from None
+        if not first.strip().isdigit():
+            channel.close()
+            raise TransportError(f"cannot start {argv[0]} on {self.host}: no pid reported ({first!r})")
+        return SshProcess(self, channel, int(first), list(argv), watched=kill_with_parent is not None)
+
+    def put(self, data: bytes, path: str) -> None:
+        """Write ``data`` to ``path`` atomically: SFTP to a temporary name in the same folder, then rename.
+
+        With ``sudo`` hosts the file goes to /tmp first and is moved into place by ``sudo``.
+        """
+        target = PurePosixPath(path)
+        staging = PurePosixPath("/tmp") if self.spec.sudo else target.parent
+        tmp = str(staging / f".{target.name}.chaos-tmp-{uuid.uuid4().hex[:12]}")
+        sftp = self._open_sftp()
+        try:
+            with sftp:
+                try:
+                    sftp.putfo(io.BytesIO(data), tmp)
+                    if not self.spec.sudo:
+                        sftp.posix_rename(tmp, str(target))
+                except (OSError, paramiko.SSHException) as exc:
+                    try:
+                        sftp.remove(tmp)
+                    except OSError:
+                        pass
+                    raise TransportError(f"cannot write {path} on {self.host}: {exc}") from None
+        except EOFError as exc:
+            raise TransportError(f"connection to {self.host} lost while writing {path}: {exc}") from None
+        if self.spec.sudo:
+            # cp then mv within the target folder keeps the final step an atomic rename.
+            near = str(target.parent / PurePosixPath(tmp).name)
+            try:
+                self.run(["cp", "--", tmp, near], check=True)
+                self.run(["mv", "-f", "--", near, str(target)], check=True)
+            finally:
+                self.run(["rm", "-f", "--", tmp, near])
+
+    def _open_sftp(self) -> paramiko.SFTPClient:
+        """An SFTP session; a dropped connection is re-opened once (nothing has been written yet)."""
+        for attempt in (1, 2):
+            transport = self.connect()
+            try:
+                sftp = paramiko.SFTPClient.from_transport(transport)
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                self.close()
+                if attempt == 2:
+                    raise TransportError(f"cannot open SFTP on {self.host}: {exc}") from None
+                continue
+            if sftp is not None:
+                return sftp
+        raise TransportError(f"cannot open SFTP on {self.host}")
+
+    def clock_offset(self) -> float:
+        """Seconds to add to host timestamps to put them on the harness timeline (cached ``clock_cache_s``)."""
+        now = time.monotonic()
+        if self._clock is None or now - self._clock[0] > self.clock_cache_s:
+            self._clock = (now, self.clock_estimate())
+        return self._clock[1].offset_s
+
+    def clock_estimate(self, samples: int = 9) -> ClockEstimate:
+        """Measure the offset with ``samples`` round trips to one long-lived ``date +%s%N`` loop on the host;
+        the tightest round trip wins.
+
+        Each sample brackets the host's reading between two harness readings, so the midpoint is off by at
+        most half that round trip. One channel for all samples keeps session set-up out of the brackets.
+        """
+        loop = remote_command(["sh", "-c", "while read -r _; do date +%s%N; done"], self.spec.sudo)
+        channel = self._open_channel()
+        best: tuple[int, int] | None = None  # (rtt_ns, offset_ns)
+        try:
+            channel.exec_command(loop)
+            channel.settimeout(10.0)
+            replies = channel.makefile("rb")
+            for _ in range(max(1, samples)):
+                before = time.time_ns()
+                channel.sendall(b"\n")
+                text = replies.readline().decode(errors="replace").strip()
+                after = time.time_ns()
+                if not text.isdigit():
+                    raise TransportError(f"{self.host}: `date +%s%N` printed {text!r}; GNU date is needed for clock sync")
+                rtt = after - before
+                if best is None or rtt < best[0]:
+                    best = (rtt, (before + after) // 2 - int(text))
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise TransportError(f"cannot read the clock of {self.host}: {exc}") from None
+        finally:
+            channel.close()
+        assert best is not None
+        return ClockEstimate(offset_s=best[1] / 1e9, error_s=best[0] / 2e9, rtt_s=best[0] / 1e9, samples=samples)
+
+
+def _satisfies_protocol(transport: SshTransport) -> Transport:
+    return transport  # never called: mypy proves here that SshTransport is a Transport
+
+
+T = TypeVar("T", bound=Transport)
+R = TypeVar("R")
+
+
+class FanOutError(TransportError):
+    """Some calls of :func:`fan_out` failed; ``failures`` maps host to its exception, ``results`` the rest."""
+
+    def __init__(self, failures: dict[str, BaseException], results: dict[str, object]) -> None:
+        self.failures = failures
+        self.results = results
+        lines = "; ".join(f"{host}: {type(exc).__name__}: {exc}" for host, exc in failures.items())
+        super().__init__(f"{len(failures)} of {len(failures) + len(results)} hosts failed: {lines}")
+
+
+def fan_out(transports: Sequence[T], fn: Callable[[T], R], max_parallel: int = 8) -> list[R]:
+    """``fn(t)`` for every transport, at most ``max_parallel`` at once; results in the order given.
+
+    Every call runs to completion even when others fail (no half-finished fan-out); then FanOutError
+    names each failed host.
+    """
+    if not transports:
+        return []
+    with ThreadPoolExecutor(max_workers=max(1, min(max_parallel, len(transports)))) as pool:
+        futures = [pool.submit(fn, t) for t in transports]
+    failures: dict[str, BaseException] = {}
+    results: dict[str, object] = {}
+    ordered: list[R] = []
+    for transport, future in zip(transports, futures, strict=True):
+        exc = future.exception()
+        if exc is not None:
+            failures[transport.host] = exc
+        else:
+            value = future.result()
+            results[transport.host] = value
+            ordered.append(value)
+    if failures:
+        raise FanOutError(failures, results)
+    return ordered
