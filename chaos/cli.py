@@ -22,6 +22,7 @@ from rich.table import Table
 from chaos import registry
 from chaos.cli_sdc import register as register_sdc_coverage
 from chaos.cli_testbed import register as register_testbed
+from chaos.cluster.base import Transport
 from chaos.cluster.local import LocalTransport
 from chaos.journal import heal_leftovers
 from chaos.plan import make_plan
@@ -112,9 +113,21 @@ def plan(
 
 
 @app.command()
-def cleanup() -> None:
+def cleanup(
+    inventory: Annotated[
+        Path | None,
+        typer.Option(help="SSH inventory, to heal faults left on remote hosts too"),
+    ] = None,
+) -> None:
     """Heal every fault a dead run left applied (from the journal). Safe to run any time."""
-    lines = heal_leftovers(LocalTransport(), log=lambda line: console.print(escape(line)), only_dead_owners=False)
+    transports: dict[str, Transport] = {"local": LocalTransport()}
+    if inventory is not None:
+        from chaos.cluster.inventory import load_inventory
+        from chaos.cluster.ssh import SshTransport
+
+        loaded = load_inventory(inventory)
+        transports.update({name: SshTransport.for_host(loaded, name) for name in loaded.names()})
+    lines = heal_leftovers(transports, log=lambda line: console.print(escape(line)), only_dead_owners=False)
     if not lines:
         console.print("nothing to heal: no fault is left applied by any mlchaos run")
 
@@ -142,11 +155,17 @@ def run(
     golden: Annotated[bool, typer.Option(help="do the fault-free golden run when a check needs it")] = True,
     golden_cache: Annotated[bool, typer.Option(help="reuse a cached golden digest for the same job")] = True,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="only the verdict table")] = False,
+    inventory: Annotated[
+        Path | None,
+        typer.Option(help="SSH inventory for faults with hosts: (e.g. from `mlchaos testbed up`)"),
+    ] = None,
 ) -> None:
     """Run scenarios against their targets, inject the faults, heal, judge and write reports."""
     scenarios = _load_all(files)
     worst = EXIT_PASS
-    options = RunOptions(report_root=report_dir, seed=seed, golden=golden, golden_cache=golden_cache)
+    options = RunOptions(
+        report_root=report_dir, seed=seed, golden=golden, golden_cache=golden_cache, inventory=inventory
+    )
     for file, scenario in scenarios:
         outcomes: list[RunResult] = []
         for index in range(repeat):

@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from chaos import deadman, registry
+from chaos import deadman, registry, remote_deadman
 from chaos.agent_plan import ENV_PLAN, InJobOp, write_plan
 from chaos.checks.base import CheckResult
+from chaos.cluster.base import TransportError
 from chaos.cluster.local import LocalTransport
 from chaos.history import (
     FAULT_APPLIED,
@@ -38,11 +39,12 @@ from chaos.history import (
     Event,
     History,
 )
+from chaos.hosts import LOCAL, HostsError, HostSet
 from chaos.injector import Applied, InjectionContext, InjectionError, Injector, Unsupported, is_in_job
 from chaos.journal import Journal, heal_leftovers
 from chaos.plan import Plan, PlannedOp, fault_op, make_plan
 from chaos.report.files import write_reports
-from chaos.scenario import Scenario, TorchrunTarget
+from chaos.scenario import Scenario, ScenarioError, TorchrunTarget
 from chaos.targets.base import Target
 from chaos.targets.command import CommandJob
 from chaos.targets.torchrun import TorchrunJob
@@ -69,6 +71,7 @@ class RunOptions:
     golden: bool = True
     golden_cache: bool = True
     scenario_file: Path | None = None
+    inventory: Path | None = None
 
 
 @dataclass
@@ -154,11 +157,23 @@ def _in_job_plan(plan: Plan, run_dir: Path) -> tuple[list[PlannedOp], Path]:
 
 
 class _ActiveFault:
-    def __init__(self, op: PlannedOp, injector: Injector, applied: Applied, deadman_pid: int | None) -> None:
+    """A fault applied on one host, with what it takes to heal it there."""
+
+    def __init__(
+        self,
+        op: PlannedOp,
+        injector: Injector,
+        applied: Applied,
+        ctx: InjectionContext,
+        deadman_pid: int | None,
+        remote_marker: str | None,
+    ) -> None:
         self.op = op
         self.injector = injector
         self.applied = applied
+        self.ctx = ctx
         self.deadman_pid = deadman_pid
+        self.remote_marker = remote_marker
         self.heal_at = time.monotonic() + op.duration_s if op.duration_s is not None else None
 
 
@@ -173,8 +188,10 @@ class _Execution:
         history: History,
         log: Listener,
         status: StatusListener,
+        hosts: HostSet,
     ) -> None:
         self.scenario = scenario
+        self.hosts = hosts
         self.plan = plan
         self.run_dir = run_dir
         self.history = history
@@ -194,17 +211,29 @@ class _Execution:
 
     # -- setup -------------------------------------------------------------------------------------------
     def refuse_unsupported(self) -> None:
+        """Probe every fault on every host it may hit, before anything starts; RunRefused says why not."""
         for fault in self.scenario.faults:
             injector = registry.injector(fault.type)
-            try:
-                injector.check(self.ctx, fault.params)
-            except Unsupported as exc:
-                raise RunRefused(f"fault {fault.name!r} ({fault.type}) is not supported here: {exc}") from None
             if is_in_job(injector) and fault.trigger.at_step is None:
                 raise RunRefused(
                     f"fault {fault.name!r} ({fault.type}) is applied inside the job at a training step: "
                     f"use trigger: {{at_step: N, rank: R}} (got {fault.trigger.kind})"
                 )
+            first_op = next((op for op in self.plan.ops if op.fault == fault.name), None)
+            try:
+                names = self.hosts.resolve(fault, first_op.op_id if first_op else fault.name, self.plan.seed)
+                for name in names:
+                    injector.check(self._ctx(name), fault.params)
+            except Unsupported as exc:
+                raise RunRefused(f"fault {fault.name!r} ({fault.type}) is not supported here: {exc}") from None
+            except (HostsError, TransportError) as exc:
+                raise RunRefused(f"fault {fault.name!r} ({fault.type}): {exc}") from None
+
+    def _ctx(self, host: str) -> InjectionContext:
+        if host == LOCAL:
+            return self.ctx
+        extras: dict[str, object] = {"host": host, "inventory": self.hosts.inventory}
+        return InjectionContext(self.hosts.transport(host), history=self.history, target=self.target, extras=extras)
 
     # -- the loop ----------------------------------------------------------------------------------------
     def run(self) -> None:
@@ -282,58 +311,87 @@ class _Execution:
         if radius is not None and len(self.active) >= radius:
             return  # stays pending: fires once an active fault heals
         self.pending.remove(op)
-        injector = registry.injector(op.injector)
-        fop = fault_op(op, self.scenario)
         try:
-            applied = injector.prepare(self.ctx, fop)
-        except (InjectionError, ValueError) as exc:
+            hosts = self.hosts.resolve(self.scenario.fault(op.fault), op.op_id, self.plan.seed)
+        except HostsError as exc:
             self.history.record(FAULT_FAILED, fault=op.fault, op=op.op_id, injector=op.injector, error=str(exc))
-            self.log(f"fault {op.op_id} could not be prepared: {exc}")
+            self.log(f"fault {op.op_id} has no host: {exc}")
+            return
+        for host in hosts:
+            self._fire_on(op, host, journal_id=op.op_id if host == LOCAL else f"{op.op_id}@{host}")
+
+    def _fire_on(self, op: PlannedOp, host: str, journal_id: str) -> None:
+        injector = registry.injector(op.injector)
+        ctx = self._ctx(host)
+        fop = fault_op(op, self.scenario).model_copy(update={"op_id": journal_id})
+        try:
+            applied = injector.prepare(ctx, fop).model_copy(update={"host": host})
+        except (InjectionError, ValueError, TransportError) as exc:
+            self.history.record(
+                FAULT_FAILED, fault=op.fault, op=op.op_id, injector=op.injector, host=host, error=str(exc)
+            )
+            self.log(f"fault {journal_id} could not be prepared: {exc}")
             return
         # Journal first, then the dead-man, then the world: a crash at any point leaves a healable record.
         self.journal.intent(applied)
-        deadman_pid = None
+        deadman_pid: int | None = None
+        remote_marker: str | None = None
         revert = injector.revert_command(applied)
         if op.duration_s is not None and revert:
-            grace = self.scenario.safety.heal_grace
-            deadman_pid = deadman.arm(self.journal.path, op.op_id, revert, op.duration_s + grace)  # journals itself
+            fires_in = op.duration_s + self.scenario.safety.heal_grace
+            if host == LOCAL:
+                deadman_pid = deadman.arm(self.journal.path, journal_id, revert, fires_in)  # journals itself
+            else:
+                remote_marker = remote_deadman.arm(ctx.transport, journal_id, revert, fires_in)
         try:
-            injector.apply(self.ctx, applied)
-        except (InjectionError, ValueError, OSError) as exc:
-            self.journal.failed(op.op_id, str(exc))
-            if deadman_pid is not None:
-                deadman.disarm(deadman_pid)
-            injector.heal(self.ctx, applied)
-            self.journal.healed(op.op_id, "harness")
-            self.history.record(FAULT_FAILED, fault=op.fault, op=op.op_id, injector=op.injector, error=str(exc))
-            self.log(f"fault {op.op_id} failed: {exc}")
+            injector.apply(ctx, applied)
+        except (InjectionError, ValueError, OSError, TransportError) as exc:
+            self.journal.failed(journal_id, str(exc))
+            self._disarm(ctx, deadman_pid, remote_marker)
+            injector.heal(ctx, applied)
+            self.journal.healed(journal_id, "harness")
+            self.history.record(
+                FAULT_FAILED, fault=op.fault, op=op.op_id, injector=op.injector, host=host, error=str(exc)
+            )
+            self.log(f"fault {journal_id} failed: {exc}")
             return
-        self.journal.applied(op.op_id, applied.state)
+        self.journal.applied(journal_id, applied.state)
         self.fired += 1
         self.history.record(
             FAULT_APPLIED,
             fault=op.fault,
             op=op.op_id,
             injector=op.injector,
+            host=host,
             description=applied.description,
             duration_s=op.duration_s,
         )
-        self.log(f"fault applied: {applied.description or op.op_id}")
+        where = "" if host == LOCAL else f" on {host}"
+        self.log(f"fault applied{where}: {applied.description or op.op_id}")
         if applied.reversible:
-            self.active.append(_ActiveFault(op, injector, applied, deadman_pid))
+            self.active.append(_ActiveFault(op, injector, applied, ctx, deadman_pid, remote_marker))
         else:
-            self.journal.healed(op.op_id, "irreversible")
+            self.journal.healed(journal_id, "irreversible")
+
+    @staticmethod
+    def _disarm(ctx: InjectionContext, deadman_pid: int | None, remote_marker: str | None) -> None:
+        if deadman_pid is not None:
+            deadman.disarm(deadman_pid)
+        if remote_marker is not None:
+            remote_deadman.disarm(ctx.transport, remote_marker)
 
     def _heal(self, active: _ActiveFault) -> None:
         try:
-            active.injector.heal(self.ctx, active.applied)
+            active.injector.heal(active.ctx, active.applied)
         finally:
-            if active.deadman_pid is not None:
-                deadman.disarm(active.deadman_pid)
+            self._disarm(active.ctx, active.deadman_pid, active.remote_marker)
             self.active.remove(active)
-        self.journal.healed(active.op.op_id, "harness")
-        self.history.record(FAULT_HEALED, fault=active.op.fault, op=active.op.op_id, injector=active.op.injector)
-        self.log(f"fault healed: {active.op.op_id}")
+        self.journal.healed(active.applied.op_id, "harness")
+        host = active.applied.host
+        self.history.record(
+            FAULT_HEALED, fault=active.op.fault, op=active.op.op_id, injector=active.op.injector, host=host
+        )
+        self.log(f"fault healed: {active.applied.op_id}")
 
     def heal_all(self) -> list[str]:
         """Heal every active fault, newest first; returns errors (healing continues past one)."""
@@ -422,10 +480,19 @@ def execute(
     run_dir = new_run_dir(options.report_root, scenario.name)
     history = History(run_dir / "history.jsonl")
     history.record("runner.start", scenario=scenario.name, seed=plan.seed, pid=os.getpid())
+    base_dir = options.scenario_file.parent if options.scenario_file is not None else None
+    try:
+        hosts = HostSet.for_scenario(scenario, options.inventory, base_dir)
+    except (HostsError, ScenarioError) as exc:
+        history.record("runner.refused", reason=str(exc))
+        history.close()
+        result = RunResult(scenario, plan, run_dir, history, [], "error", EXIT_INVALID, "refused", str(exc))
+        write_reports(result)
+        return result
     # Before this run's own journal exists: heal what dead runs left (live runs' journals are locked).
-    for line in heal_leftovers(LocalTransport(), log=log):
+    for line in heal_leftovers(hosts.all_transports(), log=log):
         history.record("runner.leftover_healed", detail=line)
-    execution = _Execution(scenario, plan, run_dir, history, log, status)
+    execution = _Execution(scenario, plan, run_dir, history, log, status, hosts)
     error = ""
     heal_errors: list[str] = []
     exit_code = EXIT_PASS
@@ -453,6 +520,7 @@ def execute(
         history.record("runner.error", error=str(exc)[:1000])
     finally:
         execution.journal.archive()
+        hosts.close()
     if heal_errors:
         error = (error + "; " if error else "") + "heal failed: " + "; ".join(heal_errors)
         exit_code = EXIT_HARNESS

@@ -105,6 +105,25 @@ class Trigger(BaseModel):
         raise AssertionError("validated trigger has no kind")
 
 
+class HostSelector(BaseModel):
+    """Which hosts a fault hits: one ``host`` by name, or ``count`` hosts of a ``group`` (default: all),
+    never those in ``exclude``. ``count`` None takes every candidate; fewer are drawn with the run's rng."""
+
+    model_config = _STRICT
+    host: str | None = None
+    group: str | None = None
+    count: int | None = Field(default=None, ge=1)
+    exclude: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _host_or_group(self) -> HostSelector:
+        if self.host is not None and self.group is not None:
+            raise ValueError("give host or group, not both")
+        if self.host is not None and self.count not in (None, 1):
+            raise ValueError("count makes no sense with a single host")
+        return self
+
+
 class FaultSpec(BaseModel):
     """One fault: an injector ``type`` with its ``params``, a ``trigger`` and an optional ``duration``."""
 
@@ -114,6 +133,9 @@ class FaultSpec(BaseModel):
     params: SerializeAsAny[BaseModel]
     trigger: Trigger
     duration: Duration | None = Field(default=None, description="how long the fault lasts before heal")
+    hosts: HostSelector | None = Field(
+        default=None, description="inventory hosts the fault is applied on (null: the harness's own host)"
+    )
 
 
 class CheckSpec(BaseModel):
@@ -168,10 +190,13 @@ TargetSpec = Annotated[TorchrunTarget | CommandTarget, Discriminator("type")]
 
 
 class ClusterSpec(BaseModel):
-    """Where the target runs. Only this machine (``local``) for now; SSH and Docker come later."""
+    """Where faults land: this machine, plus the hosts of an SSH inventory (``mlchaos testbed up`` writes one
+    for a local testbed; a staging cluster's has the same format). ``--inventory`` overrides ``inventory``."""
 
     model_config = _STRICT
-    transport: Literal["local"] = "local"
+    transport: Literal["local", "ssh"] = "local"
+    inventory: str | None = Field(default=None, description="inventory YAML (path relative to the scenario)")
+    protected: list[str] = Field(default=[], description="hosts no fault may ever select")
 
 
 class SafetySpec(BaseModel):

@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from chaos.scenario import Problem, ScenarioError
+from chaos.scenario import HostSelector, Problem, ScenarioError
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 ALL_GROUP = "all"
@@ -105,25 +105,6 @@ class Inventory(BaseModel):
     def groups(self) -> list[str]:
         """Every group named by some host, plus ``all``; sorted."""
         return sorted({ALL_GROUP, *(g for h in self.hosts for g in h.groups)})
-
-
-class HostSelector(BaseModel):
-    """Which hosts a fault hits: one ``host`` by name, or ``count`` hosts of a ``group`` (default: all),
-    never those in ``exclude``. ``count`` None takes every candidate; fewer are drawn with the run's rng."""
-
-    model_config = _STRICT
-    host: str | None = None
-    group: str | None = None
-    count: int | None = Field(default=None, ge=1)
-    exclude: list[str] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _host_or_group(self) -> HostSelector:
-        if self.host is not None and self.group is not None:
-            raise ValueError("give host or group, not both")
-        if self.host is not None and self.count not in (None, 1):
-            raise ValueError("count makes no sense with a single host")
-        return self
 
 
 def select(

@@ -1,0 +1,86 @@
+"""Which hosts a fault lands on, and how to reach them: the scenario's inventory and one transport per host.
+
+A fault without ``hosts:`` runs on the harness's own host (``local``). A fault with ``hosts:`` is applied on
+every host its selector picks from the inventory (``--inventory`` or ``cluster.inventory``), each through its
+own SSH transport; the choice is seeded by the run's seed and the op id, so a run replays exactly.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from chaos.cluster.base import Transport
+from chaos.cluster.inventory import Inventory, load_inventory, select
+from chaos.cluster.local import LocalTransport
+from chaos.scenario import FaultSpec, Scenario
+
+LOCAL = "local"
+
+
+class HostsError(Exception):
+    """The scenario's hosts cannot be resolved (no inventory, unknown host, selection empty …)."""
+
+
+class HostSet:
+    """The inventory (if any) and lazily opened transports, by host name (``local`` for this machine)."""
+
+    def __init__(self, inventory: Inventory | None, protected: list[str], blast_radius: int | None) -> None:
+        self.inventory = inventory
+        self.protected = set(protected)
+        self.blast_radius = blast_radius
+        self._transports: dict[str, Transport] = {LOCAL: LocalTransport()}
+
+    @classmethod
+    def for_scenario(cls, scenario: Scenario, inventory_path: Path | None, base_dir: Path | None) -> HostSet:
+        """Load the inventory named by ``--inventory`` (``inventory_path``) or by ``cluster.inventory``."""
+        path = inventory_path
+        if path is None and scenario.cluster.inventory is not None:
+            path = Path(scenario.cluster.inventory)
+            if not path.is_absolute() and base_dir is not None:
+                path = base_dir / path
+        needs_hosts = any(f.hosts is not None for f in scenario.faults) or scenario.cluster.transport == "ssh"
+        if path is None:
+            if needs_hosts:
+                raise HostsError(
+                    "this scenario puts faults on inventory hosts but no inventory was given: pass --inventory FILE "
+                    "(e.g. the one `mlchaos testbed up --hosts 3` prints) or set cluster.inventory"
+                )
+            return cls(None, scenario.cluster.protected, scenario.safety.blast_radius)
+        return cls(load_inventory(path), scenario.cluster.protected, scenario.safety.blast_radius)
+
+    def resolve(self, fault: FaultSpec, op_id: str, seed: int) -> list[str]:
+        """The host names ``fault`` hits for op ``op_id`` (``[local]`` without a selector)."""
+        if fault.hosts is None:
+            return [LOCAL]
+        if self.inventory is None:
+            raise HostsError(f"fault {fault.name!r} selects hosts but there is no inventory")
+        rng = random.Random(f"{seed}:{op_id}")
+        try:
+            hosts = select(
+                self.inventory, fault.hosts, rng, protected=self.protected, blast_radius=self.blast_radius
+            )
+        except Exception as exc:  # SelectionError and friends: one clear message naming the fault
+            raise HostsError(f"fault {fault.name!r}: {exc}") from exc
+        return [h.name for h in hosts]
+
+    def transport(self, name: str) -> Transport:
+        """The transport of host ``name`` (opened on first use)."""
+        if name not in self._transports:
+            if self.inventory is None:
+                raise HostsError(f"no inventory to reach host {name!r}")
+            from chaos.cluster.ssh import SshTransport  # paramiko only when a remote host is used
+
+            self._transports[name] = SshTransport.for_host(self.inventory, name)
+        return self._transports[name]
+
+    def all_transports(self) -> dict[str, Transport]:
+        """A transport for every inventory host and ``local`` (for healing leftovers anywhere)."""
+        names = self.inventory.names() if self.inventory is not None else []
+        return {LOCAL: self._transports[LOCAL], **{n: self.transport(n) for n in names}}
+
+    def close(self) -> None:
+        for name, transport in self._transports.items():
+            close = getattr(transport, "close", None)
+            if name != LOCAL and callable(close):
+                close()
