@@ -7,6 +7,7 @@ goes through the transport as an argv list; nothing here changes the host.
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Sequence
 from typing import TypeVar
 
@@ -15,18 +16,27 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from chaos.cluster.base import Completed, Transport, TransportError
 from chaos.cluster.local import LocalTransport
 from chaos.cluster.netns import NetnsTransport
-from chaos.injector import InjectionContext
+from chaos.injector import InjectionContext, InjectionError
 
 TIMEOUT_S = 30.0
 _P = TypeVar("_P", bound=BaseModel)
 
 
+_INVENTORY_PEER = re.compile(r"^(host|group):[A-Za-z0-9_.-]+$")
+
+
 def peer_address(value: str) -> str:
-    """An IPv4 address or CIDR in canonical form (``10.0.0.2``, ``10.0.1.0/24``); ValueError otherwise."""
+    """An IPv4 address or CIDR in canonical form (``10.0.0.2``, ``10.0.1.0/24``), or an inventory reference
+    ``host:NAME`` / ``group:NAME`` kept as is (resolved per run by :func:`resolve_peers`); ValueError otherwise."""
+    if _INVENTORY_PEER.match(value.strip()):
+        return value.strip()
     try:
         net = ipaddress.ip_network(value.strip(), strict=False)
     except ValueError:
-        raise ValueError(f"{value!r} is not an IP address or CIDR (e.g. 10.0.0.2 or 10.0.1.0/24)") from None
+        raise ValueError(
+            f"{value!r} is not an IP address, CIDR or inventory reference (e.g. 10.0.0.2, 10.0.1.0/24, "
+            "host:h2, group:workers)"
+        ) from None
     if net.version != 4:
         raise ValueError(f"{value!r}: only IPv4 peers are supported (ip6tables is not wired up yet)")
     return str(net.network_address) if net.prefixlen == 32 else str(net)
@@ -103,8 +113,34 @@ def probe_address(peer: str) -> str:
 
 
 def resolve_peers(ctx: InjectionContext, peers: Sequence[str]) -> list[str]:
-    """The addresses/CIDRs a fault's peers stand for. Today they are given as such; inventory groups map here."""
-    return list(peers)
+    """The addresses/CIDRs a fault's peers stand for on this host.
+
+    ``host:NAME`` and ``group:NAME`` are looked up in the run's inventory (``ctx.extras["inventory"]``, set by
+    the runner for faults with ``hosts:``), so one scenario file runs against any inventory. The fault's own
+    host is left out of a group: a host is never partitioned from itself.
+    """
+    resolved: list[str] = []
+    inventory = ctx.extras.get("inventory")
+    me = ctx.extras.get("host")
+    for peer in peers:
+        match = _INVENTORY_PEER.match(peer)
+        if match is None:
+            resolved.append(peer)
+            continue
+        if inventory is None:
+            raise InjectionError(f"peer {peer!r} names an inventory entry, but this run has no inventory")
+        kind, name = peer.split(":", 1)
+        hosts = getattr(inventory, "hosts", [])
+        if kind == "host":
+            chosen = [h for h in hosts if h.name == name]
+        else:
+            chosen = [h for h in hosts if name == "all" or name in h.groups]
+        if not chosen:
+            raise InjectionError(f"peer {peer!r}: no such {kind} in the inventory")
+        resolved.extend(peer_address(h.address) for h in chosen if h.name != me)
+    if not resolved:
+        raise InjectionError(f"peers {list(peers)} leave nothing to cut this host off from")
+    return list(dict.fromkeys(resolved))
 
 
 def ms(seconds: float) -> str:

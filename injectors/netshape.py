@@ -337,12 +337,13 @@ class _ShapeFault:
     summary: ClassVar[str]
     needs_netem: ClassVar[bool] = False
 
-    def _interface(self, host: Host, params: ShapeParams, refuse: type[Exception]) -> str:
+    def _interface(self, ctx: InjectionContext, host: Host, params: ShapeParams, refuse: type[Exception]) -> str:
         if params.interface is not None:
             return params.interface
-        interface = host.route(probe_address(params.peers[0]))[0]
+        first_peer = resolve_peers(ctx, params.peers)[0]
+        interface = host.route(probe_address(first_peer))[0]
         if interface is None:
-            raise refuse(f"no route from {host.transport.host} to {params.peers[0]}; name the `interface`")
+            raise refuse(f"no route from {host.transport.host} to {first_peer}; name the `interface`")
         return interface
 
     def check(self, ctx: InjectionContext, params: BaseModel) -> None:
@@ -360,7 +361,7 @@ class _ShapeFault:
         if self.needs_netem and (why := netem_missing(host.run)) is not None:
             raise Unsupported(f"tc netem is not available on this kernel: {why}; use bandwidth or packet_loss instead")
         try:
-            why = foreign_root(host.run, self._interface(host, shape, Unsupported))
+            why = foreign_root(host.run, self._interface(ctx, host, shape, Unsupported))
         except InjectionError as exc:
             raise Unsupported(str(exc)) from exc
         if why is not None:
@@ -371,7 +372,7 @@ class _ShapeFault:
         params = params_as(self.Params, op.params)
         assert isinstance(params, ShapeParams)
         host = Host.open(ctx.transport, refuse=InjectionError)
-        interface = self._interface(host, params, InjectionError)
+        interface = self._interface(ctx, host, params, InjectionError)
         peers = resolve_peers(ctx, params.peers)
         root, leaf = handles(op.op_id, ctx.transport.host)
         kind, commands = shaping_plan(interface, root, leaf, peers, params)

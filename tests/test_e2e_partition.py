@@ -1,0 +1,138 @@
+"""A partition on a real SSH host of the testbed, driven by the runner from a scenario: applied over SSH,
+detected by a reachability probe, healed on time; and, with the harness SIGKILLed mid-partition, healed by
+the host's own dead-man switch."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from testbed_fixture import testbed  # noqa: F401  (pytest finds fixtures by name)
+
+from chaos.cluster.inventory import Inventory, dump_inventory
+from chaos.history import FAULT_APPLIED, FAULT_HEALED
+from chaos.runner import EXIT_PASS, RunOptions, execute
+from chaos.scenario import parse_scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+# Runs inside h1's namespace: a TCP connect to h2's sshd every 0.2 s; success = progress, failure = detection.
+PROBE = (
+    "import socket, sys, time\n"
+    "for i in range(int(sys.argv[2])):\n"
+    "    try:\n"
+    "        socket.create_connection((sys.argv[1], 22), timeout=0.3).close(); print('ok', i, flush=True)\n"
+    "    except OSError:\n"
+    "        print('unreachable', i, flush=True)\n"
+    "    time.sleep(0.2)\n"
+)
+
+SCENARIO = """\
+name: partition-probe
+seed: 5
+cluster: {{transport: ssh}}
+target:
+  type: command
+  command: [ip, netns, exec, {h1_ns}, {python}, -c, {probe}, {h2_addr}, {rounds}]
+  matchers:
+    - {{pattern: '^ok (?P<step>\\d+)', event: target.step}}
+    - {{pattern: '^unreachable (?P<step>\\d+)', event: detect.unreachable}}
+faults:
+  - name: cut-h2
+    type: partition
+    hosts: {{host: h2}}
+    params: {{peers: ["group:all"]}}
+    trigger: {{after: 1.5s}}
+    duration: {duration}s
+checks:
+  - type: detected_within
+    params: {{fault: cut-h2, within: 5s, event: detect.unreachable}}
+  - type: recovered_within
+    params: {{fault: cut-h2, within: {recover}s}}
+safety: {{heal_grace: 2s, max_duration: 90s, no_progress_timeout: 30s}}
+"""
+
+
+def _scenario_text(inventory: Inventory, duration: float, rounds: int) -> str:
+    h1 = next(h for h in inventory.hosts if h.name == "h1")
+    h2 = next(h for h in inventory.hosts if h.name == "h2")
+    return SCENARIO.format(
+        h1_ns=h1.labels["netns"],
+        python=sys.executable,
+        probe=json.dumps(PROBE),
+        h2_addr=h2.address,
+        rounds=rounds,
+        duration=duration,
+        recover=duration + 10,
+    )
+
+
+def _h2_has_our_rules(inventory: Inventory) -> bool:
+    h2 = next(h for h in inventory.hosts if h.name == "h2")
+    out = subprocess.run(
+        ["ip", "netns", "exec", h2.labels["netns"], "iptables", "-S"], capture_output=True, text=True, check=True
+    ).stdout
+    return "CHAOS-" in out or "mlchaos:" in out
+
+
+def test_partition_over_ssh_is_detected_and_healed(testbed: Inventory, tmp_path: Path) -> None:  # noqa: F811
+    inventory_file = tmp_path / "inventory.yaml"
+    dump_inventory(testbed, inventory_file)
+    scenario = parse_scenario(_scenario_text(testbed, duration=3, rounds=40))
+    result = execute(scenario, RunOptions(report_root=tmp_path, inventory=inventory_file))
+    assert result.exit_code == EXIT_PASS, (result.error, [r.model_dump() for r in result.results])
+    [applied] = result.history.of(FAULT_APPLIED)
+    assert applied.data["host"] == "h2"
+    assert len(result.history.of(FAULT_HEALED)) == 1
+    assert not _h2_has_our_rules(testbed)
+
+
+def test_missing_inventory_is_refused_before_anything_runs(testbed: Inventory, tmp_path: Path) -> None:  # noqa: F811
+    scenario = parse_scenario(_scenario_text(testbed, duration=3, rounds=5))
+    result = execute(scenario, RunOptions(report_root=tmp_path))
+    assert result.exit_code == 2 and "no inventory was given" in result.error
+    assert not result.history.of(FAULT_APPLIED)
+
+
+def test_sigkilled_harness_mid_partition_is_healed_by_the_hosts_dead_man(
+    testbed: Inventory,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    inventory_file = tmp_path / "inventory.yaml"
+    dump_inventory(testbed, inventory_file)
+    scenario_file = tmp_path / "s.yaml"
+    duration, grace = 4.0, 2.0
+    scenario_file.write_text(_scenario_text(testbed, duration=duration, rounds=200))
+    env = {"MLCHAOS_STATE_DIR": str(tmp_path / "state"), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    harness = subprocess.Popen(
+        [sys.executable, "-m", "chaos.cli", "run", str(scenario_file), "--inventory", str(inventory_file),
+         "--report-dir", str(tmp_path / "reports")],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not _h2_has_our_rules(testbed):
+            assert time.monotonic() < deadline, "the partition was never applied"
+            time.sleep(0.1)
+        applied_seen = time.monotonic()
+        harness.send_signal(signal.SIGKILL)
+        harness.wait(timeout=10)
+        while _h2_has_our_rules(testbed):
+            assert time.monotonic() - applied_seen < duration + grace + 10, "h2 did not heal itself"
+            time.sleep(0.2)
+        assert time.monotonic() - applied_seen >= duration * 0.5, "healed too early: not the dead-man"
+    finally:
+        if harness.poll() is None:
+            harness.kill()
+        # Whatever happened, leave h2 clean: cleanup heals from the journal over SSH.
+        subprocess.run(
+            [sys.executable, "-m", "chaos.cli", "cleanup", "--inventory", str(inventory_file)],
+            cwd=ROOT, env=env, capture_output=True, timeout=60,
+        )
+    assert not _h2_has_our_rules(testbed)
