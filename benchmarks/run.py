@@ -31,6 +31,7 @@ from injectors.process import FreezeInjector, FreezeParams  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bitflip_vs_pytorchfi  # noqa: E402
 import checksum_allreduce  # noqa: E402
+import partition_hosts  # noqa: E402
 
 
 def _per_op(fn, n: int) -> float:  # type: ignore[no-untyped-def]
@@ -130,6 +131,8 @@ def main() -> None:
     checksum_allreduce.main()
     print("\n== SDC: in-place bit flips vs pytorchfi (benchmarks/bitflip_vs_pytorchfi.py)")
     bitflip_vs_pytorchfi.main()
+    print("\n== multi-host: partition apply+heal on 1..16 testbed hosts (benchmarks/partition_hosts.py)")
+    partition_hosts.main()
 
 
 if __name__ == "__main__":

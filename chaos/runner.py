@@ -15,11 +15,14 @@ import json
 import os
 import secrets
 import signal
+import threading
 import time
 import types
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -147,8 +150,12 @@ def _in_job_plan(plan: Plan, run_dir: Path) -> tuple[list[PlannedOp], Path]:
         plan.seed,
         [
             InJobOp(
-                op_id=op.op_id, fault=op.fault, injector=op.injector, params=op.params,
-                at_step=op.at_step if op.at_step is not None else -1, rank=op.rank,
+                op_id=op.op_id,
+                fault=op.fault,
+                injector=op.injector,
+                params=op.params,
+                at_step=op.at_step if op.at_step is not None else -1,
+                rank=op.rank,
             )
             for op in in_job
         ],
@@ -208,6 +215,7 @@ class _Execution:
         self.step: int | None = None
         self.event_counts: dict[str, int] = {}
         self.ended_by = ""
+        self._lock = threading.Lock()  # active faults and counters: per-host applies and heals run in threads
 
     # -- setup -------------------------------------------------------------------------------------------
     def refuse_unsupported(self) -> None:
@@ -263,8 +271,9 @@ class _Execution:
             elapsed = now - started
             for op in [op for op in self.pending if op.at_s is not None and op.at_s <= elapsed]:
                 self._fire(op)
-            for active in [a for a in self.active if a.heal_at is not None and a.heal_at <= now]:
-                self._heal(active)
+            due = [a for a in self.active if a.heal_at is not None and a.heal_at <= now]
+            if due:
+                self._parallel([partial(self._heal, active) for active in due])
             if elapsed > safety.max_duration:
                 self._end(f"max_duration {safety.max_duration:g}s reached")
                 return
@@ -317,8 +326,18 @@ class _Execution:
             self.history.record(FAULT_FAILED, fault=op.fault, op=op.op_id, injector=op.injector, error=str(exc))
             self.log(f"fault {op.op_id} has no host: {exc}")
             return
-        for host in hosts:
-            self._fire_on(op, host, journal_id=op.op_id if host == LOCAL else f"{op.op_id}@{host}")
+        # One fault on many hosts is applied in parallel (bounded), so 16 hosts cost about what 1 costs.
+        self._parallel([partial(self._fire_on, op, h, op.op_id if h == LOCAL else f"{op.op_id}@{h}") for h in hosts])
+
+    @staticmethod
+    def _parallel(calls: list[Callable[[], None]]) -> None:
+        """Run ``calls`` on up to 8 threads (inline when there is one); the first exception propagates."""
+        if len(calls) == 1:
+            calls[0]()
+            return
+        with ThreadPoolExecutor(max_workers=min(8, len(calls)), thread_name_prefix="mlchaos-fault") as pool:
+            for future in [pool.submit(call) for call in calls]:
+                future.result()
 
     def _fire_on(self, op: PlannedOp, host: str, journal_id: str) -> None:
         injector = registry.injector(op.injector)
@@ -356,7 +375,8 @@ class _Execution:
             self.log(f"fault {journal_id} failed: {exc}")
             return
         self.journal.applied(journal_id, applied.state)
-        self.fired += 1
+        with self._lock:
+            self.fired += 1
         self.history.record(
             FAULT_APPLIED,
             fault=op.fault,
@@ -369,7 +389,8 @@ class _Execution:
         where = "" if host == LOCAL else f" on {host}"
         self.log(f"fault applied{where}: {applied.description or op.op_id}")
         if applied.reversible:
-            self.active.append(_ActiveFault(op, injector, applied, ctx, deadman_pid, remote_marker))
+            with self._lock:
+                self.active.append(_ActiveFault(op, injector, applied, ctx, deadman_pid, remote_marker))
         else:
             self.journal.healed(journal_id, "irreversible")
 
@@ -385,7 +406,8 @@ class _Execution:
             active.injector.heal(active.ctx, active.applied)
         finally:
             self._disarm(active.ctx, active.deadman_pid, active.remote_marker)
-            self.active.remove(active)
+            with self._lock:
+                self.active.remove(active)
         self.journal.healed(active.applied.op_id, "harness")
         host = active.applied.host
         self.history.record(
