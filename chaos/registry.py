@@ -14,7 +14,14 @@ from importlib.metadata import entry_points
 from chaos.checks.base import CHECKS, CheckSpec
 from chaos.injector import Injector
 
-BUILTIN_INJECTOR_MODULES = ("injectors.process", "injectors.gradient", "injectors.tensor")
+BUILTIN_INJECTOR_MODULES = (
+    "injectors.process",
+    "injectors.gradient",
+    "injectors.tensor",
+    "injectors.network",
+    "injectors.storage",
+    "injectors.node",
+)
 BUILTIN_CHECK_MODULES = (
     "chaos.checks.detection",
     "chaos.checks.recovery",

@@ -1,0 +1,520 @@
+"""Node faults: ``cpu_throttle`` (a CFS quota in a cgroup of our own) and ``memory_pressure`` (a memory hog).
+
+``cpu_throttle`` moves the selected processes (``rank``/``pid``/``name``, as in :mod:`injectors.process`)
+into a NEW cgroup ``<cpu hierarchy>/chaos-<hash>`` whose quota is ``fraction`` CPUs: cgroup v1
+``cpu.cfs_quota_us = fraction x cpu.cfs_period_us``, or v2 ``cpu.max`` when ``/sys/fs/cgroup`` is unified.
+Each target's original cgroup is read from ``/proc/<pid>/cgroup`` at prepare and journaled. Children the
+targets start meanwhile are born into our cgroup and are throttled too. While throttled, the targets are
+outside their original cpu cgroup, so a quota set on THAT cgroup (e.g. a container's) does not bind them.
+On v2 the cpu controller may have to be enabled in the root's ``cgroup.subtree_control``; that is left on
+(other cgroups may rely on it by then, and disabling it fails while any child uses it).
+
+Heal and the dead-man revert are ONE shell script (:data:`REVERT_SCRIPT`, run through ``sh -c`` with every
+path as a positional argument, never spliced into the script): lift the quota first (so the throttle ends
+even if a later step fails), move every process still in our cgroup back to its recorded cgroup (children
+to the first target's), then remove our cgroup. Heal runs the same argv the dead-man would and then checks
+the outcome, so the crash path is the tested path. Only a cgroup whose name matches the ``chaos-<hex>``
+pattern under a cgroup mount is ever touched, and only processes inside it are moved: a pid recycled by a
+stranger outside our cgroup is never touched.
+
+``memory_pressure`` runs a detached helper (``python -m injectors.node``) that allocates ``megabytes``,
+touches every page and re-touches them every second until its deadline, heal, or any signal; the kernel
+frees the memory whenever it exits, however it exits. It marks itself the OOM killer's first choice
+(``oom_score_adj=1000``), so pressure that goes too far kills the hog, not the job under test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+
+from chaos import deadman
+from chaos.cluster.base import Transport, TransportError
+from chaos.cluster.local import LocalTransport
+from chaos.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
+from chaos.journal import state_dir
+from chaos.units import Duration
+from injectors import fuselayer
+from injectors.process import ProcessSelector, _Host, _params, _require_duration, _resolve, _same_processes
+
+MODULE = "injectors.node"
+_OUR_HELPERS = (MODULE, fuselayer.MODULE)  # never throttle our own daemons when a name regex matches them
+_CGROUP_NAME = re.compile(r"^chaos-[0-9a-f]{12}$")
+
+REVERT_SCRIPT = r"""
+cg=$1; limit_file=$2; unlimited=$3; fallback=$4; root=$5; shift 5
+[ -d "$cg" ] || exit 0
+echo "$unlimited" > "$cg/$limit_file" || true
+[ -d "$fallback" ] || fallback=$root
+tries=0
+while ! rmdir "$cg" 2>/dev/null; do
+  tries=$((tries + 1))
+  if [ "$tries" -gt 50 ]; then echo "cannot remove $cg: $(cat "$cg/cgroup.procs" | tr '\n' ' ')" >&2; exit 1; fi
+  for p in $(cat "$cg/cgroup.procs"); do
+    dest=$fallback
+    for pair in "$@"; do [ "${pair%%=*}" = "$p" ] && [ -d "${pair#*=}" ] && dest=${pair#*=}; done
+    echo "$p" > "$dest/cgroup.procs" 2>/dev/null || echo "$p" > "$fallback/cgroup.procs" 2>/dev/null || true
+  done
+  sleep 0.1
+done
+"""
+"""Undo a throttle: ``sh -c REVERT_SCRIPT mlchaos-revert CGROUP LIMIT_FILE UNLIMITED FALLBACK ROOT PID=CGROUP...``."""
+
+
+# -- parameters -------------------------------------------------------------------------------------------------
+
+
+class CpuThrottleParams(ProcessSelector):
+    """Cap the selected processes, together, at ``fraction`` CPUs."""
+
+    fraction: float = Field(gt=0, description="CPUs the targets may use together: 0.2 = 20% of one CPU, 2 = two")
+    period: Duration = Field(default=0.1, ge=0.001, le=1.0, description="CFS accounting period, 1ms..1s")
+
+    @model_validator(mode="after")
+    def _quota_in_range(self) -> CpuThrottleParams:
+        if self.fraction * self.period < 0.001:
+            raise ValueError("fraction x period must be at least 1ms (the kernel's smallest quota)")
+        return self
+
+
+class MemoryPressureParams(BaseModel):
+    """Hold ``megabytes`` of touched, resident memory on the host for the fault's duration."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    megabytes: int = Field(gt=0, description="MiB to allocate and keep touched")
+
+
+# -- cgroup hierarchy --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hierarchy:
+    """Where the cpu controller is mounted: ``version`` 1 or 2, its mount point and the mount's root."""
+
+    version: int
+    mount: str
+    root: str
+
+    @property
+    def limit_file(self) -> str:
+        return "cpu.cfs_quota_us" if self.version == 1 else "cpu.max"
+
+    @property
+    def unlimited(self) -> str:
+        return "-1" if self.version == 1 else "max"
+
+    def fs_path(self, cgroup: str) -> str | None:
+        """The directory of ``cgroup`` (a /proc/<pid>/cgroup path), or None when outside this mount."""
+        root = self.root.rstrip("/")
+        if cgroup != root and not cgroup.startswith(root + "/"):
+            return None
+        return self.mount.rstrip("/") + cgroup[len(root) :] if cgroup[len(root) :] else self.mount
+
+
+class _HostFs:
+    """Reads and writes of small (pseudo-)files on the fault's host: local directly, remote through sh."""
+
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
+        self.local = isinstance(transport, LocalTransport)
+
+    def read(self, path: str) -> str | None:
+        if self.local:
+            try:
+                with open(path, encoding="utf-8", errors="replace") as handle:
+                    return handle.read()
+            except OSError:
+                return None
+        done = self.transport.run(["cat", path], timeout=15)
+        return done.stdout if done.ok else None
+
+    def write(self, path: str, value: str) -> None:
+        """One write() of ``value`` (cgroup files take one value per write); InjectionError on failure."""
+        if self.local:
+            try:
+                with open(path, "w", encoding="ascii") as handle:
+                    handle.write(value)
+            except OSError as exc:
+                raise InjectionError(f"cannot write {value!r} to {path}: {exc.strerror}") from exc
+            return
+        self._run(
+            ["sh", "-c", 'printf "%s\\n" "$2" > "$1"', "mlchaos-write", path, value], f"write {value!r} to {path}"
+        )
+
+    def mkdir(self, path: str) -> None:
+        if self.local:
+            try:
+                os.mkdir(path)
+            except OSError as exc:
+                raise InjectionError(f"cannot create cgroup {path}: {exc.strerror}") from exc
+            return
+        self._run(["mkdir", path], f"create cgroup {path}")
+
+    def rmdir(self, path: str) -> None:
+        if self.local:
+            os.rmdir(path)
+        else:
+            self._run(["rmdir", path], f"remove {path}")
+
+    def exists(self, path: str) -> bool:
+        if self.local:
+            return os.path.exists(path)
+        try:
+            return self.transport.run(["test", "-e", path], timeout=15).ok
+        except TransportError:
+            return False
+
+    def _run(self, argv: list[str], what: str) -> None:
+        try:
+            done = self.transport.run(argv, timeout=30)
+        except TransportError as exc:
+            raise InjectionError(f"cannot {what} on {self.transport.host}: {exc}") from exc
+        if not done.ok:
+            raise InjectionError(f"cannot {what} on {self.transport.host}: {done.stderr.strip()[:300]}")
+
+
+def find_hierarchy(mountinfo: str, read: Callable[[str], str | None] | None = None) -> Hierarchy | None:
+    """The cpu controller's hierarchy in a /proc/self/mountinfo text: v1 ``cpu`` first, else unified v2.
+
+    ``read`` (path -> text | None) reads ``cgroup.controllers`` to confirm v2 offers cpu; without it a v2
+    mount is assumed to.
+    """
+    v2: Hierarchy | None = None
+    for line in mountinfo.splitlines():
+        left, sep, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if not sep or len(fields) < 5 or len(tail) < 3:
+            continue
+        root, mount = fuselayer.unescape(fields[3]), fuselayer.unescape(fields[4])
+        if tail[0] == "cgroup" and "cpu" in tail[2].split(","):
+            return Hierarchy(1, mount, root)
+        if tail[0] == "cgroup2" and v2 is None:
+            controllers = read(f"{mount}/cgroup.controllers") if read is not None else "cpu"
+            if isinstance(controllers, str) and "cpu" in controllers.split():
+                v2 = Hierarchy(2, mount, root)
+    return v2
+
+
+def _hierarchy(fs: _HostFs) -> Hierarchy:
+    text = fs.read("/proc/self/mountinfo")
+    found = find_hierarchy(text or "", fs.read)
+    if found is None:
+        raise Unsupported(f"no cgroup hierarchy with the cpu controller is mounted on {fs.transport.host}")
+    return found
+
+
+def _cgroup_of(fs: _HostFs, hierarchy: Hierarchy, pid: int) -> str | None:
+    """The directory of ``pid``'s cpu cgroup, or None when the pid is gone or outside the hierarchy."""
+    text = fs.read(f"/proc/{pid}/cgroup")
+    for line in (text or "").splitlines():
+        hier_id, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        v1_match = hierarchy.version == 1 and "cpu" in controllers.split(",")
+        if v1_match or (hierarchy.version == 2 and hier_id == "0" and controllers == ""):
+            return hierarchy.fs_path(path)
+    return None
+
+
+def _under(mount: str, path: str) -> bool:
+    top = mount.rstrip("/")
+    return (path == top or path.startswith(top + "/")) and "/../" not in f"{path}/"
+
+
+def _ours(applied: Applied) -> tuple[Hierarchy, str]:
+    """The hierarchy and cgroup recorded at prepare, validated so that no journal edit can aim us elsewhere."""
+    version, mount, root, cgroup = (applied.state.get(key) for key in ("version", "mount", "root", "cgroup"))
+    if not (
+        isinstance(version, int) and version in (1, 2)
+        and isinstance(mount, str) and isinstance(root, str) and isinstance(cgroup, str)
+    ):  # fmt: skip
+        raise InjectionError("journal state lacks the cgroup version/mount/root/cgroup of this throttle")
+    if os.path.dirname(cgroup) != mount.rstrip("/") or not _CGROUP_NAME.match(os.path.basename(cgroup)):
+        raise InjectionError(f"refusing to touch {cgroup!r}: not a chaos-<hex> cgroup directly under {mount!r}")
+    return Hierarchy(version, mount, root), cgroup
+
+
+# -- cpu_throttle ------------------------------------------------------------------------------------------------
+
+
+class CpuThrottleInjector:
+    """Throttle processes with a CFS quota in a cgroup of our own; see the module docstring."""
+
+    name: ClassVar[str] = "cpu_throttle"
+    Params: ClassVar[type[BaseModel]] = CpuThrottleParams
+    summary: ClassVar[str] = "cap a rank, pid or command-line match at a fraction of a CPU (cgroup cpu quota)"
+
+    def check(self, ctx: InjectionContext, params: BaseModel) -> None:
+        """Unsupported unless a cgroup with the cpu controller can be created here (probed: mkdir + rmdir)."""
+        fs = _HostFs(ctx.transport)
+        hierarchy = _hierarchy(fs)
+        if hierarchy.version == 2 and not fs.exists(f"{hierarchy.mount}/cgroup.subtree_control"):
+            raise Unsupported(f"{hierarchy.mount} has no cgroup.subtree_control")
+        probe = f"{hierarchy.mount}/chaos-probe-{os.getpid()}-{time.monotonic_ns() % 10**9}"
+        try:
+            fs.mkdir(probe)
+        except InjectionError as exc:
+            raise Unsupported(f"the cpu cgroup hierarchy at {hierarchy.mount} is not writable: {exc}") from None
+        try:
+            if not fs.exists(f"{probe}/cgroup.procs"):
+                raise Unsupported(f"{probe} is not a cgroup (no cgroup.procs)")
+        finally:
+            try:
+                fs.rmdir(probe)
+            except (OSError, InjectionError):
+                pass  # an empty cgroup; nothing runs in it
+
+    def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
+        """Resolve targets and their current cgroups; InjectionError without a duration or for a pid whose
+        cgroup lies outside the mounted hierarchy (it could not be moved back)."""
+        duration = _require_duration(self.name, op)
+        params = _params(CpuThrottleParams, op)
+        host, fs = _Host(ctx.transport), _HostFs(ctx.transport)
+        pids, starts, label = _resolve(ctx, params)
+        keep = [i for i, pid in enumerate(pids) if deadman.module_of(host.cmdline(pid) or []) not in _OUR_HELPERS]
+        if not keep:
+            raise InjectionError(f"{label} matches only mlchaos's own helpers")
+        pids, starts = [pids[i] for i in keep], [starts[i] for i in keep]
+        hierarchy = _hierarchy(fs)
+        originals: dict[str, JsonValue] = {}
+        for pid in pids:
+            where = _cgroup_of(fs, hierarchy, pid)
+            if where is None:
+                raise InjectionError(f"pid {pid}'s cpu cgroup is not under {hierarchy.mount}; cannot restore it")
+            originals[str(pid)] = where
+        digest = hashlib.sha1(f"{op.op_id}:{time.time_ns()}:{os.getpid()}".encode()).hexdigest()[:12]
+        period_us = round(params.period * 1e6)
+        quota_us = max(1000, round(params.fraction * period_us))
+        state: dict[str, JsonValue] = {
+            "pids": list(pids),
+            "start_times": list(starts),
+            "selector": label,
+            "version": hierarchy.version,
+            "mount": hierarchy.mount,
+            "root": hierarchy.root,
+            "cgroup": f"{hierarchy.mount.rstrip('/')}/chaos-{digest}",
+            "originals": originals,
+            "period_us": period_us,
+            "quota_us": quota_us,
+        }
+        return Applied(
+            op_id=op.op_id,
+            fault=op.fault,
+            injector=self.name,
+            host=ctx.transport.host,
+            duration_s=duration,
+            state=state,
+            description=f"throttle {label} to {params.fraction:g} CPU for {duration:g}s",
+        )
+
+    def apply(self, ctx: InjectionContext, applied: Applied) -> None:
+        """Create our cgroup, set its quota, move the targets in (all threads: cgroup.procs)."""
+        hierarchy, cgroup = _ours(applied)
+        host, fs = _Host(ctx.transport), _HostFs(ctx.transport)
+        period_us, quota_us = applied.state.get("period_us"), applied.state.get("quota_us")
+        if not isinstance(period_us, int) or not isinstance(quota_us, int):
+            raise InjectionError("journal state lacks period_us/quota_us")
+        alive = _same_processes(host, applied.state)
+        if not alive:
+            raise InjectionError(f"{applied.state.get('selector')} exited before it could be throttled")
+        if hierarchy.version == 2:
+            control = fs.read(f"{hierarchy.mount}/cgroup.subtree_control") or ""
+            if "cpu" not in control.split():
+                fs.write(f"{hierarchy.mount}/cgroup.subtree_control", "+cpu")  # left on: see module docstring
+        fs.mkdir(cgroup)
+        if hierarchy.version == 1:
+            fs.write(f"{cgroup}/cpu.cfs_period_us", str(period_us))
+            fs.write(f"{cgroup}/cpu.cfs_quota_us", str(quota_us))
+        else:
+            fs.write(f"{cgroup}/cpu.max", f"{quota_us} {period_us}")
+        moved = 0
+        for pid in alive:
+            try:
+                fs.write(f"{cgroup}/cgroup.procs", str(pid))
+                moved += 1
+            except InjectionError:
+                if host.start_time(pid) is not None:  # gone meanwhile is fine, anything else is not
+                    raise
+        if not moved:
+            raise InjectionError(f"{applied.state.get('selector')} exited before it could be throttled")
+
+    def heal(self, ctx: InjectionContext, applied: Applied) -> None:
+        """Run :meth:`revert_command` (lift quota, move everyone back, remove our cgroup), then verify.
+
+        Idempotent; works from ``applied.state`` alone. InjectionError when our cgroup is still there or a
+        recorded target that is still alive is not back in its original cgroup.
+        """
+        argv = self.revert_command(applied)
+        assert argv is not None  # _ours() inside raised otherwise
+        hierarchy, cgroup = _ours(applied)
+        fs, host = _HostFs(ctx.transport), _Host(ctx.transport)
+        try:
+            done = ctx.transport.run(argv, timeout=60)
+        except TransportError as exc:
+            raise InjectionError(f"cannot run the cgroup revert on {ctx.transport.host}: {exc}") from exc
+        if not done.ok or fs.exists(cgroup):
+            raise InjectionError(f"cgroup {cgroup} could not be removed: {done.stderr.strip()[:300]}")
+        originals = applied.state.get("originals")
+        if not isinstance(originals, dict):
+            return
+        for pid in _same_processes(host, applied.state):
+            now, want = _cgroup_of(fs, hierarchy, pid), originals.get(str(pid))
+            if isinstance(want, str) and fs.exists(want) and now != want:
+                raise InjectionError(f"pid {pid} is in cgroup {now}, not back in {want}")
+
+    def revert_command(self, applied: Applied) -> list[str] | None:
+        """``sh -c REVERT_SCRIPT`` with our generated paths as arguments (no user input reaches the script)."""
+        hierarchy, cgroup = _ours(applied)
+        originals = applied.state.get("originals")
+        recorded = {
+            pid: path
+            for pid, path in (originals.items() if isinstance(originals, dict) else [])
+            if isinstance(path, str) and _under(hierarchy.mount, path)  # a journal edit cannot aim elsewhere
+        }
+        pairs = [f"{pid}={path}" for pid, path in recorded.items()]
+        fallback = next(iter(recorded.values()), hierarchy.mount)  # children go where the first target was
+        return [
+            "sh", "-c", REVERT_SCRIPT, "mlchaos-cpu-revert",
+            cgroup, hierarchy.limit_file, hierarchy.unlimited, fallback, hierarchy.mount, *pairs,
+        ]  # fmt: skip
+
+
+# -- memory_pressure ------------------------------------------------------------------------------------------
+
+
+def _available_mb(fs: _HostFs) -> int | None:
+    for line in (fs.read("/proc/meminfo") or "").splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) // 1024
+    return None
+
+
+class MemoryPressureInjector:
+    """A detached helper that holds ``megabytes`` of touched memory until heal or its deadline."""
+
+    name: ClassVar[str] = "memory_pressure"
+    Params: ClassVar[type[BaseModel]] = MemoryPressureParams
+    summary: ClassVar[str] = "hold N MiB of resident memory on the host (the hog is the OOM killer's first pick)"
+
+    def check(self, ctx: InjectionContext, params: BaseModel) -> None:
+        if not isinstance(ctx.transport, LocalTransport):
+            done = ctx.transport.run(["python3", "-c", f"import {MODULE}"], timeout=30)
+            if not done.ok:
+                raise Unsupported(f"mlchaos is not importable by python3 on {ctx.transport.host}")
+
+    def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
+        """InjectionError without a duration or when more than MemAvailable is asked for."""
+        duration = _require_duration(self.name, op)
+        params = _params(MemoryPressureParams, op)
+        available = _available_mb(_HostFs(ctx.transport))
+        if available is not None and params.megabytes > available:
+            raise InjectionError(
+                f"{params.megabytes} MiB asked, only {available} MiB available on {ctx.transport.host}"
+            )
+        return Applied(
+            op_id=op.op_id,
+            fault=op.fault,
+            injector=self.name,
+            host=ctx.transport.host,
+            duration_s=duration,
+            state={"megabytes": params.megabytes},
+            description=f"hold {params.megabytes} MiB of memory for {duration:g}s",
+        )
+
+    def apply(self, ctx: InjectionContext, applied: Applied) -> None:
+        """Start the hog; records ``helper_pid``. It ends by itself at the op's deadline."""
+        host = _Host(ctx.transport)
+        until_ns = time.time_ns() - int(ctx.transport.clock_offset() * 1e9) + int((applied.duration_s or 0) * 1e9)
+        argv = [
+            sys.executable if host.local else "python3", "-m", MODULE,
+            "--op-id", applied.op_id, "--megabytes", str(applied.state.get("megabytes")), "--until-ns", str(until_ns),
+        ]  # fmt: skip
+        env = None
+        if host.local:
+            (log_dir := state_dir()).mkdir(parents=True, exist_ok=True)
+            argv += ["--log", str(log_dir / "memhog.log")]
+            env = deadman.python_env()
+        try:
+            proc = ctx.transport.spawn(argv, env=env)
+            code = proc.wait(timeout=30)
+            output = proc.stdout.read().decode(errors="replace") if proc.stdout is not None else ""
+        except (TransportError, OSError) as exc:
+            raise InjectionError(f"cannot start the memory hog on {ctx.transport.host}: {exc}") from exc
+        helper = deadman.parse_pid(output)
+        if code != 0 or helper is None:
+            raise InjectionError(f"memory hog failed to start (exit {code}): {output.strip()[-300:]}")
+        applied.state["helper_pid"] = helper
+
+    def heal(self, ctx: InjectionContext, applied: Applied) -> None:
+        """Stop the hog (verified by cmdline and op id; found by op id after a crash). Idempotent."""
+        host = _Host(ctx.transport)
+        recorded = applied.state.get("helper_pid")
+        candidates = [recorded] if isinstance(recorded, int) else list(host.command_lines())
+        hogs = [pid for pid in candidates if host.is_helper(pid, MODULE, applied.op_id)]
+        host.signal("SIGTERM", hogs)
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and any(host.is_helper(pid, MODULE, applied.op_id) for pid in hogs):
+            time.sleep(0.02)
+        host.signal("SIGKILL", [pid for pid in hogs if host.is_helper(pid, MODULE, applied.op_id)])
+
+    def revert_command(self, applied: Applied) -> list[str] | None:
+        """None: the hog ends by itself at the op's deadline, before any dead-man would fire."""
+        return None
+
+
+def hog(megabytes: int, until_ns: int) -> None:
+    """Allocate and touch ``megabytes`` MiB, re-touching every second, until ``until_ns`` or a signal."""
+
+    def request_stop(signum: int, frame: object) -> None:
+        raise SystemExit(0)  # nothing to clean up: the kernel frees the memory on exit
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, request_stop)
+    try:
+        Path("/proc/self/oom_score_adj").write_text("1000")  # raising our own score needs no privilege
+    except OSError:
+        pass
+    memory = bytearray(megabytes << 20)
+    pages = len(range(0, len(memory), 4096))
+    stamp = 0
+    while time.time_ns() < until_ns:
+        stamp = (stamp + 1) % 256
+        memory[::4096] = bytes([stamp]) * pages  # one write per page keeps every page resident and dirty
+        time.sleep(min(1.0, max(0.0, (until_ns - time.time_ns()) / 1e9)))
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description="the memory_pressure helper")
+    parser.add_argument("--op-id", required=True)
+    parser.add_argument("--megabytes", type=int, required=True)
+    parser.add_argument("--until-ns", type=int, required=True, help="wall-clock deadline (time.time_ns)")
+    parser.add_argument("--log", type=Path, default=None)
+    parser.add_argument("--foreground", action="store_true", help="do not detach (debugging)")
+    args = parser.parse_args(argv)
+    if args.megabytes <= 0:
+        parser.error("--megabytes must be positive")
+    if not args.foreground:
+        deadman.detach(args.log)
+    print(f"memhog[{os.getpid()}] {args.op_id}: holding {args.megabytes} MiB", flush=True)
+    try:
+        hog(args.megabytes, args.until_ns)
+    finally:
+        print(f"memhog[{os.getpid()}] {args.op_id}: done, memory released on exit", flush=True)
+    return 0
+
+
+INJECTORS = (CpuThrottleInjector, MemoryPressureInjector)
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,371 @@
+"""storage: a real FUSE layer mounted over a temporary directory (no mocks but for check()'s probes).
+
+Every test heals in ``finally`` and the autouse fixture fails the test if a ``chaos-fuse`` mount is left.
+Skips with the reason when this host cannot mount FUSE (no /dev/fuse, no fusermount3, no mfusepy, not root).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, get_args
+
+import pytest
+from pydantic import ValidationError
+
+from chaos import registry
+from chaos.cluster.local import LocalTransport
+from chaos.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
+from injectors import fuselayer, storage
+from injectors.process import _Host
+from injectors.storage import StorageInjector, StorageParams
+
+
+def _unavailable() -> str | None:
+    if os.geteuid() != 0:
+        return "FUSE tests mount with allow_other and need root"
+    if not os.path.exists("/dev/fuse"):
+        return "/dev/fuse does not exist"
+    if shutil.which("fusermount3") is None:
+        return "fusermount3 is not installed (Debian package fuse3)"
+    return fuselayer.binding_problem()
+
+
+def _chaos_mounts() -> list[fuselayer.Mount]:
+    with open("/proc/self/mounts", encoding="utf-8") as handle:
+        return fuselayer.chaos_mounts(handle.read())
+
+
+@pytest.fixture(autouse=True)
+def _fuse_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("MLCHAOS_STATE_DIR", str(tmp_path / "state"))
+    before = _chaos_mounts()
+    yield
+    left = [m for m in _chaos_mounts() if m not in before]
+    for mount in left:  # do not leak into the next test, then fail this one
+        subprocess.run(fuselayer.unmount_argv(mount.target, lazy=True), check=False)
+    assert not left, f"chaos-fuse mounts left behind: {left}"
+
+
+def _skip_without_fuse() -> None:
+    if reason := _unavailable():
+        pytest.skip(reason)
+
+
+def _op(path: Path, duration: float = 60.0, **params: Any) -> FaultOp:
+    return FaultOp(
+        op_id=f"storage-{uuid.uuid4().hex[:8]}",
+        fault="disk",
+        injector="storage",
+        params=StorageParams(path=str(path), **params),
+        duration_s=duration,
+    )
+
+
+@contextmanager
+def layer(path: Path, **params: Any) -> Iterator[tuple[StorageInjector, InjectionContext, Applied]]:
+    """Apply a storage fault over ``path`` and heal it however the body ends."""
+    _skip_without_fuse()
+    injector, ctx = StorageInjector(), InjectionContext(transport=LocalTransport())
+    op = _op(path, **params)
+    injector.check(ctx, op.params)
+    applied = injector.prepare(ctx, op)
+    try:
+        injector.apply(ctx, applied)
+        yield injector, ctx, applied
+    finally:
+        injector.heal(ctx, applied)
+
+
+def _mounted(path: Path) -> bool:
+    return any(m.target == str(path) for m in _chaos_mounts())
+
+
+def _wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+def _daemons(ctx: InjectionContext, applied: Applied) -> list[int]:
+    return storage._daemons(_Host(ctx.transport), applied)
+
+
+def _errno_of(action: Callable[[], object]) -> int | None:
+    try:
+        action()
+    except OSError as exc:
+        return exc.errno
+    return None
+
+
+def _write_fsync(path: Path, data: bytes) -> float:
+    start = time.monotonic()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return time.monotonic() - start
+
+
+# -- parameters and capability probe (no mount) ---------------------------------------------------------------
+
+
+def test_params_are_validated() -> None:
+    assert set(get_args(storage.Op)) == set(fuselayer.OPS)
+    assert StorageParams(path="/ckpt/").path == "/ckpt"
+    mounts = "chaos-fuse:a /tmp/x\\040y fuse.chaos-fuse rw 0 0\n"
+    assert fuselayer.parse_mounts(mounts) == [fuselayer.Mount("chaos-fuse:a", "/tmp/x y", "fuse.chaos-fuse")]
+    assert fuselayer.is_mounted("chaos-fuse:a", "/tmp/x y", mounts)
+    assert StorageParams(path="/ckpt", mode="fsync_stall").effective_ops() == ("fsync",)
+    for bad in (
+        {"path": "ckpt"},
+        {"path": "/"},
+        {"path": "/ckpt", "mode": "eio", "latency": "1s"},
+        {"path": "/ckpt", "mode": "readonly", "ops": ["read"]},
+        {"path": "/ckpt", "ops": []},
+        {"path": "/ckpt", "ops": ["chmodd"]},
+        {"path": "/ckpt", "probability": 0},
+    ):
+        with pytest.raises(ValidationError):
+            StorageParams.model_validate(bad)
+
+
+def test_check_names_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    ctx, params = InjectionContext(transport=LocalTransport()), StorageParams(path="/ckpt")
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(Unsupported, match="fusermount3"):
+        StorageInjector().check(ctx, params)
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.setattr(fuselayer, "binding_problem", lambda: "the Python package mfusepy is not installed")
+    with pytest.raises(Unsupported, match="mfusepy"):
+        StorageInjector().check(ctx, params)
+
+
+def test_registered() -> None:
+    assert registry.injectors()["storage"] is StorageInjector
+
+
+# -- real mounts ------------------------------------------------------------------------------------------------
+
+
+def test_writes_through_the_layer_are_in_the_real_directory_after_heal(tmp_path: Path) -> None:
+    ckpt = tmp_path / "check points"  # a space: /proc/mounts escapes it as \040
+    ckpt.mkdir()
+    (ckpt / "old.pt").write_bytes(b"old")
+    with layer(ckpt, latency="10ms", ops=["write"]) as (_, _, applied):
+        assert _mounted(ckpt)
+        assert (ckpt / "old.pt").read_bytes() == b"old"  # the layer shows what was there
+        (ckpt / "step-1").mkdir()
+        (ckpt / "step-1" / "tmp.pt").write_bytes(b"weights" * 1000)
+        os.rename(ckpt / "step-1" / "tmp.pt", ckpt / "step-1" / "model.pt")
+        (ckpt / "old.pt").unlink()
+        assert applied.state["helper_pid"]
+    assert not _mounted(ckpt)
+    assert (ckpt / "step-1" / "model.pt").read_bytes() == b"weights" * 1000
+    assert not (ckpt / "old.pt").exists()
+    assert sorted(p.name for p in ckpt.rglob("*")) == ["model.pt", "step-1"]  # no .fuse_hidden leftovers
+
+
+def test_latency_slows_write_and_fsync(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    with layer(ckpt, mode="latency", latency="300ms", ops=["write", "fsync"]):
+        baseline = _write_fsync(tmp_path / "plain.bin", b"x" * 4096)
+        slowed = _write_fsync(ckpt / "slow.bin", b"x" * 4096)
+    assert slowed >= 0.5, f"write+fsync took {slowed:.3f}s under 2 x 300ms of latency"
+    assert slowed > baseline + 0.4
+    assert (ckpt / "slow.bin").stat().st_size == 4096
+
+
+@pytest.mark.parametrize(("mode", "code"), [("eio", errno.EIO), ("enospc", errno.ENOSPC), ("readonly", errno.EROFS)])
+def test_error_modes(tmp_path: Path, mode: str, code: int) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "model.pt").write_bytes(b"model")
+    with layer(ckpt, mode="latency", latency="1ms", ops=["fsync"]) as (_, ctx, applied):
+        fd = os.open(ckpt / "model.pt", os.O_WRONLY)  # opened through the layer before the fault
+        try:
+            storage.change(ctx, applied, StorageParams(path=str(ckpt), mode=mode))
+            assert _errno_of(lambda: os.write(fd, b"more")) == code
+            assert _errno_of(lambda: os.open(ckpt / "new.pt", os.O_WRONLY | os.O_CREAT, 0o644)) == code
+            assert _errno_of(lambda: os.mkdir(ckpt / "step-2")) == code
+            if mode == "eio":
+                assert _errno_of(lambda: (ckpt / "model.pt").read_bytes()) == errno.EIO
+            else:  # reading is fine on a full or read-only disk
+                assert (ckpt / "model.pt").read_bytes() == b"model"
+            if mode == "readonly":
+                assert _errno_of(lambda: os.open(ckpt / "model.pt", os.O_WRONLY)) == errno.EROFS
+                assert _errno_of(lambda: (ckpt / "model.pt").unlink()) == errno.EROFS
+            if mode == "enospc":
+                assert os.statvfs(ckpt).f_bavail == 0
+        finally:
+            # Before heal: an fd held across heal keeps the daemon for the drain. close() may report the
+            # injected error of its flush (eio), like a network filesystem would; the fd is released anyway.
+            assert _errno_of(lambda: os.close(fd)) in (None, code)
+    assert (ckpt / "model.pt").read_bytes() == b"model"
+    assert not (ckpt / "new.pt").exists()
+
+
+def test_hang_blocks_a_reader_until_heal(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "model.pt").write_bytes(b"model")
+    got: list[bytes] = []
+    with layer(ckpt, mode="hang", ops=["read"]) as (injector, ctx, applied):
+        reader = threading.Thread(target=lambda: got.append((ckpt / "model.pt").read_bytes()), daemon=True)
+        reader.start()
+        time.sleep(0.7)
+        assert reader.is_alive() and not got, "the read should hang while the fault is on"
+        start = time.monotonic()
+        injector.heal(ctx, applied)
+        reader.join(timeout=10)
+        assert not reader.is_alive()
+        assert got == [b"model"]
+        assert time.monotonic() - start < 8
+
+
+def test_fault_changes_live(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "a").write_bytes(b"a")
+    with layer(ckpt, mode="latency", latency="10ms", ops=["open"]) as (_, ctx, applied):
+        assert (ckpt / "a").read_bytes() == b"a"
+        storage.change(ctx, applied, StorageParams(path=str(ckpt), mode="eio", ops=["open"]))
+        assert _errno_of(lambda: (ckpt / "a").read_bytes()) == errno.EIO
+        storage.change(ctx, applied, None)
+        assert (ckpt / "a").read_bytes() == b"a"
+        with pytest.raises(InjectionError, match="mounted on"):
+            storage.change(ctx, applied, StorageParams(path="/elsewhere", mode="eio"))
+
+
+_HOLDER = """
+import os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o644)
+os.write(fd, b"before\\n")
+print("open", flush=True)
+sys.stdin.readline()
+try:
+    os.write(fd, b"after\\n")
+    print("write ok", flush=True)
+except OSError as exc:
+    print(f"write errno {exc.errno}", flush=True)
+try:
+    os.close(fd)
+    print("closed", flush=True)
+except OSError as exc:
+    print(f"close errno {exc.errno}", flush=True)
+try:
+    os.fstat(fd)
+    print("fd still open", flush=True)
+except OSError:
+    print("fd released", flush=True)
+"""
+
+
+@contextmanager
+def holder(path: Path) -> Iterator[subprocess.Popen[str]]:
+    """A child process holding ``path`` open for writing until told to go on."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "open"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _go_on(proc: subprocess.Popen[str]) -> str:
+    out, _ = proc.communicate("go\n", timeout=20)
+    assert proc.returncode == 0, out
+    return out
+
+
+def test_heal_with_a_file_held_open_keeps_it_working_through_the_drain(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    with layer(ckpt, mode="hang", ops=["fsync"], drain="20s") as (injector, ctx, applied):
+        with holder(ckpt / "held.pt") as proc:
+            healer = threading.Thread(target=injector.heal, args=(ctx, applied), daemon=True)
+            start = time.monotonic()
+            healer.start()
+            assert _wait_for(lambda: not _mounted(ckpt)), "heal should detach the busy mount lazily"
+            assert _go_on(proc) == "write ok\nclosed\nfd released\n"  # the layer still serves the open file
+            healer.join(timeout=15)
+            assert not healer.is_alive()
+            assert time.monotonic() - start < 10, "the daemon should leave when the last open file closes"
+    assert (ckpt / "held.pt").read_bytes() == b"before\nafter\n"
+
+
+def test_heal_with_a_file_held_open_past_the_drain(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    with layer(ckpt, mode="eio", ops=["fsync"], drain="500ms") as (injector, ctx, applied):
+        with holder(ckpt / "held.pt") as proc:
+            injector.heal(ctx, applied)  # returns once the daemon is gone, after the drain
+            assert not _mounted(ckpt)
+            pid = applied.state["helper_pid"]
+            assert isinstance(pid, int) and not _daemons(ctx, applied)
+            out = _go_on(proc)  # I/O and close() report ENOTCONN, but close() releases the fd as always
+            assert out == f"write errno {errno.ENOTCONN}\nclose errno {errno.ENOTCONN}\nfd released\n"
+    assert (ckpt / "held.pt").read_bytes() == b"before\n"  # what was written before the heal is kept
+
+
+def test_heal_is_idempotent_and_works_from_the_journal_alone(tmp_path: Path) -> None:
+    _skip_without_fuse()
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    ctx = InjectionContext(transport=LocalTransport())
+    first = StorageInjector()
+    applied = first.prepare(ctx, _op(ckpt, mode="eio"))
+    try:
+        first.apply(ctx, applied)
+        assert _mounted(ckpt)
+        journaled = Applied.model_validate_json(applied.model_dump_json())
+        del journaled.state["helper_pid"]  # as if the harness died before journaling the daemon's pid
+        StorageInjector().heal(InjectionContext(transport=LocalTransport()), journaled)
+        assert not _mounted(ckpt)
+        assert not _daemons(ctx, journaled)
+        StorageInjector().heal(ctx, journaled)  # twice is fine
+    finally:
+        first.heal(ctx, applied)  # and a third time, with the original record
+    (ckpt / "after").write_bytes(b"ok")  # the real directory again
+
+
+def test_revert_command_alone_ends_the_fault(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "model.pt").write_bytes(b"model")
+    with layer(ckpt, mode="eio", drain="200ms") as (injector, ctx, applied):
+        argv = injector.revert_command(applied)
+        assert argv == ["fusermount3", "-uz", str(ckpt)]
+        subprocess.run(argv, check=True)  # what the dead-man runs when the harness is gone
+        assert not _mounted(ckpt)
+        assert _wait_for(lambda: not _daemons(ctx, applied))
+        assert (ckpt / "model.pt").read_bytes() == b"model"
+
+
+def test_prepare_refuses_a_second_layer_on_the_same_path(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    with layer(ckpt, mode="eio", ops=["fsync"]) as (injector, ctx, _):
+        with pytest.raises(InjectionError, match="already mounted"):
+            injector.prepare(ctx, _op(ckpt, mode="hang"))
+    with pytest.raises(InjectionError, match="not a directory"):
+        StorageInjector().prepare(InjectionContext(transport=LocalTransport()), _op(tmp_path / "missing"))
