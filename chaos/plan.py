@@ -110,13 +110,33 @@ def make_plan(scenario: Scenario, seed: int | None = None) -> Plan:
     return Plan(scenario=scenario.name, seed=used_seed, ops=ops)
 
 
-def fault_op(planned: PlannedOp, scenario: Scenario) -> FaultOp:
-    """The injector-facing op for ``planned``, with the typed params from the scenario."""
+def fault_op(planned: PlannedOp, scenario: Scenario, placeholders: dict[str, str] | None = None) -> FaultOp:
+    """The injector-facing op for ``planned``, with the typed params from the scenario.
+
+    ``placeholders`` (e.g. ``{"run_dir": "/abs/reports/run-1"}``) are expanded in every string param, so a
+    fault can name run-specific paths such as ``{run_dir}/checkpoints``; the params are re-validated after.
+    """
     spec = scenario.fault(planned.fault)
+    params = spec.params
+    if placeholders:
+        expanded = _expand(params.model_dump(mode="json"), placeholders)
+        params = type(params).model_validate(expanded)
     return FaultOp(
         op_id=planned.op_id,
         fault=planned.fault,
         injector=planned.injector,
-        params=spec.params,
+        params=params,
         duration_s=planned.duration_s,
     )
+
+
+def _expand(value: JsonValue, placeholders: dict[str, str]) -> JsonValue:
+    if isinstance(value, str):
+        for key, replacement in placeholders.items():
+            value = value.replace("{" + key + "}", replacement)
+        return value
+    if isinstance(value, list):
+        return [_expand(item, placeholders) for item in value]
+    if isinstance(value, dict):
+        return {key: _expand(item, placeholders) for key, item in value.items()}
+    return value

@@ -342,7 +342,8 @@ class _Execution:
     def _fire_on(self, op: PlannedOp, host: str, journal_id: str) -> None:
         injector = registry.injector(op.injector)
         ctx = self._ctx(host)
-        fop = fault_op(op, self.scenario).model_copy(update={"op_id": journal_id})
+        placeholders = {"run_dir": str(self.run_dir.resolve()), "seed": str(self.plan.seed)}
+        fop = fault_op(op, self.scenario, placeholders).model_copy(update={"op_id": journal_id})
         try:
             applied = injector.prepare(ctx, fop).model_copy(update={"host": host})
         except (InjectionError, ValueError, TransportError) as exc:

@@ -51,3 +51,14 @@ def test_poisson_mean_gap_is_near_mtbf() -> None:
     plan = _plan("{poisson: {mtbf: 10s, count: 2000}}", seed=3)
     last = plan.ops[-1].at_s
     assert last is not None and 9.0 < last / 2000 < 11.0
+
+
+def test_fault_params_expand_run_placeholders() -> None:
+    from chaos.plan import fault_op
+
+    scenario = parse_scenario(
+        BASE.format(seed=4, trigger="{after: 1s}").replace("params: {pid: 1234}", "params: {name: 'job {seed} {run_dir}'}")
+    )
+    op = fault_op(make_plan(scenario).ops[0], scenario, {"run_dir": "/r/run-1", "seed": "4"})
+    assert op.params.name == "job 4 /r/run-1"  # type: ignore[attr-defined]
+    assert scenario.faults[0].params.name == "job {seed} {run_dir}"  # type: ignore[attr-defined]
