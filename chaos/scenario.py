@@ -318,7 +318,7 @@ class ScenarioError(Exception):
 Path_ = tuple[str | int, ...]
 
 
-def _positions(
+def yaml_positions(
     node: yaml.Node, path: Path_, out: dict[Path_, tuple[int, int]], dupes: list[Problem], file: str
 ) -> None:
     """Record (line, column), 1-based, of every mapping key and sequence item below ``node``."""
@@ -332,12 +332,12 @@ def _positions(
                 dupes.append(Problem(file, *position, f"duplicate key {key!r}", "keep one of the two entries"))
             seen.add(key)
             out[here] = position
-            _positions(value_node, here, out, dupes, file)
+            yaml_positions(value_node, here, out, dupes, file)
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
             here = (*path, index)
             out[here] = (item.start_mark.line + 1, item.start_mark.column + 1)
-            _positions(item, here, out, dupes, file)
+            yaml_positions(item, here, out, dupes, file)
 
 
 def _raw_path(data: object, loc: tuple[str | int, ...]) -> Path_:
@@ -458,7 +458,7 @@ def parse_scenario(text: str, file: str = "<string>") -> Scenario:
     marks: dict[Path_, tuple[int, int]] = {}
     problems: list[Problem] = []
     assert node is not None
-    _positions(node, (), marks, problems, file)
+    yaml_positions(node, (), marks, problems, file)
     model = scenario_model()
     try:
         scenario = model.model_validate(data)

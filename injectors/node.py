@@ -40,7 +40,7 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 from chaos import deadman
-from chaos.cluster.base import Transport, TransportError
+from chaos.cluster.base import Transport, TransportError, read_host_file
 from chaos.cluster.local import LocalTransport
 from chaos.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
 from chaos.journal import state_dir
@@ -131,14 +131,7 @@ class _HostFs:
         self.local = isinstance(transport, LocalTransport)
 
     def read(self, path: str) -> str | None:
-        if self.local:
-            try:
-                with open(path, encoding="utf-8", errors="replace") as handle:
-                    return handle.read()
-            except OSError:
-                return None
-        done = self.transport.run(["cat", path], timeout=15)
-        return done.stdout if done.ok else None
+        return read_host_file(self.transport, path)
 
     def write(self, path: str, value: str) -> None:
         """One write() of ``value`` (cgroup files take one value per write); InjectionError on failure."""

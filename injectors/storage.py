@@ -42,7 +42,7 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
 from chaos import deadman
-from chaos.cluster.base import Transport, TransportError
+from chaos.cluster.base import Transport, TransportError, read_host_file
 from chaos.cluster.local import LocalTransport
 from chaos.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
 from chaos.journal import state_dir
@@ -111,14 +111,7 @@ class _Files:
         self.local = isinstance(transport, LocalTransport)
 
     def read(self, path: str) -> str | None:
-        if self.local:
-            try:
-                with open(path, encoding="utf-8", errors="replace") as handle:
-                    return handle.read()
-            except OSError:
-                return None
-        done = self.transport.run(["cat", path], timeout=15)
-        return done.stdout if done.ok else None
+        return read_host_file(self.transport, path)
 
     def mounts(self) -> str:
         text = self.read("/proc/self/mounts")

@@ -69,3 +69,19 @@ class Transport(Protocol):
     def clock_offset(self) -> float:
         """Seconds to add to host timestamps to put them on the harness timeline."""
         ...
+
+
+def read_host_file(transport: Transport, path: str) -> str | None:
+    """The text of a small (pseudo-)file on the transport's host (``/proc``, cgroup files), or None if unreadable.
+
+    Local hosts read it directly; others through ``cat`` (present on any host we can reach)."""
+    from chaos.cluster.local import LocalTransport
+
+    if isinstance(transport, LocalTransport):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                return handle.read()
+        except OSError:
+            return None
+    done = transport.run(["cat", path], timeout=15)
+    return done.stdout if done.ok else None

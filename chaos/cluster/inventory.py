@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from chaos.scenario import HostSelector, Problem, ScenarioError
+from chaos.scenario import HostSelector, Problem, ScenarioError, yaml_positions
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 ALL_GROUP = "all"
@@ -168,26 +168,6 @@ def _did_you_mean(word: str, options: list[str]) -> str:
 _Key = tuple[str | int, ...]
 
 
-def _positions(node: yaml.Node, path: _Key, out: dict[_Key, tuple[int, int]], problems: list[Problem], file: str) -> None:
-    """Record the 1-based (line, column) of every mapping key and sequence item; flag duplicate keys."""
-    if isinstance(node, yaml.MappingNode):
-        seen: set[str] = set()
-        for key_node, value_node in node.value:
-            key = str(key_node.value)
-            here = (*path, key)
-            position = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
-            if key in seen:
-                problems.append(Problem(file, *position, f"duplicate key {key!r}", "keep one of the two entries"))
-            seen.add(key)
-            out[here] = position
-            _positions(value_node, here, out, problems, file)
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            here = (*path, index)
-            out[here] = (item.start_mark.line + 1, item.start_mark.column + 1)
-            _positions(item, here, out, problems, file)
-
-
 def _problem(error: dict[str, Any], marks: dict[_Key, tuple[int, int]], file: str) -> Problem:
     loc: _Key = tuple(error["loc"])
     line, column = 1, 1
@@ -248,7 +228,7 @@ def parse_inventory(text: str, file: str = "<string>", base_dir: Path | None = N
         raise InventoryError([Problem(file, 1, 1, "an inventory must be a YAML mapping", "start with hosts:")])
     marks: dict[_Key, tuple[int, int]] = {}
     problems: list[Problem] = []
-    _positions(node, (), marks, problems, file)
+    yaml_positions(node, (), marks, problems, file)
     try:
         inventory = Inventory.model_validate(data)
     except ValidationError as exc:
