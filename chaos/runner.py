@@ -417,13 +417,27 @@ class _Execution:
         self.log(f"fault healed: {active.applied.op_id}")
 
     def heal_all(self) -> list[str]:
-        """Heal every active fault, newest first; returns errors (healing continues past one)."""
+        """Heal every active fault, newest first, then anything the journal still lists as unhealed (a signal
+        can land between a fault's apply and its registration as active); returns errors, never stops early."""
         errors = []
         for active in reversed(list(self.active)):
             try:
                 self._heal(active)
             except Exception as exc:  # one failed heal must not stop the others
                 errors.append(f"{active.op.op_id}: {exc}")
+        for applied in self.journal.unhealed():
+            try:
+                ctx = self._ctx(applied.host)
+                registry.injector(applied.injector).heal(ctx, applied)
+                self._disarm(
+                    ctx,
+                    self.journal.deadman_pid(applied.op_id),
+                    None if applied.host == LOCAL else remote_deadman.marker(applied.op_id),
+                )
+                self.journal.healed(applied.op_id, "harness")
+                self.history.record(FAULT_HEALED, fault=applied.fault, op=applied.op_id, injector=applied.injector)
+            except Exception as exc:
+                errors.append(f"{applied.op_id}: {exc}")
         return errors
 
 

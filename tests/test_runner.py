@@ -174,3 +174,39 @@ def test_a_finished_run_leaves_no_open_journal(tmp_path: Path) -> None:
     finally:
         victim.kill()
         victim.wait(timeout=10)
+
+
+def test_heal_all_also_heals_a_journaled_fault_that_never_became_active(tmp_path: Path) -> None:
+    """A signal can land between a fault's apply and its registration as active: the journal still heals it."""
+    from chaos.history import History
+    from chaos.hosts import HostSet
+    from chaos.injector import InjectionContext
+    from chaos.plan import make_plan
+    from chaos.runner import _Execution
+    from injectors.process import FreezeInjector, FreezeParams
+
+    victim = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"])
+    try:
+        scenario = parse_scenario(_ticker("orphan-fault", ticks=1))
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        history = History(run_dir / "history.jsonl")
+        execution = _Execution(
+            scenario, make_plan(scenario), run_dir, history, lambda _: None, lambda _: None,
+            HostSet(None, [], None),
+        )
+        injector = FreezeInjector()
+        op = FaultOp(op_id="orphan#1", fault="orphan", injector="freeze", params=FreezeParams(pid=victim.pid), duration_s=60)
+        ctx = InjectionContext(execution.transport)
+        applied = injector.prepare(ctx, op)
+        execution.journal.intent(applied)
+        injector.apply(ctx, applied)  # ...and the harness is "interrupted" before recording it as active
+        assert _wait_for(lambda: process_state(victim.pid) == "T", 10)
+        assert execution.heal_all() == []
+        assert _wait_for(lambda: process_state(victim.pid) not in ("T", None), 10)
+        assert execution.journal.unhealed() == []
+        execution.journal.archive()
+    finally:
+        victim.send_signal(signal.SIGCONT)
+        victim.kill()
+        victim.wait(timeout=10)
