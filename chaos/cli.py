@@ -77,7 +77,7 @@ def schema() -> None:
 def _params_text(model: type[BaseModel]) -> str:
     parts = []
     for name, field in model.model_fields.items():
-        default = "" if field.is_required() else f"={field.default!r}"
+        default = "" if field.is_required() else f"={field.get_default(call_default_factory=True)!r}"
         parts.append(f"{name}{default}")
     return ", ".join(parts) or "-"
 
@@ -89,13 +89,13 @@ def list_plugins() -> None:
     for column in ("type", "what it does", "params"):
         table.add_column(column)
     for name, cls in registry.injectors().items():
-        table.add_row(name, cls.summary, _params_text(cls.Params))
+        table.add_row(name, escape(cls.summary), escape(_params_text(cls.Params)))
     console.print(table)
     table = Table(title="checks (checks: type)")
     for column in ("type", "what it asserts", "params"):
         table.add_column(column)
     for name, spec in registry.checks().items():
-        table.add_row(name, spec.summary, _params_text(spec.Params))
+        table.add_row(name, escape(spec.summary), escape(_params_text(spec.Params)))
     console.print(table)
 
 
@@ -139,7 +139,13 @@ def _print_results(result: RunResult) -> None:
     for check in result.results:
         style = _STATUS_STYLE[check.status]
         why = "" if check.status == "pass" else check.reason  # a pass says it all in measured vs bound
-        table.add_row(check.name, f"[{style}]{check.status}[/{style}]", check.measured_text(), check.bound or "", why)
+        table.add_row(
+            escape(check.name),  # names like detected_within[kill-rank1] are not rich markup
+            f"[{style}]{check.status}[/{style}]",
+            escape(check.measured_text()),
+            escape(check.bound or ""),
+            escape(why),
+        )
     console.print(table)
     if result.error:
         errors.print(f"[red]{escape(result.error)}[/red]")
@@ -211,7 +217,7 @@ def _print_pass_rates(scenario: Scenario, outcomes: list[RunResult]) -> None:
     for name, statuses in rates.items():
         passed = statuses.count("pass")
         table.add_row(
-            name,
+            escape(name),
             f"{passed}/{len(statuses)} ({100 * passed / len(statuses):.0f}%)",
             str(statuses.count("fail")),
             str(statuses.count("unknown")),
