@@ -23,6 +23,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from chaos.cluster.base import Transport, TransportError
+
 MODULE = "chaos.deadman"
 PID_PREFIX = "MLCHAOS_PID "
 POLL_S = 2.0  # how often a sleeping dead-man re-reads the journal to retire early once the op is healed
@@ -71,6 +73,31 @@ def parse_pid(output: str) -> int | None:
         if line.startswith(PID_PREFIX):
             return int(line[len(PID_PREFIX) :].strip())
     return None
+
+
+def spawn_helper(
+    transport: Transport, argv: list[str], *, what: str, env: dict[str, str] | None = None, timeout: float = 30.0
+) -> int:
+    """Start a self-detaching helper (one that calls :func:`detach`) on the transport's host; return its pid.
+
+    Waits for the starter to exit and reads the announced pid. InjectionError names ``what`` when the helper
+    cannot be started or does not announce itself.
+    """
+    from chaos.injector import InjectionError
+
+    try:
+        proc = transport.spawn(argv, env=env)
+        code = proc.wait(timeout=timeout)
+        output = ""
+        if proc.stdout is not None:
+            with proc.stdout:
+                output = proc.stdout.read().decode(errors="replace")
+    except (TransportError, OSError) as exc:
+        raise InjectionError(f"cannot start the {what} on {transport.host}: {exc}") from exc
+    helper = parse_pid(output)
+    if code != 0 or helper is None:
+        raise InjectionError(f"{what} failed to start (exit {code}): {output.strip()[-300:]}")
+    return helper
 
 
 def start_detached(argv: list[str], *, timeout: float = 30.0) -> int:

@@ -320,18 +320,7 @@ class FlapInjector(_FilterFault):
             log_dir.mkdir(parents=True, exist_ok=True)
             argv += ["--log", str(log_dir / "netflap.log")]
             env = deadman.python_env()
-        try:
-            proc = ctx.transport.spawn(argv, env=env)
-            code = proc.wait(timeout=TIMEOUT_S)
-            output = ""
-            if proc.stdout is not None:
-                with proc.stdout:
-                    output = proc.stdout.read().decode(errors="replace")
-        except (TransportError, OSError) as exc:
-            raise InjectionError(f"cannot start the flap helper on {ctx.transport.host}: {exc}") from exc
-        helper = deadman.parse_pid(output)
-        if code != 0 or helper is None:
-            raise InjectionError(f"flap helper failed to start (exit {code}): {output.strip()[-300:]}")
+        helper = deadman.spawn_helper(ctx.transport, argv, what="flap helper", env=env, timeout=TIMEOUT_S)
         applied.state["helper_pid"] = helper
 
     def heal(self, ctx: InjectionContext, applied: Applied) -> None:

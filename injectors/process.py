@@ -418,18 +418,7 @@ class SlowInjector:
             log_dir.mkdir(parents=True, exist_ok=True)
             argv += ["--log", str(log_dir / "dutycycle.log")]
             env = deadman.python_env()
-        try:
-            proc = ctx.transport.spawn(argv, env=env)
-            code = proc.wait(timeout=30)
-            output = ""
-            if proc.stdout is not None:
-                with proc.stdout:
-                    output = proc.stdout.read().decode(errors="replace")
-        except (TransportError, OSError) as exc:
-            raise InjectionError(f"cannot start the duty-cycle helper on {ctx.transport.host}: {exc}") from exc
-        helper = deadman.parse_pid(output)
-        if code != 0 or helper is None:
-            raise InjectionError(f"duty-cycle helper failed to start (exit {code}): {output.strip()[-300:]}")
+        helper = deadman.spawn_helper(ctx.transport, argv, what="duty-cycle helper", env=env, timeout=30)
         applied.state["helper_pid"] = helper
         applied.state["helper_start_time"] = host.start_time(helper)
 

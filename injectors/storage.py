@@ -334,18 +334,9 @@ class StorageInjector:
             "--drain", repr(drain_s),
             "--log", _state_str(applied, "log"),
         ]  # fmt: skip
-        try:
-            proc = ctx.transport.spawn(argv, env=deadman.python_env() if files.local else None)
-            code = proc.wait(timeout=30)
-            output = ""
-            if proc.stdout is not None:
-                with proc.stdout:
-                    output = proc.stdout.read().decode(errors="replace")
-        except (TransportError, OSError) as exc:
-            raise InjectionError(f"cannot start the FUSE daemon on {ctx.transport.host}: {exc}") from exc
-        helper = deadman.parse_pid(output)
-        if code != 0 or helper is None:
-            raise InjectionError(f"FUSE daemon failed to start (exit {code}): {output.strip()[-300:]}")
+        helper = deadman.spawn_helper(
+            ctx.transport, argv, what="FUSE daemon", env=deadman.python_env() if files.local else None, timeout=30
+        )
         applied.state["helper_pid"] = helper
         applied.state["helper_start_time"] = host.start_time(helper)
         fsname = _state_str(applied, "fsname")
