@@ -110,8 +110,11 @@ class Agent:
         return rank == self.rank
 
     def _rng(self, op: InJobOp) -> random.Random:
-        # One stream per op, derived from the run seed: the same plan corrupts the same elements every replay.
-        return random.Random(f"{self.plan.seed}:{op.op_id}:{self.rank}")
+        # One stream per op, derived from the run seed (or the fault's own ``seed`` param when it has one):
+        # the same plan corrupts the same elements every replay.
+        own = op.params.get("seed")
+        base = own if isinstance(own, int) else self.plan.seed
+        return random.Random(f"{base}:{op.op_id}:{self.rank}")
 
     def _already_fired(self, op: InJobOp) -> bool:
         return self._fired_dir is not None and (self._fired_dir / f"{op.op_id}.r{self.rank}").exists()
