@@ -163,25 +163,20 @@ def _in_job_plan(plan: Plan, run_dir: Path) -> tuple[list[PlannedOp], Path]:
     return in_job, path
 
 
+@dataclass
 class _ActiveFault:
     """A fault applied on one host, with what it takes to heal it there."""
 
-    def __init__(
-        self,
-        op: PlannedOp,
-        injector: Injector,
-        applied: Applied,
-        ctx: InjectionContext,
-        deadman_pid: int | None,
-        remote_marker: str | None,
-    ) -> None:
-        self.op = op
-        self.injector = injector
-        self.applied = applied
-        self.ctx = ctx
-        self.deadman_pid = deadman_pid
-        self.remote_marker = remote_marker
-        self.heal_at = time.monotonic() + op.duration_s if op.duration_s is not None else None
+    op: PlannedOp
+    injector: Injector
+    applied: Applied
+    ctx: InjectionContext
+    deadman_pid: int | None
+    remote_marker: str | None
+    heal_at: float | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.heal_at = time.monotonic() + self.op.duration_s if self.op.duration_s is not None else None
 
 
 class _Execution:

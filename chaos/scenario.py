@@ -439,8 +439,13 @@ def _problem_for(
     return Problem(file, line, column, message, hint)
 
 
-def parse_scenario(text: str, file: str = "<string>") -> Scenario:
-    """Validate YAML ``text`` into a Scenario; raise ScenarioError with every problem found."""
+def read_yaml_mapping(
+    text: str, file: str, *, what: str, hint: str, error: type[ScenarioError] | None = None
+) -> tuple[dict[str, Any], dict[Path_, tuple[int, int]], list[Problem]]:
+    """Parse ``text`` as one YAML mapping with ``yaml.safe_load`` semantics; return it, the (line, column) of
+    every key and item, and the problems found so far (duplicate keys). A syntax error or a non-mapping raises
+    ``error`` (default ScenarioError) naming file:line:column; ``what``/``hint`` word the non-mapping case."""
+    raise_as = error or ScenarioError
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
@@ -448,17 +453,22 @@ def parse_scenario(text: str, file: str = "<string>") -> Scenario:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line, column = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
-        raise ScenarioError(
+        raise raise_as(
             [Problem(file, line, column, f"YAML syntax: {exc.problem or exc}", "check indentation and quoting here")]
         ) from None
     finally:
         loader.dispose()
-    if not isinstance(data, dict):
-        raise ScenarioError([Problem(file, 1, 1, "a scenario must be a YAML mapping", "start with name: my-scenario")])
+    if not isinstance(data, dict) or node is None:
+        raise raise_as([Problem(file, 1, 1, f"{what} must be a YAML mapping", hint)])
     marks: dict[Path_, tuple[int, int]] = {}
     problems: list[Problem] = []
-    assert node is not None
     yaml_positions(node, (), marks, problems, file)
+    return data, marks, problems
+
+
+def parse_scenario(text: str, file: str = "<string>") -> Scenario:
+    """Validate YAML ``text`` into a Scenario; raise ScenarioError with every problem found."""
+    data, marks, problems = read_yaml_mapping(text, file, what="a scenario", hint="start with name: my-scenario")
     model = scenario_model()
     try:
         scenario = model.model_validate(data)

@@ -46,7 +46,14 @@ from chaos.injector import Applied, FaultOp, InjectionContext, InjectionError, U
 from chaos.journal import state_dir
 from chaos.units import Duration
 from injectors import fuselayer
-from injectors.process import ProcessSelector, _Host, _params, _require_duration, _resolve, _same_processes
+from injectors.process import (
+    ProcessHost,
+    ProcessSelector,
+    params_of,
+    require_duration,
+    resolve_processes,
+    same_processes,
+)
 
 MODULE = "injectors.node"
 _OUR_HELPERS = (MODULE, fuselayer.MODULE)  # never throttle our own daemons when a name regex matches them
@@ -271,10 +278,10 @@ class CpuThrottleInjector:
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
         """Resolve targets and their current cgroups; InjectionError without a duration or for a pid whose
         cgroup lies outside the mounted hierarchy (it could not be moved back)."""
-        duration = _require_duration(self.name, op)
-        params = _params(CpuThrottleParams, op)
-        host, fs = _Host(ctx.transport), _HostFs(ctx.transport)
-        pids, starts, label = _resolve(ctx, params)
+        duration = require_duration(self.name, op)
+        params = params_of(CpuThrottleParams, op)
+        host, fs = ProcessHost(ctx.transport), _HostFs(ctx.transport)
+        pids, starts, label = resolve_processes(ctx, params)
         keep = [i for i, pid in enumerate(pids) if deadman.module_of(host.cmdline(pid) or []) not in _OUR_HELPERS]
         if not keep:
             raise InjectionError(f"{label} matches only mlchaos's own helpers")
@@ -314,11 +321,11 @@ class CpuThrottleInjector:
     def apply(self, ctx: InjectionContext, applied: Applied) -> None:
         """Create our cgroup, set its quota, move the targets in (all threads: cgroup.procs)."""
         hierarchy, cgroup = _ours(applied)
-        host, fs = _Host(ctx.transport), _HostFs(ctx.transport)
+        host, fs = ProcessHost(ctx.transport), _HostFs(ctx.transport)
         period_us, quota_us = applied.state.get("period_us"), applied.state.get("quota_us")
         if not isinstance(period_us, int) or not isinstance(quota_us, int):
             raise InjectionError("journal state lacks period_us/quota_us")
-        alive = _same_processes(host, applied.state)
+        alive = same_processes(host, applied.state)
         if not alive:
             raise InjectionError(f"{applied.state.get('selector')} exited before it could be throttled")
         if hierarchy.version == 2:
@@ -351,7 +358,7 @@ class CpuThrottleInjector:
         argv = self.revert_command(applied)
         assert argv is not None  # _ours() inside raised otherwise
         hierarchy, cgroup = _ours(applied)
-        fs, host = _HostFs(ctx.transport), _Host(ctx.transport)
+        fs, host = _HostFs(ctx.transport), ProcessHost(ctx.transport)
         try:
             done = ctx.transport.run(argv, timeout=60)
         except TransportError as exc:
@@ -361,7 +368,7 @@ class CpuThrottleInjector:
         originals = applied.state.get("originals")
         if not isinstance(originals, dict):
             return
-        for pid in _same_processes(host, applied.state):
+        for pid in same_processes(host, applied.state):
             now, want = _cgroup_of(fs, hierarchy, pid), originals.get(str(pid))
             if isinstance(want, str) and fs.exists(want) and now != want:
                 raise InjectionError(f"pid {pid} is in cgroup {now}, not back in {want}")
@@ -408,8 +415,8 @@ class MemoryPressureInjector:
 
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
         """InjectionError without a duration or when more than MemAvailable is asked for."""
-        duration = _require_duration(self.name, op)
-        params = _params(MemoryPressureParams, op)
+        duration = require_duration(self.name, op)
+        params = params_of(MemoryPressureParams, op)
         available = _available_mb(_HostFs(ctx.transport))
         if available is not None and params.megabytes > available:
             raise InjectionError(
@@ -427,7 +434,7 @@ class MemoryPressureInjector:
 
     def apply(self, ctx: InjectionContext, applied: Applied) -> None:
         """Start the hog; records ``helper_pid``. It ends by itself at the op's deadline."""
-        host = _Host(ctx.transport)
+        host = ProcessHost(ctx.transport)
         until_ns = time.time_ns() - int(ctx.transport.clock_offset() * 1e9) + int((applied.duration_s or 0) * 1e9)
         argv = [
             sys.executable if host.local else "python3", "-m", MODULE,
@@ -451,7 +458,7 @@ class MemoryPressureInjector:
 
     def heal(self, ctx: InjectionContext, applied: Applied) -> None:
         """Stop the hog (verified by cmdline and op id; found by op id after a crash). Idempotent."""
-        host = _Host(ctx.transport)
+        host = ProcessHost(ctx.transport)
         recorded = applied.state.get("helper_pid")
         candidates = [recorded] if isinstance(recorded, int) else list(host.command_lines())
         hogs = [pid for pid in candidates if host.is_helper(pid, MODULE, applied.op_id)]

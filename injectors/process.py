@@ -90,7 +90,7 @@ class SlowParams(ProcessSelector):
 # -- host access --------------------------------------------------------------------------------------------------
 
 
-class _Host:
+class ProcessHost:
     """Process facts and signals on the fault's host: local /proc directly, remote through the transport."""
 
     def __init__(self, transport: Transport) -> None:
@@ -181,7 +181,7 @@ def _signal_name(value: str | int) -> str:
         raise ValueError(f"unknown signal {value!r}; use a name such as SIGKILL, SIGTERM or SIGSTOP") from None
 
 
-def _params(cls: type[_P], op: FaultOp) -> _P:
+def params_of(cls: type[_P], op: FaultOp) -> _P:
     if isinstance(op.params, cls):
         return op.params
     return cls.model_validate(op.params.model_dump())
@@ -191,9 +191,9 @@ def _seconds(value: float) -> str:
     return f"{value:g}s"
 
 
-def _resolve(ctx: InjectionContext, selector: ProcessSelector) -> tuple[list[int], list[int], str]:
+def resolve_processes(ctx: InjectionContext, selector: ProcessSelector) -> tuple[list[int], list[int], str]:
     """The selected (pids, start times, label). Changes nothing; InjectionError when nothing (safe) matches."""
-    host = _Host(ctx.transport)
+    host = ProcessHost(ctx.transport)
     protected = host.protected()
     if selector.rank is not None:
         pids = ctx.rank_resolver().pids_for_rank(selector.rank)
@@ -228,7 +228,7 @@ def _ints(state: dict[str, JsonValue], key: str) -> list[int]:
     return [item for item in value if isinstance(item, int)]
 
 
-def _same_processes(host: _Host, state: dict[str, JsonValue]) -> list[int]:
+def same_processes(host: ProcessHost, state: dict[str, JsonValue]) -> list[int]:
     """Recorded pids that are still the recorded processes (pid reuse guard)."""
     pids, starts = _ints(state, "pids"), _ints(state, "start_times")
     if len(pids) != len(starts):
@@ -236,7 +236,7 @@ def _same_processes(host: _Host, state: dict[str, JsonValue]) -> list[int]:
     return [pid for pid, start in zip(pids, starts, strict=False) if host.start_time(pid) == start]
 
 
-def _require_duration(name: str, op: FaultOp) -> float:
+def require_duration(name: str, op: FaultOp) -> float:
     if op.duration_s is None or op.duration_s <= 0:
         raise InjectionError(f"{name} needs a duration (e.g. `duration: 20s`) so that it always ends")
     return op.duration_s
@@ -276,8 +276,8 @@ class KillInjector:
         _check_kill(ctx)
 
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
-        params = _params(KillParams, op)
-        pids, starts, label = _resolve(ctx, params)
+        params = params_of(KillParams, op)
+        pids, starts, label = resolve_processes(ctx, params)
         return Applied(
             op_id=op.op_id,
             fault=op.fault,
@@ -294,8 +294,8 @@ class KillInjector:
         name = applied.state.get("signal")
         if not isinstance(name, str):
             raise InjectionError(f"journal state has no signal name: {name!r}")
-        host = _Host(ctx.transport)
-        host.signal(name, _same_processes(host, applied.state))
+        host = ProcessHost(ctx.transport)
+        host.signal(name, same_processes(host, applied.state))
 
     def heal(self, ctx: InjectionContext, applied: Applied) -> None:
         """Nothing to undo: a signal cannot be taken back (the target's own restart logic is under test)."""
@@ -316,8 +316,8 @@ class FreezeInjector:
 
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
         """Resolve targets; InjectionError without a duration (a freeze must always end)."""
-        duration = _require_duration(self.name, op)
-        pids, starts, label = _resolve(ctx, _params(FreezeParams, op))
+        duration = require_duration(self.name, op)
+        pids, starts, label = resolve_processes(ctx, params_of(FreezeParams, op))
         return Applied(
             op_id=op.op_id,
             fault=op.fault,
@@ -329,16 +329,16 @@ class FreezeInjector:
         )
 
     def apply(self, ctx: InjectionContext, applied: Applied) -> None:
-        host = _Host(ctx.transport)
-        alive = _same_processes(host, applied.state)
+        host = ProcessHost(ctx.transport)
+        alive = same_processes(host, applied.state)
         if not alive:
             raise InjectionError(f"{applied.state.get('selector')} exited before it could be frozen")
         host.signal("SIGSTOP", alive)
 
     def heal(self, ctx: InjectionContext, applied: Applied) -> None:
         """SIGCONT every recorded process that is still the same process; idempotent, fine when all exited."""
-        host = _Host(ctx.transport)
-        host.signal("SIGCONT", _same_processes(host, applied.state))
+        host = ProcessHost(ctx.transport)
+        host.signal("SIGCONT", same_processes(host, applied.state))
 
     def revert_command(self, applied: Applied) -> list[str] | None:
         return _continue_command(applied)
@@ -370,9 +370,9 @@ class SlowInjector:
 
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
         """Resolve targets; InjectionError without a duration (the helper must have a deadline)."""
-        duration = _require_duration(self.name, op)
-        params = _params(SlowParams, op)
-        pids, starts, label = _resolve(ctx, params)
+        duration = require_duration(self.name, op)
+        params = params_of(SlowParams, op)
+        pids, starts, label = resolve_processes(ctx, params)
         state: dict[str, JsonValue] = {
             "pids": list(pids),
             "start_times": list(starts),
@@ -395,8 +395,8 @@ class SlowInjector:
 
     def apply(self, ctx: InjectionContext, applied: Applied) -> None:
         """Start the detached duty-cycle helper; records its pid and start time in ``applied.state``."""
-        host = _Host(ctx.transport)
-        alive = _same_processes(host, applied.state)
+        host = ProcessHost(ctx.transport)
+        alive = same_processes(host, applied.state)
         if not alive:
             raise InjectionError(f"{applied.state.get('selector')} exited before it could be slowed")
         duration = applied.duration_s or 0.0
@@ -427,7 +427,7 @@ class SlowInjector:
 
         Order matters: a helper still running would stop the targets again right after our SIGCONT.
         """
-        host = _Host(ctx.transport)
+        host = ProcessHost(ctx.transport)
         recorded = applied.state.get("helper_pid")
         if isinstance(recorded, int):
             helpers = [recorded]
@@ -447,7 +447,7 @@ class SlowInjector:
                 time.sleep(0.02)
             stuck = [pid for pid in helpers if host.is_helper(pid, dutycycle.MODULE, applied.op_id)]
             host.signal("SIGKILL", stuck)  # it did not leave in time; we continue the targets below anyway
-        host.signal("SIGCONT", _same_processes(host, applied.state))
+        host.signal("SIGCONT", same_processes(host, applied.state))
 
     def revert_command(self, applied: Applied) -> list[str] | None:
         return _continue_command(applied)

@@ -48,7 +48,7 @@ from chaos.injector import Applied, FaultOp, InjectionContext, InjectionError, U
 from chaos.journal import state_dir
 from chaos.units import Duration
 from injectors import fuselayer
-from injectors.process import _Host, _params, _require_duration
+from injectors.process import ProcessHost, params_of, require_duration
 
 Mode = Literal["latency", "hang", "eio", "enospc", "fsync_stall", "readonly"]
 Op = Literal[
@@ -183,7 +183,7 @@ def _status(files: _Files, applied: Applied) -> dict[str, JsonValue]:
     return found if isinstance(found, dict) else {}
 
 
-def _daemons(host: _Host, applied: Applied) -> list[int]:
+def _daemons(host: ProcessHost, applied: Applied) -> list[int]:
     """The op's live daemon(s): the journaled pid, or (crash before that record) a search by op id."""
     recorded = applied.state.get("helper_pid")
     if isinstance(recorded, int):
@@ -222,7 +222,7 @@ def change(ctx: InjectionContext, applied: Applied, params: StorageParams | None
     """
     if params is not None and params.path != applied.state.get("path"):
         raise InjectionError(f"this fault is mounted on {applied.state.get('path')}, not {params.path}")
-    host, files = _Host(ctx.transport), _Files(ctx.transport)
+    host, files = ProcessHost(ctx.transport), _Files(ctx.transport)
     generation = time.time_ns()
     _write_fault(ctx, applied, _fault(params, generation))
     if not _wait(lambda: _status(files, applied).get("generation") == generation, ACK_TIMEOUT_S):
@@ -268,9 +268,9 @@ class StorageInjector:
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
         """Resolve the directory and name the mount; InjectionError without a duration, for a missing
         directory, or when a fault layer is already on (or still draining from) that path."""
-        duration = _require_duration(self.name, op)
-        params = _params(StorageParams, op)
-        files, host = _Files(ctx.transport), _Host(ctx.transport)
+        duration = require_duration(self.name, op)
+        params = params_of(StorageParams, op)
+        files, host = _Files(ctx.transport), ProcessHost(ctx.transport)
         if files.local:
             path = os.path.realpath(params.path)
             if not os.path.isdir(path):
@@ -313,7 +313,7 @@ class StorageInjector:
 
     def apply(self, ctx: InjectionContext, applied: Applied) -> None:
         """Write the fault, start the daemon and wait until its mount serves; adds ``helper_pid`` to state."""
-        files, host = _Files(ctx.transport), _Host(ctx.transport)
+        files, host = _Files(ctx.transport), ProcessHost(ctx.transport)
         control = _state_str(applied, "control")
         ok, detail = files.run(["mkdir", "-p", os.path.dirname(control)])
         if not ok:
@@ -359,7 +359,7 @@ class StorageInjector:
         Idempotent and works from ``applied.state`` alone (a fresh process after a crash). Raises
         InjectionError only when the mount is still there at the end.
         """
-        files, host = _Files(ctx.transport), _Host(ctx.transport)
+        files, host = _Files(ctx.transport), ProcessHost(ctx.transport)
         path, fsname = _state_str(applied, "path"), _state_str(applied, "fsname")
         drain_s = _drain_s(applied)
         daemons = _daemons(host, applied)

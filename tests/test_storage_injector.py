@@ -26,7 +26,7 @@ from chaos import registry
 from chaos.cluster.local import LocalTransport
 from chaos.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
 from injectors import fuselayer, storage
-from injectors.process import _Host
+from injectors.process import ProcessHost
 from injectors.storage import StorageInjector, StorageParams
 
 
@@ -100,7 +100,7 @@ def _wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
 
 
 def _daemons(ctx: InjectionContext, applied: Applied) -> list[int]:
-    return storage._daemons(_Host(ctx.transport), applied)
+    return storage._daemons(ProcessHost(ctx.transport), applied)
 
 
 def _errno_of(action: Callable[[], object]) -> int | None:

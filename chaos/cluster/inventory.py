@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from chaos.scenario import HostSelector, Problem, ScenarioError, yaml_positions
+from chaos.scenario import HostSelector, Problem, ScenarioError, read_yaml_mapping
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 ALL_GROUP = "all"
@@ -212,23 +212,9 @@ def parse_inventory(text: str, file: str = "<string>", base_dir: Path | None = N
 
     Raises InventoryError listing every problem, each with file:line:column.
     """
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        data = loader.construct_document(node) if node is not None else None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line, column = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
-        raise InventoryError(
-            [Problem(file, line, column, f"YAML syntax: {exc.problem or exc}", "check indentation and quoting here")]
-        ) from None
-    finally:
-        loader.dispose()
-    if not isinstance(data, dict) or node is None:
-        raise InventoryError([Problem(file, 1, 1, "an inventory must be a YAML mapping", "start with hosts:")])
-    marks: dict[_Key, tuple[int, int]] = {}
-    problems: list[Problem] = []
-    yaml_positions(node, (), marks, problems, file)
+    data, marks, problems = read_yaml_mapping(
+        text, file, what="an inventory", hint="start with hosts:", error=InventoryError
+    )
     try:
         inventory = Inventory.model_validate(data)
     except ValidationError as exc:
