@@ -40,7 +40,7 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 from chaos import deadman
-from chaos.cluster.base import Transport, TransportError, read_host_file
+from chaos.cluster.base import Transport, TransportError, host_python, read_host_file
 from chaos.cluster.local import LocalTransport
 from chaos.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
 from chaos.journal import state_dir
@@ -409,9 +409,9 @@ class MemoryPressureInjector:
 
     def check(self, ctx: InjectionContext, params: BaseModel) -> None:
         if not isinstance(ctx.transport, LocalTransport):
-            done = ctx.transport.run(["python3", "-c", f"import {MODULE}"], timeout=30)
+            done = ctx.transport.run([host_python(ctx.transport), "-c", f"import {MODULE}"], timeout=30)
             if not done.ok:
-                raise Unsupported(f"mlchaos is not importable by python3 on {ctx.transport.host}")
+                raise Unsupported(f"mlchaos is not importable by the host's python on {ctx.transport.host}")
 
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
         """InjectionError without a duration or when more than MemAvailable is asked for."""
@@ -437,7 +437,7 @@ class MemoryPressureInjector:
         host = ProcessHost(ctx.transport)
         until_ns = time.time_ns() - int(ctx.transport.clock_offset() * 1e9) + int((applied.duration_s or 0) * 1e9)
         argv = [
-            sys.executable if host.local else "python3", "-m", MODULE,
+            host_python(ctx.transport), "-m", MODULE,
             "--op-id", applied.op_id, "--megabytes", str(applied.state.get("megabytes")), "--until-ns", str(until_ns),
         ]  # fmt: skip
         env = None

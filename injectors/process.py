@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import time
 from typing import ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
 from chaos import deadman
-from chaos.cluster.base import Transport, TransportError
+from chaos.cluster.base import Transport, TransportError, host_python
 from chaos.cluster.local import LocalTransport, process_start_time, signal_number
 from chaos.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
 from chaos.journal import state_dir
@@ -362,11 +361,11 @@ class SlowInjector:
         if isinstance(ctx.transport, LocalTransport):
             return
         try:
-            done = ctx.transport.run(["python3", "-c", f"import {dutycycle.MODULE}"], timeout=30)
+            done = ctx.transport.run([host_python(ctx.transport), "-c", f"import {dutycycle.MODULE}"], timeout=30)
         except TransportError as exc:
             raise Unsupported(f"cannot run python3 on {ctx.transport.host}: {exc}") from exc
         if not done.ok:
-            raise Unsupported(f"mlchaos is not importable by python3 on {ctx.transport.host} (needed for slow)")
+            raise Unsupported(f"mlchaos is not importable by the host's python on {ctx.transport.host} (needed for slow)")
 
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
         """Resolve targets; InjectionError without a duration (the helper must have a deadline)."""
@@ -404,7 +403,7 @@ class SlowInjector:
         until_ns = time.time_ns() - int(ctx.transport.clock_offset() * 1e9) + int(duration * 1e9)
         starts = {pid: host.start_time(pid) for pid in alive}
         argv = [
-            sys.executable if host.local else "python3", "-m", dutycycle.MODULE,
+            host_python(ctx.transport), "-m", dutycycle.MODULE,
             "--op-id", applied.op_id,
             "--pids", ",".join(str(pid) for pid in starts),
             "--start-times", ",".join(str(start) for start in starts.values()),

@@ -34,7 +34,6 @@ import json
 import os
 import re
 import shutil
-import sys
 import time
 from collections.abc import Callable
 from typing import ClassVar, Literal
@@ -42,7 +41,7 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
 from chaos import deadman
-from chaos.cluster.base import Transport, TransportError, read_host_file
+from chaos.cluster.base import Transport, TransportError, host_python, read_host_file
 from chaos.cluster.local import LocalTransport
 from chaos.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
 from chaos.journal import state_dir
@@ -67,7 +66,10 @@ class StorageParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    path: str = Field(description="absolute path of an existing directory to mount the fault layer over")
+    path: str = Field(
+        description="absolute path of an existing directory to mount the fault layer over; "
+        "{run_dir}/… names one inside the run's report dir (e.g. a checkpoint dir)"
+    )
     mode: Mode = Field(default="latency", description="latency | hang | eio | enospc | fsync_stall | readonly")
     ops: tuple[Op, ...] | None = Field(default=None, description="operations hit (default: depends on mode)")
     latency: Duration = Field(default=1.0, gt=0, description="delay per hit operation (latency, fsync_stall)")
@@ -77,8 +79,9 @@ class StorageParams(BaseModel):
     @field_validator("path")
     @classmethod
     def _absolute_dir(cls, value: str) -> str:
-        if not value.startswith("/") or any(ch in value for ch in "\0\n"):
-            raise ValueError(f"path must be an absolute directory path, got {value!r}")
+        # "{run_dir}/…" is expanded to the run's absolute report dir when the fault fires (then re-checked).
+        if not value.startswith(("/", "{run_dir}/")) or any(ch in value for ch in "\0\n"):
+            raise ValueError(f"path must be an absolute directory path (or {{run_dir}}/…), got {value!r}")
         normal = os.path.normpath(value)
         if normal == "/":
             raise ValueError("refusing to mount a fault layer over /")
@@ -259,7 +262,7 @@ class StorageInjector:
         for argv, why in (
             (["test", "-c", "/dev/fuse"], "/dev/fuse does not exist"),
             (["fusermount3", "-V"], "fusermount3 is not installed (Debian package fuse3)"),
-            (["python3", "-c", probe], "mfusepy/libfuse are not usable by python3"),
+            ([host_python(ctx.transport), "-c", probe], "mfusepy/libfuse are not usable by the host's python"),
         ):
             ok, detail = files.run(argv)
             if not ok:
@@ -324,7 +327,7 @@ class StorageInjector:
         until_ns = time.time_ns() - int(ctx.transport.clock_offset() * 1e9)
         until_ns += int(((applied.duration_s or 0.0) + 30.0 + drain_s) * 1e9)
         argv = [
-            sys.executable if files.local else "python3", "-m", fuselayer.MODULE,
+            host_python(ctx.transport), "-m", fuselayer.MODULE,
             "--op-id", applied.op_id,
             "--path", path,
             "--fsname", _state_str(applied, "fsname"),

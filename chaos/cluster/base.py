@@ -71,6 +71,13 @@ class Transport(Protocol):
         ...
 
 
+def host_python(transport: Transport) -> str:
+    """The interpreter that runs mlchaos helpers on the transport's host: the harness's own locally, the
+    inventory's ``python`` for that host elsewhere (default ``python3``, which must be able to import mlchaos)."""
+    python = getattr(transport, "python", None)
+    return python if isinstance(python, str) and python else "python3"
+
+
 def read_host_file(transport: Transport, path: str) -> str | None:
     """The text of a small (pseudo-)file on the transport's host (``/proc``, cgroup files), or None if unreadable.
 
@@ -85,3 +92,22 @@ def read_host_file(transport: Transport, path: str) -> str | None:
             return None
     done = transport.run(["cat", path], timeout=15)
     return done.stdout if done.ok else None
+
+
+def pid_start_time(transport: Transport, pid: int) -> int | None:
+    """The kernel start time of ``pid`` on the transport's host (to tell a pid from its reuse); None if gone."""
+    stat = read_host_file(transport, f"/proc/{pid}/stat")
+    if not stat or ")" not in stat:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return int(fields[19]) if len(fields) > 19 else None
+
+
+def kill_if_same(transport: Transport, pids: dict[int, int | None], signals: tuple[str, ...] = ("CONT", "KILL")) -> None:
+    """Send ``signals`` (in order) to each pid whose start time is still the recorded one; never raises."""
+    alive = [str(pid) for pid, start in pids.items() if start is not None and pid_start_time(transport, pid) == start]
+    for name in signals if alive else ():
+        try:
+            transport.run(["kill", "-s", name, *alive], timeout=15)
+        except TransportError:
+            return

@@ -6,6 +6,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 from chaos.cluster.base import Completed, TransportError
@@ -23,6 +24,7 @@ class LocalTransport:
     """Runs commands on the harness's own host."""
 
     host = "local"
+    python = sys.executable  # helpers run with the harness's own interpreter (and its packages)
 
     def run(self, argv: list[str], *, timeout: float = 30.0, check: bool = False) -> Completed:
         try:

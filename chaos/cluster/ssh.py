@@ -263,6 +263,11 @@ class SshTransport:
         )
 
     @property
+    def python(self) -> str:
+        """The interpreter for mlchaos helpers on this host (the inventory's ``python``, else ``python3``)."""
+        return self.spec.python or "python3"
+
+    @property
     def known_hosts_label(self) -> str:
         return str(self.known_hosts) if self.known_hosts is not None else "~/.ssh/known_hosts"
 
