@@ -2,6 +2,10 @@
 
 Stdlib only, so any training or serving process can import it (or copy it). When ``CHAOS_EVENTS`` is unset
 every call is a no-op, so instrumented code runs unchanged outside a chaos run.
+
+``CHAOS_EVENTS=stdout`` sends each event to standard output instead, as one line starting with
+:data:`STDOUT_PREFIX`. That is how jobs on other hosts report: their output reaches the harness over the same
+SSH channel that started them, so no shared filesystem is needed.
 """
 
 from __future__ import annotations
@@ -12,6 +16,8 @@ import time
 from typing import Any
 
 ENV_EVENTS = "CHAOS_EVENTS"
+STDOUT_SINK = "stdout"
+STDOUT_PREFIX = "@@mlchaos-event "
 
 
 def _rank_from_env() -> int | None:
@@ -36,6 +42,10 @@ def emit(kind: str, *, rank: int | None = None, **data: Any) -> None:
         "data": data,
     }
     line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+    if path == STDOUT_SINK:
+        # One write of the whole line: below PIPE_BUF it never interleaves with other ranks' output.
+        os.write(1, STDOUT_PREFIX.encode() + line)
+        return
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line)

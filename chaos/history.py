@@ -177,23 +177,23 @@ class EventFileTail:
         data = self._partial + chunk
         lines = data.split(b"\n")
         self._partial = lines.pop()
-        events = []
-        for line in lines:
-            if not line.strip():
-                continue
-            try:
-                raw = json.loads(line)
-                raw.setdefault("source", self.source)
-                events.append(Event.model_validate(raw))
-            except ValueError as exc:
-                events.append(
-                    Event(
-                        ts_ns=now_ns(),
-                        kind="runner.bad_event",
-                        data={"line": line.decode(errors="replace")[:500], "error": str(exc)[:300]},
-                    )
-                )
-        return events
+        return [parse_event_line(line, self.source) for line in lines if line.strip()]
+
+
+def parse_event_line(line: bytes | str, source: str = "target") -> Event:
+    """One JSON event line as written by :func:`chaos.events.emit`; an unparsable line becomes a
+    ``runner.bad_event`` event (kept, not dropped silently)."""
+    try:
+        raw = json.loads(line)
+        if not isinstance(raw, dict):
+            raise ValueError("an event line must be a JSON object")
+        raw.setdefault("source", source)
+        return Event.model_validate(raw)
+    except ValueError as exc:
+        text = line.decode(errors="replace") if isinstance(line, bytes) else line
+        return Event(
+            ts_ns=now_ns(), kind="runner.bad_event", data={"line": text[:500], "error": str(exc)[:300]}
+        )
 
 
 class LogMatcher:

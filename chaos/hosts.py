@@ -13,7 +13,7 @@ from pathlib import Path
 from chaos.cluster.base import Transport
 from chaos.cluster.inventory import Inventory, load_inventory, select
 from chaos.cluster.local import LocalTransport
-from chaos.scenario import FaultSpec, Scenario
+from chaos.scenario import FaultSpec, HostSelector, Scenario
 
 LOCAL = "local"
 
@@ -39,11 +39,15 @@ class HostSet:
             path = Path(scenario.cluster.inventory)
             if not path.is_absolute() and base_dir is not None:
                 path = base_dir / path
-        needs_hosts = any(f.hosts is not None for f in scenario.faults) or scenario.cluster.transport == "ssh"
+        needs_hosts = (
+            any(f.hosts is not None for f in scenario.faults)
+            or scenario.cluster.transport == "ssh"
+            or getattr(scenario.target, "nodes", None) is not None
+        )
         if path is None:
             if needs_hosts:
                 raise HostsError(
-                    "this scenario puts faults on inventory hosts but no inventory was given: pass --inventory FILE "
+                    "this scenario uses inventory hosts (faults with hosts:, or a target with nodes:) but no inventory was given: pass --inventory FILE "
                     "(e.g. the one `mlchaos testbed up --hosts 3` prints) or set cluster.inventory"
                 )
             return cls(None, scenario.cluster.protected, scenario.safety.blast_radius)
@@ -63,6 +67,23 @@ class HostSet:
         except Exception as exc:  # SelectionError and friends: one clear message naming the fault
             raise HostsError(f"fault {fault.name!r}: {exc}") from exc
         return [h.name for h in hosts]
+
+    def job_nodes(self, selector: HostSelector, seed: int) -> list[tuple[str, str]]:
+        """(name, address) of the hosts a multi-node target runs on, in inventory order. Protection and the
+        blast radius are about faults, so they do not limit where the job runs."""
+        if self.inventory is None:
+            raise HostsError("the target runs on inventory nodes but there is no inventory")
+        try:
+            chosen = select(self.inventory, selector, random.Random(f"{seed}:target"))
+        except Exception as exc:
+            raise HostsError(f"target nodes: {exc}") from exc
+        return [(host.name, host.address) for host in chosen]
+
+    def refuse_protected(self, fault: FaultSpec, names: list[str]) -> None:
+        """HostsError when ``fault`` would land on a protected host (used for rank-resolved hosts)."""
+        hit = sorted(set(names) & self.protected)
+        if hit and len(hit) == len(set(names)):
+            raise HostsError(f"fault {fault.name!r}: host {hit[0]!r} is protected and cannot be targeted")
 
     def transport(self, name: str) -> Transport:
         """The transport of host ``name`` (opened on first use)."""

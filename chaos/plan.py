@@ -119,7 +119,8 @@ def fault_op(planned: PlannedOp, scenario: Scenario, placeholders: dict[str, str
     spec = scenario.fault(planned.fault)
     params = spec.params
     if placeholders:
-        expanded = _expand(params.model_dump(mode="json"), placeholders)
+        # exclude_unset: re-validation must see the same "which fields were given" as the scenario did.
+        expanded = _expand(params.model_dump(mode="json", exclude_unset=True), placeholders)
         params = type(params).model_validate(expanded)
     return FaultOp(
         op_id=planned.op_id,

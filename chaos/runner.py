@@ -47,10 +47,11 @@ from chaos.injector import Applied, InjectionContext, InjectionError, Injector, 
 from chaos.journal import Journal, heal_leftovers
 from chaos.plan import Plan, PlannedOp, fault_op, make_plan
 from chaos.report.files import write_reports
-from chaos.scenario import Scenario, ScenarioError, TorchrunTarget
+from chaos.scenario import FaultSpec, Scenario, ScenarioError, TorchrunTarget
 from chaos.targets.base import Target
 from chaos.targets.command import CommandJob
 from chaos.targets.torchrun import TorchrunJob
+from chaos.targets.torchrun_nodes import MultiNodeTorchrunJob, Node
 
 Verdict = Literal["pass", "fail", "error"]
 EXIT_PASS, EXIT_FAIL, EXIT_INVALID, EXIT_HARNESS = 0, 1, 2, 3
@@ -133,9 +134,12 @@ def _signals_raise() -> Iterator[None]:
 
 
 def make_target(
-    scenario: Scenario, transport: LocalTransport, run_dir: Path, seed: int, extra_env: dict[str, str]
+    scenario: Scenario, transport: LocalTransport, run_dir: Path, seed: int, extra_env: dict[str, str], hosts: HostSet
 ) -> Target:
     spec = scenario.target
+    if isinstance(spec, TorchrunTarget) and spec.nodes is not None:
+        nodes = [Node(name, address, hosts.transport(name)) for name, address in hosts.job_nodes(spec.nodes, seed)]
+        return MultiNodeTorchrunJob(spec, nodes, run_dir, seed, extra_env)
     if isinstance(spec, TorchrunTarget):
         return TorchrunJob(spec, transport, run_dir, seed, extra_env)
     return CommandJob(spec, transport, run_dir, seed, extra_env)
@@ -202,7 +206,7 @@ class _Execution:
         self.transport = LocalTransport()
         self.journal = Journal.for_run(run_dir.name)
         self.in_job, plan_file = _in_job_plan(plan, run_dir)
-        self.target = make_target(scenario, self.transport, run_dir, plan.seed, {ENV_PLAN: str(plan_file)})
+        self.target = make_target(scenario, self.transport, run_dir, plan.seed, {ENV_PLAN: str(plan_file)}, hosts)
         self.ctx = InjectionContext(self.transport, history=history, target=self.target)
         self.pending: list[PlannedOp] = [op for op in plan.ops if op not in self.in_job]
         self.active: list[_ActiveFault] = []
@@ -224,13 +228,29 @@ class _Execution:
                 )
             first_op = next((op for op in self.plan.ops if op.fault == fault.name), None)
             try:
-                names = self.hosts.resolve(fault, first_op.op_id if first_op else fault.name, self.plan.seed)
+                if _rank_of(fault) is not None and isinstance(self.target, MultiNodeTorchrunJob):
+                    names = [node.name for node in self.target.nodes]  # the rank may land on any of them
+                    self.hosts.refuse_protected(fault, names)
+                else:
+                    names = self.hosts.resolve(fault, first_op.op_id if first_op else fault.name, self.plan.seed)
                 for name in names:
                     injector.check(self._ctx(name), fault.params)
             except Unsupported as exc:
                 raise RunRefused(f"fault {fault.name!r} ({fault.type}) is not supported here: {exc}") from None
             except (HostsError, TransportError) as exc:
                 raise RunRefused(f"fault {fault.name!r} ({fault.type}): {exc}") from None
+
+    def _hosts_of(self, fault: FaultSpec, op_id: str) -> list[str]:
+        """Where an op lands now. A rank (``hosts: {rank: R}``, or a process fault's ``rank`` param without
+        ``hosts``) of a multi-node job means the host that runs that rank at this moment."""
+        rank = _rank_of(fault)
+        if rank is not None and isinstance(self.target, MultiNodeTorchrunJob):
+            host = self.target.host_for_rank(rank)
+            if host is None:
+                raise HostsError(f"rank {rank} has not reported a start yet, so its host is unknown")
+            self.hosts.refuse_protected(fault, [host])
+            return [host]
+        return self.hosts.resolve(fault, op_id, self.plan.seed)
 
     def _ctx(self, host: str) -> InjectionContext:
         if host == LOCAL:
@@ -316,7 +336,7 @@ class _Execution:
             return  # stays pending: fires once an active fault heals
         self.pending.remove(op)
         try:
-            hosts = self.hosts.resolve(self.scenario.fault(op.fault), op.op_id, self.plan.seed)
+            hosts = self._hosts_of(self.scenario.fault(op.fault), op.op_id)
         except HostsError as exc:
             self.history.record(FAULT_FAILED, fault=op.fault, op=op.op_id, injector=op.injector, error=str(exc))
             self.log(f"fault {op.op_id} has no host: {exc}")
@@ -456,7 +476,10 @@ def _golden(scenario: Scenario, options: RunOptions, log: Listener) -> Golden | 
         if isinstance(saved.get("digest"), str) and isinstance(saved.get("detections"), list):
             return Golden(saved["digest"], [str(d) for d in saved["detections"]], cached=True)
     log("golden run: same job and seed, no faults …")
-    result = execute(scenario.without_faults(), RunOptions(report_root=cache_dir, golden=False), log=_quiet)
+    golden_options = RunOptions(
+        report_root=cache_dir, golden=False, inventory=options.inventory, scenario_file=options.scenario_file
+    )
+    result = execute(scenario.without_faults(), golden_options, log=_quiet)
     digests = result.history.of(TARGET_DIGEST)
     if not digests or result.ended_by.startswith(("no progress", "max_duration")):
         log(f"golden run produced no digest ({result.ended_by}); its reports: {result.run_dir}")
@@ -492,11 +515,28 @@ def _code_fingerprint(scenario: Scenario) -> str:
 _OWN_PACKAGES = (Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent / "injectors")
 
 
+def _rank_of(fault: FaultSpec) -> int | None:
+    """The training rank that decides a fault's host: ``hosts.rank``, or (no ``hosts``) a ``rank`` param."""
+    if fault.hosts is not None:
+        return fault.hosts.rank
+    rank = getattr(fault.params, "rank", None)
+    return rank if isinstance(rank, int) else None
+
+
 def new_run_dir(root: Path, name: str) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = root / f"{name}-{stamp}-{secrets.token_hex(2)}"
     run_dir.mkdir(parents=True, exist_ok=False)
     return run_dir
+
+
+def _refused(scenario: Scenario, plan: Plan, run_dir: Path, history: History, reason: str) -> RunResult:
+    """The result of a run refused before anything started (exit 2, reports written)."""
+    history.record("runner.refused", reason=reason)
+    history.close()
+    result = RunResult(scenario, plan, run_dir, history, [], "error", EXIT_INVALID, "refused", reason)
+    write_reports(result)
+    return result
 
 
 def execute(
@@ -516,15 +556,15 @@ def execute(
     try:
         hosts = HostSet.for_scenario(scenario, options.inventory, base_dir)
     except (HostsError, ScenarioError) as exc:
-        history.record("runner.refused", reason=str(exc))
-        history.close()
-        result = RunResult(scenario, plan, run_dir, history, [], "error", EXIT_INVALID, "refused", str(exc))
-        write_reports(result)
-        return result
+        return _refused(scenario, plan, run_dir, history, str(exc))
     # Before this run's own journal exists: heal what dead runs left (live runs' journals are locked).
     for line in heal_leftovers(hosts.all_transports(), log=log):
         history.record("runner.leftover_healed", detail=line)
-    execution = _Execution(scenario, plan, run_dir, history, log, status, hosts)
+    try:
+        execution = _Execution(scenario, plan, run_dir, history, log, status, hosts)
+    except HostsError as exc:
+        hosts.close()
+        return _refused(scenario, plan, run_dir, history, str(exc))
     error = ""
     heal_errors: list[str] = []
     exit_code = EXIT_PASS

@@ -106,20 +106,23 @@ class Trigger(BaseModel):
 
 
 class HostSelector(BaseModel):
-    """Which hosts a fault hits: one ``host`` by name, or ``count`` hosts of a ``group`` (default: all),
-    never those in ``exclude``. ``count`` None takes every candidate; fewer are drawn with the run's rng."""
+    """Which hosts a fault hits: one ``host`` by name, the host running training ``rank`` (a multi-node
+    target, resolved when the fault fires), or ``count`` hosts of a ``group`` (default: all), never those in
+    ``exclude``. ``count`` None takes every candidate; fewer are drawn with the run's rng."""
 
     model_config = _STRICT
     host: str | None = None
+    rank: int | None = Field(default=None, ge=0, description="the host that runs this rank of a multi-node target")
     group: str | None = None
     count: int | None = Field(default=None, ge=1)
     exclude: list[str] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _host_or_group(self) -> HostSelector:
-        if self.host is not None and self.group is not None:
-            raise ValueError("give host or group, not both")
-        if self.host is not None and self.count not in (None, 1):
+        given = [key for key in ("host", "rank", "group") if getattr(self, key) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one of host, rank or group, not {' and '.join(given)}")
+        if (self.host is not None or self.rank is not None) and self.count not in (None, 1):
             raise ValueError("count makes no sense with a single host")
         return self
 
@@ -156,7 +159,11 @@ class LogMatcherSpec(BaseModel):
 
 
 class TorchrunTarget(BaseModel):
-    """A job launched by torchrun on this host: a module (``-m``) or a script, N ranks, M restarts."""
+    """A job launched by torchrun: a module (``-m``) or a script, N ranks per node, M restarts.
+
+    Without ``nodes`` it is one node on this host (``--standalone``). With ``nodes`` (a host selector over
+    the inventory) every selected host runs one torchrun agent over SSH, joined by a c10d rendezvous on the
+    first selected host at ``rdzv_port``."""
 
     model_config = _STRICT
     type: Literal["torchrun"]
@@ -166,6 +173,10 @@ class TorchrunTarget(BaseModel):
     nproc_per_node: int = Field(default=2, ge=1)
     max_restarts: int = Field(default=3, ge=0)
     monitor_interval: Duration = 0.5
+    nodes: HostSelector | None = Field(
+        default=None, description="inventory hosts that each run one torchrun agent (null: this host only)"
+    )
+    rdzv_port: int = Field(default=29400, ge=1, le=65535, description="c10d rendezvous port on the first node")
     env: dict[str, str] = {}
     matchers: list[LogMatcherSpec] = []
 
@@ -173,6 +184,8 @@ class TorchrunTarget(BaseModel):
     def _module_or_script(self) -> TorchrunTarget:
         if (self.module is None) == (self.script is None):
             raise ValueError("a torchrun target needs exactly one of module or script")
+        if self.nodes is not None and self.nodes.rank is not None:
+            raise ValueError("nodes selects the hosts that run the job: use host, group, count or exclude, not rank")
         return self
 
 

@@ -122,6 +122,8 @@ def select(
     Raises SelectionError when a named host, group or excluded host is unknown, when nothing is left to
     pick, when ``count`` exceeds the candidates, or when more than ``blast_radius`` hosts would be hit.
     """
+    if selector.rank is not None:
+        raise SelectionError("a rank selector needs the running job to resolve it (only the runner can)")
     names = inventory.names()
     for name in [*selector.exclude, *sorted(protected)]:
         if name not in names:

@@ -2,6 +2,9 @@
 
 Targets report through two channels that both end up as Events: the JSONL file named by ``CHAOS_EVENTS``
 (written by :mod:`chaos.events` inside the job) and regex matchers over the job's combined stdout/stderr.
+A job on another host gets ``CHAOS_EVENTS=stdout``: its events arrive as prefixed lines in its output, over the
+SSH channel that started it, are moved onto the harness clock (the host's clock offset) and tagged with the
+host's name (``data.host``).
 """
 
 from __future__ import annotations
@@ -15,8 +18,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Protocol
 
+from pydantic import JsonValue
+
 from chaos.cluster.base import HostProcess, Transport
-from chaos.history import TARGET_EXIT, Event, EventFileTail, LogMatcher, now_ns
+from chaos.cluster.local import LocalTransport
+from chaos.events import ENV_EVENTS, STDOUT_PREFIX, STDOUT_SINK
+from chaos.history import TARGET_EXIT, Event, EventFileTail, LogMatcher, now_ns, parse_event_line
 
 
 class Target(Protocol):
@@ -51,8 +58,12 @@ class SpawnedJob:
         run_dir: Path,
         matchers: Sequence[LogMatcher],
         log_name: str = "target.log",
+        host: str | None = None,
     ) -> None:
         self.transport = transport
+        self.local = isinstance(transport, LocalTransport)
+        self.host = host  # tagged onto every event of a remote job (data.host)
+        self._offset_ns = 0
         self.argv = argv
         self.env = env
         self.run_dir = run_dir
@@ -70,7 +81,12 @@ class SpawnedJob:
         return self._proc.pid if self._proc is not None else None
 
     def start(self) -> None:
-        env = {**os.environ, **self.env, "CHAOS_EVENTS": str(self.events_path), "CHAOS_RUN_DIR": str(self.run_dir)}
+        if self.local:
+            env = {**os.environ, **self.env, ENV_EVENTS: str(self.events_path), "CHAOS_RUN_DIR": str(self.run_dir)}
+        else:
+            # The harness's own environment means nothing on another host: send only what the job needs.
+            env = {**self.env, ENV_EVENTS: STDOUT_SINK, "CHAOS_RUN_DIR": str(self.run_dir)}
+            self._offset_ns = int(self.transport.clock_offset() * 1e9)
         env.setdefault("PYTHONUNBUFFERED", "1")
         # SIGTERM (not SIGKILL) on harness death lets launchers such as torchrun take their workers down too.
         self._proc = self.transport.spawn(self.argv, env=env, cwd=None, kill_with_parent=signal.SIGTERM)
@@ -86,10 +102,20 @@ class SpawnedJob:
                 log.flush()
                 line = raw.decode(errors="replace")
                 stamp = now_ns()
+                if line.startswith(STDOUT_PREFIX):
+                    self._lines.put(self._remote_event(line[len(STDOUT_PREFIX) :]))
+                    continue
                 for matcher in self.matchers:
                     event = matcher.match(line, stamp)
                     if event is not None:
                         self._lines.put(event)
+
+    def _remote_event(self, text: str) -> Event:
+        event = parse_event_line(text)
+        if event.source == "runner":  # runner.bad_event: already on the harness clock
+            return event
+        data = event.data if self.host is None or "host" in event.data else {**event.data, "host": self.host}
+        return event.model_copy(update={"ts_ns": event.ts_ns + self._offset_ns, "data": data})
 
     def poll_events(self) -> list[Event]:
         events = self._tail.poll()
@@ -107,7 +133,10 @@ class SpawnedJob:
             while not self._lines.empty():
                 events.append(self._lines.get_nowait())
             self._exit_reported = True
-            events.append(Event(ts_ns=now_ns(), kind=TARGET_EXIT, source="runner", data={"code": code}))
+            data: dict[str, JsonValue] = {"code": code}
+            if self.host is not None:
+                data["host"] = self.host
+            events.append(Event(ts_ns=now_ns(), kind=TARGET_EXIT, source="runner", data=data))
         return events
 
     def exit_code(self) -> int | None:
@@ -127,6 +156,14 @@ class SpawnedJob:
 
     def _signal_group(self, signum: int) -> None:
         if self._proc is None:
+            return
+        if not self.local:
+            # Remote: the login shell exec'd the command, which leads its own session; signal that pid (a
+            # launcher such as torchrun takes its workers down on SIGTERM; callers reap stragglers by pid).
+            try:
+                self._proc.send_signal(signum)
+            except Exception:  # noqa: BLE001  (connection lost: the host-side watcher signals it instead)
+                pass
             return
         try:
             os.killpg(self._proc.pid, signum)  # spawn() starts a new session: its pgid is its pid

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from chaos.cluster.base import Transport
@@ -22,6 +23,8 @@ from chaos.history import TARGET_START, Event, LogMatcher
 from chaos.scenario import TorchrunTarget
 from chaos.targets.base import SpawnedJob
 from chaos.targets.command import expand
+
+LOCAL_HOST = "local"  # the host name of this machine in rank tables (chaos.hosts.LOCAL)
 
 TORCHRUN_MATCHERS = (
     # The elastic agent noticed a worker died: the launcher's own detection.
@@ -40,6 +43,53 @@ TORCHRUN_MATCHERS = (
 DEFAULT_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "OMP_NUM_THREADS": "1"}
 
 
+class RankTable:
+    """Which process (host, pid) runs each rank, from the ranks' own ``target.start`` events (the latest one
+    wins: attempt counters are per node, so they do not order starts across hosts), and every worker pid ever
+    reported with its start time (so stop() can reap workers and never a stranger)."""
+
+    def __init__(self) -> None:
+        self._latest: dict[int, tuple[int, int, str]] = {}  # rank -> (ts_ns, pid, host)
+        self.workers: dict[str, dict[int, int | None]] = {}  # host -> pid -> start time
+
+    def observe(self, event: Event, host: str, start_time: Callable[[int], int | None]) -> None:
+        """Record a ``target.start`` event of a rank running on ``host``; other events are ignored."""
+        if event.kind != TARGET_START or event.rank is None:
+            return
+        pid = event.get_int("pid")
+        if pid is None:
+            return
+        self.workers.setdefault(host, {})[pid] = start_time(pid)
+        if event.ts_ns >= self._latest.get(event.rank, (-1, 0, ""))[0]:
+            self._latest[event.rank] = (event.ts_ns, pid, host)
+
+    def pids_for_rank(self, rank: int) -> list[int]:
+        entry = self._latest.get(rank)
+        return [entry[1]] if entry is not None else []
+
+    def host_for_rank(self, rank: int) -> str | None:
+        entry = self._latest.get(rank)
+        return entry[2] if entry is not None else None
+
+    def ranks(self) -> list[int]:
+        return sorted(self._latest)
+
+
+def torchrun_tail(spec: TorchrunTarget, values: dict[str, str]) -> list[str]:
+    """The part of a torchrun command line after the launcher options: restarts, monitor, then the job."""
+    argv = ["--max-restarts", str(spec.max_restarts), "--monitor-interval", f"{spec.monitor_interval:g}"]
+    argv += ["-m", spec.module] if spec.module is not None else [expand(spec.script or "", values)]
+    return argv + [expand(arg, values) for arg in spec.args]
+
+
+def torchrun_env(spec: TorchrunTarget, values: dict[str, str], extra_env: dict[str, str] | None) -> dict[str, str]:
+    return {**DEFAULT_ENV, **(extra_env or {}), **{k: expand(v, values) for k, v in spec.env.items()}}
+
+
+def torchrun_matchers(spec: TorchrunTarget) -> list[LogMatcher]:
+    return [*TORCHRUN_MATCHERS, *(LogMatcher(m.pattern, m.event) for m in spec.matchers)]
+
+
 class TorchrunJob:
     """``python -m torch.distributed.run --standalone`` with the scenario's ranks and restarts."""
 
@@ -47,28 +97,13 @@ class TorchrunJob:
         self, spec: TorchrunTarget, transport: Transport, run_dir: Path, seed: int, extra_env: dict[str, str] | None = None
     ) -> None:
         values = {"run_dir": str(run_dir), "seed": str(seed)}
-        argv = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nnodes",
-            "1",
-            "--nproc-per-node",
-            str(spec.nproc_per_node),
-            "--max-restarts",
-            str(spec.max_restarts),
-            "--monitor-interval",
-            f"{spec.monitor_interval:g}",
-        ]
-        argv += ["-m", spec.module] if spec.module is not None else [expand(spec.script or "", values)]
-        argv += [expand(arg, values) for arg in spec.args]
-        env = {**DEFAULT_ENV, **(extra_env or {}), **{k: expand(v, values) for k, v in spec.env.items()}}
-        matchers = [*TORCHRUN_MATCHERS, *(LogMatcher(m.pattern, m.event) for m in spec.matchers)]
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1"]
+        argv += ["--nproc-per-node", str(spec.nproc_per_node), *torchrun_tail(spec, values)]
         self.spec = spec
-        self.job = SpawnedJob(transport, argv, env=env, run_dir=run_dir, matchers=matchers)
-        self._rank_pids: dict[int, tuple[int, int]] = {}  # rank -> (attempt, pid)
-        self._all_pids: dict[int, int | None] = {}  # every worker pid ever reported -> its start time
+        self.job = SpawnedJob(
+            transport, argv, env=torchrun_env(spec, values, extra_env), run_dir=run_dir, matchers=torchrun_matchers(spec)
+        )
+        self.table = RankTable()
 
     def start(self) -> None:
         self.job.start()
@@ -76,12 +111,7 @@ class TorchrunJob:
     def poll_events(self) -> list[Event]:
         events = self.job.poll_events()
         for event in events:
-            if event.kind == TARGET_START and event.rank is not None:
-                pid, attempt = event.get_int("pid"), event.get_int("attempt") or 0
-                if pid is not None:
-                    self._all_pids[pid] = process_start_time(pid)
-                if pid is not None and attempt >= self._rank_pids.get(event.rank, (-1, 0))[0]:
-                    self._rank_pids[event.rank] = (attempt, pid)
+            self.table.observe(event, LOCAL_HOST, process_start_time)
         return events
 
     def exit_code(self) -> int | None:
@@ -91,7 +121,7 @@ class TorchrunJob:
         self.job.stop(grace)
         # torchrun starts each worker in a session of its own, so the launcher's process group does not
         # cover them: reap every worker pid the ranks reported (unless the pid now belongs to someone else).
-        for pid, started in self._all_pids.items():
+        for pid, started in self.table.workers.get(LOCAL_HOST, {}).items():
             if started is not None and process_start_time(pid) == started:
                 for signum in (signal.SIGCONT, signal.SIGKILL):
                     try:
@@ -106,8 +136,10 @@ class TorchrunJob:
     # RankResolver
     def pids_for_rank(self, rank: int) -> list[int]:
         """The pid of ``rank`` in its latest attempt; empty when that rank has not reported yet."""
-        entry = self._rank_pids.get(rank)
-        return [entry[1]] if entry is not None else []
+        return self.table.pids_for_rank(rank)
+
+    def host_for_rank(self, rank: int) -> str | None:
+        return self.table.host_for_rank(rank)
 
     def ranks(self) -> list[int]:
-        return sorted(self._rank_pids)
+        return self.table.ranks()
