@@ -52,6 +52,16 @@ class DetectedWithinParams(BaseModel):
     rank: int | None = Field(
         default=None, ge=0, description="count only detections reported on this rank; null means any rank"
     )
+    exclusive: bool = Field(
+        default=False,
+        description="with rank: the FIRST matching detection after the fault must be on that rank (right culprit)",
+    )
+    within_steps: int | None = Field(
+        default=None,
+        ge=0,
+        description="also bound the training steps from the fault to the detection (the highest target.step "
+        "at the fault vs the detection's own step, else the highest step at the detection)",
+    )
 
 
 @register_check(
@@ -82,9 +92,12 @@ def detected_within(history: History, params: BaseModel, scenario: Scenario) -> 
         )
 
     where = f"{p.event!r}" + ("" if p.rank is None else f" on rank {p.rank}")
-    candidates = [e for e in events_of(history, p.event) if p.rank is None or e.rank == p.rank]
+    matching = events_of(history, p.event)
+    candidates = [e for e in matching if p.rank is None or e.rank == p.rank]
+    steps = events_of(history, "target.step")
     evidence: list[str] = []
     undetected: list[Event] = []
+    problems: list[str] = []
     worst: tuple[float, Event] | None = None
     for op in ops:
         # Strictly after: an event at the very same instant cannot have been caused by the fault.
@@ -96,6 +109,20 @@ def detected_within(history: History, params: BaseModel, scenario: Scenario) -> 
         latency = seconds(first.ts_ns - op.ts_ns)
         evidence.append(cite(history, op))
         evidence.append(cite(history, first, f"{fmt_seconds(latency)} after {describe(op) or op.kind}"))
+        if p.exclusive and p.rank is not None:
+            earliest = next(e for e in matching if e.ts_ns > op.ts_ns)
+            if earliest.rank != p.rank:
+                evidence.append(cite(history, earliest, "first detection, on another rank"))
+                problems.append(f"the first {p.event!r} after {describe(op)} named rank {earliest.rank}, not {p.rank}")
+        if p.within_steps is not None:
+            at_fault = _highest_step(steps, op.ts_ns)
+            at_detection = first.get_int("step")
+            if at_detection is None:
+                at_detection = _highest_step(steps, first.ts_ns)
+            taken = max(0, (at_detection or 0) - (at_fault or 0))
+            evidence.append(f"{taken} step(s) from the fault (step {at_fault}) to the detection (step {at_detection})")
+            if taken > p.within_steps:
+                problems.append(f"detection of {describe(op)} came {taken} steps later, over {p.within_steps}")
         if worst is None or latency > worst[0]:
             worst = (latency, op)
 
@@ -118,6 +145,8 @@ def detected_within(history: History, params: BaseModel, scenario: Scenario) -> 
             ),
         )
     assert worst is not None  # every op was detected, so a worst latency exists
+    if problems:
+        return verdict(status="fail", reason="; ".join(problems))
     latency, op = worst
     if latency > p.within:
         return verdict(
@@ -128,3 +157,9 @@ def detected_within(history: History, params: BaseModel, scenario: Scenario) -> 
         status="pass",
         reason=f"all {len(ops)} op(s) of {p.fault!r} detected; worst {fmt_seconds(latency)} ({describe(op)})",
     )
+
+
+def _highest_step(steps: list[Event], before_ns: int) -> int | None:
+    """The highest ``target.step`` reported at or before ``before_ns`` (None before the first step)."""
+    reached = [step for e in steps if e.ts_ns <= before_ns and (step := e.get_int("step")) is not None]
+    return max(reached) if reached else None
