@@ -2,7 +2,9 @@
 
 Each host gets what the runner does for it: prepare, journal intent (fsync), a remote dead-man armed over
 SSH, the iptables chains applied, then heal and disarm. The runner applies one fault's hosts in parallel
-(up to 8 threads), which is what keeps 16 hosts close to the cost of 1. Ratios are to 1 host, in one run.
+(up to 8 threads). Ratios are to 1 host, in one run. On a testbed every host shares this machine's cores, so
+once the cores are busy the ratio tracks the CPU work per host (mostly SSH commands), not the latency; the
+remote commands per host (SSH command channels + SFTP writes) are printed too, as a count that no load skews.
 Needs root (network namespaces + sshd); run with ``make bench`` or ``.venv/bin/python benchmarks/partition_hosts.py``.
 """
 
@@ -19,6 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 from chaos import remote_deadman  # noqa: E402
 from chaos.cluster import testbed as tb  # noqa: E402
+from chaos.cluster.base import Completed  # noqa: E402
 from chaos.cluster.ssh import SshTransport  # noqa: E402
 from chaos.injector import FaultOp, InjectionContext  # noqa: E402
 from chaos.journal import Journal  # noqa: E402
@@ -29,7 +32,21 @@ SIZES = (1, 4, 8, 16)
 REPS = 5
 
 
-def _round(hosts: list[str], transports: dict[str, SshTransport], inventory: object, journal: Journal, k: int) -> float:
+class _Counted(SshTransport):
+    """The SSH transport, counting the remote commands (``run``) and file writes (``put``) it makes."""
+
+    calls = 0
+
+    def run(self, argv: list[str], *, timeout: float = 30.0, check: bool = False) -> Completed:
+        self.calls += 1
+        return super().run(argv, timeout=timeout, check=check)
+
+    def put(self, data: bytes, path: str) -> None:
+        self.calls += 1
+        super().put(data, path)
+
+
+def _round(hosts: list[str], transports: dict[str, _Counted], inventory: object, journal: Journal, k: int) -> float:
     injector = PartitionInjector()
     params = PartitionParams(peers=["group:all"])
     start = time.perf_counter()
@@ -64,17 +81,23 @@ def main() -> None:
         state = Path(tmp)
         try:
             inventory = tb.up(max(SIZES), state / "tb")
-            transports = {h.name: SshTransport.for_host(inventory, h.name) for h in inventory.hosts}
+            transports = {h.name: _Counted.for_host(inventory, h.name) for h in inventory.hosts}
             journal = Journal(state / "journal.jsonl")
             names = [h.name for h in inventory.hosts]
             results = {}
             k = 0
+            # Warm-up, not measured: every SSH connection (as a runner's earlier check() opens it) and first use.
+            _Execution._parallel([lambda t=t: t.run(["true"]) and None for t in transports.values()])
+            _round(names[:1], transports, inventory, journal, k)
+            for transport in transports.values():
+                transport.calls = 0
             for n in SIZES:
                 times = []
                 for _ in range(REPS):
                     k += 1
                     times.append(_round(names[:n], transports, inventory, journal, k))
                 results[n] = statistics.median(times)
+            per_host = sum(t.calls for t in transports.values()) / (REPS * sum(SIZES))
             journal.close()
             for transport in transports.values():
                 transport.close()
@@ -82,6 +105,7 @@ def main() -> None:
             tb.down(state / "tb")
     base = results[SIZES[0]]
     print(f"partition apply+heal (journal, remote dead-man, iptables over SSH), median of {REPS}")
+    print(f"  remote commands per host: {per_host:g} (SSH command channels + SFTP writes)")
     for n in SIZES:
         print(f"  {n:2d} hosts  {results[n] * 1e3:8.1f} ms   ratio to 1 host {results[n] / base:5.2f}x")
 

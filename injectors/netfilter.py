@@ -15,12 +15,20 @@ Discipline (the same for partition, packet_loss, drop_large_packets and flap):
 Only the ``iptables`` binary is used, never ``iptables-nft``/``iptables-legacy`` by name: whichever backend
 the host's ``iptables`` selects, apply and heal talk to the same one. Commands go through a ``Run`` callable
 (a transport's ``run`` for the harness, a local runner for the host-side flap helper).
+
+Batching: one fault is dozens of rules, and every ``iptables`` call is a process (and, remotely, an SSH
+round trip). Where ``iptables-restore`` reports the SAME backend as ``iptables`` (:func:`restore_backend`),
+:func:`install` loads the whole op as ONE ``iptables-restore --noflush`` transaction (:func:`install_text`) and
+:func:`uninstall` removes it with one more (:func:`uninstall_text`). Both are atomic, so a failed batch
+changes nothing, and then the one-command-at-a-time path runs as before (it covers a retried apply, extra
+copies of a jump, a host without ``iptables-restore``). The dead-man's revert stays plain ``iptables`` calls.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+import secrets
 import shlex
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -32,6 +40,8 @@ from chaos.cluster.base import Completed, TransportError
 from chaos.injector import InjectionError
 
 Run = Callable[[list[str]], Completed]
+Put = Callable[[bytes, str], None]  # a transport's ``put``: write bytes to a path on the host
+Restore = Callable[[str], bool]  # load an iptables-restore text (filter table); True when it committed
 
 CHAIN_PREFIX = "CHAOS-"
 HOOKS = {"in": "INPUT", "out": "OUTPUT"}
@@ -40,6 +50,10 @@ _COMMENT_SAFE = re.compile(r"[^A-Za-z0-9_.:@+=-]")
 _BYPASS_COMMENT = "mlchaos-flap-up"
 _WAIT = ["-w", "5"]  # wait for the legacy xtables lock instead of failing when another tool holds it
 _MAX_ROUNDS = 8
+RESTORE = "iptables-restore"
+_RESTORE_BARE = re.compile(r"^[A-Za-z0-9_.:/,@+=!%-]+$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_FILE_TAG = re.compile(r"[^A-Za-z0-9_.-]")
 
 
 def iptables(*args: str) -> list[str]:
@@ -148,6 +162,22 @@ def backend(run: Run) -> str:
     return match.group(1) if match else "legacy"  # versions before 1.8 print no backend and are legacy-only
 
 
+def restore_backend(run: Run) -> str | None:
+    """The backend ``iptables-restore`` talks to (as :func:`backend`), or None when it cannot run here.
+
+    Batching is used only when this equals :func:`backend`: rules loaded through one backend are invisible
+    to (and so never healed by) an ``iptables`` that talks to the other.
+    """
+    try:
+        done = run([RESTORE, "-V"])
+    except TransportError:
+        return None
+    if not done.ok:
+        return None
+    match = re.search(r"\((\w+)\)", done.stdout + done.stderr)
+    return match.group(1) if match else "legacy"
+
+
 def _listing(run: Run) -> tuple[set[str], list[list[str]]]:
     """(user chains, ``-A`` rules as argv tokens) of the filter table, from ``iptables -S``."""
     done = _must(run, iptables("-S"))
@@ -170,13 +200,98 @@ def _jump_target(tokens: Sequence[str]) -> str | None:
     return None
 
 
-def install(run: Run, specs: Sequence[ChainSpec], comment: str, *, bypass: bool = False) -> None:
+def restore_word(word: str) -> str:
+    """``word`` as one token of an iptables-restore line: bare when plain, else double-quoted with ``\\`` and
+    ``"`` escaped (the quoting ``iptables-save`` writes). InjectionError for control characters, which could
+    end the line and start another command."""
+    if _CONTROL.search(word):
+        raise InjectionError(f"{word!r} cannot be written into an iptables-restore line")
+    if _RESTORE_BARE.match(word):
+        return word
+    return '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _restore_lines(commands: Sequence[Sequence[str]]) -> str:
+    body = "".join(" ".join(restore_word(word) for word in command) + "\n" for command in commands)
+    return f"*filter\n{body}COMMIT\n"
+
+
+def _jump(spec: ChainSpec, comment: str) -> list[str]:
+    return ["-m", "comment", "--comment", comment, "-j", spec.chain]
+
+
+def install_text(specs: Sequence[ChainSpec], comment: str, *, bypass: bool = False) -> str:
+    """The ``iptables-restore --noflush`` text of :func:`install` for chains that do not exist yet.
+
+    ``-N`` (not a ``:chain`` line, which would silently flush an existing chain) makes the whole batch fail
+    when a chain is already there, so a retried apply falls back to the command-by-command path, which adds
+    no second jump. InjectionError when a chain name or rule word cannot be written safely.
+    """
+    commands: list[list[str]] = []
+    for spec in specs:
+        chain = checked_chain(spec.chain)
+        commands.append(["-N", chain])
+        if bypass:
+            commands.append(["-A", chain, "-m", "comment", "--comment", _BYPASS_COMMENT, "-j", "RETURN"])
+        commands += [["-A", chain, *rule] for rule in spec.rules]
+    commands += [["-I", spec.hook, "1", *_jump(spec, comment)] for spec in specs]
+    return _restore_lines(commands)
+
+
+def uninstall_text(specs: Sequence[ChainSpec], comment: str) -> str:
+    """The ``iptables-restore --noflush`` text that undoes exactly what :func:`install` added.
+
+    It deletes the one jump per chain, then flushes and deletes the chains. Committing it proves the heal
+    complete: a chain that any other rule still jumps to cannot be deleted, so an extra copy of a jump (or a
+    missing one) fails the whole batch, changing nothing, and :func:`remove` takes over.
+    """
+    commands = [["-D", spec.hook, *_jump(spec, comment)] for spec in specs]
+    for spec in specs:
+        chain = checked_chain(spec.chain)
+        commands += [["-F", chain], ["-X", chain]]
+    return _restore_lines(commands)
+
+
+def file_restore(run: Run, put: Put, tag: str) -> Restore:
+    """A :data:`Restore` for hosts reached through a transport without stdin: ``put`` the text to a fresh
+    ``/tmp/mlchaos-iptables-<tag>-<random>.rules``, run ``iptables-restore -w 5 --noflush FILE``, and always
+    remove the file. It answers False (never raises) when any step fails; the caller then falls back."""
+    safe = _FILE_TAG.sub("_", tag)[:60]
+
+    def restore(text: str) -> bool:
+        path = f"/tmp/mlchaos-iptables-{safe}-{secrets.token_hex(6)}.rules"
+        try:
+            put(text.encode(), path)
+            return run([RESTORE, *_WAIT, "--noflush", path]).ok
+        except (TransportError, OSError):
+            return False
+        finally:
+            try:
+                run(["rm", "-f", "--", path])
+            except TransportError:
+                pass  # an unreachable host: the file holds only our rule text, nothing in force
+
+    return restore
+
+
+def install(
+    run: Run, specs: Sequence[ChainSpec], comment: str, *, bypass: bool = False, restore: Restore | None = None
+) -> None:
     """Create each chain (or flush it if a retried apply left it), fill it, then jump to it from its hook.
 
     With ``bypass`` each chain starts with a RETURN so the fault is installed but not yet in force (the
     flap helper toggles it). Jumps are added only when missing, so a repeated install adds no copies.
+    With ``restore`` (see :func:`restore_backend`) it is first tried as one atomic batch (:func:`install_text`);
+    when that fails, nothing was changed and the commands below run one by one.
     Raises InjectionError on the first failing command (the caller heals with :func:`remove`).
     """
+    if restore is not None:
+        try:
+            text: str | None = install_text(specs, comment, bypass=bypass)
+        except InjectionError:
+            text = None  # the command path reports the bad name/word precisely
+        if text is not None and restore(text):
+            return
     for spec in specs:
         chain = checked_chain(spec.chain)
         if not _call(run, iptables("-N", chain)).ok:
@@ -186,7 +301,7 @@ def install(run: Run, specs: Sequence[ChainSpec], comment: str, *, bypass: bool 
         for rule in spec.rules:
             _must(run, iptables("-A", chain, *rule))
     for spec in specs:
-        jump = ["-m", "comment", "--comment", comment, "-j", spec.chain]
+        jump = _jump(spec, comment)
         if not _call(run, iptables("-C", spec.hook, *jump)).ok:
             _must(run, iptables("-I", spec.hook, "1", *jump))
 
@@ -225,6 +340,19 @@ def remove(run: Run, chains: Sequence[str]) -> None:
                 _call(run, iptables("-X", chain))
     left = sorted(names & _listing(run)[0])
     raise InjectionError(f"iptables chains {', '.join(left) or sorted(names)} could not be removed")
+
+
+def uninstall(run: Run, specs: Sequence[ChainSpec], comment: str | None, *, restore: Restore | None = None) -> None:
+    """Heal one op: with ``restore`` and the op's ``comment``, first the one-batch :func:`uninstall_text`; when
+    that is not possible or does not commit, :func:`remove` (every jump, every copy). Idempotent."""
+    if restore is not None and comment is not None:
+        try:
+            text: str | None = uninstall_text(specs, comment)
+        except InjectionError:
+            text = None
+        if text is not None and restore(text):
+            return
+    remove(run, [spec.chain for spec in specs])
 
 
 def leftovers(run: Run) -> list[str]:

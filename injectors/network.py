@@ -8,16 +8,18 @@ to addresses; everything below it (:func:`filter_specs`, :func:`injectors.netsha
 
 iptables faults put their DROP rules only in per-op chains reached through tagged jumps, and tc faults add
 one root qdisc with a per-op handle; :mod:`injectors.netfilter` and :mod:`injectors.netshape` hold those
-disciplines (and why heal removes exactly ours). ``revert_command`` is a constant ``sh -c`` script that gets
-only validated, generated names as positional parameters: it needs nothing but sh, iptables/tc on the host,
-which is what a dead-man switch can rely on when the harness (and maybe Python) is gone.
+disciplines (and why heal removes exactly ours). Where the host's ``iptables-restore`` uses the same backend
+as its ``iptables`` (decided in ``prepare``, journaled as ``state["restore"]``), apply and heal are one
+``iptables-restore --noflush`` each, fed through a temporary file (transports have no stdin).
+``revert_command`` is a constant ``sh -c`` script that gets only validated, generated names as positional
+parameters: it needs nothing but sh, iptables/tc on the host, which is what a dead-man switch can rely on
+when the harness (and maybe Python) is gone.
 
 Commands run as root; a non-root transport user with password-less sudo gets ``sudo -n`` in front of each.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Sequence
 from typing import Annotated, ClassVar, Literal
@@ -25,7 +27,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import BaseModel, Field, JsonValue, model_validator
 
 from chaos import deadman
-from chaos.cluster.base import TransportError
+from chaos.cluster.base import TransportError, host_python
 from chaos.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
 from chaos.journal import state_dir
 from chaos.units import Duration
@@ -174,11 +176,13 @@ class _FilterFault:
         specs = filter_specs(chains, peers, params.protocol, params.ports, self._extra(params))
         local = host.route(probe_address(peers[0]))[1] or ctx.transport.host
         chain_state: list[JsonValue] = [spec.to_json() for spec in specs]
+        backend = netfilter.backend(host.run)
         state: dict[str, JsonValue] = {
             "chains": chain_state,
             "comment": netfilter.comment_for(op.op_id),
             "sudo": host.sudo,
-            "backend": netfilter.backend(host.run),
+            "backend": backend,
+            "restore": netfilter.restore_backend(host.run) == backend,
             "peers": list(peers),
         }
         return Applied(
@@ -195,15 +199,27 @@ class _FilterFault:
     def _host(ctx: InjectionContext, applied: Applied) -> Host:
         return Host(ctx.transport, applied.state.get("sudo") is True)
 
+    @staticmethod
+    def _restore(ctx: InjectionContext, applied: Applied, host: Host) -> netfilter.Restore | None:
+        """One-batch loading for this op, or None when prepare found no usable ``iptables-restore``."""
+        if applied.state.get("restore") is not True:
+            return None
+        return netfilter.file_restore(host.run, ctx.transport.put, f"{applied.op_id}-{ctx.transport.host}")
+
     def apply(self, ctx: InjectionContext, applied: Applied) -> None:
         """Create and fill the op's chains, then jump to them; InjectionError on a failing command (the
         runner then heals, which removes whatever part was installed). Repeating it adds no second jump."""
-        netfilter.install(self._host(ctx, applied).run, netfilter.chains_from_state(applied.state), _comment(applied))
+        host = self._host(ctx, applied)
+        specs = netfilter.chains_from_state(applied.state)
+        netfilter.install(host.run, specs, _comment(applied), restore=self._restore(ctx, applied, host))
 
     def heal(self, ctx: InjectionContext, applied: Applied) -> None:
         """Remove every jump to the op's chains and the chains themselves; idempotent, needs only the state."""
-        chains = [spec.chain for spec in netfilter.chains_from_state(applied.state)]
-        netfilter.remove(self._host(ctx, applied).run, chains)
+        host = self._host(ctx, applied)
+        specs = netfilter.chains_from_state(applied.state)
+        comment = applied.state.get("comment")
+        restore = self._restore(ctx, applied, host)
+        netfilter.uninstall(host.run, specs, comment if isinstance(comment, str) else None, restore=restore)
 
     def revert_command(self, applied: Applied) -> list[str] | None:
         """``sh -c <constant script> mlchaos-netrevert CHAIN...``: see :data:`injectors.netfilter.REVERT_SCRIPT`."""
@@ -277,9 +293,9 @@ class FlapInjector(_FilterFault):
         if shares_machine(ctx.transport):
             return
         try:
-            done = ctx.transport.run(["python3", "-c", f"import {netflap.MODULE}"], timeout=TIMEOUT_S)
+            done = ctx.transport.run([host_python(ctx.transport), "-c", f"import {netflap.MODULE}"], timeout=TIMEOUT_S)
         except TransportError as exc:
-            raise Unsupported(f"cannot run python3 on {ctx.transport.host}: {exc}") from exc
+            raise Unsupported(f"cannot run the host's python on {ctx.transport.host}: {exc}") from exc
         if not done.ok:
             raise Unsupported(f"mlchaos is not importable by python3 on {ctx.transport.host} (needed for flap)")
 
@@ -301,13 +317,14 @@ class FlapInjector(_FilterFault):
         """Install the chains bypassed, then start the detached helper; records its pid in the state."""
         specs = netfilter.chains_from_state(applied.state)
         host = self._host(ctx, applied)
-        netfilter.install(host.run, specs, _comment(applied), bypass=True)
+        restore = self._restore(ctx, applied, host)
+        netfilter.install(host.run, specs, _comment(applied), bypass=True, restore=restore)
         # The deadline is on the HOST's clock, the one the helper reads.
         until_ns = time.time_ns() - int(ctx.transport.clock_offset() * 1e9) + int((applied.duration_s or 0) * 1e9)
         local = shares_machine(ctx.transport)
         argv = [
             *(["sudo", "-n"] if host.sudo else []),
-            sys.executable if local else "python3", "-m", netflap.MODULE,
+            host_python(ctx.transport), "-m", netflap.MODULE,
             "--op-id", applied.op_id,
             "--chains", ",".join(spec.chain for spec in specs),
             "--period", repr(applied.state.get("period_s")),
@@ -335,7 +352,8 @@ class FlapInjector(_FilterFault):
             while time.monotonic() < deadline and any(_is_helper(host, pid, applied.op_id) for pid in pids):
                 time.sleep(0.05)
             _signal(host, "KILL", [pid for pid in pids if _is_helper(host, pid, applied.op_id)])
-        super().heal(ctx, applied)
+        # The helper removes the chains as it leaves, so look before deleting (no batch that would only fail).
+        netfilter.remove(host.run, [spec.chain for spec in netfilter.chains_from_state(applied.state)])
 
 
 def _is_helper(host: Host, pid: int, op_id: str) -> bool:

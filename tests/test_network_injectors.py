@@ -309,6 +309,47 @@ def test_registered_and_revert_names_are_validated() -> None:
     assert argv[5:] == ["mlchaos-netrevert", "CHAOS-0123456789-in"]
 
 
+def test_restore_texts_batch_exactly_what_install_and_heal_do() -> None:
+    odd = 'say "hi" \\ there'
+    specs = netfilter.chains_from_state(
+        {
+            "chains": [
+                {"chain": "CHAOS-0123456789-in", "hook": "INPUT", "rules": [["-s", "10.0.0.2", "-j", "DROP"]]},
+                {"chain": "CHAOS-0123456789-out", "hook": "OUTPUT", "rules": [["-d", "10.0.0.2", "-m", "comment",
+                                                                                  "--comment", odd, "-j", "DROP"]]},
+            ]
+        }
+    )  # fmt: skip
+    assert netfilter.install_text(specs, "mlchaos:op-1", bypass=True).splitlines() == [
+        "*filter",
+        "-N CHAOS-0123456789-in",
+        "-A CHAOS-0123456789-in -m comment --comment mlchaos-flap-up -j RETURN",
+        "-A CHAOS-0123456789-in -s 10.0.0.2 -j DROP",
+        "-N CHAOS-0123456789-out",
+        "-A CHAOS-0123456789-out -m comment --comment mlchaos-flap-up -j RETURN",
+        '-A CHAOS-0123456789-out -d 10.0.0.2 -m comment --comment "say \\"hi\\" \\\\ there" -j DROP',
+        "-I INPUT 1 -m comment --comment mlchaos:op-1 -j CHAOS-0123456789-in",
+        "-I OUTPUT 1 -m comment --comment mlchaos:op-1 -j CHAOS-0123456789-out",
+        "COMMIT",
+    ]
+    assert netfilter.uninstall_text(specs, "mlchaos:op-1").splitlines() == [
+        "*filter",
+        "-D INPUT -m comment --comment mlchaos:op-1 -j CHAOS-0123456789-in",
+        "-D OUTPUT -m comment --comment mlchaos:op-1 -j CHAOS-0123456789-out",
+        "-F CHAOS-0123456789-in",
+        "-X CHAOS-0123456789-in",
+        "-F CHAOS-0123456789-out",
+        "-X CHAOS-0123456789-out",
+        "COMMIT",
+    ]
+    # A (corrupt) journal word that would end the line and start a command of its own is refused.
+    evil = [netfilter.ChainSpec("CHAOS-0123456789-in", "INPUT", [["-s", "10.0.0.2\n-P INPUT DROP", "-j", "DROP"]])]
+    with pytest.raises(InjectionError, match="iptables-restore line"):
+        netfilter.install_text(evil, "mlchaos:op-1")
+    with pytest.raises(InjectionError, match="iptables-restore line"):
+        netfilter.uninstall_text(specs, "mlchaos:op-1\nCOMMIT")
+
+
 # -- partition --------------------------------------------------------------------------------------------------
 
 
@@ -358,6 +399,89 @@ def test_heal_from_journal_alone_removes_every_copy_of_the_jump(net: Net) -> Non
     PartitionInjector().heal(net.ctx("a"), journaled)
     assert net.echo("a", "b") and net.echo("a", "c")
     PartitionInjector().heal(net.ctx("a"), journaled)
+
+
+class _Recording:
+    """A transport that records every argv (and ``put`` as ``["<put>", path]``) before running it."""
+
+    def __init__(self, inner: NetnsTransport) -> None:
+        self.inner, self.host, self.calls = inner, inner.host, list[list[str]]()
+
+    def run(self, argv: list[str], *, timeout: float = 30.0, check: bool = False) -> Completed:
+        self.calls.append(list(argv))
+        return self.inner.run(argv, timeout=timeout, check=check)
+
+    def put(self, data: bytes, path: str) -> None:
+        self.calls.append(["<put>", path])
+        self.inner.put(data, path)
+
+    def clock_offset(self) -> float:
+        return 0.0
+
+
+def _save(net: Net, host: str) -> list[str]:
+    """``iptables-save`` of the filter table without its timestamp comments and packet counters."""
+    text = net.transport(host).run(["iptables-save", "-t", "filter"], check=True).stdout
+    return [line.split(" [", 1)[0] for line in text.splitlines() if not line.startswith("#")]
+
+
+def _batching(net: Net) -> None:
+    run = net.transport("a").run
+    if netfilter.restore_backend(lambda argv: run(argv)) != netfilter.backend(lambda argv: run(argv)):
+        pytest.skip("iptables-restore is missing or uses another backend than iptables here")
+
+
+def test_partition_is_one_restore_each_way_and_leaves_iptables_save_as_it_was(net: Net) -> None:
+    _batching(net)
+    before = _save(net, "a")
+    host = _Recording(net.transport("a"))
+    ctx, injector = InjectionContext(transport=host), PartitionInjector()  # type: ignore[arg-type]
+    params = PartitionParams(peers=[net.addrs["b"], net.addrs["c"]], protocol="udp", ports=[UDP_PORT, 9100])
+    applied = inject(injector, ctx, op("partition", params))
+    assert applied.state["restore"] is True
+    assert not net.echo("a", "b") and not net.echo("a", "c") and net.connects("a", "b")
+    assert _save(net, "a") != before
+    injector.heal(ctx, applied)
+    assert net.echo("a", "b") and _save(net, "a") == before
+    changes = [argv for argv in host.calls if argv[0].startswith("iptables") and not {"-V", "-C"} & set(argv)]
+    assert [argv[:4] for argv in changes] == [["iptables-restore", "-w", "5", "--noflush"]] * 2, changes
+    files = [argv[1] for argv in host.calls if argv[0] == "<put>"]
+    assert len(files) == 2 and all(f"{applied.op_id}-" in path for path in files)
+    assert not [path for path in files if Path(path).exists()]  # every rules file was removed
+    injector.heal(ctx, applied)  # a second heal: the batch cannot commit, the listing finds nothing
+    assert _save(net, "a") == before
+
+
+def test_retried_apply_adds_nothing_and_an_odd_comment_round_trips(net: Net) -> None:
+    _batching(net)
+    ctx, injector = net.ctx("a"), PartitionInjector()
+    applied = inject(injector, ctx, op("partition", PartitionParams(peers=[net.addrs["b"]])))
+    injector.apply(ctx, applied)  # the chains exist: the batch fails whole, the command path adds no copy
+    rules = net.transport("a").run(["iptables", "-S"]).stdout.splitlines()
+    assert sum(line.startswith(("-A INPUT", "-A OUTPUT")) and "CHAOS-" in line for line in rules) == 2
+    assert sum(line.startswith("-A CHAOS-") for line in rules) == 2
+    injector.heal(ctx, applied)
+    # A comment needing restore's quoting is written and deleted by the batches, not by the fallback.
+    transport = net.transport("a")
+    run = lambda argv: transport.run(argv)  # noqa: E731
+    loads: list[bool] = []
+    batch = netfilter.file_restore(run, transport.put, "odd")
+
+    def restore(text: str) -> bool:
+        loads.append(batch(text))
+        return loads[-1]
+
+    odd = 'it\'s "odd" \\ $x #1'
+    specs = [
+        netfilter.ChainSpec(
+            netfilter.chain_names("odd", "a", ["in"])["in"], "INPUT", [["-s", "10.9.9.9", "-j", "DROP"]]
+        )
+    ]
+    netfilter.install(run, specs, odd, restore=restore)
+    jump = ["-m", "comment", "--comment", odd, "-j", specs[0].chain]
+    assert transport.run(["iptables", "-C", "INPUT", *jump]).ok  # stored word for word
+    netfilter.uninstall(run, specs, odd, restore=restore)
+    assert loads == [True, True] and not net.leftovers("a")
 
 
 def test_revert_command_alone_heals_a_partition(net: Net) -> None:
@@ -567,16 +691,24 @@ def _path_with(tmp_path: Path, links: dict[str, str]) -> str:
     return str(folder)
 
 
-def test_partition_on_the_legacy_iptables_backend(net: Net, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("restore_as", [None, "legacy", "nft"])
+def test_partition_on_the_legacy_iptables_backend(
+    net: Net, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, restore_as: str | None
+) -> None:
+    """``restore_as``: which backend the host's iptables-restore uses (None: it has none). Batching is used
+    only when it is iptables' own backend; a mismatch would install rules heal and the dead-man never see."""
     legacy = shutil.which("iptables-legacy")
-    if legacy is None:
-        pytest.skip("iptables-legacy is not installed")
-    tools = {name: shutil.which(name) for name in ("ip", "id", "sh", "tc")}
-    monkeypatch.setenv("PATH", _path_with(tmp_path, {"iptables": legacy, **{k: v for k, v in tools.items() if v}}))
+    restore = shutil.which(f"iptables-{restore_as}-restore") if restore_as else None
+    if legacy is None or (restore_as and restore is None):
+        pytest.skip("iptables-legacy (or the iptables-restore variant) is not installed")
+    tools = {name: shutil.which(name) for name in ("ip", "id", "sh", "tc", "rm")}
+    links = {"iptables": legacy, **({"iptables-restore": restore} if restore else {})}
+    monkeypatch.setenv("PATH", _path_with(tmp_path, {**links, **{k: v for k, v in tools.items() if v}}))
     ctx, injector = net.ctx("a"), PartitionInjector()
     applied = inject(injector, ctx, op("partition", PartitionParams(peers=[net.addrs["b"]])))
     try:
         assert applied.state["backend"] == "legacy"
+        assert applied.state["restore"] is (restore_as == "legacy")
         assert "CHAOS-" in sh("ip", "netns", "exec", net.names["a"], legacy, "-S").stdout
         assert not net.echo("a", "b")
         revert = injector.revert_command(applied)
@@ -585,6 +717,14 @@ def test_partition_on_the_legacy_iptables_backend(net: Net, tmp_path: Path, monk
         assert net.echo("a", "b")
     finally:
         injector.heal(ctx, applied)
+    if restore_as == "legacy":  # and a heal that is one batch on this backend too: no iptables call at all
+        host = _Recording(net.transport("a"))
+        ctx = InjectionContext(transport=host)  # type: ignore[arg-type]
+        applied = inject(injector, ctx, op("partition", PartitionParams(peers=[net.addrs["b"]])))
+        assert not net.echo("a", "b")
+        host.calls.clear()
+        injector.heal(ctx, applied)
+        assert net.echo("a", "b") and not [argv for argv in host.calls if argv[0] == "iptables"], host.calls
     left = sh("ip", "netns", "exec", net.names["a"], legacy, "-S").stdout
     assert "CHAOS" not in left and "mlchaos" not in left
 
