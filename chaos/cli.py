@@ -24,6 +24,7 @@ from chaos.cli_sdc import register as register_sdc_coverage
 from chaos.cli_testbed import register as register_testbed
 from chaos.cluster.base import Transport
 from chaos.cluster.local import LocalTransport
+from chaos.hosts import parse_node_selector
 from chaos.journal import heal_leftovers
 from chaos.plan import make_plan
 from chaos.runner import EXIT_INVALID, EXIT_PASS, RunOptions, RunResult, RunStatus, execute
@@ -163,14 +164,30 @@ def run(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="only the verdict table")] = False,
     inventory: Annotated[
         Path | None,
-        typer.Option(help="SSH inventory for faults with hosts: (e.g. from `mlchaos testbed up`)"),
+        typer.Option(help="inventory (SSH hosts or Docker containers, e.g. from `mlchaos testbed up`)"),
+    ] = None,
+    nodes: Annotated[
+        str | None,
+        typer.Option(
+            help="run the scenario's torchrun job across inventory hosts: all, group:NAME[:COUNT] or host:NAME"
+        ),
     ] = None,
 ) -> None:
     """Run scenarios against their targets, inject the faults, heal, judge and write reports."""
     scenarios = _load_all(files)
     worst = EXIT_PASS
+    try:
+        node_selector = parse_node_selector(nodes) if nodes is not None else None
+    except ValueError as exc:
+        errors.print(f"[red]{escape(str(exc))}[/red]")
+        raise typer.Exit(EXIT_INVALID) from None
     options = RunOptions(
-        report_root=report_dir, seed=seed, golden=golden, golden_cache=golden_cache, inventory=inventory
+        report_root=report_dir,
+        seed=seed,
+        golden=golden,
+        golden_cache=golden_cache,
+        inventory=inventory,
+        nodes=node_selector,
     )
     for file, scenario in scenarios:
         outcomes: list[RunResult] = []

@@ -90,9 +90,14 @@ class HostSet:
         if name not in self._transports:
             if self.inventory is None:
                 raise HostsError(f"no inventory to reach host {name!r}")
-            from chaos.cluster.ssh import SshTransport  # paramiko only when a remote host is used
+            if self.inventory.host(name).transport == "docker":
+                from chaos.cluster.docker import DockerTransport  # the docker SDK only when a container is used
 
-            self._transports[name] = SshTransport.for_host(self.inventory, name)
+                self._transports[name] = DockerTransport.for_host(self.inventory, name)
+            else:
+                from chaos.cluster.ssh import SshTransport  # paramiko only when a remote host is used
+
+                self._transports[name] = SshTransport.for_host(self.inventory, name)
         return self._transports[name]
 
     def all_transports(self) -> dict[str, Transport]:
@@ -105,3 +110,18 @@ class HostSet:
             close = getattr(transport, "close", None)
             if name != LOCAL and callable(close):
                 close()
+
+
+def parse_node_selector(text: str) -> HostSelector:
+    """``--nodes`` syntax: ``all``, ``group:NAME``, ``group:NAME:COUNT`` or ``host:NAME`` (ValueError otherwise)."""
+    kind, _, rest = text.partition(":")
+    if kind == "all" and not rest:
+        return HostSelector(group="all")
+    if kind == "host" and rest:
+        return HostSelector(host=rest)
+    if kind == "group" and rest:
+        name, _, count = rest.partition(":")
+        if count and not count.isdigit():
+            raise ValueError(f"--nodes {text!r}: the count after the group must be a number")
+        return HostSelector(group=name, count=int(count) if count else None)
+    raise ValueError(f"--nodes {text!r}: use all, group:NAME, group:NAME:COUNT or host:NAME")

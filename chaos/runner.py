@@ -47,7 +47,7 @@ from chaos.injector import Applied, InjectionContext, InjectionError, Injector, 
 from chaos.journal import Journal, heal_leftovers
 from chaos.plan import Plan, PlannedOp, fault_op, make_plan
 from chaos.report.files import write_reports
-from chaos.scenario import FaultSpec, Scenario, ScenarioError, TorchrunTarget
+from chaos.scenario import FaultSpec, HostSelector, Scenario, ScenarioError, TorchrunTarget
 from chaos.targets.base import Target
 from chaos.targets.command import CommandJob
 from chaos.targets.torchrun import TorchrunJob
@@ -76,6 +76,7 @@ class RunOptions:
     golden_cache: bool = True
     scenario_file: Path | None = None
     inventory: Path | None = None
+    nodes: HostSelector | None = None  # run a torchrun target across these inventory hosts (--nodes)
 
 
 @dataclass
@@ -218,7 +219,14 @@ class _Execution:
 
     # -- setup -------------------------------------------------------------------------------------------
     def refuse_unsupported(self) -> None:
-        """Probe every fault on every host it may hit, before anything starts; RunRefused says why not."""
+        """Probe every target node and every fault on every host it may hit, before anything starts;
+        RunRefused says why not (an unreachable host or a missing container is named here, not mid-run)."""
+        if isinstance(self.target, MultiNodeTorchrunJob):
+            for node in self.target.nodes:
+                try:
+                    node.transport.run(["true"], timeout=30, check=True)
+                except TransportError as exc:
+                    raise RunRefused(f"target node {node.name!r} is not usable: {exc}") from None
         for fault in self.scenario.faults:
             injector = registry.injector(fault.type)
             if is_in_job(injector) and fault.trigger.at_step is None:
@@ -478,7 +486,7 @@ def _golden(scenario: Scenario, options: RunOptions, log: Listener) -> Golden | 
     log("golden run: same job and seed, no faults …")
     golden_options = RunOptions(
         report_root=cache_dir, golden=False, inventory=options.inventory, scenario_file=options.scenario_file
-    )
+    )  # (nodes: already in the scenario's target)
     result = execute(scenario.without_faults(), golden_options, log=_quiet)
     digests = result.history.of(TARGET_DIGEST)
     if not digests or result.ended_by.startswith(("no progress", "max_duration")):
@@ -548,11 +556,19 @@ def execute(
 ) -> RunResult:
     """Run ``scenario`` once end to end and write its reports. Never leaves a fault applied."""
     options = options or RunOptions()
+    refusal = ""
+    if options.nodes is not None:
+        if isinstance(scenario.target, TorchrunTarget):
+            scenario = scenario.model_copy(update={"target": scenario.target.model_copy(update={"nodes": options.nodes})})
+        else:
+            refusal = f"--nodes needs a torchrun target; {scenario.name!r} has a {scenario.target.type} target"
     plan = make_plan(scenario, options.seed)
     run_dir = new_run_dir(options.report_root, scenario.name)
     history = History(run_dir / "history.jsonl")
     history.record("runner.start", scenario=scenario.name, seed=plan.seed, pid=os.getpid())
     base_dir = options.scenario_file.parent if options.scenario_file is not None else None
+    if refusal:
+        return _refused(scenario, plan, run_dir, history, refusal)
     try:
         hosts = HostSet.for_scenario(scenario, options.inventory, base_dir)
     except (HostsError, ScenarioError) as exc:

@@ -19,7 +19,15 @@ from chaos.cluster.inventory import Inventory, dump_inventory
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
-SCENARIOS = ["partition-node", "slow-node", "checkpoint-storage-stall", "lossy-link"]
+# (scenario, extra CLI args): the four multi-host scenarios, and the local kill-rank scenario file moved,
+# unchanged, onto one remote host with --nodes (its kill lands over SSH on the host running rank 1).
+CASES = [
+    ("partition-node", []),
+    ("slow-node", []),
+    ("checkpoint-storage-stall", []),
+    ("lossy-link", []),
+    ("kill-rank", ["--nodes", "host:h2"]),
+]
 
 
 def _leftovers(inventory: Inventory, run_dir: Path) -> list[str]:
@@ -37,18 +45,23 @@ def _leftovers(inventory: Inventory, run_dir: Path) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("name", SCENARIOS)
-def test_scenario_passes_on_the_testbed(name: str, testbed: Inventory, tmp_path: Path) -> None:  # noqa: F811
+@pytest.mark.parametrize(("name", "extra"), CASES, ids=[name for name, _ in CASES])
+def test_scenario_passes_on_the_testbed(
+    name: str,
+    extra: list[str],
+    testbed: Inventory,  # noqa: F811
+    tmp_path: Path,
+) -> None:
     inventory_file = tmp_path / "inventory.yaml"
     dump_inventory(testbed, inventory_file)
     reports = tmp_path / "reports"
     done = subprocess.run(
         [sys.executable, "-m", "chaos.cli", "run", str(ROOT / "scenarios" / f"{name}.yaml"),
-         "--inventory", str(inventory_file), "--report-dir", str(reports)],
+         "--inventory", str(inventory_file), "--report-dir", str(reports), *extra],
         cwd=ROOT, env={**os.environ, "COLUMNS": "200"}, capture_output=True, text=True, timeout=420,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    [run_dir] = [p for p in reports.iterdir() if p.name.startswith(name)]
+    [run_dir] = [p for p in reports.iterdir() if p.name.startswith(name)]  # (the golden run is in .golden/)
     run = json.loads((run_dir / "run.json").read_text())
     assert run["verdict"] == "pass"
     history = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
@@ -57,5 +70,6 @@ def test_scenario_passes_on_the_testbed(name: str, testbed: Inventory, tmp_path:
     assert len(applied) == 1 and len(healed) == 1 and applied[0]["data"]["host"] in testbed.names()
     # The rank -> host mapping is in the history: every rank's start names the host it ran on.
     starts = [e for e in history if e["kind"] == "target.start"]
-    assert {e["data"]["host"] for e in starts} == set(testbed.names())
+    expected = {"h2"} if extra else set(testbed.names())
+    assert {e["data"]["host"] for e in starts} == expected
     assert not _leftovers(testbed, run_dir)

@@ -26,7 +26,7 @@ import os
 import random
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -48,11 +48,23 @@ class SelectionError(ValueError):
 
 
 class Host(BaseModel):
-    """One host reachable over SSH. ``key_file`` None means: use the SSH agent and the default keys."""
+    """One host: reached over SSH (``key_file`` None means the SSH agent and the default keys), or a Docker
+    container reached through the Docker Engine API (``transport: docker``)."""
 
     model_config = _STRICT
     name: str = Field(pattern=NAME_PATTERN, description="unique name used in scenarios and reports")
-    address: str = Field(min_length=1, description="IP address or DNS name the harness connects to")
+    address: str = Field(
+        min_length=1,
+        description="IP address or DNS name: what SSH connects to; for a container, its address on the job's "
+        "network (what peers and the rendezvous use)",
+    )
+    transport: Literal["ssh", "docker"] = Field(default="ssh", description="how the harness reaches the host")
+    container: str | None = Field(
+        default=None, description="docker: the container's name (default: the host name); re-found by name"
+    )
+    docker_url: str | None = Field(
+        default=None, description="docker: Engine API URL (default: DOCKER_HOST, else the local socket)"
+    )
     port: int = Field(default=22, ge=1, le=65535)
     user: str = Field(default="root", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
     key_file: Path | None = None
