@@ -30,6 +30,11 @@ else
     log "not root (or no apt-get): skipping system packages; tests needing them skip with the reason"
 fi
 
+# --- daemons (root only) ---------------------------------------------------------------------------------
+if [ "$(id -u)" = "0" ]; then
+    bash scripts/start-dockerd.sh || log "WARNING: no Docker daemon; Docker tests skip with the reason"
+fi
+
 # --- python environment ---------------------------------------------------------------------------------
 if [ ! -x "$VENV/bin/python" ]; then
     log "creating $VENV"
