@@ -1,4 +1,5 @@
-"""``mlchaos testbed up|down|status``: a multi-host testbed on this machine (see :mod:`chaos.cluster.testbed`).
+"""``mlchaos testbed up|down|status``: a multi-host testbed on this machine (see :mod:`chaos.cluster.testbed`),
+or with ``--docker`` one of Docker containers (see :mod:`chaos.cluster.docker_testbed`).
 
 ``register(app)`` adds the ``testbed`` sub-app to the main Typer app. ``up`` prints only the inventory path
 on stdout (progress goes to stderr), so ``INV=$(mlchaos testbed up --hosts 3)`` works in scripts.
@@ -15,9 +16,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from chaos.cluster import testbed
+from chaos.cluster import docker_testbed, testbed
 
 _err = Console(stderr=True)
+
+Docker = Annotated[
+    bool,
+    typer.Option("--docker", help="a testbed of Docker containers (state: <mlchaos state dir>/docker-testbed)"),
+]
 
 StateDir = Annotated[
     Path | None,
@@ -28,7 +34,8 @@ StateDir = Annotated[
 def register(app: typer.Typer) -> None:
     """Add the ``testbed`` command group to ``app``."""
     group = typer.Typer(
-        help="Hosts on this machine: network namespaces on a private bridge, each with a real sshd (root).",
+        help="Hosts on this machine: network namespaces on a private bridge, each with a real sshd (root); "
+        "with --docker, containers on a private Docker network.",
         no_args_is_help=True,
     )
     group.command("up")(up)
@@ -45,8 +52,23 @@ def up(
     hosts: Annotated[int, typer.Option("--hosts", "-n", min=1, max=testbed.MAX_HOSTS, help="number of hosts")] = 3,
     state_dir: StateDir = None,
     subnet: Annotated[str | None, typer.Option(help="IPv4 /24 (default: a free 10.213.X.0/24)")] = None,  # noqa: UP007
+    docker: Docker = False,
+    share: Annotated[
+        list[Path] | None,  # noqa: UP007
+        typer.Option(
+            "--share",
+            help="--docker: a folder bind-mounted read-write at the same path in every container (repeatable; "
+            "default: /tmp and ./reports)",
+        ),
+    ] = None,
 ) -> None:
     """Build or repair an N-host testbed; print the inventory file's path."""
+    if docker:
+        _docker_up(hosts, state_dir, subnet, share)
+        return
+    if share:
+        _err.print("[red]--share needs --docker[/red] (namespace hosts already share this filesystem)")
+        raise typer.Exit(1)
     try:
         testbed.up(hosts, state_dir, subnet=subnet, log=_say)
     except testbed.TestbedError as exc:
@@ -61,10 +83,14 @@ def down(
     all_: Annotated[
         bool, typer.Option("--all", help="remove EVERY chaos-tb namespace and chtb link here, whoever made them")
     ] = False,
+    docker: Docker = False,
 ) -> None:
-    """Remove the testbed: its processes, namespaces, links and files."""
+    """Remove the testbed: its processes, namespaces, links and files (--docker: containers, network, image)."""
     try:
-        lines = testbed.down_all(log=_say) if all_ else testbed.down(state_dir, log=_say)
+        if docker:
+            lines = docker_testbed.down_all(log=_say) if all_ else docker_testbed.down(state_dir, log=_say)
+        else:
+            lines = testbed.down_all(log=_say) if all_ else testbed.down(state_dir, log=_say)
     except testbed.TestbedError as exc:
         _err.print(f"[red]testbed down failed:[/red] {escape(str(exc))}")
         raise typer.Exit(1) from None
@@ -72,8 +98,12 @@ def down(
         _say("nothing to remove")
 
 
-def status(state_dir: StateDir = None) -> None:
-    """Show each host's namespace, sshd and reachability; exit 1 unless all are healthy."""
+def status(state_dir: StateDir = None, docker: Docker = False) -> None:
+    """Show each host's namespace, sshd and reachability (--docker: container, state, address, exec); exit 1
+    unless all are healthy."""
+    if docker:
+        _docker_status(state_dir)
+        return
     try:
         state = testbed.status(state_dir)
     except testbed.TestbedError as exc:
@@ -101,4 +131,45 @@ def status(state_dir: StateDir = None) -> None:
     console.print(table)
     if not state.healthy:
         console.print("[red]not healthy[/red]: `mlchaos testbed up` repairs it")
+        raise typer.Exit(1)
+
+
+def _docker_up(hosts: int, state_dir: Path | None, subnet: str | None, shares: list[Path] | None) -> None:
+    if subnet is not None:
+        _err.print("[red]--subnet is not supported with --docker[/red] (a free 10.214.X.0/24 is chosen)")
+        raise typer.Exit(1)
+    try:
+        docker_testbed.up(hosts, state_dir, shares=shares or None, log=_say)
+    except docker_testbed.TestbedError as exc:
+        _err.print(f"[red]docker testbed up failed:[/red] {escape(str(exc))}")
+        _err.print("run `mlchaos testbed down --docker` to remove what was built")
+        raise typer.Exit(1) from None
+    typer.echo(str(docker_testbed.Layout.of(state_dir or docker_testbed.default_state_dir()).inventory))
+
+
+def _docker_status(state_dir: Path | None) -> None:
+    try:
+        state = docker_testbed.status(state_dir)
+    except docker_testbed.TestbedError as exc:
+        _err.print(f"[red]testbed status failed:[/red] {escape(str(exc))}")
+        raise typer.Exit(1) from None
+    console = Console()
+    if not state.built:
+        console.print(f"no docker testbed is up for {escape(str(state.state_dir))}")
+        raise typer.Exit(1)
+    table = Table(title=f"docker testbed {state.tag} on {state.subnet or '?'}")
+    for column in ("host", "container", "state", "address", "exec"):
+        table.add_column(column)
+    for host in state.hosts:
+        table.add_row(
+            host.name,
+            host.container,
+            host.state if host.state == "running" else f"[red]{host.state}[/red]",
+            host.address or "[red]none[/red]",
+            "ok" if host.exec_ok else "[red]fails[/red]",
+        )
+    table.caption = f"network {state.network}: {'up' if state.network_exists else 'MISSING'}; inventory: {state.inventory or 'none'}"
+    console.print(table)
+    if not state.healthy:
+        console.print("[red]not healthy[/red]: `mlchaos testbed up --docker` repairs it")
         raise typer.Exit(1)

@@ -71,7 +71,7 @@ def ensure_image(client: docker.DockerClient) -> str:
 def python_binds() -> dict[str, dict[str, str]]:
     """Read-only binds that make this machine's Python environment (interpreter, venv, the project when
     installed editable) work inside a container of :data:`IMAGE`, in docker SDK ``volumes=`` form."""
-    paths = {"/usr"}
+    paths = {"/usr", "/etc/alternatives"}  # Debian's /usr/sbin/iptables links through /etc/alternatives
     for candidate in (sys.prefix, sys.base_prefix, os.path.realpath(sys.executable)):
         paths.add(str(Path(candidate).resolve()))
     project = Path(__file__).resolve().parents[2]  # the checkout mlchaos runs from (editable installs)

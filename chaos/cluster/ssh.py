@@ -424,7 +424,8 @@ class SshTransport:
         first = stderr.split(b"\n", 1)[0].strip()
         if first.isdigit():
             try:
-                self.run(["kill", "-s", "KILL", "--", f"-{int(first)}"], timeout=10)
+                # "-KILL", not "-s KILL": procps kill reads "-s KILL -- -N" as signal N when N <= 64.
+                self.run(["kill", "-KILL", "--", f"-{int(first)}"], timeout=10)
             except TransportError:
                 pass  # the original timeout is the error worth reporting
 

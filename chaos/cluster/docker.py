@@ -1,0 +1,675 @@
+"""The Docker transport: one container of an inventory, through the Docker Engine API, behind the Transport protocol.
+
+Contracts worth knowing:
+
+* Commands are argv lists, run by ``docker exec`` of ``sh -c`` around :func:`chaos.cluster.ssh.remote_command`
+  (every word ``shlex.quote``d; the shell fragments around it are constants), so the container needs a POSIX
+  ``sh`` (the testbed's get this machine's ``/usr``). The shell ``exec``s the command: a pid is the
+  command's, in the CONTAINER's pid namespace (what ``kill`` inside understands).
+* The container is found BY NAME: a recreated container (new id) under the same name is followed; one
+  restarted in place keeps its id. Processes running in the old one are gone with it.
+* Execs ask for ``privileged`` (all capabilities) so iptables/tc work in a container started without
+  NET_ADMIN. A daemon that cannot grant them (its own bounding set lacks one, e.g. inside another
+  container) refuses such an exec before running anything; the transport then retries unprivileged and
+  remembers that for the daemon (``exec_privileged`` says which), so the container's own capabilities apply.
+* An exec process killed by a signal reads as ``-signum`` like :class:`subprocess.Popen`: the daemon
+  reports ``128 + signum``, so an exit code of 129..192 is taken to mean that signal (shells do the same).
+* A command is never run twice: the one retry (container re-found) happens only when the exec could not be
+  created at all.
+"""
+
+from __future__ import annotations
+
+import difflib
+import io
+import os
+import shlex
+import signal
+import socket
+import struct
+import subprocess
+import tarfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
+from typing import IO, TYPE_CHECKING, Any
+
+from chaos.cluster.base import Completed, Transport, TransportError
+from chaos.cluster.inventory import Host, Inventory
+from chaos.cluster.ssh import ClockEstimate, remote_command
+
+if TYPE_CHECKING:
+    import docker
+    from docker.models.containers import Container
+
+DEFAULT_SOCKET = "unix:///var/run/docker.sock"
+_START_HINT = "start it with `bash scripts/start-dockerd.sh` (or point DOCKER_HOST / the host's docker_url at one)"
+_REFUSED_CAPS = b"unable to apply caps"
+_HEADER = struct.Struct(">BxxxI")  # the exec stream's frame header: stream (1 stdout, 2 stderr), size
+_POLL_MIN_S = 0.02
+_POLL_MAX_S = 0.2
+
+# Daemon URL -> whether privileged execs work there (learned once per process, see the module docstring).
+_PRIVILEGED: dict[str, bool] = {}
+_PRIVILEGED_LOCK = threading.Lock()
+
+
+def _signal_name(signum: int) -> str:
+    return signal.Signals(signum).name.removeprefix("SIG")
+
+
+def _exit_code(code: int) -> int:
+    """The daemon's exit code, ``128 + signum`` read as ``-signum`` (Popen's convention)."""
+    return -(code - 128) if 128 < code <= 128 + 64 else code
+
+
+class _ExecConn:
+    """The hijacked connection of one exec: demultiplexed frames out, raw bytes in (the process's stdin)."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+        self._sock: Any = getattr(raw, "_sock", raw)
+        self._buffer = b""
+        # http.client may have read past the response headers into its buffer: the first frames live there.
+        response = getattr(raw, "_response", None)
+        reader = getattr(getattr(getattr(response, "raw", None), "_fp", None), "fp", None)
+        if reader is not None and hasattr(reader, "read1") and hasattr(self._sock, "settimeout"):
+            self._sock.settimeout(0)
+            try:
+                self._buffer = reader.read1(1 << 16) or b""
+            except (BlockingIOError, OSError):
+                self._buffer = b""
+        self.settimeout(None)
+        self.closed = False
+
+    def settimeout(self, timeout: float | None) -> None:
+        if hasattr(self._sock, "settimeout"):
+            self._sock.settimeout(timeout)
+
+    def _exactly(self, size: int) -> bytes | None:
+        while len(self._buffer) < size:
+            chunk: bytes = self._sock.recv(max(65536, size - len(self._buffer)))
+            if not chunk:
+                return None
+            self._buffer += chunk
+        data, self._buffer = self._buffer[:size], self._buffer[size:]
+        return data
+
+    def frame(self) -> tuple[int, bytes] | None:
+        """The next ``(stream, payload)``, or None at EOF. socket timeouts propagate (TimeoutError)."""
+        header = self._exactly(_HEADER.size)
+        if header is None:
+            return None
+        stream, size = _HEADER.unpack(header)
+        payload = self._exactly(size) if size else b""
+        return None if payload is None else (stream, payload)
+
+    def send(self, data: bytes) -> None:
+        self._sock.sendall(data)
+
+    def shutdown_write(self) -> None:
+        if isinstance(self._sock, socket.socket):
+            self._sock.shutdown(socket.SHUT_WR)
+        elif hasattr(self._sock, "shutdown_write"):  # a paramiko channel (ssh:// daemon URLs)
+            self._sock.shutdown_write()
+
+    def close(self) -> None:
+        self.closed = True
+        if isinstance(self._sock, socket.socket):
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)  # wakes a reader blocked in recv (close alone does not)
+            except OSError:
+                pass
+        for thing in (self._sock, self._raw):
+            try:
+                thing.close()
+            except OSError:
+                pass
+
+
+class _FrameReader(io.RawIOBase):
+    """An exec's stdout and stderr payloads as one raw byte stream (EOF when the exec's output closes)."""
+
+    def __init__(self, conn: _ExecConn, pending: bytes, on_eof: Callable[[], None]) -> None:
+        super().__init__()
+        self._conn = conn
+        self._pending = pending
+        self._on_eof = on_eof
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._pending:
+            if self._conn.closed:
+                return 0
+            try:
+                got = self._conn.frame()
+            except OSError:
+                got = None
+            if got is None:
+                self._on_eof()
+                return 0
+            self._pending = got[1]
+        size = min(len(buffer), len(self._pending))
+        buffer[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        return size
+
+
+class DockerProcess:
+    """A process started by :meth:`DockerTransport.spawn`; behaves like the parts of Popen the harness uses."""
+
+    def __init__(
+        self,
+        owner: DockerTransport,
+        exec_id: str,
+        conn: _ExecConn,
+        pid: int,
+        argv: list[str],
+        pending: bytes,
+        watched: bool,
+    ) -> None:
+        self._owner = owner
+        self._exec_id = exec_id
+        self._conn = conn
+        self._pid = pid
+        self._argv = argv
+        self._watched = watched
+        self._released = False
+        self._code: int | None = None
+        self._eof = False
+        self._stdout: IO[bytes] = io.BufferedReader(_FrameReader(conn, pending, self._at_eof))
+
+    @property
+    def pid(self) -> int:
+        """The process id inside the container's pid namespace."""
+        return self._pid
+
+    @property
+    def stdout(self) -> IO[bytes]:
+        """stdout and stderr merged, readable line by line; EOF once the process and its children close it."""
+        return self._stdout
+
+    def poll(self) -> int | None:
+        """The exit code (``-signum`` if killed by a signal) or None while running; -1 when its fate is
+        unknown (the daemon lost it: container removed or recreated, daemon unreachable)."""
+        if self._code is not None:
+            return self._code
+        import docker.errors
+        import requests
+
+        try:
+            info = self._owner.client.api.exec_inspect(self._exec_id)
+        except docker.errors.NotFound:
+            info = {"Running": False, "ExitCode": -1}
+        except (docker.errors.DockerException, requests.RequestException, TransportError):
+            info = {"Running": False, "ExitCode": -1}
+        if info.get("Running") or info.get("ExitCode") is None:
+            return None
+        code = int(info["ExitCode"])
+        self._code = -1 if code == -1 else _exit_code(code)
+        self._release_watcher()
+        if self._eof:
+            self._close()
+        return self._code
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Block until exit; subprocess.TimeoutExpired after ``timeout`` seconds (the process keeps running)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = _POLL_MIN_S
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(self._argv, timeout or 0.0)
+            time.sleep(pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic())))
+            pause = min(_POLL_MAX_S, pause * 1.5)
+        return code
+
+    def send_signal(self, signum: int) -> None:
+        """Deliver ``signum`` through ``kill`` in the container; a process that already exited is left alone."""
+        if self.poll() is not None:
+            return
+        done = self._owner.run(["kill", "-s", _signal_name(signum), "--", str(self._pid)], timeout=30)
+        if not done.ok and self.poll() is None:
+            raise TransportError(f"cannot signal pid {self._pid} on {self._owner.host}: {done.stderr.strip()}")
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def _at_eof(self) -> None:
+        # A watched process keeps its connection (its stdin) until its exit is seen: closing it earlier
+        # would make the watcher signal a process that merely closed its output.
+        self._eof = True
+        if self.poll() is not None or not self._watched:
+            self._close()
+
+    def _close(self) -> None:
+        self._owner._forget(self)
+        self._conn.close()
+
+    def _release_watcher(self) -> None:
+        # "done" tells the in-container watcher the exit was seen, so it leaves quietly (it also checks that
+        # the pid is still its parent before signalling, so a late EOF cannot hit a reused pid).
+        if self._watched and not self._released:
+            self._released = True
+            try:
+                self._conn.send(b"done\n")
+                self._conn.shutdown_write()
+            except OSError:
+                pass
+
+
+class DockerTransport:
+    """Runs argv lists in one container, found by name on one Docker daemon. Connects lazily; thread-safe;
+    ``close()`` when done (that also ends the stdin of every spawned process: ``kill_with_parent`` fires)."""
+
+    def __init__(self, host: Host, *, api_timeout: float = 60.0, clock_cache_s: float = 60.0) -> None:
+        self.host = host.name
+        self.spec = host
+        self.container_name = host.container or host.name
+        self.api_timeout = api_timeout
+        self.clock_cache_s = clock_cache_s
+        self._client: docker.DockerClient | None = None
+        self._container: Container | None = None
+        self._lock = threading.Lock()
+        self._processes: set[DockerProcess] = set()
+        self._clock: tuple[float, ClockEstimate] | None = None
+
+    @classmethod
+    def for_host(cls, inventory: Inventory, name: str, **options: Any) -> DockerTransport:
+        """The transport for inventory host ``name`` (which should say ``transport: docker``)."""
+        return cls(inventory.host(name), **options)
+
+    @property
+    def python(self) -> str:
+        """The interpreter for mlchaos helpers in the container (the inventory's ``python``, else ``python3``)."""
+        return self.spec.python or "python3"
+
+    @property
+    def docker_url(self) -> str:
+        """The daemon this transport talks to, for messages."""
+        return self.spec.docker_url or os.environ.get("DOCKER_HOST") or DEFAULT_SOCKET
+
+    @property
+    def exec_privileged(self) -> bool | None:
+        """Whether execs on this daemon run privileged (None: not tried yet)."""
+        with _PRIVILEGED_LOCK:
+            return _PRIVILEGED.get(self.docker_url)
+
+    def __enter__(self) -> DockerTransport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Drop the API connection and every spawned process's stream. Safe to call twice."""
+        with self._lock:
+            client, self._client, self._container = self._client, None, None
+            processes, self._processes = list(self._processes), set()
+        for process in processes:
+            process._conn.close()
+        if client is not None:
+            client.close()
+
+    def _forget(self, process: DockerProcess) -> None:
+        with self._lock:
+            self._processes.discard(process)
+
+    @property
+    def client(self) -> docker.DockerClient:
+        """The Engine API client, connected (and pinged) on first use; TransportError if the daemon is unreachable."""
+        with self._lock:
+            if self._client is not None:
+                return self._client
+            import docker
+            import docker.errors
+            import requests
+
+            try:
+                if self.spec.docker_url is None:
+                    client = docker.from_env(timeout=int(self.api_timeout))
+                else:
+                    client = docker.DockerClient(base_url=self.spec.docker_url, timeout=int(self.api_timeout))
+                client.ping()
+            except (docker.errors.DockerException, requests.RequestException, OSError) as exc:
+                raise TransportError(
+                    f"cannot reach the Docker daemon at {self.docker_url} for host {self.host}: {exc}; {_START_HINT}"
+                ) from None
+            self._client = client
+            return client
+
+    def container(self) -> Container:
+        """The container named :attr:`container_name`, looked up afresh (so a recreated one is followed).
+
+        TransportError when the daemon is unreachable, no such container exists (with a "did you mean"),
+        or it is not running (with its state)."""
+        import docker.errors
+        import requests
+
+        client = self.client
+        try:
+            found = client.containers.get(self.container_name)
+        except docker.errors.NotFound:
+            raise TransportError(
+                f"no container named {self.container_name!r} (host {self.host}) on the Docker daemon at "
+                f"{self.docker_url}{self._did_you_mean()}"
+            ) from None
+        except (docker.errors.DockerException, requests.RequestException) as exc:
+            raise TransportError(
+                f"cannot inspect container {self.container_name!r} at {self.docker_url}: {exc}"
+            ) from None
+        state = found.attrs.get("State") or {}
+        if found.status != "running" or state.get("Paused") or state.get("Restarting"):
+            detail = f"{found.status}" + (f", exit code {state.get('ExitCode')}" if found.status == "exited" else "")
+            if state.get("Error"):
+                detail += f", error: {state['Error']}"
+            raise TransportError(
+                f"container {self.container_name!r} (host {self.host}) is not running ({detail}); "
+                f"start it (`docker start {self.container_name}`) or rebuild the testbed"
+            )
+        with self._lock:
+            self._container = found
+        return found
+
+    def _did_you_mean(self) -> str:
+        try:
+            names = [c.name for c in self.client.containers.list(all=True) if c.name]
+        except Exception:  # only a hint: never mask the real error
+            return ""
+        close = difflib.get_close_matches(self.container_name, names, n=1, cutoff=0.6)
+        if close:
+            return f"; did you mean {close[0]!r}?"
+        return f"; existing: {', '.join(sorted(names)[:10])}" if names else "; it has no containers"
+
+    def _container_id(self) -> str:
+        with self._lock:
+            cached = self._container
+        return cached.id if cached is not None and cached.id else str(self.container().id)
+
+    def netns_inode(self) -> int | None:
+        """The inode of the container's current network namespace (what ``ip netns identify``/``/proc/*/ns/net``
+        compare), or None when it cannot be read. Read on this machine when the daemon is local, else inside."""
+        container = self.container()
+        pid = int((container.attrs.get("State") or {}).get("Pid") or 0)
+        if pid > 0 and self.docker_url.startswith("unix://"):
+            try:
+                # Same pid namespace as the daemon only if that pid runs the container's own PID 1 command.
+                argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
+                if argv0 == str(container.attrs.get("Path", "")):
+                    return os.stat(f"/proc/{pid}/ns/net").st_ino
+            except OSError:
+                pass
+        done = self.run(["readlink", "/proc/1/ns/net"], timeout=15)
+        text = done.stdout.strip()  # net:[4026532801]
+        if done.ok and text.startswith("net:[") and text.endswith("]") and text[5:-1].isdigit():
+            return int(text[5:-1])
+        return None
+
+    # --- exec plumbing ------------------------------------------------------------------------------------
+
+    def _exec(self, command: str, argv: list[str], *, stdin: bool) -> tuple[str, _ExecConn]:
+        """Create and start ``sh -c command``; the container is re-found once if the exec could not be created,
+        and an exec refused for its privileges is retried unprivileged (it never ran)."""
+        import docker.errors
+        import requests
+
+        api = self.client.api
+        for attempt in (1, 2, 3):
+            privileged = self.exec_privileged is not False
+            try:
+                created = api.exec_create(
+                    self._container_id(),
+                    ["sh", "-c", command],
+                    stdin=stdin,
+                    stdout=True,
+                    stderr=True,
+                    privileged=privileged,
+                )
+                exec_id = str(created["Id"])
+                conn = _ExecConn(api.exec_start(exec_id, socket=True))
+            except docker.errors.NotFound:
+                with self._lock:
+                    self._container = None
+                if attempt == 1:
+                    continue
+                self.container()  # raises the clear error (no such container / not running)
+                raise TransportError(f"cannot start {argv[0]} in {self.container_name} ({self.host})") from None
+            except docker.errors.APIError as exc:
+                with self._lock:
+                    self._container = None
+                if exc.status_code == 409:  # "is not running", "is paused", "is restarting"
+                    self.container()
+                raise TransportError(f"cannot start {argv[0]} in {self.container_name} ({self.host}): {exc}") from None
+            except (docker.errors.DockerException, requests.RequestException, OSError) as exc:
+                raise TransportError(f"cannot start {argv[0]} in {self.container_name} ({self.host}): {exc}") from None
+            if privileged and self.exec_privileged is None:
+                if self._refused_privileges(exec_id, conn):
+                    continue
+                with _PRIVILEGED_LOCK:
+                    _PRIVILEGED[self.docker_url] = True
+            return exec_id, conn
+        raise TransportError(f"cannot start {argv[0]} in {self.container_name} ({self.host})")
+
+    def _refused_privileges(self, exec_id: str, conn: _ExecConn) -> bool:
+        """Whether this (first, privileged) exec was refused by the runtime for its capabilities; if so it is
+        closed and the daemon remembered as unprivileged. Peeks at the first frame, which stays readable."""
+        conn.settimeout(self.api_timeout)
+        try:
+            first = conn.frame()
+        except OSError:
+            return False
+        finally:
+            conn.settimeout(None)
+        if first is not None:
+            conn._buffer = _HEADER.pack(first[0], len(first[1])) + first[1] + conn._buffer
+        if first is not None and first[1].startswith(b"OCI runtime") and _REFUSED_CAPS in first[1]:
+            conn.close()
+            with _PRIVILEGED_LOCK:
+                _PRIVILEGED[self.docker_url] = False
+            return True
+        return False
+
+    def _exit_of(self, exec_id: str, deadline: float) -> int:
+        """The exit code of a finished exec (the daemon may record it a moment after the stream ends)."""
+        import docker.errors
+        import requests
+
+        pause = 0.005
+        while True:
+            try:
+                info = self.client.api.exec_inspect(exec_id)
+            except (docker.errors.DockerException, requests.RequestException) as exc:
+                raise TransportError(
+                    f"lost the exit code of an exec in {self.container_name} ({self.host}): {exc}"
+                ) from None
+            if not info.get("Running") and info.get("ExitCode") is not None:
+                return _exit_code(int(info["ExitCode"]))
+            if time.monotonic() > deadline:
+                return -1
+            time.sleep(pause)
+            pause = min(0.1, pause * 2)
+
+    # --- Transport protocol -----------------------------------------------------------------------------
+
+    def run(self, argv: list[str], *, timeout: float = 30.0, check: bool = False) -> Completed:
+        """Run ``argv`` in the container (stdin: /dev/null) and capture its output. On timeout its process
+        group is SIGKILLed and TransportError raised; ``check`` raises TransportError on a non-zero exit."""
+        command = "echo $$ >&2; " + remote_command(argv) + " </dev/null"
+        deadline = time.monotonic() + timeout
+        exec_id, conn = self._exec(command, argv, stdin=False)
+        out: list[bytes] = []
+        err: list[bytes] = []
+        try:
+            while True:
+                conn.settimeout(max(0.001, deadline - time.monotonic()))
+                try:
+                    got = conn.frame()
+                except TimeoutError:
+                    self._kill_group(b"".join(err))
+                    raise TransportError(f"{argv[0]} timed out after {timeout:.0f}s on {self.host}") from None
+                except OSError as exc:
+                    raise TransportError(
+                        f"connection to the Docker daemon lost while running {argv[0]} on {self.host}: {exc}"
+                    ) from None
+                if got is None:
+                    break
+                (out if got[0] == 1 else err).append(got[1])
+        finally:
+            conn.close()
+        code = self._exit_of(exec_id, max(deadline, time.monotonic() + 5))
+        stderr = b"".join(err).decode(errors="replace")
+        first, _, rest = stderr.partition("\n")
+        stderr = rest if first.strip().isdigit() else stderr
+        done = Completed(tuple(argv), code, b"".join(out).decode(errors="replace"), stderr)
+        if check and not done.ok:
+            raise TransportError(f"{shlex.join(argv)} exited {code} on {self.host}: {stderr.strip()[:300]}")
+        return done
+
+    def _kill_group(self, stderr: bytes) -> None:
+        """SIGKILL the process group of a timed-out command (an exec'd process leads its own session)."""
+        first = stderr.split(b"\n", 1)[0].strip()
+        if first.isdigit():
+            try:
+                # `-KILL`, not `-s KILL`: procps kill reads `-s KILL -- -N` as signal N when N <= 64, and
+                # pids in a container are small.
+                self.run(["kill", "-KILL", "--", f"-{int(first)}"], timeout=10)
+            except TransportError:
+                pass  # the original timeout is the error worth reporting
+
+    def spawn(
+        self,
+        argv: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        kill_with_parent: int | None = None,
+    ) -> DockerProcess:
+        """Start ``argv`` in the container with stdout+stderr merged into :attr:`DockerProcess.stdout`.
+
+        ``env`` is ADDED to the container's environment (never the harness's own). ``kill_with_parent``: an
+        in-container watcher delivers that signal when the exec's stdin (this transport's connection) ends
+        without the harness having seen the process exit: harness killed, ``close()``d, daemon connection
+        lost. stdin is /dev/null.
+        """
+        quoted = remote_command(argv, env=env, cwd=str(cwd) if cwd is not None else None)
+        if kill_with_parent is None:
+            command = f"exec </dev/null; echo $$ >&2; {quoted} 2>&1"
+        else:
+            # The watcher holds the exec's stdin (fd 3). On EOF without "done" it signals $$ (the command: the
+            # shell exec's it) - but only while $$ is still its parent, so a finished command's reused pid is
+            # never hit. /proc/self/stat field 4 is the ppid (field 2, "(sh)", has no spaces).
+            kill = f"kill -s {_signal_name(kill_with_parent)} $$"
+            command = (
+                "exec 3<&0 </dev/null; echo $$ >&2; "
+                f'{{ while read -r line <&3; do [ "$line" = done ] && exit 0; done; '
+                f'read -r _ _ _ ppid _ </proc/self/stat; [ "$ppid" = $$ ] && {kill}; }} >/dev/null 2>&1 & '
+                f"{quoted} 2>&1 3<&-"
+            )
+        exec_id, conn = self._exec(command, argv, stdin=kill_with_parent is not None)
+        first = b""
+        pending = b""
+        try:
+            conn.settimeout(self.api_timeout)
+            while b"\n" not in first:
+                got = conn.frame()
+                if got is None:
+                    break
+                if got[0] == 2:
+                    first += got[1]
+                else:
+                    pending += got[1]
+            conn.settimeout(None)
+        except OSError as exc:
+            conn.close()
+            raise TransportError(f"cannot start {argv[0]} on {self.host}: {exc}") from None
+        line, _, rest = first.partition(b"\n")
+        if not line.strip().isdigit():
+            conn.close()
+            raise TransportError(f"cannot start {argv[0]} on {self.host}: no pid reported ({first!r})")
+        process = DockerProcess(
+            self, exec_id, conn, int(line), list(argv), pending + rest, kill_with_parent is not None
+        )
+        with self._lock:
+            self._processes.add(process)
+        return process
+
+    def put(self, data: bytes, path: str) -> None:
+        """Write ``data`` to ``path`` atomically: an archive to a temporary name in the same folder, then ``mv -f``."""
+        import docker.errors
+        import requests
+
+        target = PurePosixPath(path)
+        if not target.is_absolute():
+            raise TransportError(f"put needs an absolute path in the container, not {path!r}")
+        tmp_name = f".{target.name}.chaos-tmp-{uuid.uuid4().hex[:12]}"
+        tmp = str(target.parent / tmp_name)
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            info = tarfile.TarInfo(tmp_name)
+            info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+        try:
+            self.client.api.put_archive(self._container_id(), str(target.parent), buffer.getvalue())
+        except docker.errors.NotFound as exc:
+            self.container()  # the container itself missing says so; otherwise the folder is
+            raise TransportError(
+                f"cannot write {path} on {self.host}: {target.parent} does not exist ({exc})"
+            ) from None
+        except (docker.errors.DockerException, requests.RequestException) as exc:
+            raise TransportError(f"cannot write {path} on {self.host}: {exc}") from None
+        try:
+            self.run(["mv", "-f", "--", tmp, str(target)], check=True)
+        except TransportError:
+            self.run(["rm", "-f", "--", tmp])
+            raise
+
+    def clock_offset(self) -> float:
+        """Seconds to add to container timestamps to put them on the harness timeline (cached ``clock_cache_s``)."""
+        now = time.monotonic()
+        if self._clock is None or now - self._clock[0] > self.clock_cache_s:
+            self._clock = (now, self.clock_estimate())
+        return self._clock[1].offset_s
+
+    def clock_estimate(self, samples: int = 9) -> ClockEstimate:
+        """Measure the offset with ``samples`` round trips to one long-lived ``date +%s%N`` loop in the
+        container; the tightest round trip wins (see :class:`chaos.cluster.ssh.ClockEstimate`)."""
+        argv = ["sh", "-c", "while read -r _; do date +%s%N; done"]
+        _exec_id, conn = self._exec("echo $$ >&2; " + remote_command(argv), argv, stdin=True)
+        best: tuple[int, int] | None = None  # (rtt_ns, offset_ns)
+        try:
+            conn.settimeout(10.0)
+            for _ in range(max(1, samples)):
+                before = time.time_ns()
+                conn.send(b"\n")
+                text = b""
+                while not text.endswith(b"\n"):
+                    got = conn.frame()
+                    if got is None:
+                        break
+                    if got[0] == 1:  # stderr holds only the shell's pid line
+                        text += got[1]
+                after = time.time_ns()
+                reading = text.decode(errors="replace").strip()
+                if not reading.isdigit():
+                    raise TransportError(
+                        f"{self.host}: `date +%s%N` printed {reading!r}; GNU date is needed for clock sync"
+                    )
+                rtt = after - before
+                if best is None or rtt < best[0]:
+                    best = (rtt, (before + after) // 2 - int(reading))
+        except OSError as exc:
+            raise TransportError(f"cannot read the clock of {self.host}: {exc}") from None
+        finally:
+            conn.close()
+        assert best is not None
+        return ClockEstimate(offset_s=best[1] / 1e9, error_s=best[0] / 2e9, rtt_s=best[0] / 1e9, samples=samples)
+
+
+def _satisfies_protocol(transport: DockerTransport) -> Transport:
+    return transport  # never called: mypy proves here that DockerTransport is a Transport
