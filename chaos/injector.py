@@ -5,7 +5,9 @@ Life of one fault op, driven by the runner so that no injector can get the order
 1. ``check(ctx, params)`` before anything is applied: raise :class:`Unsupported` with the reason.
 2. ``prepare(ctx, op)`` resolves the fault's targets (pids, hosts …) WITHOUT changing anything and returns
    an :class:`Applied` record holding everything needed to undo it.
-3. The runner journals that record (fsync) and arms the dead-man reverter from ``revert_command``.
+3. The runner journals that record (fsync) and arms the dead-man reverter from ``revert_command``: on the
+   fault's host (a detached ``sh`` there), or on the harness's machine when the injector class sets
+   ``revert_on_harness = True`` (its revert is a command for this machine, e.g. ``docker start``).
 4. ``apply(ctx, applied)`` changes the world.
 5. ``heal(ctx, applied)`` undoes it; idempotent, safe after a crash, safe when the target is gone.
 """

@@ -21,6 +21,7 @@ BUILTIN_INJECTOR_MODULES = (
     "injectors.network",
     "injectors.storage",
     "injectors.node",
+    "injectors.container",
 )
 BUILTIN_CHECK_MODULES = (
     "chaos.checks.detection",

@@ -382,7 +382,9 @@ class _Execution:
         revert = injector.revert_command(applied)
         if op.duration_s is not None and revert:
             fires_in = op.duration_s + self.scenario.safety.heal_grace
-            if host == LOCAL:
+            # Faults whose revert runs on this machine (e.g. `docker start` for a container fault) get the
+            # local dead-man even on a remote host: one inside a stopped container could not fire.
+            if host == LOCAL or getattr(injector, "revert_on_harness", False):
                 deadman_pid = deadman.arm(self.journal.path, journal_id, revert, fires_in)  # journals itself
             else:
                 remote_marker = remote_deadman.arm(ctx.transport, journal_id, revert, fires_in)

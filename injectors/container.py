@@ -1,0 +1,485 @@
+"""Container faults through the Docker Engine API: ``container_kill``, ``container_stop``,
+``container_restart``, ``container_pause`` and ``container_cpu``.
+
+They need a docker host (``transport: docker`` in the inventory, :class:`chaos.cluster.docker.DockerTransport`)
+and act on the whole container through the daemon, not on processes inside it: a kill is the daemon's
+``kill``, a pause is the cgroup freezer, a CPU cap is the container's own CFS quota (``docker update``).
+
+Every op records the container's NAME and the id it had at prepare. The container is re-found by name at
+each step, because the object the SDK handed out goes stale when the container is restarted, and an
+orchestrator may have recreated it (same name, new id) meanwhile. Heal undoes only what is still ours: it
+unpauses / starts / restores the quota of the container with the recorded id, in the state the fault left
+it; a container already started, unpaused, recreated or removed by someone else is left as it is, and heal
+succeeds. Heal raises InjectionError only when the daemon cannot be reached or refuses the undo.
+
+Dead-man: :meth:`revert_command` is a ``docker`` CLI argv (``docker start NAME``, ``docker unpause NAME``,
+``docker update --cpu-quota=N|--cpus=N NAME``, with ``-H URL`` when the inventory names a ``docker_url``). It
+must run on the HARNESS's machine, the one that reaches the Engine API (the local :mod:`chaos.deadman`), not
+inside the container, where a stopped container would take the switch down with it: every injector here says
+so with ``revert_on_harness = True``. Reverts act by name and change nothing when the container is already
+running / unpaused / restored; only ``docker unpause`` of a container that is not paused exits non-zero, so
+the dead-man journals that op as failed and ``mlchaos cleanup`` closes it with a heal that finds nothing to do.
+
+One-shot faults (``container_kill``, ``container_restart``) have no heal: with restart policy ``no`` a
+killed container stays down, and bringing it back is the user's orchestration under test.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, ClassVar, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
+
+from chaos.cluster.base import TransportError
+from chaos.cluster.local import signal_number
+from chaos.injector import Applied, FaultOp, InjectionContext, InjectionError, Injector, Unsupported
+from chaos.units import Duration
+from injectors.process import params_of, require_duration
+
+if TYPE_CHECKING:
+    from docker.models.containers import Container
+
+    from chaos.cluster.docker import DockerTransport
+
+NOT_DOCKER = "container faults need a docker host (transport: docker in the inventory)"
+DEFAULT_CFS_PERIOD_US = 100_000  # the kernel's (and docker's) period when the container sets none
+MIN_CFS_QUOTA_US = 1_000  # the kernel's smallest quota; docker refuses less
+SKIPPED = "skipped"  # state key set by an apply that changed nothing, so the heal that follows leaves it alone
+_T = TypeVar("_T")
+
+
+# -- parameters -------------------------------------------------------------------------------------------------
+
+
+class ContainerKillParams(BaseModel):
+    """Send one signal to the container's main process (PID 1 inside it) through the daemon."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    signal: str = Field(default="SIGKILL", description="signal name or number, e.g. SIGKILL, SIGTERM, 9")
+
+    @field_validator("signal", mode="before")
+    @classmethod
+    def _known_signal(cls, value: object) -> str:
+        import signal as signals
+
+        if not isinstance(value, str | int) or isinstance(value, bool):
+            raise ValueError(f"signal must be a name or number, got {value!r}")
+        try:
+            return signals.Signals(signal_number(value)).name
+        except ValueError:
+            raise ValueError(f"unknown signal {value!r}; use a name such as SIGKILL, SIGTERM or SIGINT") from None
+
+
+class ContainerStopParams(BaseModel):
+    """Stop the container (SIGTERM, then SIGKILL after ``timeout``) for the fault's duration, then start it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    timeout: Duration = Field(default=10.0, ge=0, description="grace before SIGKILL, rounded up to whole seconds")
+
+
+class ContainerRestartParams(ContainerStopParams):
+    """Restart the container once (stop with ``timeout`` grace, then start)."""
+
+
+class ContainerPauseParams(BaseModel):
+    """Freeze every process of the container (cgroup freezer) for the fault's duration."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ContainerCpuParams(BaseModel):
+    """Cap the whole container at ``cpus`` CPUs for the fault's duration."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cpus: float = Field(gt=0, description="CPUs the container may use: 0.2 = 20% of one CPU, 2 = two")
+
+
+# -- docker access -------------------------------------------------------------------------------------------------
+
+
+def docker_transport(ctx: InjectionContext, error: type[Exception] = InjectionError) -> DockerTransport:
+    """``ctx.transport`` as a DockerTransport; ``error`` (Unsupported in check) for any other transport."""
+    from chaos.cluster.docker import DockerTransport
+
+    if not isinstance(ctx.transport, DockerTransport):
+        raise error(f"{NOT_DOCKER}; host {ctx.transport.host!r} is not one")
+    return ctx.transport
+
+
+def _daemon_errors() -> tuple[type[Exception], ...]:
+    """What the SDK raises when the daemon is unreachable or refuses a call (besides NotFound)."""
+    import docker.errors
+    import requests
+
+    return (docker.errors.DockerException, requests.exceptions.RequestException, TransportError)
+
+
+def _call(what: str, name: str, call: Callable[[], _T]) -> _T:
+    """Run one daemon call; InjectionError naming the container and the daemon's own words on failure."""
+    import docker.errors
+
+    try:
+        return call()
+    except docker.errors.APIError as exc:
+        reason = exc.explanation or str(exc)
+        raise InjectionError(f"{what} container {name!r} failed: {reason}") from exc
+    except TransportError as exc:  # the transport's own message (daemon unreachable, with a hint)
+        raise InjectionError(f"{what} container {name!r} failed: {exc}") from exc
+    except _daemon_errors() as exc:
+        raise InjectionError(f"{what} container {name!r} failed: cannot reach the Docker daemon: {exc}") from exc
+
+
+def find_container(transport: DockerTransport) -> Container | None:
+    """The container named like the host's container NOW (fresh attrs), or None when there is none."""
+    import docker.errors
+
+    name = transport.container_name
+    try:
+        return _call("looking up", name, lambda: transport.client.containers.get(name))
+    except InjectionError as exc:
+        if isinstance(exc.__cause__, docker.errors.NotFound):
+            return None
+        raise
+
+
+def _require_container(transport: DockerTransport) -> Container:
+    found = find_container(transport)
+    if found is None:
+        raise InjectionError(f"container {transport.container_name!r} on {transport.host} does not exist")
+    return found
+
+
+def check_running(ctx: InjectionContext) -> DockerTransport:
+    """Unsupported unless the host is a docker host whose container exists and runs (checked before any fault)."""
+    transport = docker_transport(ctx, Unsupported)
+    name = transport.container_name
+    try:
+        transport.container()
+    except _daemon_errors() as exc:
+        text = str(exc)
+        raise Unsupported(text if name in text else f"container {name!r} on {transport.host}: {text}") from exc
+    return transport
+
+
+def _record(ctx: InjectionContext, op: FaultOp, injector: str) -> tuple[Applied, Container]:
+    """The Applied every op here starts from (the container's name, id and daemon URL) and the container, which
+    must be running; changes nothing."""
+    transport = docker_transport(ctx)
+    container = _require_container(transport)
+    if container.status != "running":
+        raise InjectionError(
+            f"container {transport.container_name!r} on {transport.host} is {container.status}, not running"
+        )
+    state: dict[str, JsonValue] = {
+        "container": transport.container_name,
+        "container_id": container.id,
+        "docker_url": transport.spec.docker_url,
+    }
+    applied = Applied(
+        op_id=op.op_id, fault=op.fault, injector=injector, host=transport.host, duration_s=op.duration_s, state=state
+    )
+    return applied, container
+
+
+def _text(applied: Applied, key: str) -> str:
+    value = applied.state.get(key)
+    if not isinstance(value, str) or not value:
+        raise InjectionError(f"journal state of {applied.op_id} has no {key!r}: {value!r}")
+    return value
+
+
+def _int(applied: Applied, key: str) -> int:
+    value = applied.state.get(key)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InjectionError(f"journal state of {applied.op_id} has no integer {key!r}: {value!r}")
+    return value
+
+
+def _ours(transport: DockerTransport, applied: Applied) -> Container | None:
+    """The recorded container if it still exists under its name with the recorded id (None: gone/recreated)."""
+    found = find_container(transport)
+    return found if found is not None and found.id == applied.state.get("container_id") else None
+
+
+def _current(transport: DockerTransport, applied: Applied, verb: str) -> Container:
+    """For apply: the recorded container, running; InjectionError (and the heal that follows skips) otherwise."""
+    found = _require_container(transport)
+    if found.id != applied.state.get("container_id") or found.status != "running":
+        applied.state[SKIPPED] = True
+        change = "was recreated" if found.id != applied.state.get("container_id") else f"is {found.status}"
+        raise InjectionError(f"container {transport.container_name!r} {change} since prepare; not {verb}")
+    return found
+
+
+def docker_cli(applied: Applied, *args: str) -> list[str]:
+    """``docker [-H URL] ARGS... NAME``: the dead-man's revert, run on the harness's machine."""
+    url = applied.state.get("docker_url")
+    host = ["-H", url] if isinstance(url, str) and url else []
+    return ["docker", *host, *args, _text(applied, "container")]
+
+
+def _whole_seconds(value: float) -> int:
+    return math.ceil(value)
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}s"
+
+
+# -- injectors ----------------------------------------------------------------------------------------------------
+
+
+class ContainerKillInjector:
+    """Signal the container's main process once via the daemon (SIGKILL by default). Irreversible."""
+
+    name: ClassVar[str] = "container_kill"
+    Params: ClassVar[type[BaseModel]] = ContainerKillParams
+    summary: ClassVar[str] = "send a signal (default SIGKILL) to a container's main process through the Docker API"
+    revert_on_harness: ClassVar[bool] = True
+
+    def check(self, ctx: InjectionContext, params: BaseModel) -> None:
+        check_running(ctx)
+
+    def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
+        params = params_of(ContainerKillParams, op)
+        applied, _ = _record(ctx, op, self.name)
+        applied.reversible = False
+        applied.state["signal"] = params.signal
+        applied.description = f"{params.signal} container {applied.state['container']}"
+        return applied
+
+    def apply(self, ctx: InjectionContext, applied: Applied) -> None:
+        transport = docker_transport(ctx)
+        signal = _text(applied, "signal")
+        container = _current(transport, applied, "killed")
+        _call(f"sending {signal} to", transport.container_name, lambda: container.kill(signal=signal))
+
+    def heal(self, ctx: InjectionContext, applied: Applied) -> None:
+        """Nothing to undo: a signal cannot be taken back (the container's restart policy is under test)."""
+
+    def revert_command(self, applied: Applied) -> list[str] | None:
+        return None
+
+
+class ContainerStopInjector:
+    """``docker stop`` for the fault's duration; heal starts the recorded container again if it is still down."""
+
+    name: ClassVar[str] = "container_stop"
+    Params: ClassVar[type[BaseModel]] = ContainerStopParams
+    summary: ClassVar[str] = "stop a container for the fault's duration, then start it again"
+    revert_on_harness: ClassVar[bool] = True
+
+    def check(self, ctx: InjectionContext, params: BaseModel) -> None:
+        check_running(ctx)
+
+    def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
+        duration = require_duration(self.name, op)
+        params = params_of(ContainerStopParams, op)
+        applied, _ = _record(ctx, op, self.name)
+        applied.state["timeout_s"] = _whole_seconds(params.timeout)
+        applied.description = f"stop container {applied.state['container']} for {_seconds(duration)}"
+        return applied
+
+    def apply(self, ctx: InjectionContext, applied: Applied) -> None:
+        transport = docker_transport(ctx)
+        timeout = _int(applied, "timeout_s")
+        container = _current(transport, applied, "stopped")
+        _call("stopping", transport.container_name, lambda: container.stop(timeout=timeout))
+
+    def heal(self, ctx: InjectionContext, applied: Applied) -> None:
+        """Start the recorded container unless it runs already, was recreated or removed (then: nothing)."""
+        if applied.state.get(SKIPPED):
+            return
+        transport = docker_transport(ctx)
+        container = _ours(transport, applied)
+        if container is None or container.status in ("running", "restarting", "paused", "removing"):
+            return
+        _call("starting", transport.container_name, container.start)
+
+    def revert_command(self, applied: Applied) -> list[str] | None:
+        return docker_cli(applied, "start")
+
+
+class ContainerRestartInjector:
+    """``docker restart`` once (stop with ``timeout`` grace, then start). Irreversible: nothing to heal."""
+
+    name: ClassVar[str] = "container_restart"
+    Params: ClassVar[type[BaseModel]] = ContainerRestartParams
+    summary: ClassVar[str] = "restart a container once (stop with a grace timeout, then start)"
+    revert_on_harness: ClassVar[bool] = True
+
+    def check(self, ctx: InjectionContext, params: BaseModel) -> None:
+        check_running(ctx)
+
+    def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
+        params = params_of(ContainerRestartParams, op)
+        applied, _ = _record(ctx, op, self.name)
+        applied.reversible = False
+        applied.state["timeout_s"] = _whole_seconds(params.timeout)
+        applied.description = f"restart container {applied.state['container']}"
+        return applied
+
+    def apply(self, ctx: InjectionContext, applied: Applied) -> None:
+        transport = docker_transport(ctx)
+        timeout = _int(applied, "timeout_s")
+        container = _current(transport, applied, "restarted")
+        _call("restarting", transport.container_name, lambda: container.restart(timeout=timeout))
+
+    def heal(self, ctx: InjectionContext, applied: Applied) -> None:
+        """Nothing to undo: the container was started again by the restart itself."""
+
+    def revert_command(self, applied: Applied) -> list[str] | None:
+        return None
+
+
+class ContainerPauseInjector:
+    """Freeze the container (cgroup freezer) for the fault's duration; heal unpauses it if it is still paused."""
+
+    name: ClassVar[str] = "container_pause"
+    Params: ClassVar[type[BaseModel]] = ContainerPauseParams
+    summary: ClassVar[str] = "freeze every process of a container (docker pause) for the fault's duration"
+    revert_on_harness: ClassVar[bool] = True
+
+    def check(self, ctx: InjectionContext, params: BaseModel) -> None:
+        check_running(ctx)
+
+    def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
+        duration = require_duration(self.name, op)
+        applied, _ = _record(ctx, op, self.name)
+        applied.description = f"pause container {applied.state['container']} for {_seconds(duration)}"
+        return applied
+
+    def apply(self, ctx: InjectionContext, applied: Applied) -> None:
+        transport = docker_transport(ctx)
+        container = _current(transport, applied, "paused")
+        _call("pausing", transport.container_name, container.pause)
+
+    def heal(self, ctx: InjectionContext, applied: Applied) -> None:
+        """Unpause the recorded container if paused; a restarted, recreated or removed one is left alone."""
+        if applied.state.get(SKIPPED):
+            return
+        transport = docker_transport(ctx)
+        container = _ours(transport, applied)
+        if container is None or container.status != "paused":
+            return
+        try:
+            _call("unpausing", transport.container_name, container.unpause)
+        except InjectionError:
+            again = _ours(transport, applied)  # raced with someone else's unpause/restart: that is healed too
+            if again is not None and again.status == "paused":
+                raise
+
+    def revert_command(self, applied: Applied) -> list[str] | None:
+        return docker_cli(applied, "unpause")
+
+
+class ContainerCpuInjector:
+    """Cap the container's CPU for the fault's duration; heal restores exactly the recorded limits.
+
+    A container limited with ``NanoCpus`` (``docker run --cpus``, compose ``cpus:``) is capped through
+    ``NanoCpus`` (docker refuses a quota next to it); any other through ``CpuQuota`` at its own period
+    (``CpuPeriod``, or the kernel's 100ms), which is left untouched. Restoring "no quota" writes -1, docker's
+    spelling of unlimited (``HostConfig.CpuQuota`` then reads -1 rather than 0). Heal restores only while the
+    fault's value is still in place, so a limit someone changed meanwhile, or a recreated container, is kept.
+    """
+
+    name: ClassVar[str] = "container_cpu"
+    Params: ClassVar[type[BaseModel]] = ContainerCpuParams
+    summary: ClassVar[str] = "cap a container at a number of CPUs (its CFS quota via docker update)"
+    revert_on_harness: ClassVar[bool] = True
+
+    def check(self, ctx: InjectionContext, params: BaseModel) -> None:
+        transport = check_running(ctx)
+        try:
+            info = _call("inspecting the daemon of", transport.container_name, transport.client.info)
+        except InjectionError as exc:
+            raise Unsupported(str(exc)) from exc
+        if info.get("CpuCfsQuota") is False:
+            raise Unsupported(f"the Docker daemon of {transport.host} has no CFS quota support (CpuCfsQuota: false)")
+
+    def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
+        """Record the current CpuQuota/CpuPeriod/NanoCpus and the fault's value; InjectionError if out of range."""
+        duration = require_duration(self.name, op)
+        cpus = params_of(ContainerCpuParams, op).cpus
+        applied, container = _record(ctx, op, self.name)
+        host_config = container.attrs.get("HostConfig") or {}
+        quota, period, nano = (int(host_config.get(key) or 0) for key in ("CpuQuota", "CpuPeriod", "NanoCpus"))
+        applied.state.update(previous_cpu_quota=quota, previous_cpu_period=period, previous_nano_cpus=nano, cpus=cpus)
+        if nano > 0:
+            applied.state["fault_nano_cpus"] = int(cpus * 1e9)
+        else:
+            fault_quota = round(cpus * (period or DEFAULT_CFS_PERIOD_US))
+            if fault_quota < MIN_CFS_QUOTA_US:
+                raise InjectionError(
+                    f"cpus={cpus:g} is a quota of {fault_quota}us per {period or DEFAULT_CFS_PERIOD_US}us period;"
+                    f" the kernel's smallest is {MIN_CFS_QUOTA_US}us"
+                )
+            applied.state["fault_cpu_quota"] = fault_quota
+        applied.description = f"cap container {applied.state['container']} at {cpus:g} CPUs for {_seconds(duration)}"
+        return applied
+
+    def apply(self, ctx: InjectionContext, applied: Applied) -> None:
+        transport = docker_transport(ctx)
+        container = _current(transport, applied, "throttled")
+        if "fault_nano_cpus" in applied.state:
+            _update_nano_cpus(transport, container, _int(applied, "fault_nano_cpus"))
+        else:
+            quota = _int(applied, "fault_cpu_quota")
+            _call("updating the CPU quota of", transport.container_name, lambda: container.update(cpu_quota=quota))
+
+    def heal(self, ctx: InjectionContext, applied: Applied) -> None:
+        """Restore the recorded limit while the fault's is still in place; otherwise leave the container be."""
+        transport = docker_transport(ctx)
+        container = _ours(transport, applied)
+        if container is None:
+            return
+        host_config = container.attrs.get("HostConfig") or {}
+        if "fault_nano_cpus" in applied.state:
+            if int(host_config.get("NanoCpus") or 0) == _int(applied, "fault_nano_cpus"):
+                _update_nano_cpus(transport, container, _int(applied, "previous_nano_cpus"))
+            return
+        if int(host_config.get("CpuQuota") or 0) == _int(applied, "fault_cpu_quota"):
+            restore = _quota_to_restore(applied)
+            _call("restoring the CPU quota of", transport.container_name, lambda: container.update(cpu_quota=restore))
+
+    def revert_command(self, applied: Applied) -> list[str] | None:
+        if "fault_nano_cpus" in applied.state:
+            return docker_cli(applied, "update", f"--cpus={_int(applied, 'previous_nano_cpus') / 1e9:g}")
+        return docker_cli(applied, "update", f"--cpu-quota={_quota_to_restore(applied)}")
+
+
+def _quota_to_restore(applied: Applied) -> int:
+    """The recorded CpuQuota, with "none" (0, which docker update reads as "unchanged") as -1 (unlimited)."""
+    previous = _int(applied, "previous_cpu_quota")
+    return previous if previous > 0 else -1
+
+
+def _update_nano_cpus(transport: DockerTransport, container: Container, nano_cpus: int) -> None:
+    """``docker update --cpus``: the SDK's ``update`` has no NanoCpus, so this posts the Engine API call itself."""
+    api = transport.client.api
+    url = f"{api.base_url}/v{api.api_version}/containers/{container.id}/update"
+
+    def post() -> None:
+        response = api.post(url, json={"NanoCpus": nano_cpus}, timeout=30)
+        if response.status_code >= 400:
+            try:
+                reason = str(response.json().get("message", response.text))
+            except ValueError:
+                reason = response.text
+            raise InjectionError(f"updating NanoCpus of container {transport.container_name!r} failed: {reason}")
+
+    _call("updating NanoCpus of", transport.container_name, post)
+
+
+INJECTORS: tuple[type[Injector], ...] = (  # annotated: mypy proves each is an Injector
+    ContainerKillInjector,
+    ContainerStopInjector,
+    ContainerRestartInjector,
+    ContainerPauseInjector,
+    ContainerCpuInjector,
+)
