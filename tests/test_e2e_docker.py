@@ -1,0 +1,155 @@
+"""Containers as hosts, end to end, against a real Docker daemon: the kill-rank and partition-node scenario
+files run unchanged with a docker inventory (a multi-node torchrun job across containers); a container
+restarted in the middle of a partition is still healed; a scenario naming a container that does not exist
+is refused before anything is applied."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import docker
+import pytest
+
+from chaos.cluster.docker import DockerTransport
+from chaos.cluster.inventory import Host, Inventory, dump_inventory
+from chaos.history import FAULT_APPLIED, FAULT_HEALED
+from chaos.runner import EXIT_INVALID, EXIT_PASS, RunOptions, execute
+from chaos.scenario import parse_scenario
+
+pytest_plugins = ["docker_fixture"]
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run_cli(args: list[str], cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "chaos.cli", "run", *args],
+        cwd=cwd, env={**os.environ, "COLUMNS": "200"}, capture_output=True, text=True, timeout=420,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "extra"),
+    [("partition-node", []), ("kill-rank", ["--nodes", "host:h1"])],
+    ids=["partition-node", "kill-rank"],
+)
+def test_scenario_file_runs_unchanged_on_containers(
+    name: str, extra: list[str], docker_testbed: Inventory, tmp_path: Path
+) -> None:
+    inventory_file = tmp_path / "inventory.yaml"
+    dump_inventory(docker_testbed, inventory_file)
+    reports = tmp_path / "reports"
+    done = _run_cli(
+        [str(ROOT / "scenarios" / f"{name}.yaml"), "--inventory", str(inventory_file), "--report-dir", str(reports),
+         *extra]
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    [run_dir] = [p for p in reports.iterdir() if p.name.startswith(name)]
+    history = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    hosts = {e["data"]["host"] for e in history if e["kind"] == "target.start"}
+    assert hosts == ({"h1"} if extra else {"h1", "h2", "h3"})
+    [applied] = [e for e in history if e["kind"] == "fault.applied"]
+    assert applied["data"]["host"] in hosts
+
+
+PARTITION = """\
+name: docker-partition-restart
+seed: 3
+target:
+  type: command
+  command: [{python}, -c, "import time\\nfor i in range(400): print('tick', i, flush=True); time.sleep(0.1)"]
+  matchers: [{{pattern: '^tick (?P<step>\\\\d+)', event: target.step}}]
+faults:
+  - name: cut-h2
+    type: partition
+    hosts: {{host: h2}}
+    params: {{peers: ["group:all"]}}
+    trigger: {{after: 1s}}
+    duration: {duration}s
+checks: []
+safety: {{heal_grace: 2s, max_duration: {max_duration}s, no_progress_timeout: 30s}}
+"""
+
+
+def _has_our_rules(transport: DockerTransport) -> bool:
+    done = transport.run(["iptables-save"], timeout=30)
+    return "CHAOS-" in done.stdout or "mlchaos:" in done.stdout
+
+
+def _reachable(source: DockerTransport, address: str) -> bool:
+    """A TCP connect from ``source`` to a closed port: refused at once = reachable; a timeout = cut off."""
+    probe = (
+        "import socket, sys\n"
+        "try:\n    socket.create_connection((sys.argv[1], 9), timeout=2)\n"
+        "except ConnectionRefusedError:\n    print('reachable')\n"
+        "except OSError as e:\n    print('cut', e)\n"
+    )
+    return transport_output(source, [sys.executable, "-c", probe, address]).startswith("reachable")
+
+
+def transport_output(transport: DockerTransport, argv: list[str]) -> str:
+    return transport.run(argv, timeout=30).stdout.strip()
+
+
+def test_container_restarted_mid_partition_is_still_healed(docker_testbed: Inventory, tmp_path: Path) -> None:
+    h1 = DockerTransport.for_host(docker_testbed, "h1")
+    h2 = DockerTransport.for_host(docker_testbed, "h2")
+    inventory_file = tmp_path / "inventory.yaml"
+    dump_inventory(docker_testbed, inventory_file)
+    address = docker_testbed.host("h2").address
+    scenario = parse_scenario(PARTITION.format(python=sys.executable, duration=12, max_duration=25))
+    restarted: list[str] = []
+
+    def restart_h2_mid_fault() -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                if _has_our_rules(h2):
+                    assert not _reachable(h1, address)  # the partition is really in place
+                    docker.from_env().containers.get(docker_testbed.host("h2").container or "").restart(timeout=1)
+                    restarted.append("yes")
+                    return
+            except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+                restarted.append(f"error: {exc}")
+                return
+            time.sleep(0.2)
+
+    helper = threading.Thread(target=restart_h2_mid_fault)
+    helper.start()
+    try:
+        result = execute(scenario, RunOptions(report_root=tmp_path, inventory=inventory_file))
+    finally:
+        helper.join(timeout=30)
+        h1.close()
+    assert restarted == ["yes"]
+    assert result.exit_code == EXIT_PASS, (result.error, result.ended_by)
+    assert len(result.history.of(FAULT_APPLIED)) == 1 and len(result.history.of(FAULT_HEALED)) == 1
+    h2 = DockerTransport.for_host(docker_testbed, "h2")  # follows the restarted container by name
+    try:
+        assert not _has_our_rules(h2)
+    finally:
+        h2.close()
+    h1 = DockerTransport.for_host(docker_testbed, "h1")
+    try:
+        assert _reachable(h1, address)
+    finally:
+        h1.close()
+
+
+def test_missing_container_is_refused_before_any_fault(docker_testbed: Inventory, tmp_path: Path) -> None:
+    ghost = Host(name="h4", address="10.214.0.99", transport="docker", container="chaos-no-such-container")
+    inventory = docker_testbed.model_copy(update={"hosts": [*docker_testbed.hosts, ghost]})
+    inventory_file = tmp_path / "inventory.yaml"
+    dump_inventory(inventory, inventory_file)
+    text = PARTITION.format(python=sys.executable, duration=3, max_duration=20).replace("host: h2", "host: h4")
+    result = execute(parse_scenario(text), RunOptions(report_root=tmp_path, inventory=inventory_file))
+    assert result.exit_code == EXIT_INVALID
+    assert "chaos-no-such-container" in result.error, result.error
+    assert not result.history.of(FAULT_APPLIED)
+    assert not result.history.of("runner.target_started")
