@@ -7,7 +7,9 @@
 - :mod:`chaos.guards.anomaly`: gradient anomaly guard (NaN/Inf, a rank's gradient norm against its peers and
   its own history, loss spikes); emits ``detect.grad_anomaly``. It sees the corruption no checksum of the
   reduction can: a fault in a rank's own computation, before anything is checksummed.
+- :mod:`chaos.guards.straggler`: per-rank local step time vs the other ranks' (the straggler also has the
+  shortest collective wait), gathered to rank 0; emits ``detect.straggler`` naming the slow rank.
 
-Both are collective: every rank of the group calls them in the same order, like any collective.
+All are collective: every rank of the group calls them in the same order, like any collective.
 ``chaos.sdc_coverage`` measures what each catches (``mlchaos sdc-coverage``).
 """

@@ -17,7 +17,19 @@ Contracts the harness and its checks rely on:
   canonical order (:func:`state_digest`); rank 0 also writes ``<checkpoint-dir>/final-digest.txt``.
 - **Detection.** A gloo collective that raises (peer killed: connection closed/reset; peer frozen: timeout
   after ``--pg-timeout``) is reported as ``detect.collective_timeout`` or ``detect.collective_error`` and
-  the rank exits 1, so torchrun restarts the group.
+  the rank exits 1, so torchrun restarts the group. When the error says the peer is gone (the process-group
+  timeout, or a connection closed/reset/refused, a gloo read/write error) the rank also reports
+  ``detect.peer_lost``, right after the collective_* event (scenarios that take the first detection keep
+  seeing that one).
+- **Guards** (all off by default): ``--guard checksum`` (checksummed gradient
+  all-reduce, ``detect.sdc``), ``--anomaly-guard`` (``detect.grad_anomaly``), ``--straggler-guard`` (a rank
+  whose local work per step is far above its peers', :mod:`chaos.guards.straggler`): once per step, right
+  after the gradient sync, every rank sends rank 0 its local time and its time blocked in collectives (one
+  tiny gloo gather); rank 0 reports a rank whose local time summed over the last ``--straggler-window`` K
+  steps (default 5) is at least ``--straggler-ratio`` R (default 2.0) times the median of the other ranks'
+  sums AND above it by at least ``--straggler-min-excess`` S seconds (default 0.2), once per episode (it
+  re-arms after K steps back under the threshold). It reads clocks only: model, optimizer and data order are
+  untouched, so the digest is the same with it on or off. Rank 0's checkpoint writes count as its local work.
 - **Sabotage** (``--sabotage`` or env ``CHAOS_SABOTAGE``, which wins) breaks recovery on purpose so tests
   can prove the checks catch it: ``skip-optimizer-restore`` restores model and step but not the optimizer
   (momentum is lost, so the final digest differs); ``skip-restore`` ignores checkpoints and starts from
@@ -28,7 +40,13 @@ Events (``attempt`` is ``TORCHELASTIC_RESTART_COUNT``, 0 on the first launch):
 ``target.start`` {pid, attempt, world_size}; ``target.restart`` {attempt} (rank 0, attempt > 0);
 ``target.resume`` {step, attempt, path}; ``target.step`` {step, loss, samples, attempt};
 ``target.checkpoint`` {step, path, attempt} (rank 0); ``target.digest`` {digest, step, attempt};
-``detect.collective_timeout`` / ``detect.collective_error`` {detector: "gloo", message, step}.
+``detect.collective_timeout`` / ``detect.collective_error`` {detector: "gloo", message, step};
+``detect.peer_lost`` {detector: "pg_timeout" (the process-group timeout) or "gloo" (connection lost), message,
+step, peer: "addr:port" named in the error, or null}; with ``--straggler-guard``, ``detect.straggler`` emitted
+by rank 0 with ``rank`` = the STRAGGLER (not the reporter) {detector: "straggler", reporter: 0, step, window: K,
+ratio: R, min_excess: S, observed_ratio (the straggler's sum over the others' median; null when that median is
+0), compute_s: [per-rank local seconds over the window], wait_s: [per-rank seconds blocked in collectives over
+the window; the straggler's is the smallest]}.
 """
 
 from __future__ import annotations
@@ -42,7 +60,8 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -55,6 +74,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from chaos.agent import attach
 from chaos.events import emit
+from chaos.guards.straggler import DEFAULT_MIN_EXCESS_S, DEFAULT_RATIO, DEFAULT_WINDOW, StragglerGuard
 
 IN_FEATURES = 16
 HIDDEN = 64
@@ -70,6 +90,8 @@ _CHECKPOINT_NAME = re.compile(r"^ckpt-(\d{6,})\.pt$")
 # How long an error path waits for destroy_process_group before giving up on it: gloo teardown after a
 # frozen peer can block, and a detector that hangs would turn a detected fault into an undetected one.
 _DESTROY_TIMEOUT_S = 5.0
+# How long a finished job releases the GIL before tearing down the process group (see the end of main).
+_TEARDOWN_GRACE_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -87,6 +109,10 @@ class Config:
     sabotage: str
     guard: str = "none"
     anomaly_guard: bool = False
+    straggler_guard: bool = False
+    straggler_window: int = DEFAULT_WINDOW
+    straggler_ratio: float = DEFAULT_RATIO
+    straggler_min_excess: float = DEFAULT_MIN_EXCESS_S
 
 
 def _positive_int(text: str) -> int:
@@ -117,6 +143,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _ratio(text: str) -> float:
+    value = float(text)
+    if not 1.0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 1, got {text}")
+    return value
+
+
 def parse_args(argv: Sequence[str] | None = None) -> Config:
     """Parse the CLI; env ``CHAOS_SABOTAGE`` (when set and non-empty) overrides ``--sabotage``."""
     parser = argparse.ArgumentParser(prog="chaos.targets.ddp_trainer", description=__doc__.splitlines()[0])
@@ -137,6 +170,21 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         "--guard", choices=("none", "checksum"), default="none", help="gradient all-reduce guard (chaos.guards)"
     )
     parser.add_argument("--anomaly-guard", action="store_true", help="per-rank gradient/loss anomaly detection")
+    parser.add_argument(
+        "--straggler-guard", action="store_true", help="detect a rank whose local step time is far above its peers'"
+    )
+    parser.add_argument(
+        "--straggler-window", type=_positive_int, default=DEFAULT_WINDOW, help="steps the straggler guard sums over"
+    )
+    parser.add_argument(
+        "--straggler-ratio", type=_ratio, default=DEFAULT_RATIO, help="times the peers' median that counts as slow"
+    )
+    parser.add_argument(
+        "--straggler-min-excess",
+        type=_non_negative_float,
+        default=DEFAULT_MIN_EXCESS_S,
+        help="seconds over the peers' median (per window) a straggler must also exceed",
+    )
     args = parser.parse_args(argv)
     sabotage: str = args.sabotage
     env_sabotage = os.environ.get(ENV_SABOTAGE, "").strip()
@@ -156,6 +204,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         sabotage=sabotage,
         guard=args.guard,
         anomaly_guard=args.anomaly_guard,
+        straggler_guard=args.straggler_guard,
+        straggler_window=args.straggler_window,
+        straggler_ratio=args.straggler_ratio,
+        straggler_min_excess=args.straggler_min_excess,
     )
 
 
@@ -345,6 +397,49 @@ def _is_timeout(message: str) -> bool:
     return "timed out" in text or "timeout" in text
 
 
+# What gloo (and the socket layer under it) says when the peer on the other end of a pair went away.
+_PEER_GONE_MARKERS = (
+    "connection closed",
+    "closed by peer",
+    "connection reset",
+    "reset by peer",
+    "connection refused",
+    "socket closed",
+    "broken pipe",
+    "read error",
+    "write error",
+)
+# gloo writes a peer as "[127.0.0.1]:41234" (IPv6 "[::1]:41234"); its own source locations ("[../pair.cc:534]")
+# never match because a file name is not made of hex digits, dots and colons.
+_BRACKETED_PEER = re.compile(r"\[([0-9A-Fa-f:.]+(?:%[\w.-]+)?)\]:(\d{1,5})\b")
+_PLAIN_PEER = re.compile(r"(?<![\w.:])(\d{1,3}(?:\.\d{1,3}){3}):(\d{1,5})\b")
+
+
+def peer_loss_detector(message: str) -> str | None:
+    """Which detector saw a lost peer in a collective's error ``message``, or None when it is not a peer loss.
+
+    ``"pg_timeout"``: the collective ran into the process-group timeout (a frozen, partitioned or very slow
+    peer; every collective of this job runs under that timeout). ``"gloo"``: the transport reported the peer's
+    connection closed, reset or unreadable (a killed peer).
+    """
+    if _is_timeout(message):
+        return "pg_timeout"
+    text = message.lower()
+    if any(marker in text for marker in _PEER_GONE_MARKERS):
+        return "gloo"
+    return None
+
+
+def peer_address(message: str) -> str | None:
+    """The first ``addr:port`` an error message names (IPv6 stays bracketed: ``[::1]:41234``), else None."""
+    match = _BRACKETED_PEER.search(message)
+    if match is not None and (":" in match.group(1) or match.group(1).count(".") == 3):
+        host, port = match.groups()
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    match = _PLAIN_PEER.search(message)
+    return f"{match.group(1)}:{match.group(2)}" if match is not None else None
+
+
 def _shutdown_process_group(timeout: float) -> bool:
     """Destroy the default process group, giving up after ``timeout`` s; True when it finished."""
     if not dist.is_initialized():
@@ -448,6 +543,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The in-job agent: fires this rank's planned SDC faults (CHAOS_PLAN) and runs the guards. Without a
         # plan it still installs the same guards, so golden and faulted runs share their numerics.
         agent = attach(model, optimizer=optimizer, ddp=ddp, guard=cfg.guard, anomaly=cfg.anomaly_guard)  # type: ignore[arg-type]
+        # The straggler guard only reads clocks and gathers two floats per rank: it never touches the model,
+        # the optimizer or the data order, so the digest is the same with and without it.
+        straggler = (
+            StragglerGuard(window=cfg.straggler_window, ratio=cfg.straggler_ratio, min_excess=cfg.straggler_min_excess)
+            if cfg.straggler_guard
+            else None
+        )
+        # Time inside a collective is waiting, not local work; the straggler guard must tell the two apart.
+        blocked: Callable[[], AbstractContextManager[None]] = straggler.collective if straggler else nullcontext
+        if straggler is not None:
+            straggler.start()
         loss_fn = nn.MSELoss()
         for step in range(start_step, cfg.steps + 1):
             current_step = step
@@ -456,8 +562,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             features, labels = make_batch(cfg.seed, ids)
             optimizer.zero_grad(set_to_none=True)
             loss = loss_fn(ddp(features), labels)
-            loss.backward()  # the gradient all-reduce happens here; a dead or frozen peer surfaces here
-            agent.after_backward(loss)
+            with blocked():
+                loss.backward()  # the gradient all-reduce happens here; a dead or frozen peer surfaces here
+                agent.after_backward(loss)  # the anomaly guard's all-reduce, if any
+            if straggler is not None:
+                # Right after the gradient sync, so a slow rank's lateness and its peers' wait in that sync
+                # fall into the same step's numbers.
+                straggler.exchange(step)
             if agent.allow_optimizer_step():  # False when every rank agreed a guard blocked this step
                 optimizer.step()
             agent.end_step()
@@ -470,15 +581,28 @@ def main(argv: Sequence[str] | None = None) -> int:
                     emit("target.checkpoint", rank=rank, step=step, path=str(path), attempt=attempt)
                 # No rank may report step K+1 before checkpoint K is committed, so "a rank reached K+1"
                 # implies "a restart resumes from >= K".
-                dist.barrier()
+                with blocked():
+                    dist.barrier()
             if cfg.step_time > 0:
                 time.sleep(cfg.step_time)
     except Exception as exc:
         if not is_collective_failure(exc):
             raise
-        message = str(exc)[:300]
+        full_message = str(exc)
+        message = full_message[:300]
         kind = "detect.collective_timeout" if _is_timeout(message) else "detect.collective_error"
         emit(kind, rank=rank, detector="gloo", message=message, step=current_step)
+        # Emitted after the collective_* event, so scenarios that take the first detection keep seeing that one.
+        lost_by = peer_loss_detector(full_message)
+        if lost_by is not None:
+            emit(
+                "detect.peer_lost",
+                rank=rank,
+                detector=lost_by,
+                message=message,
+                step=current_step,
+                peer=peer_address(full_message),
+            )
         print(f"ddp_trainer rank {rank}: {kind} at step {current_step}: {message}", file=sys.stderr, flush=True)
         if not _shutdown_process_group(_DESTROY_TIMEOUT_S):
             # The teardown is stuck in C++; exiting now (non-zero) is what lets torchrun restart us.
@@ -497,6 +621,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         tmp = out.with_name(out.name + f".tmp.{os.getpid()}")
         tmp.write_text(digest + "\n", encoding="utf-8")
         os.replace(tmp, out)
+    # Give gloo's worker threads the GIL for a moment before teardown. A worker releases the last collective's
+    # work object after the caller has already moved on, and that release needs the GIL; if this thread is by
+    # then destroying the process group (DDP's reducer holds it; it goes when this frame is cleared), it holds
+    # the GIL while joining that worker: a deadlock after the final step (seen in about half of the runs with
+    # --step-time 0 and 3 ranks; a step-time sleep after the last step hid it).
+    time.sleep(_TEARDOWN_GRACE_S)
     dist.destroy_process_group()
     return 0
 
