@@ -192,3 +192,20 @@ def test_clock_offset_is_near_zero_on_one_machine(docker_transports: dict[str, D
     estimate = docker_transports["h3"].clock_estimate(samples=5)
     assert abs(estimate.offset_s) < 0.05 and estimate.rtt_s < 1.0
     assert abs(docker_transports["h3"].clock_offset()) < 0.05
+
+
+def test_container_selected_by_label_and_selector_syntax(docker_testbed: Inventory) -> None:
+    from chaos.cluster.docker import selector_filters
+    from chaos.cluster.docker_testbed import HOST_LABEL, LABEL
+
+    assert selector_filters("web-1") is None
+    assert selector_filters("service:shop/web") == ["com.docker.compose.service=web", "com.docker.compose.project=shop"]
+    h2 = docker_testbed.host("h2")
+    tag = h2.labels["testbed"]
+    by_label = Host(name="x2", address=h2.address, transport="docker", container=f"label:{LABEL}={tag},{HOST_LABEL}=h2")
+    with DockerTransport(by_label) as transport:
+        assert transport.run(["hostname"], timeout=30).stdout.strip() == "h2"
+        assert transport.container_name == h2.container
+    every = Host(name="x", address=h2.address, transport="docker", container=f"label:{LABEL}={tag}")
+    with DockerTransport(every) as transport, pytest.raises(TransportError, match="must match exactly one"):
+        transport.container()

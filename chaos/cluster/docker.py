@@ -271,7 +271,10 @@ class DockerTransport:
     def __init__(self, host: Host, *, api_timeout: float = 60.0, clock_cache_s: float = 60.0) -> None:
         self.host = host.name
         self.spec = host
-        self.container_name = host.container or host.name
+        # What names the container: a name, or a selector resolved on every lookup ("label:k=v[,k2=v2]", or
+        # "service:NAME" / "service:PROJECT/NAME" for a compose service). container_name is the resolved name.
+        self.selector = host.container or host.name
+        self.container_name = self.selector
         self.api_timeout = api_timeout
         self.clock_cache_s = clock_cache_s
         self._client: docker.DockerClient | None = None
@@ -354,7 +357,20 @@ class DockerTransport:
 
         client = self.client
         try:
-            found = client.containers.get(self.container_name)
+            filters = selector_filters(self.selector)
+            if filters is None:
+                found = client.containers.get(self.selector)
+            else:
+                matches = client.containers.list(all=True, filters={"label": filters})
+                running = [c for c in matches if c.status == "running"] if len(matches) > 1 else matches
+                if len(running) != 1:
+                    names = ", ".join(sorted(c.name or str(c.id)[:12] for c in matches)) or "none"
+                    raise TransportError(
+                        f"container selector {self.selector!r} (host {self.host}) must match exactly one "
+                        f"container on {self.docker_url}; it matches {len(matches)}: {names}"
+                    )
+                found = running[0]
+                self.container_name = found.name or str(found.id)
         except docker.errors.NotFound:
             raise TransportError(
                 f"no container named {self.container_name!r} (host {self.host}) on the Docker daemon at "
@@ -378,6 +394,8 @@ class DockerTransport:
         return found
 
     def _did_you_mean(self) -> str:
+        if selector_filters(self.selector) is not None:
+            return ""
         try:
             names = [c.name for c in self.client.containers.list(all=True) if c.name]
         except Exception:  # only a hint: never mask the real error
@@ -673,3 +691,22 @@ class DockerTransport:
 
 def _satisfies_protocol(transport: DockerTransport) -> Transport:
     return transport  # never called: mypy proves here that DockerTransport is a Transport
+
+
+def selector_filters(selector: str) -> list[str] | None:
+    """Docker label filters for a container selector, or None for a plain container name.
+
+    ``label:k=v[,k2=v2]`` -> every label must match; ``service:NAME`` -> the compose service NAME;
+    ``service:PROJECT/NAME`` -> that service of that compose project. ValueError for an empty selector."""
+    kind, sep, rest = selector.partition(":")
+    if not sep or kind not in ("label", "service"):
+        return None
+    if not rest:
+        raise ValueError(f"container selector {selector!r} names nothing after {kind}:")
+    if kind == "label":
+        return [part.strip() for part in rest.split(",") if part.strip()]
+    project, slash, service = rest.rpartition("/")
+    filters = [f"com.docker.compose.service={service}"]
+    if slash:
+        filters.append(f"com.docker.compose.project={project}")
+    return filters

@@ -60,7 +60,9 @@ class Host(BaseModel):
     )
     transport: Literal["ssh", "docker"] = Field(default="ssh", description="how the harness reaches the host")
     container: str | None = Field(
-        default=None, description="docker: the container's name (default: the host name); re-found by name"
+        default=None,
+        description="docker: the container's name (default: the host name), or label:k=v[,k2=v2] or "
+        "service:[PROJECT/]NAME (compose); looked up afresh each time, so a recreated container is followed",
     )
     docker_url: str | None = Field(
         default=None, description="docker: Engine API URL (default: DOCKER_HOST, else the local socket)"
