@@ -384,7 +384,7 @@ class _Execution:
             fires_in = op.duration_s + self.scenario.safety.heal_grace
             # Faults whose revert runs on this machine (e.g. `docker start` for a container fault) get the
             # local dead-man even on a remote host: one inside a stopped container could not fire.
-            if host == LOCAL or getattr(injector, "revert_on_harness", False):
+            if host == LOCAL or _reverts_on_harness(injector, applied):
                 deadman_pid = deadman.arm(self.journal.path, journal_id, revert, fires_in)  # journals itself
             else:
                 remote_marker = remote_deadman.arm(ctx.transport, journal_id, revert, fires_in)
@@ -523,6 +523,13 @@ def _code_fingerprint(scenario: Scenario) -> str:
 
 
 _OWN_PACKAGES = (Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent / "injectors")
+
+
+def _reverts_on_harness(injector: object, applied: Applied) -> bool:
+    """Whether an op's dead-man must run on this machine: the injector's ``revert_on_harness`` flag, or its
+    ``revert_on_harness(applied)`` answer (e.g. a container's storage layer, mounted on the docker host)."""
+    flag = getattr(injector, "revert_on_harness", False)
+    return bool(flag(applied)) if callable(flag) else bool(flag)
 
 
 def _rank_of(fault: FaultSpec) -> int | None:

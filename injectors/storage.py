@@ -36,7 +36,7 @@ import re
 import shutil
 import time
 from collections.abc import Callable
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
@@ -235,6 +235,45 @@ def change(ctx: InjectionContext, applied: Applied, params: StorageParams | None
         )
 
 
+# -- containers: the layer goes on the docker host, over the bind mount's source ---------------------------------
+
+_VIA_DOCKER_HOST = "docker-host"
+_PROPAGATING = ("rslave", "rshared", "slave", "shared")
+
+
+def _docker(transport: Transport) -> Any | None:
+    """The transport as a DockerTransport, or None (imported lazily: the docker SDK only when used)."""
+    if type(transport).__name__ != "DockerTransport":
+        return None
+    return transport
+
+
+def _on_docker_host(ctx: InjectionContext) -> InjectionContext:
+    """The context for this machine, which runs the container's Docker daemon (checked in ``check``)."""
+    return InjectionContext(LocalTransport(), history=ctx.history, target=ctx.target, extras=ctx.extras)
+
+
+def _daemon_is_local(transport: Any) -> bool:
+    url = str(getattr(transport, "docker_url", ""))
+    return url.startswith("unix://") or url.startswith("/")
+
+
+def host_path_of(mounts: list[dict[str, Any]], container_path: str) -> tuple[str, dict[str, Any]] | None:
+    """The docker host's path for ``container_path`` through the innermost bind mount holding it, with that
+    mount; None when no bind mount holds it. (Pure: ``mounts`` is the container's ``Mounts`` list.)"""
+    path = os.path.normpath(container_path)
+    best: dict[str, Any] | None = None
+    for mount in mounts:
+        target = os.path.normpath(str(mount.get("Destination", "")))
+        inside = path == target or path.startswith(target.rstrip("/") + "/")
+        if mount.get("Type") == "bind" and inside and (best is None or len(target) > len(best["Destination"])):
+            best = {**mount, "Destination": target}
+    if best is None:
+        return None
+    rest = os.path.relpath(path, best["Destination"])
+    return os.path.normpath(os.path.join(str(best["Source"]), rest)), best
+
+
 # -- the injector ------------------------------------------------------------------------------------------------
 
 
@@ -246,7 +285,17 @@ class StorageInjector:
     summary: ClassVar[str] = "FUSE layer over a directory: latency, hang, EIO, ENOSPC, fsync stall or read-only"
 
     def check(self, ctx: InjectionContext, params: BaseModel) -> None:
-        """Unsupported unless /dev/fuse is usable, fusermount3 is installed and mfusepy loads libfuse."""
+        """Unsupported unless /dev/fuse is usable, fusermount3 is installed and mfusepy loads libfuse (on the
+        docker host, for a container: the layer is mounted there, over the bind mount's source)."""
+        if (container := _docker(ctx.transport)) is not None:
+            if not _daemon_is_local(container):
+                raise Unsupported(
+                    f"a storage fault on container host {ctx.transport.host} mounts its layer on the docker host, "
+                    f"so the daemon must run on this machine (it is at {container.docker_url})"
+                )
+            container.container()  # TransportError (missing / stopped container) -> refused up front
+            self.check(_on_docker_host(ctx), params)
+            return
         if isinstance(ctx.transport, LocalTransport):
             if not os.path.exists("/dev/fuse"):
                 raise Unsupported("/dev/fuse does not exist (no FUSE in this kernel or container)")
@@ -273,6 +322,8 @@ class StorageInjector:
         directory, or when a fault layer is already on (or still draining from) that path."""
         duration = require_duration(self.name, op)
         params = params_of(StorageParams, op)
+        if (container := _docker(ctx.transport)) is not None:
+            return self._prepare_in_container(ctx, op, container, params)
         files, host = _Files(ctx.transport), ProcessHost(ctx.transport)
         if files.local:
             path = os.path.realpath(params.path)
@@ -314,8 +365,42 @@ class StorageInjector:
             description=f"FUSE {what} on {','.join(ops)}{chance} over {path} for {duration:g}s",
         )
 
+    def _prepare_in_container(
+        self, ctx: InjectionContext, op: FaultOp, container: Any, params: StorageParams
+    ) -> Applied:
+        """A directory inside a container: the layer goes over the bind mount's SOURCE on the docker host;
+        the container sees it only when that bind propagates host mounts (rslave/rshared)."""
+        found = container.container()
+        mapped = host_path_of(list(found.attrs.get("Mounts") or []), params.path)
+        name = container.container_name
+        if mapped is None:
+            raise InjectionError(
+                f"{params.path} in container {name} is not on a bind mount, so the docker host cannot stall it "
+                "(a storage fault on a container needs the directory bind-mounted from the host)"
+            )
+        source, mount = mapped
+        if str(mount.get("Propagation", "")) not in _PROPAGATING:
+            raise InjectionError(
+                f"the bind mount {mount.get('Source')}:{mount['Destination']} of container {name} has propagation "
+                f"{mount.get('Propagation') or 'rprivate'}, so a layer mounted on the host would not reach the "
+                "container: bind it with :rslave (the docker testbed does)"
+            )
+        local_op = op.model_copy(update={"params": params.model_copy(update={"path": source})})
+        applied = self.prepare(_on_docker_host(ctx), local_op)
+        applied.state.update({"via": _VIA_DOCKER_HOST, "container": name, "container_path": params.path})
+        return applied.model_copy(
+            update={"host": ctx.transport.host, "description": f"{applied.description} (= {name}:{params.path})"}
+        )
+
+    @staticmethod
+    def revert_on_harness(applied: Applied) -> bool:
+        """True for a container's layer: it is mounted on this machine, so its dead-man must run here."""
+        return applied.state.get("via") == _VIA_DOCKER_HOST
+
     def apply(self, ctx: InjectionContext, applied: Applied) -> None:
         """Write the fault, start the daemon and wait until its mount serves; adds ``helper_pid`` to state."""
+        if applied.state.get("via") == _VIA_DOCKER_HOST:
+            ctx = _on_docker_host(ctx)
         files, host = _Files(ctx.transport), ProcessHost(ctx.transport)
         control = _state_str(applied, "control")
         ok, detail = files.run(["mkdir", "-p", os.path.dirname(control)])
@@ -362,6 +447,8 @@ class StorageInjector:
         Idempotent and works from ``applied.state`` alone (a fresh process after a crash). Raises
         InjectionError only when the mount is still there at the end.
         """
+        if applied.state.get("via") == _VIA_DOCKER_HOST:
+            ctx = _on_docker_host(ctx)
         files, host = _Files(ctx.transport), ProcessHost(ctx.transport)
         path, fsname = _state_str(applied, "path"), _state_str(applied, "fsname")
         drain_s = _drain_s(applied)

@@ -1,5 +1,6 @@
-"""Containers as hosts, end to end, against a real Docker daemon: the kill-rank and partition-node scenario
-files run unchanged with a docker inventory (a multi-node torchrun job across containers); a container
+"""Containers as hosts, end to end, against a real Docker daemon: the kill-rank, partition-node and
+checkpoint-storage-stall scenario files run unchanged with a docker inventory (a multi-node torchrun job
+across containers; the storage layer goes on the docker host over the bind mount's source); a container
 restarted in the middle of a partition is still healed; a scenario naming a container that does not exist
 is refused before anything is applied."""
 
@@ -36,8 +37,8 @@ def _run_cli(args: list[str], cwd: Path = ROOT) -> subprocess.CompletedProcess[s
 
 @pytest.mark.parametrize(
     ("name", "extra"),
-    [("partition-node", []), ("kill-rank", ["--nodes", "host:h1"])],
-    ids=["partition-node", "kill-rank"],
+    [("partition-node", []), ("kill-rank", ["--nodes", "host:h1"]), ("checkpoint-storage-stall", [])],
+    ids=["partition-node", "kill-rank", "checkpoint-storage-stall"],
 )
 def test_scenario_file_runs_unchanged_on_containers(
     name: str, extra: list[str], docker_testbed: Inventory, tmp_path: Path
@@ -56,6 +57,9 @@ def test_scenario_file_runs_unchanged_on_containers(
     assert hosts == ({"h1"} if extra else {"h1", "h2", "h3"})
     [applied] = [e for e in history if e["kind"] == "fault.applied"]
     assert applied["data"]["host"] in hosts
+    if name == "checkpoint-storage-stall":  # the FUSE layer went on the docker host, over the bind's source
+        assert f"= {docker_testbed.host('h1').container}:" in applied["data"]["description"]
+        assert str(run_dir) not in Path("/proc/mounts").read_text()  # and it is gone
 
 
 PARTITION = """\

@@ -369,3 +369,30 @@ def test_prepare_refuses_a_second_layer_on_the_same_path(tmp_path: Path) -> None
             injector.prepare(ctx, _op(ckpt, mode="hang"))
     with pytest.raises(InjectionError, match="not a directory"):
         StorageInjector().prepare(InjectionContext(transport=LocalTransport()), _op(tmp_path / "missing"))
+
+
+def test_container_paths_map_through_the_innermost_bind_mount() -> None:
+    from injectors.storage import host_path_of
+
+    mounts = [
+        {"Type": "bind", "Source": "/srv/data", "Destination": "/data", "Propagation": "rslave"},
+        {"Type": "bind", "Source": "/fast/ckpt", "Destination": "/data/ckpt", "Propagation": "rprivate"},
+        {"Type": "volume", "Source": "/var/lib/docker/volumes/v/_data", "Destination": "/vol"},
+    ]
+    assert host_path_of(mounts, "/data/x/y") == ("/srv/data/x/y", {**mounts[0]})
+    path, mount = host_path_of(mounts, "/data/ckpt/step-1") or ("", {})
+    assert path == "/fast/ckpt/step-1" and mount["Propagation"] == "rprivate"
+    assert host_path_of(mounts, "/data") == ("/srv/data", {**mounts[0]})
+    assert host_path_of(mounts, "/vol/a") is None  # a named volume is not a bind the host can stall
+    assert host_path_of(mounts, "/dataset") is None  # prefix of a name is not a parent directory
+
+
+def test_mountinfo_parsing_finds_shared_mount_points() -> None:
+    from chaos.cluster.shared_mounts import mount_points
+
+    text = (
+        "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n"
+        "43 27 254:0 /tmp /tmp rw,relatime shared:2 - ext4 /dev/vda rw\n"
+        "50 27 0:50 / /mnt/with\\040space rw master:3 - tmpfs none rw\n"
+    )
+    assert mount_points(text) == {"/": False, "/tmp": True, "/mnt/with space": False}

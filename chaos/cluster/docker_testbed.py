@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from chaos.cluster import shared_mounts
 from chaos.cluster.base import TransportError
 from chaos.cluster.docker_image import IMAGE, LABEL, ensure_image, python_binds
 from chaos.cluster.inventory import Host, Inventory, dump_inventory
@@ -213,7 +214,8 @@ def _binds(shares: Sequence[Path]) -> dict[str, Mapping[str, str]]:
         if os.path.isdir(path):
             binds.setdefault(path, {"bind": path, "mode": "ro"})
     for share in shares:
-        binds[str(share)] = {"bind": str(share), "mode": "rw"}
+        # rslave: a FUSE layer the docker host mounts under a share (a storage fault) reaches the container.
+        binds[str(share)] = {"bind": str(share), "mode": "rw,rslave"}
     return dict(sorted(binds.items()))
 
 
@@ -354,6 +356,15 @@ def up(
         layout.state_dir.mkdir(parents=True, exist_ok=True)
         with machine_lock():
             record = _read_record(layout)
+            self_binds = list(record.get("self_binds", []))
+            for share in wanted:
+                try:
+                    if shared_mounts.ensure_shared(share):
+                        self_binds.append(str(share))
+                        log(f"made {share} a shared mount (a self-bind) so host mounts reach the containers")
+                except OSError as exc:
+                    raise TestbedError(f"cannot share {share} with the containers: {exc}") from None
+            record["self_binds"] = sorted(set(self_binds))
             ensure_image(client)
             network, net = _ensure_network(client, layout, record, log)
             record.update({"tag": layout.tag, "subnet": str(net), "hosts": n, "shares": [str(s) for s in wanted]})
@@ -424,7 +435,17 @@ def down(state_dir: Path | None = None, *, log: Callable[[str], None] = _ignore)
     Returns what was removed, one line each. Every step is tried even when an earlier one fails; then a
     TestbedError lists the failures."""
     layout = Layout.of(state_dir if state_dir is not None else default_state_dir())
+    self_binds = [str(p) for p in _read_record(layout).get("self_binds", [])]
     done = _remove(layout, log)
+    if self_binds:
+        client = connect()
+        try:
+            others = [c for c in client.containers.list(all=True) if (c.name or "").startswith(PREFIX)]
+        finally:
+            client.close()
+        for bound in self_binds if not others else []:  # another testbed still uses the shares: keep them
+            done.append(shared_mounts.release(Path(bound)))
+            log(done[-1])
     removed = 0
     for path in (layout.record, layout.inventory):
         if path.exists():

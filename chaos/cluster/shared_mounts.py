@@ -1,0 +1,71 @@
+"""Shared mount propagation for directories bind-mounted into containers.
+
+A storage fault on a container mounts its FUSE layer on the docker HOST, over the bind mount's source; the
+container sees that layer only when its bind propagates host mounts (``rslave``), and docker accepts
+``rslave`` only when the source lies on a SHARED mount. A directory that is not a mount point of its own is
+made one by binding it onto itself (transparent: the same files) and marked shared; :func:`release` undoes
+exactly that, never lazily (a busy self-bind is left in place, which changes nothing for anyone).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+
+def _unescape(field: str) -> str:
+    # /proc/self/mountinfo escapes space, tab, newline and backslash as \\ooo octal.
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and field[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def mount_points(mountinfo: str | None = None) -> dict[str, bool]:
+    """Every mount point of this mount namespace -> whether it is shared (``shared:N`` optional field)."""
+    if mountinfo is None:
+        with open("/proc/self/mountinfo", encoding="utf-8") as handle:
+            mountinfo = handle.read()
+    points: dict[str, bool] = {}
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if len(fields) < 7 or "-" not in fields[6:]:
+            continue
+        optional = fields[6 : fields.index("-", 6)]
+        points[_unescape(fields[4])] = any(tag.startswith("shared:") for tag in optional)
+    return points
+
+
+def ensure_shared(path: Path) -> bool:
+    """Make ``path`` a shared mount point; True when a self-bind was created for it (for :func:`release`).
+
+    Raises OSError when mount(8) refuses (not root, no mount namespace rights)."""
+    target = str(path.resolve())
+    points = mount_points()
+    created = False
+    if target not in points:
+        _mount(["--bind", target, target])
+        created = True
+        points[target] = False
+    if not points[target]:
+        _mount(["--make-shared", target])
+    return created
+
+
+def release(path: Path) -> str:
+    """Remove a self-bind :func:`ensure_shared` created; the line to log."""
+    done = subprocess.run(["umount", str(path)], capture_output=True, text=True, check=False)
+    if done.returncode == 0:
+        return f"removed the shared self-bind of {path}"
+    return f"left the shared self-bind of {path} in place ({done.stderr.strip() or 'busy'}); it changes nothing"
+
+
+def _mount(args: list[str]) -> None:
+    done = subprocess.run(["mount", *args], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise OSError(f"mount {' '.join(args)} failed: {done.stderr.strip()}")
