@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from chaos import registry
+from chaos.cli_ettr import register as register_ettr
 from chaos.cli_sdc import register as register_sdc_coverage
 from chaos.cli_testbed import register as register_testbed
 from chaos.cluster.base import Transport
@@ -246,6 +247,7 @@ def _print_pass_rates(scenario: Scenario, outcomes: list[RunResult]) -> None:
 
 register_sdc_coverage(app)
 register_testbed(app)
+register_ettr(app)
 
 
 def main() -> None:

@@ -39,7 +39,7 @@ Contracts the harness and its checks rely on:
 Events (``attempt`` is ``TORCHELASTIC_RESTART_COUNT``, 0 on the first launch):
 ``target.start`` {pid, attempt, world_size}; ``target.restart`` {attempt} (rank 0, attempt > 0);
 ``target.resume`` {step, attempt, path}; ``target.step`` {step, loss, samples, attempt};
-``target.checkpoint`` {step, path, attempt} (rank 0); ``target.digest`` {digest, step, attempt};
+``target.checkpoint`` {step, path, attempt, duration_s} (rank 0); ``target.digest`` {digest, step, attempt};
 ``detect.collective_timeout`` / ``detect.collective_error`` {detector: "gloo", message, step};
 ``detect.peer_lost`` {detector: "pg_timeout" (the process-group timeout) or "gloo" (connection lost), message,
 step, peer: "addr:port" named in the error, or null}; with ``--straggler-guard``, ``detect.straggler`` emitted
@@ -575,10 +575,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             emit("target.step", rank=rank, step=step, loss=float(loss.item()), samples=ids, attempt=attempt)
             if step % cfg.checkpoint_every == 0:
                 if rank == 0:
+                    save_started = time.monotonic()
                     path = save_checkpoint(
                         cfg.checkpoint_dir, step, _checkpoint_state(step, model, optimizer, cfg, world_size)
                     )
-                    emit("target.checkpoint", rank=rank, step=step, path=str(path), attempt=attempt)
+                    emit(
+                        "target.checkpoint",
+                        rank=rank,
+                        step=step,
+                        path=str(path),
+                        attempt=attempt,
+                        duration_s=round(time.monotonic() - save_started, 6),  # goodput accounting (ettr)
+                    )
                 # No rank may report step K+1 before checkpoint K is committed, so "a rank reached K+1"
                 # implies "a restart resumes from >= K".
                 with blocked():
