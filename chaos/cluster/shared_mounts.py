@@ -4,9 +4,9 @@ A storage fault on a container mounts its FUSE layer on the docker HOST, over th
 container sees that layer only when its bind propagates host mounts (``rslave``), and docker accepts
 ``rslave`` only when the source lies on a SHARED mount. A directory that is not a mount point of its own is
 made one by binding it onto itself (transparent: the same files) and marked shared; :func:`release` undoes
-exactly that: lazily when processes merely have files or working directories there (they keep working: the
-self-bind shows the same files as what is under it), but never while other mounts sit below it (a lazy
-unmount would detach them too); such a self-bind is left in place, which changes nothing for anyone.
+exactly that, and NEVER lazily: a lazily detached self-bind breaks every process whose working directory is
+in it (``getcwd`` fails: seen here, it killed a test run whose checkout lay under /tmp), and would detach any
+mount below it. A busy self-bind is left in place, which changes nothing for anyone (same files).
 """
 
 from __future__ import annotations
@@ -65,10 +65,6 @@ def release(path: Path) -> str:
     if done.returncode == 0:
         return f"removed the shared self-bind of {path}"
     below = [p for p in mount_points() if p.startswith(str(path).rstrip("/") + "/")]
-    if not below:
-        lazy = subprocess.run(["umount", "-l", str(path)], capture_output=True, text=True, check=False)
-        if lazy.returncode == 0:
-            return f"removed the shared self-bind of {path} (lazily: files were open there)"
     why = f"mounts below it: {', '.join(below[:3])}" if below else done.stderr.strip() or "busy"
     return f"left the shared self-bind of {path} in place ({why}); it changes nothing"
 
