@@ -31,6 +31,7 @@ from injectors.process import FreezeInjector, FreezeParams  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bitflip_vs_pytorchfi  # noqa: E402
 import checksum_allreduce  # noqa: E402
+import load_generator  # noqa: E402
 import partition_hosts  # noqa: E402
 
 
@@ -133,6 +134,9 @@ def main() -> None:
     bitflip_vs_pytorchfi.main()
     print("\n== multi-host: partition apply+heal on 1..16 testbed hosts (benchmarks/partition_hosts.py)")
     partition_hosts.main()
+
+    print("\n== serving: open-loop load generator (benchmarks/load_generator.py)")
+    load_generator.main()
 
 
 if __name__ == "__main__":
