@@ -111,3 +111,17 @@ def kill_if_same(transport: Transport, pids: dict[int, int | None], signals: tup
             transport.run(["kill", "-s", name, *alive], timeout=15)
         except TransportError:
             return
+
+
+def kill_reported_group(transport: Transport, stderr: bytes) -> None:
+    """SIGKILL the process group of a timed-out command that reported its pid as the first stderr line (the
+    transports' ``echo $$ >&2`` wrapper; the command leads its own session). Never raises: the timeout is the
+    error worth reporting."""
+    first = stderr.split(b"\n", 1)[0].strip()
+    if first.isdigit():
+        try:
+            # "-KILL", not "-s KILL": procps kill reads "-s KILL -- -N" as signal N when N <= 64 (small pids
+            # are the rule in containers).
+            transport.run(["kill", "-KILL", "--", f"-{int(first)}"], timeout=10)
+        except TransportError:
+            pass

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING, Any
 
-from chaos.cluster.base import Completed, Transport, TransportError
+from chaos.cluster.base import Completed, Transport, TransportError, kill_reported_group
 from chaos.cluster.inventory import Host, Inventory
 from chaos.cluster.ssh import ClockEstimate, remote_command
 
@@ -529,7 +529,7 @@ class DockerTransport:
                 try:
                     got = conn.frame()
                 except TimeoutError:
-                    self._kill_group(b"".join(err))
+                    kill_reported_group(self, b"".join(err))
                     raise TransportError(f"{argv[0]} timed out after {timeout:.0f}s on {self.host}") from None
                 except OSError as exc:
                     raise TransportError(
@@ -548,17 +548,6 @@ class DockerTransport:
         if check and not done.ok:
             raise TransportError(f"{shlex.join(argv)} exited {code} on {self.host}: {stderr.strip()[:300]}")
         return done
-
-    def _kill_group(self, stderr: bytes) -> None:
-        """SIGKILL the process group of a timed-out command (an exec'd process leads its own session)."""
-        first = stderr.split(b"\n", 1)[0].strip()
-        if first.isdigit():
-            try:
-                # `-KILL`, not `-s KILL`: procps kill reads `-s KILL -- -N` as signal N when N <= 64, and
-                # pids in a container are small.
-                self.run(["kill", "-KILL", "--", f"-{int(first)}"], timeout=10)
-            except TransportError:
-                pass  # the original timeout is the error worth reporting
 
     def spawn(
         self,

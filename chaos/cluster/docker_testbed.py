@@ -36,7 +36,7 @@ from chaos.cluster import shared_mounts
 from chaos.cluster.base import TransportError
 from chaos.cluster.docker_image import IMAGE, LABEL, ensure_image, python_binds
 from chaos.cluster.inventory import Host, Inventory, dump_inventory
-from chaos.cluster.testbed_sys import TestbedError, machine_lock, used_networks
+from chaos.cluster.testbed_sys import TestbedError, machine_lock, state_tag, used_networks
 from chaos.journal import state_dir as mlchaos_state_dir
 
 if TYPE_CHECKING:
@@ -85,8 +85,7 @@ class Layout:
 
     @classmethod
     def of(cls, state_dir: Path) -> Layout:
-        resolved = state_dir.resolve()
-        return cls(resolved, hashlib.sha256(str(resolved).encode()).hexdigest()[:4])
+        return cls(state_dir.resolve(), state_tag(state_dir))
 
     @property
     def network(self) -> str:

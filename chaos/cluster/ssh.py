@@ -34,7 +34,7 @@ from typing import IO, Any, TypeVar
 import paramiko
 from paramiko.common import MSG_CHANNEL_REQUEST
 
-from chaos.cluster.base import Completed, Transport, TransportError
+from chaos.cluster.base import Completed, Transport, TransportError, kill_reported_group
 from chaos.cluster.inventory import Host, Inventory
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -388,7 +388,7 @@ class SshTransport:
             while not channel.status_event.wait(_DRAIN_INTERVAL_S):
                 self._drain(channel, out, err)  # keep the windows open so a chatty command cannot stall
                 if time.monotonic() > deadline:
-                    self._kill_group(b"".join(err))
+                    kill_reported_group(self, b"".join(err))
                     raise TransportError(f"{argv[0]} timed out after {timeout:.0f}s on {self.host}")
             channel.settimeout(max(0.1, deadline - time.monotonic()))
             for chunk in iter(lambda: channel.recv(65536), b""):
@@ -418,16 +418,6 @@ class SshTransport:
             out.append(channel.recv(65536))
         while channel.recv_stderr_ready():
             err.append(channel.recv_stderr(65536))
-
-    def _kill_group(self, stderr: bytes) -> None:
-        """SIGKILL the process group of a timed-out command (sshd made it a session leader)."""
-        first = stderr.split(b"\n", 1)[0].strip()
-        if first.isdigit():
-            try:
-                # "-KILL", not "-s KILL": procps kill reads "-s KILL -- -N" as signal N when N <= 64.
-                self.run(["kill", "-KILL", "--", f"-{int(first)}"], timeout=10)
-            except TransportError:
-                pass  # the original timeout is the error worth reporting
 
     def spawn(
         self,

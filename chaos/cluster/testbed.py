@@ -19,7 +19,6 @@ Requires root, iproute2 with ``ip netns``, OpenSSH's sshd and ssh-keygen.
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 import json
 import os
@@ -48,6 +47,7 @@ from chaos.cluster.testbed_sys import (
     pid_of,
     pids_in_netns,
     run,
+    state_tag,
     used_networks,
     wait_listening,
 )
@@ -113,8 +113,7 @@ class Layout:
 
     @classmethod
     def of(cls, state_dir: Path) -> Layout:
-        resolved = state_dir.resolve()
-        return cls(resolved, hashlib.sha256(str(resolved).encode()).hexdigest()[:4])
+        return cls(state_dir.resolve(), state_tag(state_dir))
 
     @property
     def ns_prefix(self) -> str:

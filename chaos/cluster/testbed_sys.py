@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import hashlib
 import ipaddress
 import json
 import os
@@ -184,3 +185,8 @@ def wait_listening(address: str, port: int, timeout: float) -> bool:
         except OSError:
             time.sleep(0.05)
     return False
+
+
+def state_tag(state_dir: Path) -> str:
+    """The 4-hex-digit tag that names everything a testbed of ``state_dir`` makes (stable per resolved path)."""
+    return hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:4]
