@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
@@ -69,6 +70,37 @@ class Transport(Protocol):
     def clock_offset(self) -> float:
         """Seconds to add to host timestamps to put them on the harness timeline."""
         ...
+
+
+def signal_name(signum: int) -> str:
+    """``15`` -> ``TERM``: names, not numbers, for a host's ``kill`` (numbers differ between architectures)."""
+    return signal.Signals(signum).name.removeprefix("SIG")
+
+
+class SignalsThroughKill:
+    """``send_signal``/``terminate``/``kill`` for a process started by a remote transport (SSH, Docker): the
+    host's own ``kill``, run through the owning transport. Subclasses set ``_owner`` and ``_pid`` and provide
+    ``poll``."""
+
+    _owner: Transport
+    _pid: int
+
+    def poll(self) -> int | None:
+        raise NotImplementedError
+
+    def send_signal(self, signum: int) -> None:
+        """Deliver ``signum`` through the host's ``kill``; a process that already exited is left alone."""
+        if self.poll() is not None:
+            return
+        done = self._owner.run(["kill", "-s", signal_name(signum), "--", str(self._pid)], timeout=30)
+        if not done.ok and self.poll() is None:
+            raise TransportError(f"cannot signal pid {self._pid} on {self._owner.host}: {done.stderr.strip()}")
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 def host_python(transport: Transport) -> str:

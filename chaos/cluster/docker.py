@@ -24,7 +24,6 @@ import difflib
 import io
 import os
 import shlex
-import signal
 import socket
 import struct
 import subprocess
@@ -36,7 +35,14 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import IO, TYPE_CHECKING, Any
 
-from chaos.cluster.base import Completed, Transport, TransportError, kill_reported_group
+from chaos.cluster.base import (
+    Completed,
+    SignalsThroughKill,
+    Transport,
+    TransportError,
+    kill_reported_group,
+    signal_name,
+)
 from chaos.cluster.inventory import Host, Inventory
 from chaos.cluster.ssh import ClockEstimate, remote_command
 
@@ -56,8 +62,6 @@ _PRIVILEGED: dict[str, bool] = {}
 _PRIVILEGED_LOCK = threading.Lock()
 
 
-def _signal_name(signum: int) -> str:
-    return signal.Signals(signum).name.removeprefix("SIG")
 
 
 def _exit_code(code: int) -> int:
@@ -159,8 +163,10 @@ class _FrameReader(io.RawIOBase):
         return size
 
 
-class DockerProcess:
+class DockerProcess(SignalsThroughKill):
     """A process started by :meth:`DockerTransport.spawn`; behaves like the parts of Popen the harness uses."""
+
+    _owner: DockerTransport
 
     def __init__(
         self,
@@ -227,19 +233,6 @@ class DockerProcess:
             pause = min(_POLL_MAX_S, pause * 1.5)
         return code
 
-    def send_signal(self, signum: int) -> None:
-        """Deliver ``signum`` through ``kill`` in the container; a process that already exited is left alone."""
-        if self.poll() is not None:
-            return
-        done = self._owner.run(["kill", "-s", _signal_name(signum), "--", str(self._pid)], timeout=30)
-        if not done.ok and self.poll() is None:
-            raise TransportError(f"cannot signal pid {self._pid} on {self._owner.host}: {done.stderr.strip()}")
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
     def _at_eof(self) -> None:
         # A watched process keeps its connection (its stdin) until its exit is seen: closing it earlier
@@ -571,7 +564,7 @@ class DockerTransport:
             # The watcher holds the exec's stdin (fd 3). On EOF without "done" it signals $$ (the command: the
             # shell exec's it) - but only while $$ is still its parent, so a finished command's reused pid is
             # never hit. /proc/self/stat field 4 is the ppid (field 2, "(sh)", has no spaces).
-            kill = f"kill -s {_signal_name(kill_with_parent)} $$"
+            kill = f"kill -s {signal_name(kill_with_parent)} $$"
             command = (
                 "exec 3<&0 </dev/null; echo $$ >&2; "
                 f'{{ while read -r line <&3; do [ "$line" = done ] && exit 0; done; '

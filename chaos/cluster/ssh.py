@@ -34,7 +34,14 @@ from typing import IO, Any, TypeVar
 import paramiko
 from paramiko.common import MSG_CHANNEL_REQUEST
 
-from chaos.cluster.base import Completed, Transport, TransportError, kill_reported_group
+from chaos.cluster.base import (
+    Completed,
+    SignalsThroughKill,
+    Transport,
+    TransportError,
+    kill_reported_group,
+    signal_name,
+)
 from chaos.cluster.inventory import Host, Inventory
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -101,8 +108,10 @@ class _ChannelReader(io.RawIOBase):
         return len(data)
 
 
-class SshProcess:
+class SshProcess(SignalsThroughKill):
     """A process started by :meth:`SshTransport.spawn`; behaves like the parts of Popen the harness uses."""
+
+    _owner: SshTransport
 
     def __init__(self, owner: SshTransport, channel: paramiko.Channel, pid: int, argv: list[str], watched: bool) -> None:
         self._owner = owner
@@ -141,19 +150,6 @@ class SshProcess:
         assert code is not None
         return code
 
-    def send_signal(self, signum: int) -> None:
-        """Deliver ``signum`` through the host's ``kill``; a process that already exited is left alone."""
-        if self.poll() is not None:
-            return
-        done = self._owner.run(["kill", "-s", _signal_name(signum), "--", str(self._pid)], timeout=30)
-        if not done.ok and self.poll() is None:
-            raise TransportError(f"cannot signal pid {self._pid} on {self._owner.host}: {done.stderr.strip()}")
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
     def _release_watcher(self) -> None:
         # The host-side watcher signals the process when stdin hits EOF (harness gone); "done" tells it
@@ -167,9 +163,6 @@ class SshProcess:
                 pass
 
 
-def _signal_name(signum: int) -> str:
-    """``15`` -> ``TERM``: names, not numbers, since numbers differ between architectures."""
-    return signal.Signals(signum).name.removeprefix("SIG")
 
 
 def _fingerprint(key: paramiko.PKey) -> str:
@@ -440,7 +433,7 @@ class SshTransport:
         else:
             # The watcher is a background subshell holding the channel's stdin (fd 3): EOF without a
             # "done" line means the harness is gone. $$ there is the main shell's pid, i.e. the command's.
-            kill = ("sudo -n " if self.spec.sudo else "") + f"kill -s {_signal_name(kill_with_parent)} $$"
+            kill = ("sudo -n " if self.spec.sudo else "") + f"kill -s {signal_name(kill_with_parent)} $$"
             command = (
                 "exec 3<&0 </dev/null; echo $$ >&2; "
                 f'{{ while read -r line <&3; do [ "$line" = done ] && exit 0; done; {kill}; }} >/dev/null 2>&1 & '
