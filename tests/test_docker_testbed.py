@@ -16,6 +16,7 @@ from chaos.cluster.base import TransportError
 from chaos.cluster.docker import DockerTransport
 from chaos.cluster.docker_image import IMAGE, LABEL
 from chaos.cluster.inventory import Inventory, load_inventory
+from chaos.cluster.shared_mounts import mount_points
 
 # Registered as a plugin (not imported), so every module shares ONE session testbed.
 pytest_plugins = ["docker_fixture"]
@@ -110,10 +111,12 @@ def test_up_then_down_leaves_nothing(tmp_path: Path, docker_testbed: Inventory) 
         with DockerTransport(inventory.hosts[0]) as h1:
             h1.run(["touch", str(share / "from-h1")], check=True)
         assert (share / "from-h1").exists()  # read-write at the same path
+        assert str(share) in mount_points()  # made a shared self-bind for the containers' rslave binds
         assert dtb.status(state).healthy
         assert _leftovers(client, layout.tag)
         dtb.down(state)
         assert _leftovers(client, layout.tag) == []
+        assert str(share) not in mount_points()  # its self-bind went with it (other testbeds bind other dirs)
         assert not layout.inventory.exists() and not state.exists()
         image_users = client.containers.list(all=True, filters={"ancestor": IMAGE})
         image_kept = bool(client.images.list(name=IMAGE))

@@ -439,12 +439,19 @@ def down(state_dir: Path | None = None, *, log: Callable[[str], None] = _ignore)
     if self_binds:
         client = connect()
         try:
-            others = [c for c in client.containers.list(all=True) if (c.name or "").startswith(PREFIX)]
+            # Sources other testbeds' containers still bind: their shares must stay shared.
+            in_use = {
+                str(mount.get("Source", ""))
+                for c in client.containers.list(all=True)
+                if (c.name or "").startswith(PREFIX)
+                for mount in c.attrs.get("Mounts") or []
+            }
         finally:
             client.close()
-        for bound in self_binds if not others else []:  # another testbed still uses the shares: keep them
-            done.append(shared_mounts.release(Path(bound)))
-            log(done[-1])
+        for bound in self_binds:
+            if bound not in in_use:
+                done.append(shared_mounts.release(Path(bound)))
+                log(done[-1])
     removed = 0
     for path in (layout.record, layout.inventory):
         if path.exists():
