@@ -33,6 +33,7 @@ import bitflip_vs_pytorchfi  # noqa: E402
 import checksum_allreduce  # noqa: E402
 import load_generator  # noqa: E402
 import partition_hosts  # noqa: E402
+import serving_stack  # noqa: E402
 
 
 def _per_op(fn, n: int) -> float:  # type: ignore[no-untyped-def]
@@ -137,6 +138,8 @@ def main() -> None:
 
     print("\n== serving: open-loop load generator (benchmarks/load_generator.py)")
     load_generator.main()
+    print("\n== serving: the reference stack under load, and a failover (benchmarks/serving_stack.py)")
+    serving_stack.main()
 
 
 if __name__ == "__main__":

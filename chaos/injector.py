@@ -68,6 +68,15 @@ class RankResolver(Protocol):
     def ranks(self) -> list[int]: ...
 
 
+@runtime_checkable
+class ReplicaResolver(Protocol):
+    """A serving target that knows which process runs each replica (the reference serving stack)."""
+
+    def pids_for_replica(self, name: str) -> list[int]: ...
+
+    def replicas(self) -> list[str]: ...
+
+
 @dataclass
 class InjectionContext:
     """What an injector may use: the host transport, the target (for rank lookups) and the history."""
@@ -81,6 +90,11 @@ class InjectionContext:
         if isinstance(self.target, RankResolver):
             return self.target
         raise InjectionError("this target does not report ranks; select processes by pid or name instead")
+
+    def replica_resolver(self) -> ReplicaResolver:
+        if isinstance(self.target, ReplicaResolver):
+            return self.target
+        raise InjectionError("this target has no replicas; select processes by pid or name instead")
 
 
 class Injector(Protocol):

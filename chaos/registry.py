@@ -28,6 +28,7 @@ BUILTIN_CHECK_MODULES = (
     "chaos.checks.recovery",
     "chaos.checks.lineage",
     "chaos.checks.sdc",
+    "chaos.checks.serving",
 )
 INJECTOR_GROUP = "mlchaos.injectors"
 CHECK_GROUP = "mlchaos.checks"

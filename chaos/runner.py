@@ -9,18 +9,12 @@ Guarantees:
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import json
 import os
 import secrets
-import signal
 import threading
 import time
-import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -31,12 +25,13 @@ from chaos.agent_plan import ENV_PLAN, InJobOp, write_plan
 from chaos.checks.base import CheckResult
 from chaos.cluster.base import TransportError
 from chaos.cluster.local import LocalTransport
+from chaos.control import Order, RunControl
+from chaos.golden import Golden, golden_outcome
 from chaos.history import (
     FAULT_APPLIED,
     FAULT_FAILED,
     FAULT_HEALED,
     RUNNER_GOLDEN,
-    TARGET_DIGEST,
     TARGET_EXIT,
     TARGET_STEP,
     Event,
@@ -45,13 +40,13 @@ from chaos.history import (
 from chaos.hosts import LOCAL, HostsError, HostSet
 from chaos.injector import Applied, InjectionContext, InjectionError, Injector, Unsupported, is_in_job
 from chaos.journal import Journal, heal_leftovers
+from chaos.load.driver import LoadDriver
 from chaos.plan import Plan, PlannedOp, fault_op, make_plan
 from chaos.report.files import write_reports
 from chaos.scenario import FaultSpec, HostSelector, Scenario, ScenarioError, TorchrunTarget
-from chaos.targets.base import Target
-from chaos.targets.command import CommandJob
-from chaos.targets.torchrun import TorchrunJob
-from chaos.targets.torchrun_nodes import MultiNodeTorchrunJob, Node
+from chaos.signals import signals_raise
+from chaos.targets.factory import make_target
+from chaos.targets.torchrun_nodes import MultiNodeTorchrunJob
 
 Verdict = Literal["pass", "fail", "error"]
 EXIT_PASS, EXIT_FAIL, EXIT_INVALID, EXIT_HARNESS = 0, 1, 2, 3
@@ -77,6 +72,7 @@ class RunOptions:
     scenario_file: Path | None = None
     inventory: Path | None = None
     nodes: HostSelector | None = None  # run a torchrun target across these inventory hosts (--nodes)
+    control: RunControl | None = None  # operator commands (game day): inject now, heal all, abort, note
 
 
 @dataclass
@@ -113,37 +109,6 @@ StatusListener = Callable[[RunStatus], None]
 
 def _quiet(_: object) -> None:
     pass
-
-
-@contextmanager
-def _signals_raise() -> Iterator[None]:
-    """Turn SIGTERM/SIGHUP into an exception in the main thread so healing runs in ``finally``."""
-
-    def handler(signum: int, _frame: types.FrameType | None) -> None:
-        raise RunInterrupted(signal.Signals(signum).name)
-
-    try:
-        previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
-    except ValueError:  # not the main thread (e.g. inside a test worker): rely on finally alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        for signum, old in previous.items():
-            signal.signal(signum, old)
-
-
-def make_target(
-    scenario: Scenario, transport: LocalTransport, run_dir: Path, seed: int, extra_env: dict[str, str], hosts: HostSet
-) -> Target:
-    spec = scenario.target
-    if isinstance(spec, TorchrunTarget) and spec.nodes is not None:
-        nodes = [Node(name, address, hosts.transport(name)) for name, address in hosts.job_nodes(spec.nodes, seed)]
-        return MultiNodeTorchrunJob(spec, nodes, run_dir, seed, extra_env)
-    if isinstance(spec, TorchrunTarget):
-        return TorchrunJob(spec, transport, run_dir, seed, extra_env)
-    return CommandJob(spec, transport, run_dir, seed, extra_env)
 
 
 def _in_job_plan(plan: Plan, run_dir: Path) -> tuple[list[PlannedOp], Path]:
@@ -196,9 +161,11 @@ class _Execution:
         log: Listener,
         status: StatusListener,
         hosts: HostSet,
+        control: RunControl | None = None,
     ) -> None:
         self.scenario = scenario
         self.hosts = hosts
+        self.control = control
         self.plan = plan
         self.run_dir = run_dir
         self.history = history
@@ -209,6 +176,7 @@ class _Execution:
         self.in_job, plan_file = _in_job_plan(plan, run_dir)
         self.target = make_target(scenario, self.transport, run_dir, plan.seed, {ENV_PLAN: str(plan_file)}, hosts)
         self.ctx = InjectionContext(self.transport, history=history, target=self.target)
+        self.load = LoadDriver(scenario.load, history, plan.seed) if scenario.load is not None else None
         self.pending: list[PlannedOp] = [op for op in plan.ops if op not in self.in_job]
         self.active: list[_ActiveFault] = []
         self.fired = 0
@@ -268,13 +236,20 @@ class _Execution:
 
     # -- the loop ----------------------------------------------------------------------------------------
     def run(self) -> None:
+        """Start the target and drive the run until it ends. A target with a ``ready_event`` (a serving stack)
+        starts the fault clock and the load when that event arrives; any other target starts both at once.
+        A run with a load ends when the load has finished."""
         safety = self.scenario.safety
+        run_began = time.monotonic()
         self.target.start()
         self.history.record("runner.target_started", target=self.target.describe())
-        started = time.monotonic()
-        last_progress = started
+        ready_kind: str | None = getattr(self.target, "ready_event", None)
+        started: float | None = None if ready_kind else self._clock_start()
+        last_progress = run_began
         while True:
             now = time.monotonic()
+            if self.control is not None and not self._obey(self.control.drain()):
+                return
             exited = False
             for event in self.target.poll_events():
                 self.history.append(event)
@@ -284,6 +259,8 @@ class _Execution:
                     step = event.get_int("step")
                     if step is not None:
                         self.step = step if self.step is None else max(self.step, step)
+                if started is None and event.kind == ready_kind:
+                    started = last_progress = self._clock_start()
                 self._on_event(event)
                 if any(event.matches(pattern) for pattern in safety.abort_on):
                     self._end(f"abort: {event.kind} matched safety.abort_on")
@@ -291,6 +268,21 @@ class _Execution:
             if exited:
                 self._end(f"target exited ({self.target.exit_code()})")
                 return
+            if self.load is not None and self.load.finished():
+                self._end("load finished")
+                return
+            if self.load is not None and self.load.started:
+                last_progress = max(last_progress, self.load.last_activity)
+            if started is None:  # still waiting for the target to be ready: no faults yet
+                if now - run_began > safety.max_duration:
+                    self._end(f"max_duration {safety.max_duration:g}s reached before the target was ready")
+                    return
+                if safety.no_progress_timeout is not None and now - run_began > safety.no_progress_timeout:
+                    self.history.record("runner.no_progress", seconds=round(now - run_began, 3), step=None)
+                    self._end(f"no progress: the target was not ready ({ready_kind}) within {safety.no_progress_timeout:g}s")
+                    return
+                time.sleep(POLL_S)
+                continue
             elapsed = now - started
             for op in [op for op in self.pending if op.at_s is not None and op.at_s <= elapsed]:
                 self._fire(op)
@@ -309,6 +301,40 @@ class _Execution:
                 RunStatus(elapsed, self.step, [a.op.op_id for a in self.active], self.fired, len(self.plan.ops))
             )
             time.sleep(POLL_S)
+
+    def _clock_start(self) -> float:
+        """The fault clock starts now (``trigger.after`` counts from here); so does the load, if any."""
+        if self.load is not None:
+            spec = self.load.start(getattr(self.target, "url", None))
+            self.history.record("runner.load_started", url=spec.url, rate=spec.rate, duration_s=spec.duration)
+            self.log(f"load: {spec.rate:g} req/s {spec.method} {spec.url} for {spec.duration:g}s")
+        return time.monotonic()
+
+    def _obey(self, orders: list[Order]) -> bool:
+        """Carry out operator commands in order; False when one ended the run."""
+        for order in orders:
+            if order.command == "note":
+                self.history.record("runner.note", text=order.text, author=order.author)
+                continue
+            self.history.record("runner.operator", command=order.command, text=order.text, author=order.author)
+            if order.command == "abort":
+                self._end(f"aborted by the operator: {order.text}" if order.text else "aborted by the operator")
+                return False
+            if order.command == "heal_all":
+                self.log(f"operator: heal all ({len(self.active)} active)")
+                self._parallel([partial(self._heal, active) for active in list(self.active)])
+            elif order.command == "inject_next":
+                upcoming = sorted(self.pending, key=lambda op: (op.at_s is None, op.at_s or 0.0))
+                if not upcoming:
+                    self.log("operator: inject next: no fault is pending")
+                    continue
+                self.log(f"operator: inject {upcoming[0].op_id} now")
+                self._fire(upcoming[0])
+        return True
+
+    def stop_load(self) -> None:
+        if self.load is not None:
+            self.load.stop()
 
     def _end(self, why: str) -> None:
         self.ended_by = why
@@ -355,6 +381,8 @@ class _Execution:
     @staticmethod
     def _parallel(calls: list[Callable[[], None]]) -> None:
         """Run ``calls`` on up to 8 threads (inline when there is one); the first exception propagates."""
+        if not calls:
+            return
         if len(calls) == 1:
             calls[0]()
             return
@@ -466,63 +494,19 @@ class _Execution:
         return errors
 
 
-@dataclass(frozen=True)
-class Golden:
-    """What the fault-free run ended with: its digest and every detection it raised (false alarms)."""
-
-    digest: str
-    detections: list[str]
-    cached: bool
-
-
 def _golden(scenario: Scenario, options: RunOptions, log: Listener) -> Golden | None:
-    """The fault-free run's outcome, from the cache when the job, its seed and its code are unchanged."""
-    cache_dir = options.report_root / ".golden"
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    key = scenario.golden_key() + "-" + _code_fingerprint(scenario)
-    cached = cache_dir / f"{key}.json"
-    if options.golden_cache and cached.exists():
-        saved = json.loads(cached.read_text())
-        if isinstance(saved.get("digest"), str) and isinstance(saved.get("detections"), list):
-            return Golden(saved["digest"], [str(d) for d in saved["detections"]], cached=True)
-    log("golden run: same job and seed, no faults …")
-    golden_options = RunOptions(
-        report_root=cache_dir, golden=False, inventory=options.inventory, scenario_file=options.scenario_file
-    )  # (nodes: already in the scenario's target)
-    result = execute(scenario.without_faults(), golden_options, log=_quiet)
-    digests = result.history.of(TARGET_DIGEST)
-    if not digests or result.ended_by.startswith(("no progress", "max_duration")):
-        log(f"golden run produced no digest ({result.ended_by}); its reports: {result.run_dir}")
-        return None
-    first = min(digests, key=lambda e: (e.rank if e.rank is not None else 0, -e.ts_ns))
-    digest = first.get_str("digest")
-    if digest is None:
-        return None
-    detections = [e.kind for e in result.history.of("detect.*")]
-    cached.write_text(json.dumps({"digest": digest, "detections": detections, "run_dir": str(result.run_dir)}))
-    return Golden(digest, detections, cached=False)
+    """The golden outcome for this run (cached under ``<report root>/.golden``); a cache miss runs the job
+    again without faults, with this run's inventory (its nodes are already in the scenario's target)."""
 
+    def run_fault_free(fault_free: Scenario, report_root: Path) -> RunResult:
+        golden_options = RunOptions(
+            report_root=report_root, golden=False, inventory=options.inventory, scenario_file=options.scenario_file
+        )
+        return execute(fault_free, golden_options, log=_quiet)
 
-def _code_fingerprint(scenario: Scenario) -> str:
-    """Hash of the job's entry file and of mlchaos's own code (the in-job agent and guards run inside the job),
-    so an edited trainer or guard invalidates the golden cache. Other code the job imports is not hashed:
-    use ``--no-golden-cache`` after changing it."""
-    spec = scenario.target
-    files: list[Path] = sorted(p for pkg in _OWN_PACKAGES for p in pkg.rglob("*.py"))
-    if isinstance(spec, TorchrunTarget):
-        entry = spec.script
-        if spec.module is not None:
-            found = importlib.util.find_spec(spec.module)
-            entry = found.origin if found is not None else None
-        if entry is not None and os.path.exists(entry):
-            files.append(Path(entry))
-    digest = hashlib.sha256()
-    for path in files:
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:12]
-
-
-_OWN_PACKAGES = (Path(__file__).resolve().parent, Path(__file__).resolve().parent.parent / "injectors")
+    return golden_outcome(
+        scenario, options.report_root / ".golden", use_cache=options.golden_cache, run_fault_free=run_fault_free, log=log
+    )
 
 
 def _reverts_on_harness(injector: object, applied: Applied) -> bool:
@@ -541,17 +525,23 @@ def _rank_of(fault: FaultSpec) -> int | None:
 
 
 def new_run_dir(root: Path, name: str) -> Path:
+    """A fresh, ABSOLUTE run folder under ``root``: the job's processes get it as ``{run_dir}`` and the plan
+    file's path, and on other hosts (SSH, containers) they do not start in the harness's working directory."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    run_dir = root / f"{name}-{stamp}-{secrets.token_hex(2)}"
+    run_dir = root.absolute() / f"{name}-{stamp}-{secrets.token_hex(2)}"
     run_dir.mkdir(parents=True, exist_ok=False)
     return run_dir
 
 
-def _refused(scenario: Scenario, plan: Plan, run_dir: Path, history: History, reason: str) -> RunResult:
+def _refused(
+    scenario: Scenario, plan: Plan, run_dir: Path, history: History, reason: str, options: RunOptions
+) -> RunResult:
     """The result of a run refused before anything started (exit 2, reports written)."""
     history.record("runner.refused", reason=reason)
     history.close()
     result = RunResult(scenario, plan, run_dir, history, [], "error", EXIT_INVALID, "refused", reason)
+    if options.scenario_file is not None:
+        result.extra["scenario_file"] = str(options.scenario_file)  # so the report's replay line names it
     write_reports(result)
     return result
 
@@ -577,28 +567,29 @@ def execute(
     history.record("runner.start", scenario=scenario.name, seed=plan.seed, pid=os.getpid())
     base_dir = options.scenario_file.parent if options.scenario_file is not None else None
     if refusal:
-        return _refused(scenario, plan, run_dir, history, refusal)
+        return _refused(scenario, plan, run_dir, history, refusal, options)
     try:
         hosts = HostSet.for_scenario(scenario, options.inventory, base_dir)
     except (HostsError, ScenarioError) as exc:
-        return _refused(scenario, plan, run_dir, history, str(exc))
+        return _refused(scenario, plan, run_dir, history, str(exc), options)
     # Before this run's own journal exists: heal what dead runs left (live runs' journals are locked).
     for line in heal_leftovers(hosts.all_transports(), log=log):
         history.record("runner.leftover_healed", detail=line)
     try:
-        execution = _Execution(scenario, plan, run_dir, history, log, status, hosts)
+        execution = _Execution(scenario, plan, run_dir, history, log, status, hosts, options.control)
     except HostsError as exc:
         hosts.close()
-        return _refused(scenario, plan, run_dir, history, str(exc))
+        return _refused(scenario, plan, run_dir, history, str(exc), options)
     error = ""
     heal_errors: list[str] = []
     exit_code = EXIT_PASS
     try:
-        with _signals_raise():
+        with signals_raise(RunInterrupted):
             execution.refuse_unsupported()
             try:
                 execution.run()
             finally:
+                execution.stop_load()
                 heal_errors = execution.heal_all()
                 execution.target.stop(grace=10.0)
                 for event in execution.target.poll_events():

@@ -27,11 +27,16 @@ from pydantic import (
     Field,
     SerializeAsAny,
     ValidationError,
+    ValidationInfo,
     create_model,
+    field_validator,
     model_validator,
 )
 
 from chaos import registry
+from chaos.load.spec import ScenarioLoad
+from chaos.targets.http import HttpTarget
+from chaos.targets.serving.config import ServingTarget
 from chaos.units import Duration
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
@@ -78,7 +83,9 @@ class Trigger(BaseModel):
     """When a fault fires. Exactly one of ``after``, ``at_step``, ``on_event``, ``every``, ``poisson``."""
 
     model_config = _STRICT
-    after: Duration | None = Field(default=None, description="seconds after the target starts")
+    after: Duration | None = Field(
+        default=None, description="seconds after the target starts (a serving/http target: after it is ready)"
+    )
     at_step: int | None = Field(default=None, ge=0, description="when a rank reports this training step")
     rank: int | None = Field(default=None, description="with at_step: the rank whose step counts")
     on_event: EventTrigger | None = None
@@ -199,7 +206,8 @@ class CommandTarget(BaseModel):
     matchers: list[LogMatcherSpec] = []
 
 
-TargetSpec = Annotated[TorchrunTarget | CommandTarget, Discriminator("type")]
+TargetSpec = Annotated[TorchrunTarget | CommandTarget | ServingTarget | HttpTarget, Discriminator("type")]
+ADDRESSED_TARGETS = (ServingTarget, HttpTarget)  # targets with an address a load's URL path is sent to
 
 
 class ClusterSpec(BaseModel):
@@ -234,10 +242,24 @@ class Scenario(BaseModel):
     seed: int = 0
     cluster: ClusterSpec = ClusterSpec()
     target: TargetSpec
+    load: ScenarioLoad | None = Field(
+        default=None, description="HTTP load driven at the target while faults hit it (serving scenarios)"
+    )
     faults: list[FaultSpec] = []
     checks: list[CheckSpec] = []
     safety: SafetySpec = SafetySpec()
     allow_unknown: bool = Field(default=False, description="treat unknown check verdicts as passing")
+
+    @field_validator("load")
+    @classmethod
+    def _load_has_an_address(cls, load: ScenarioLoad | None, info: ValidationInfo) -> ScenarioLoad | None:
+        target = info.data.get("target")  # declared before load, so validated first (absent if it failed)
+        if load is not None and load.url.startswith("/") and target is not None:
+            if not isinstance(target, ADDRESSED_TARGETS):
+                raise ValueError(
+                    f"url {load.url!r} is a path, but a {target.type} target has no address: give a full http:// URL"
+                )
+        return load
 
     def fault(self, name: str) -> FaultSpec:
         for spec in self.faults:
@@ -293,7 +315,15 @@ def scenario_model() -> type[Scenario]:
 
 
 def _all_optional(model: type[BaseModel]) -> bool:
-    return all(not field.is_required() for field in model.model_fields.values())
+    """True when ``model()`` is valid: every field has a default AND the defaults pass its validators (a
+    "give one of min or max" rule makes params required although each field is optional)."""
+    if any(field.is_required() for field in model.model_fields.values()):
+        return False
+    try:
+        model()
+    except ValidationError:
+        return False
+    return True
 
 
 def json_schema() -> dict[str, Any]:
@@ -417,7 +447,7 @@ def _suggest(word: str, options: list[str]) -> str:
     return f"did you mean {close[0]!r}?" if close else ("valid keys: " + ", ".join(options) if options else "")
 
 
-def _problem_for(
+def problem_for(
     error: dict[str, Any], data: object, marks: dict[Path_, tuple[int, int]], file: str, model: type[BaseModel]
 ) -> Problem:
     loc: tuple[str | int, ...] = tuple(error["loc"])
@@ -486,7 +516,7 @@ def parse_scenario(text: str, file: str = "<string>") -> Scenario:
     try:
         scenario = model.model_validate(data)
     except ValidationError as exc:
-        problems.extend(_problem_for(dict(e), data, marks, file, model) for e in exc.errors())
+        problems.extend(problem_for(dict(e), data, marks, file, model) for e in exc.errors())
         raise ScenarioError(problems) from None
     if problems:
         raise ScenarioError(problems)

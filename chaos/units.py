@@ -1,12 +1,13 @@
-"""Human-friendly duration parsing shared by the scenario model and the CLI.
+"""Value checks shared by the scenario model and the CLI: human-friendly durations, and http(s) URLs.
 
-``"500ms"``, ``"10s"``, ``"2m"``, ``"1h"``, ``"1m30s"`` and plain numbers (seconds) are accepted.
+``"500ms"``, ``"10s"``, ``"2m"``, ``"1h"``, ``"1m30s"`` and plain numbers (seconds) are accepted as durations.
 """
 
 from __future__ import annotations
 
 import re
 from typing import Annotated
+from urllib.parse import urlsplit
 
 from pydantic import BeforeValidator
 
@@ -54,3 +55,13 @@ def format_duration(seconds: float) -> str:
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 """A float number of seconds that YAML may spell as ``10s`` or ``2m``."""
+
+
+def check_http_url(url: str) -> str:
+    """Return ``url`` unchanged when it is an http:// or https:// URL with a host and a valid port; raise
+    ValueError saying what is wrong otherwise (pydantic validators turn it into a file:line error)."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{url!r} is not an http:// or https:// URL with a host")
+    parts.port  # noqa: B018 - raises ValueError on a bad port
+    return url

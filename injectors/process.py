@@ -33,7 +33,7 @@ _P = TypeVar("_P", bound=BaseModel)
 
 
 class ProcessSelector(BaseModel):
-    """Which processes a fault hits: exactly one of ``rank``, ``pid`` or ``name``."""
+    """Which processes a fault hits: exactly one of ``rank``, ``pid``, ``name`` or ``replica``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -43,6 +43,11 @@ class ProcessSelector(BaseModel):
         default=None,
         min_length=1,
         description="regex searched in each command line (argv joined with spaces); every match is hit",
+    )
+    replica: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="a serving target's replica (primary, fallback): its model server process at that moment",
     )
 
     @field_validator("name")
@@ -57,10 +62,10 @@ class ProcessSelector(BaseModel):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ProcessSelector:
-        given = [key for key in ("rank", "pid", "name") if getattr(self, key) is not None]
+        given = [key for key in ("rank", "pid", "name", "replica") if getattr(self, key) is not None]
         if len(given) != 1:
             found = f"got {', '.join(given)}" if given else "got none"
-            raise ValueError(f"select processes with exactly one of rank, pid or name ({found})")
+            raise ValueError(f"select processes with exactly one of rank, pid, name or replica ({found})")
         return self
 
 
@@ -199,6 +204,9 @@ def resolve_processes(ctx: InjectionContext, selector: ProcessSelector) -> tuple
         what = f"rank {selector.rank}"
     elif selector.pid is not None:
         pids, what = [selector.pid], f"pid {selector.pid}"
+    elif selector.replica is not None:
+        pids = ctx.replica_resolver().pids_for_replica(selector.replica)
+        what = f"replica {selector.replica}"
     else:
         pattern = re.compile(selector.name or "")
         what = f"processes matching {selector.name!r}"
@@ -241,7 +249,15 @@ def require_duration(name: str, op: FaultOp) -> float:
     return op.duration_s
 
 
-def _check_kill(ctx: InjectionContext) -> None:
+def _check_kill(ctx: InjectionContext, params: BaseModel | None = None) -> None:
+    replica = getattr(params, "replica", None)
+    if replica is not None:
+        try:
+            known = ctx.replica_resolver().replicas()
+        except InjectionError as exc:
+            raise Unsupported(str(exc)) from None
+        if replica not in known:
+            raise Unsupported(f"no replica named {replica!r}; this target has {', '.join(known) or 'none'}")
     if isinstance(ctx.transport, LocalTransport):
         import shutil
 
@@ -272,7 +288,7 @@ class KillInjector:
     summary: ClassVar[str] = "send a signal (default SIGKILL) to a rank, pid or command-line match"
 
     def check(self, ctx: InjectionContext, params: BaseModel) -> None:
-        _check_kill(ctx)
+        _check_kill(ctx, params)
 
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
         params = params_of(KillParams, op)
@@ -311,7 +327,7 @@ class FreezeInjector:
     summary: ClassVar[str] = "SIGSTOP a rank, pid or command-line match for the fault's duration"
 
     def check(self, ctx: InjectionContext, params: BaseModel) -> None:
-        _check_kill(ctx)
+        _check_kill(ctx, params)
 
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
         """Resolve targets; InjectionError without a duration (a freeze must always end)."""
@@ -357,7 +373,7 @@ class SlowInjector:
     summary: ClassVar[str] = "make a rank, pid or command-line match slow with a SIGSTOP/SIGCONT duty cycle"
 
     def check(self, ctx: InjectionContext, params: BaseModel) -> None:
-        _check_kill(ctx)
+        _check_kill(ctx, params)
         if isinstance(ctx.transport, LocalTransport):
             return
         try:

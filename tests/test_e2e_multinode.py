@@ -55,10 +55,12 @@ def test_scenario_passes_on_the_testbed(
     inventory_file = tmp_path / "inventory.yaml"
     dump_inventory(testbed, inventory_file)
     reports = tmp_path / "reports"
+    # A RELATIVE report dir, as `mlchaos run` and `mlchaos suite run` default to: the job on the other hosts
+    # must still find its run dir (they do not start in the harness's working directory).
     done = subprocess.run(
         [sys.executable, "-m", "chaos.cli", "run", str(ROOT / "scenarios" / f"{name}.yaml"),
-         "--inventory", str(inventory_file), "--report-dir", str(reports), *extra],
-        cwd=ROOT, env={**os.environ, "COLUMNS": "200"}, capture_output=True, text=True, timeout=420,
+         "--inventory", str(inventory_file), "--report-dir", "reports", *extra],
+        cwd=tmp_path, env={**os.environ, "COLUMNS": "200"}, capture_output=True, text=True, timeout=420,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     [run_dir] = [p for p in reports.iterdir() if p.name.startswith(name)]  # (the golden run is in .golden/)

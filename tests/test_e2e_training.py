@@ -40,7 +40,7 @@ def test_kill_rank_detects_recovers_and_matches_golden(report_root: Path) -> Non
     assert result.history.of("target.restart"), "torchrun never restarted the worker group"
     detection = next(r for r in result.results if r.check == "detected_within")
     assert isinstance(detection.measured, float) and 0 < detection.measured < 30
-    for name in ("run.json", "history.jsonl", "junit.xml"):
+    for name in ("run.json", "history.jsonl", "junit.xml", "report.html"):
         assert (result.run_dir / name).exists()
 
 

@@ -25,7 +25,6 @@ import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Literal
-from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -38,7 +37,7 @@ from pydantic import (
     model_validator,
 )
 
-from chaos.units import Duration
+from chaos.units import Duration, check_http_url
 
 LOAD_START = "load.start"
 LOAD_REQUEST = "load.request"
@@ -210,11 +209,7 @@ class LoadSpec(_Model):
     @field_validator("url")
     @classmethod
     def _url(cls, url: str) -> str:
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"{url!r} is not an http:// or https:// URL with a host")
-        parts.port  # noqa: B018 - raises ValueError on a bad port
-        return url
+        return check_http_url(url)
 
     @field_validator("method")
     @classmethod
@@ -318,3 +313,33 @@ def priority_sequence(spec: LoadSpec) -> Iterator[str | None]:
     rng = random.Random(f"{spec.seed}:priority")
     while True:
         yield rng.choices(names, cum_weights=cum)[0]
+
+
+class ScenarioLoad(LoadSpec):
+    """A scenario's ``load:`` section: a :class:`LoadSpec` whose ``url`` may be a path (``/v1/predict``),
+    sent to the target's own address (a ``serving`` or ``http`` target), and whose ``seed`` defaults to the
+    run's seed. The runner turns it into a plain LoadSpec with :meth:`resolve` once the target is ready."""
+
+    url: str = Field(
+        default="/v1/predict", description="absolute http(s) URL, or a path on the serving/http target's address"
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, url: str) -> str:
+        if url.startswith("/"):
+            if any(c in url for c in " \r\n"):
+                raise ValueError(f"{url!r} is not a URL path")
+            return url
+        return LoadSpec._url(url)
+
+    def resolve(self, base_url: str | None, seed: int) -> LoadSpec:
+        """The LoadSpec to run: ``url`` joined onto ``base_url`` when it is a path; the run's seed unless the
+        scenario set one."""
+        url = self.url
+        if url.startswith("/"):
+            if base_url is None:
+                raise ValueError(f"load url {url!r} is a path, but this target has no address: give a full URL")
+            url = base_url.rstrip("/") + url
+        data = self.model_dump(by_alias=True, exclude={"url", "seed"})
+        return LoadSpec.model_validate({**data, "url": url, "seed": self.seed if "seed" in self.model_fields_set else seed})

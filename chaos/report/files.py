@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 from xml.etree import ElementTree as ET
 
 from chaos.checks.base import CheckResult
+from chaos.report.html import write_html_report
+from chaos.report.serving import serving_summary, write_serving_report
 
 if TYPE_CHECKING:
     from chaos.runner import RunResult
@@ -84,5 +86,15 @@ def _failure_message(check: CheckResult) -> str:
 
 
 def write_reports(result: RunResult) -> None:
-    _atomic_write(result.run_dir / "run.json", json.dumps(run_document(result), indent=1) + "\n")
+    """``run.json`` and ``junit.xml``; for a run with serving load also ``serving.html`` and its timeline PNG
+    (and the window table, failover and failback times under ``serving`` in run.json); last ``report.html``,
+    the whole run on one page (it links the files above)."""
+    document = run_document(result)
+    serving = serving_summary(result.history, result.scenario, result.results)
+    if serving is not None:
+        document["serving"] = serving
+    _atomic_write(result.run_dir / "run.json", json.dumps(document, indent=1) + "\n")
     _atomic_write(result.run_dir / "junit.xml", junit_xml(result))
+    if serving is not None:
+        write_serving_report(result.run_dir, result.history, result.scenario, list(result.results), summary=serving)
+    write_html_report(result.run_dir, document=document)

@@ -59,6 +59,7 @@ class SpawnedJob:
         matchers: Sequence[LogMatcher],
         log_name: str = "target.log",
         host: str | None = None,
+        events_name: str = "events.jsonl",
     ) -> None:
         self.transport = transport
         self.local = isinstance(transport, LocalTransport)
@@ -67,7 +68,7 @@ class SpawnedJob:
         self.argv = argv
         self.env = env
         self.run_dir = run_dir
-        self.events_path = run_dir / "events.jsonl"
+        self.events_path = run_dir / events_name  # one file per job when several share a run_dir
         self.log_path = run_dir / log_name
         self.matchers = list(matchers)
         self._tail = EventFileTail(self.events_path)
