@@ -472,6 +472,9 @@ class StorageInjector:
             _wait(lambda: not _daemons(host, applied), _EXIT_GRACE_S)
         if fuselayer.is_mounted(fsname, path, files.mounts()):
             raise InjectionError(f"the FUSE layer {fsname} is still mounted on {path}: {'; '.join(errors)}")
+        if not _daemons(host, applied):  # healed: its control, status and log files have served their purpose
+            state_files = [applied.state.get(key) for key in ("control", "status", "log")]
+            files.run(["rm", "-f", *(f for f in state_files if isinstance(f, str) and f)])
 
     def revert_command(self, applied: Applied) -> list[str] | None:
         """Lazy unmount; the daemon notices its mount is gone, clears the fault and stops after the drain."""

@@ -175,7 +175,10 @@ def test_writes_through_the_layer_are_in_the_real_directory_after_heal(tmp_path:
         os.rename(ckpt / "step-1" / "tmp.pt", ckpt / "step-1" / "model.pt")
         (ckpt / "old.pt").unlink()
         assert applied.state["helper_pid"]
+        state_files = [Path(str(applied.state[key])) for key in ("control", "status", "log")]
+        assert all(f.exists() for f in state_files)
     assert not _mounted(ckpt)
+    assert not [f for f in state_files if f.exists()]  # the heal took its control, status and log files along
     assert (ckpt / "step-1" / "model.pt").read_bytes() == b"weights" * 1000
     assert not (ckpt / "old.pt").exists()
     assert sorted(p.name for p in ckpt.rglob("*")) == ["model.pt", "step-1"]  # no .fuse_hidden leftovers
