@@ -1,4 +1,5 @@
-"""The ``mlchaos`` command line: run, validate, schema, list, plan, cleanup.
+"""The ``mlchaos`` command line: run, validate, schema, list, plan, cleanup, report; and (registered from their
+own modules) testbed, sdc-coverage, ettr, suite, history, gameday.
 
 Exit codes (stable, for CI): 0 every check passed; 1 a check failed (or was unknown); 2 invalid input or a
 fault unsupported here (nothing was applied); 3 the harness itself failed or was interrupted (faults healed).
@@ -21,7 +22,9 @@ from rich.table import Table
 
 from chaos import registry
 from chaos.cli_ettr import register as register_ettr
+from chaos.cli_gameday import register as register_gameday
 from chaos.cli_sdc import register as register_sdc_coverage
+from chaos.cli_suite import register as register_suite
 from chaos.cli_testbed import register as register_testbed
 from chaos.cluster.base import Transport
 from chaos.cluster.local import LocalTransport
@@ -245,9 +248,31 @@ def _print_pass_rates(scenario: Scenario, outcomes: list[RunResult]) -> None:
     console.print(table)
 
 
+@app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="a run folder, as `mlchaos run` wrote it (holds run.json)")],
+    open_report: Annotated[bool, typer.Option("--open", help="also open the page in a web browser")] = False,
+) -> None:
+    """Write RUN_DIR/report.html from RUN_DIR/run.json (timeline, checks with evidence, plan, replay); print its path."""
+    from chaos.report.html import write_html_report
+
+    try:
+        path = write_html_report(run_dir)
+    except (OSError, ValueError) as exc:
+        errors.print(f"[red]cannot build the report of {escape(str(run_dir))}:[/red] {escape(str(exc))}")
+        raise typer.Exit(EXIT_INVALID) from exc
+    typer.echo(str(path))
+    if open_report:
+        import webbrowser
+
+        webbrowser.open(path.resolve().as_uri())
+
+
 register_sdc_coverage(app)
 register_testbed(app)
 register_ettr(app)
+register_suite(app)
+register_gameday(app)
 
 
 def main() -> None:

@@ -1,0 +1,335 @@
+"""`mlchaos gameday`: the pure parts (command parsing, the line editor, the live state, the history tail,
+the blast radius) offline, and the real CLI in a pty (pexpect): a declined plan runs nothing; inject, note,
+heal all and abort from the keyboard land in the history and on the real process; Ctrl-C heals and exits 3."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pexpect
+import pytest
+
+from chaos.cluster.local import process_state
+from chaos.gameday import (
+    GameState,
+    LineEditor,
+    blast_radius,
+    find_run_dir,
+    parse_command,
+)
+from chaos.history import Event, EventFileTail, History
+from chaos.hosts import LOCAL, HostSet
+from chaos.journal import all_journals
+from chaos.plan import make_plan
+from chaos.runner import EXIT_HARNESS
+from chaos.scenario import parse_scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT = 90  # generous: a busy 2-core machine starts python, the run and the target slowly
+
+SCENARIO = """\
+name: {name}
+description: a sleeper frozen only when the operator says so
+seed: 5
+target:
+  type: command
+  command: [sleep, "{arg}"]
+faults:
+  - name: freeze-sleeper
+    type: freeze
+    params: {{name: '^sleep {pattern}$'}}
+    trigger: {{after: 10m}}   # never on its own: only the operator's `i` fires it
+    duration: 60s
+safety: {{no_progress_timeout: null, max_duration: 3m}}
+"""
+
+
+# -- offline ------------------------------------------------------------------------------------------------------
+
+
+def test_commands_parse_and_unknown_lines_are_not_commands() -> None:
+    assert parse_command("i").command == "inject_next"
+    assert parse_command(" heal ").command == "heal_all"
+    note = parse_command("n the loss spiked")
+    assert (note.command, note.text) == ("note", "the loss spiked")
+    assert parse_command("a enough").text == "enough" and parse_command("abort").command == "abort"
+    assert parse_command("?").help and parse_command("?").command is None
+    for line in ("n", "inject now please", "xyz", ""):
+        assert parse_command(line).command is None
+
+
+def test_line_editor_handles_backspace_word_erase_and_arrow_keys() -> None:
+    editor = LineEditor()
+    assert editor.feed("n helo\x7flo") == [] and editor.buffer == "n hello"
+    assert editor.feed("\x1b[A\x1bOB wor\x17world\r") == ["n hello world"]
+    assert editor.feed("x\x15i\n") == ["i"] and editor.buffer == ""
+
+
+def _event(kind: str, t: float, rank: int | None = None, **data: object) -> Event:
+    return Event.model_validate({"ts_ns": int(t * 1e9), "kind": kind, "rank": rank, "data": data})
+
+
+def test_game_state_folds_ranks_faults_steps_and_request_rate() -> None:
+    state = GameState(recent=3, window_s=5)
+    for event in [
+        _event("runner.start", 100, pid=1),
+        _event("target.start", 100.5, rank=0, pid=11, attempt=0),
+        _event("target.start", 100.5, rank=1, pid=12, attempt=0, host="n2"),
+        _event("target.step", 101, rank=0, step=7),
+        _event("fault.applied", 102, op="f#1", fault="f", host="local", duration_s=20.0, description="SIGSTOP rank 1"),
+        _event("fault.applied", 102, op="g#1", fault="g", host="n2", description="cut"),
+        _event("fault.healed", 103, op="g#1", fault="g", host="n2"),
+        _event("serving.replica_start", 103, replica="primary", pid=21, port=8001),
+        *[_event("load.request", 104 + i / 10, status=200 if i % 4 else 503) for i in range(20)],
+    ]:
+        state.observe(event)
+    assert state.step == 7 and state.fired == 2 and state.healed == 1
+    assert [v.op for v in state.applied.values()] == ["f#1"]
+    assert state.ranks[1].pid == 12 and state.ranks[1].host == "n2" and state.hosts == {LOCAL, "n2"}
+    assert state.replicas["primary"].pid == 21
+    assert [e.kind for e in state.recent] == ["fault.applied", "fault.healed", "serving.replica_start"]
+    rate = state.request_rate(int(106 * 1e9))
+    assert rate is not None and rate[0] == pytest.approx(4.0) and rate[1] == pytest.approx(0.25)
+    assert state.request_rate(int(200 * 1e9)) is None
+
+
+def test_history_tail_waits_for_whole_lines_and_finds_its_run_folder(tmp_path: Path) -> None:
+    run_dir = tmp_path / "demo-20250101-000000-abcd"
+    run_dir.mkdir()
+    (tmp_path / "demo-old").mkdir()
+    history = History(run_dir / "history.jsonl")
+    history.record("runner.start", scenario="demo", seed=1, pid=os.getpid())
+    tail = EventFileTail(run_dir / "history.jsonl")
+    assert [e.kind for e in tail.poll()] == ["runner.start"]
+    line = _event("runner.note", 1, text="hi").model_dump_json() + "\n"
+    with open(run_dir / "history.jsonl", "a") as handle:
+        handle.write(line[:10])
+        handle.flush()
+        assert tail.poll() == []
+        handle.write(line[10:])
+    assert [e.kind for e in tail.poll()] == ["runner.note"]
+    history.close()
+    assert find_run_dir(tmp_path, "demo", {tmp_path / "demo-old"}, os.getpid()) == run_dir
+    assert find_run_dir(tmp_path, "demo", {run_dir}, os.getpid()) is None
+    assert find_run_dir(tmp_path, "demo", set(), os.getpid() + 1) is None
+
+
+def test_blast_radius_names_hosts_processes_and_warns_about_existing_matches() -> None:
+    arg = f"600.{secrets.randbelow(10**6):06d}"
+    scenario = parse_scenario(SCENARIO.format(name="radius", arg=arg, pattern=arg.replace(".", r"\.")))
+    hosts = HostSet.for_scenario(scenario, None, None)
+    [reach] = blast_radius(scenario, make_plan(scenario), hosts)
+    assert reach.hosts == [LOCAL] and reach.ops == ["freeze-sleeper#1"] and reach.duration_s == 60
+    assert reach.touches.startswith("processes matching /^sleep 600")
+    assert reach.warnings == []
+    stranger = subprocess.Popen(["sleep", arg])  # already running before the game day: inside the radius
+    try:
+        deadline = time.monotonic() + 10  # until the child has exec'd sleep (a busy machine forks slowly)
+        while not Path(f"/proc/{stranger.pid}/cmdline").read_bytes().startswith(b"sleep") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        [reach] = blast_radius(scenario, make_plan(scenario), hosts)
+        assert len(reach.warnings) == 1 and f"{stranger.pid} (sleep {arg})" in reach.warnings[0]
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+# -- the real CLI in a pty ----------------------------------------------------------------------------------------
+
+
+def _cli() -> list[str]:
+    """`-m chaos.cli gameday` once chaos/cli.py registers the command; until then the standalone entry."""
+    from chaos.cli import app
+
+    names = {command.name for command in app.registered_commands}
+    return ["-m", "chaos.cli" if "gameday" in names else "chaos.cli_gameday", "gameday"]
+
+
+def _pids_of(argv: list[str]) -> list[int]:
+    wanted = ("\0".join(argv) + "\0").encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and Path(f"/proc/{entry}/cmdline").read_bytes() == wanted:
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def _wait(predicate: Callable[[], bool], timeout: float = TIMEOUT) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+class Day:
+    """One `mlchaos gameday` in a pty, with the sleeper it targets and its report and state folders."""
+
+    def __init__(self, tmp_path: Path, *args: str) -> None:
+        self.arg = f"600.{secrets.randbelow(10**6):06d}"  # unique: the freeze's regex matches only this sleeper
+        self.file = tmp_path / "day.yaml"
+        self.file.write_text(SCENARIO.format(name="day", arg=self.arg, pattern=self.arg.replace(".", r"\.")))
+        self.reports, self.state = tmp_path / "reports", tmp_path / "state"
+        env = {**os.environ, "MLCHAOS_STATE_DIR": str(self.state), "USER": "alice", "COLUMNS": "100"}
+        self.child = pexpect.spawn(
+            sys.executable,
+            [*_cli(), str(self.file), "--report-dir", str(self.reports), *args],
+            cwd=str(ROOT),
+            env=env,
+            encoding="utf-8",
+            codec_errors="replace",
+            timeout=TIMEOUT,
+            dimensions=(30, 100),
+        )
+        self.transcript = tmp_path / "transcript.txt"
+        self.child.logfile_read = open(self.transcript, "w")  # noqa: SIM115 (closed in close())
+
+    def sleeper(self) -> int:
+        assert _wait(lambda: len(_pids_of(["sleep", self.arg])) == 1), "the target never started"
+        return _pids_of(["sleep", self.arg])[0]
+
+    def finish(self) -> int:
+        self.child.expect(pexpect.EOF, timeout=TIMEOUT)
+        self.child.close()
+        return int(self.child.exitstatus if self.child.exitstatus is not None else -1)
+
+    def events(self) -> list[dict[str, Any]]:
+        [history] = self.reports.glob("day-*/history.jsonl")
+        return [json.loads(line) for line in history.read_text().splitlines()]
+
+    def close(self) -> None:
+        if self.child.isalive():
+            self.child.terminate(force=True)
+        if self.child.logfile_read is not None:
+            self.child.logfile_read.close()
+        for pid in _pids_of(["sleep", self.arg]):  # a failed test must not leave a stopped sleeper behind
+            os.kill(pid, 18)  # SIGCONT
+            os.kill(pid, 9)
+
+
+@pytest.fixture
+def day_factory(tmp_path: Path) -> Iterator[Callable[..., Day]]:
+    days: list[Day] = []
+
+    def make(*args: str) -> Day:
+        days.append(Day(tmp_path, *args))
+        return days[-1]
+
+    yield make
+    for day in days:
+        day.close()
+
+
+def _notes(events: list[dict[str, Any]]) -> list[str]:
+    return [str(e["data"]["text"]) for e in events if e["kind"] == "runner.note"]
+
+
+def _journal_clean(state: Path) -> bool:
+    return all_journals(state) == [] and len(list((state / "journal" / "done").glob("day-*.jsonl"))) == 1
+
+
+@pytest.mark.slow
+def test_a_declined_plan_runs_nothing(day_factory: Callable[..., Day]) -> None:
+    day = day_factory()
+    day.child.expect("blast radius")
+    day.child.expect("processes matching")
+    day.child.expect(r"Start the game day\? \[y/N\]")
+    day.child.sendline("no thanks")
+    day.child.expect("nothing was run")
+    assert day.finish() == 0
+    assert not day.reports.exists() and _pids_of(["sleep", day.arg]) == []
+
+
+@pytest.mark.slow
+def test_inject_note_heal_and_abort_from_the_keyboard(day_factory: Callable[..., Day]) -> None:
+    day = day_factory("--author", "alice")
+    day.child.expect(r"Start the game day\? \[y/N\]")
+    day.child.sendline("y")
+    pid = day.sleeper()
+    day.child.sendline("i")
+    assert _wait(lambda: process_state(pid) == "T"), "inject did not freeze the target"
+    day.child.sendline("n checking the dashboards")
+    day.child.sendline("h")
+    assert _wait(lambda: process_state(pid) in ("S", "R")), "heal all did not thaw the target"
+    day.child.sendline("what is this")
+    day.child.sendline("a")
+    assert day.finish() == 0
+    events = day.events()
+    operator = [e["data"] for e in events if e["kind"] == "runner.operator"]
+    assert [o["command"] for o in operator] == ["inject_next", "heal_all", "abort"]
+    assert all(o["author"] == "alice" for o in operator)
+    notes = _notes(events)
+    assert "checking the dashboards" in notes and "typed: what is this" in notes
+    assert any(n.startswith("game day started by alice") for n in notes)
+    kinds = [e["kind"] for e in events]
+    assert kinds.index("fault.applied") < kinds.index("fault.healed") < kinds.index("runner.end")
+    assert process_state(pid) != "T" and _journal_clean(day.state)
+    assert "the scenario has no checks" in day.transcript.read_text()
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_a_fault_is_active_heals_and_exits_3(day_factory: Callable[..., Day]) -> None:
+    day = day_factory("--yes")
+    pid = day.sleeper()
+    day.child.sendline("i")
+    assert _wait(lambda: process_state(pid) == "T"), "inject did not freeze the target"
+    day.child.sendintr()
+    day.child.expect(r"interrupted: healed 1 fault\(s\)")
+    assert day.finish() == EXIT_HARNESS
+    assert process_state(pid) != "T"  # healed, then the target was stopped (gone) at the run's end
+    events = day.events()
+    kinds = [e["kind"] for e in events]
+    assert kinds.index("fault.applied") < kinds.index("fault.healed") < kinds.index("target.exit")
+    assert "runner.interrupted" in kinds and "runner.end" not in kinds  # interrupted, not a normal end
+    assert any(n.startswith("typed: Ctrl-C") for n in _notes(events))
+    assert _journal_clean(day.state)
+    document = json.loads(next(day.reports.glob("day-*/run.json")).read_text())
+    assert document["ended_by"] == "interrupted" and document["verdict"] == "error"
+
+
+@pytest.mark.slow
+def test_without_a_terminal_the_view_is_plain_lines(tmp_path: Path) -> None:
+    arg = f"600.{secrets.randbelow(10**6):06d}"
+    file = tmp_path / "day.yaml"
+    file.write_text(SCENARIO.format(name="day", arg=arg, pattern=arg.replace(".", r"\.")))
+    harness = subprocess.Popen(
+        [sys.executable, *_cli(), str(file), "--report-dir", str(tmp_path / "reports"), "--yes"],
+        cwd=ROOT,
+        env={**os.environ, "MLCHAOS_STATE_DIR": str(tmp_path / "state")},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert harness.stdin is not None
+    try:
+        assert _wait(lambda: len(_pids_of(["sleep", arg])) == 1), "the target never started"
+        [pid] = _pids_of(["sleep", arg])
+        harness.stdin.write("i\n")
+        harness.stdin.flush()
+        assert _wait(lambda: process_state(pid) == "T"), "inject did not freeze the target"
+        harness.stdin.write("a\n")
+        harness.stdin.flush()
+        output, _ = harness.communicate(timeout=TIMEOUT)
+    finally:
+        if harness.poll() is None:
+            harness.kill()
+        for stray in _pids_of(["sleep", arg]):
+            os.kill(stray, 18)
+            os.kill(stray, 9)
+    assert harness.returncode == 0, output
+    assert "\x1b[" not in output  # no cursor movement: plain lines for logs
+    assert "> i  (injecting the next planned fault now)" in output and "fault applied:" in output
+    assert "fault healed: freeze-sleeper#1" in output
