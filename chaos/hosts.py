@@ -18,6 +18,16 @@ from chaos.scenario import FaultSpec, HostSelector, Scenario
 LOCAL = "local"
 
 
+def needs_inventory(scenario: Scenario) -> bool:
+    """True when the scenario reaches inventory hosts: a fault with ``hosts:``, ``cluster.transport: ssh``, or a
+    target with ``nodes:``. Such a scenario cannot run without an inventory."""
+    return (
+        any(f.hosts is not None for f in scenario.faults)
+        or scenario.cluster.transport == "ssh"
+        or getattr(scenario.target, "nodes", None) is not None
+    )
+
+
 class HostsError(Exception):
     """The scenario's hosts cannot be resolved (no inventory, unknown host, selection empty …)."""
 
@@ -39,13 +49,8 @@ class HostSet:
             path = Path(scenario.cluster.inventory)
             if not path.is_absolute() and base_dir is not None:
                 path = base_dir / path
-        needs_hosts = (
-            any(f.hosts is not None for f in scenario.faults)
-            or scenario.cluster.transport == "ssh"
-            or getattr(scenario.target, "nodes", None) is not None
-        )
         if path is None:
-            if needs_hosts:
+            if needs_inventory(scenario):
                 raise HostsError(
                     "this scenario uses inventory hosts (faults with hosts:, or a target with nodes:) but no inventory was given: pass --inventory FILE "
                     "(e.g. the one `mlchaos testbed up --hosts 3` prints) or set cluster.inventory"

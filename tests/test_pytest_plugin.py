@@ -238,6 +238,18 @@ def test_malformed_scenarios_fail_with_file_and_line(pytester: pytest.Pytester) 
     )
 
 
+def test_a_scenario_needing_hosts_skips_with_the_fix_when_no_inventory_is_given(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `pytest scenarios/` on a laptop: the multi-node scenarios cannot run there, and must say how to make them.
+    monkeypatch.delenv("MLCHAOS_INVENTORY", raising=False)
+    pytester.makefile(".yaml", remote=scenario_yaml("remote", host="h2"))
+    result = pytester.runpytest_subprocess("remote.yaml", "-rs", "-p", "no:cacheprovider")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*remote runs on inventory hosts and no inventory was given: pass --chaos-inventory=FILE*"])
+    assert not (pytester.path / "reports").exists()  # nothing ran, nothing was written
+
+
 def test_unrelated_yaml_is_not_collected_and_globs_opt_in(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_plain="def test_ok():\n    pass\n")
     conf = pytester.mkdir("conf")
