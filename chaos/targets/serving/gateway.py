@@ -41,13 +41,11 @@ import argparse
 import functools
 import json
 import os
-import signal
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -67,6 +65,7 @@ from chaos.targets.serving.wire import (
     max_abs_error,
     read_golden,
     request_key,
+    serve_until_signalled,
 )
 
 READY = "serving.ready"
@@ -420,21 +419,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     server = make_server(config.port, _handler(gateway))
     url = f"http://127.0.0.1:{server.server_address[1]}"
 
-    stop = threading.Event()
+    def announce() -> None:
+        gateway.start(url)
+        print(f"gateway listening on {url}", flush=True)
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    serving = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
-    serving.start()
-    gateway.start(url)
-    print(f"gateway listening on {url}", flush=True)
-    while not stop.wait(1.0):
-        pass
-    server.shutdown()
-    server.server_close()
+    serve_until_signalled(server, announce)
     gateway.stop()
     return 0
 

@@ -28,12 +28,10 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import signal
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 
 import torch
 from torch import nn
@@ -51,6 +49,7 @@ from chaos.targets.serving.wire import (
     finite_or_none,
     make_server,
     parse_predict,
+    serve_until_signalled,
     write_golden_once,
 )
 
@@ -144,26 +143,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     agent = attach(model)
     replica = Replica(args.replica, model, agent, delay=args.delay, workers=args.workers)
 
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-
     server: Server = make_server(args.port, _handler(replica))
     port = server.server_address[1]
-    serving = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True)
-    serving.start()
-    events.emit(REPLICA_START, replica=args.replica, pid=os.getpid(), port=port, model=model_name)
-    print(f"model server {args.replica} ({model_name}) listening on 127.0.0.1:{port}", flush=True)
-    # The main thread only waits: signal handlers run here, and shutdown() must not be called from the
-    # thread that runs serve_forever (it would wait for itself).
-    while not stop.wait(1.0):
-        pass
-    server.shutdown()
-    server.server_close()
+
+    def announce() -> None:
+        events.emit(REPLICA_START, replica=args.replica, pid=os.getpid(), port=port, model=model_name)
+        print(f"model server {args.replica} ({model_name}) listening on 127.0.0.1:{port}", flush=True)
+
+    serve_until_signalled(server, announce)
     replica.close()
     return 0
 

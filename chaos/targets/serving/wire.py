@@ -17,9 +17,13 @@ import hashlib
 import json
 import math
 import os
+import signal
 import sys
+import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 INPUT_DIM = 32
@@ -196,3 +200,22 @@ class Server(ThreadingHTTPServer):
 
 def make_server(port: int, handler: type[BaseHTTPRequestHandler]) -> Server:
     return Server(("127.0.0.1", port), handler)
+
+
+def serve_until_signalled(server: Server, on_serving: Callable[[], None]) -> None:
+    """Serve on a thread until SIGTERM or SIGINT, then shut the server down and close it. ``on_serving`` runs
+    once the server accepts requests. The calling (main) thread only waits: signal handlers run there, and
+    ``shutdown()`` must not be called from the thread that runs ``serve_forever`` (it would wait for itself)."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
+    on_serving()
+    while not stop.wait(1.0):
+        pass
+    server.shutdown()
+    server.server_close()
