@@ -16,11 +16,11 @@ from typing import Annotated
 
 import typer
 from pydantic import BaseModel
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from chaos import registry
+from chaos.cli_console import stderr_console, stdout_console
 from chaos.cli_ettr import register as register_ettr
 from chaos.cli_gameday import register as register_gameday
 from chaos.cli_sdc import register as register_sdc_coverage
@@ -40,10 +40,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
-# Not a terminal (CI logs): a fixed 120 columns rather than rich's 80, so tables stay readable.
-_WIDTH = None if sys.stdout.isatty() else 120
-console = Console(highlight=False, soft_wrap=True, width=_WIDTH)
-errors = Console(stderr=True, highlight=False, soft_wrap=True)
+console = stdout_console()
+errors = stderr_console()
 
 _STATUS_STYLE = {"pass": "bold green", "fail": "bold red", "unknown": "bold yellow"}
 

@@ -8,15 +8,14 @@ history, a history without steps).
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from chaos.cli_console import stderr_console, stdout_console
 from chaos.ettr import (
     DEFAULT_GPUS_PER_NODE,
     EttrModel,
@@ -33,10 +32,8 @@ EXIT_INVALID = 2
 HISTORY_FILE = "history.jsonl"
 SOURCE = "Kokolis et al., Eq. 2: E[ETTR] ≈ [1 − N r_f (u0 + Δt/2)] / (1 + w/Δt); Daly-Young Δt* = sqrt(2w / (N r_f))"
 
-# Not a terminal (CI logs, CliRunner): a fixed 120 columns rather than rich's 80, as in chaos.cli.
-_WIDTH = None if sys.stdout.isatty() else 120
-_out = Console(highlight=False, soft_wrap=True, width=_WIDTH)
-_err = Console(stderr=True, highlight=False, soft_wrap=True)
+_out = stdout_console()
+_err = stderr_console()
 
 
 def register(app: typer.Typer) -> None:

@@ -31,6 +31,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from chaos.cli_console import stderr_console, stdout_console
 from chaos.gameday import (
     HELP,
     GameDay,
@@ -53,10 +54,8 @@ REFRESH_S = 0.25
 KEYS = "i inject next · h heal all · n TEXT note · a abort · ? help · ^C heal, exit"
 _STATUS_STYLE = {"pass": "bold green", "fail": "bold red", "unknown": "bold yellow"}
 
-# Not a terminal (CI logs, pexpect without a pty): a fixed 120 columns rather than rich's 80, as in chaos.cli.
-_WIDTH = None if sys.stdout.isatty() else 120
-_out = Console(highlight=False, soft_wrap=True, width=_WIDTH)
-_err = Console(stderr=True, highlight=False, soft_wrap=True)
+_out = stdout_console()
+_err = stderr_console()
 
 
 def register(app: typer.Typer) -> None:

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from chaos.cli_console import stderr_console, stdout_console
 from chaos.run_store import RunStore, ScenarioTrend, StoreError, default_path
 from chaos.runner import EXIT_INVALID, RunResult
 from chaos.scenario import ScenarioError
@@ -36,10 +36,8 @@ from chaos.suite import (
 )
 from chaos.units import format_duration
 
-# Not a terminal (CI logs, cron mail): a fixed 120 columns rather than rich's 80, as in chaos.cli.
-_WIDTH = None if sys.stdout.isatty() else 120
-_out = Console(highlight=False, soft_wrap=True, width=_WIDTH)
-_err = Console(stderr=True, highlight=False, soft_wrap=True)
+_out = stdout_console()
+_err = stderr_console()
 _VERDICT_STYLE = {"pass": "bold green", "fail": "bold red", "error": "bold yellow"}
 
 
