@@ -145,12 +145,7 @@ def test_blast_radius_names_hosts_processes_and_warns_about_existing_matches() -
 # -- the real CLI in a pty ----------------------------------------------------------------------------------------
 
 
-def _cli() -> list[str]:
-    """`-m chaos.cli gameday` once chaos/cli.py registers the command; until then the standalone entry."""
-    from chaos.cli import app
-
-    names = {command.name for command in app.registered_commands}
-    return ["-m", "chaos.cli" if "gameday" in names else "chaos.cli_gameday", "gameday"]
+CLI = ["-m", "chaos.cli", "gameday"]
 
 
 def _pids_of(argv: list[str]) -> list[int]:
@@ -185,7 +180,7 @@ class Day:
         env = {**os.environ, "MLCHAOS_STATE_DIR": str(self.state), "USER": "alice", "COLUMNS": "100"}
         self.child = pexpect.spawn(
             sys.executable,
-            [*_cli(), str(self.file), "--report-dir", str(self.reports), *args],
+            [*CLI, str(self.file), "--report-dir", str(self.reports), *args],
             cwd=str(ROOT),
             env=env,
             encoding="utf-8",
@@ -305,7 +300,7 @@ def test_without_a_terminal_the_view_is_plain_lines(tmp_path: Path) -> None:
     file = tmp_path / "day.yaml"
     file.write_text(SCENARIO.format(name="day", arg=arg, pattern=arg.replace(".", r"\.")))
     harness = subprocess.Popen(
-        [sys.executable, *_cli(), str(file), "--report-dir", str(tmp_path / "reports"), "--yes"],
+        [sys.executable, *CLI, str(file), "--report-dir", str(tmp_path / "reports"), "--yes"],
         cwd=ROOT,
         env={**os.environ, "MLCHAOS_STATE_DIR": str(tmp_path / "state")},
         stdin=subprocess.PIPE,
