@@ -31,6 +31,7 @@ from chaos.cluster.local import LocalTransport
 from chaos.hosts import parse_node_selector
 from chaos.journal import heal_leftovers
 from chaos.plan import make_plan
+from chaos.report.html import REPORT_HTML
 from chaos.runner import EXIT_INVALID, EXIT_PASS, RunOptions, RunResult, RunStatus, execute
 from chaos.scenario import Scenario, ScenarioError, json_schema, load_scenario
 
@@ -153,6 +154,8 @@ def _print_results(result: RunResult) -> None:
     if result.error:
         errors.print(f"[red]{escape(result.error)}[/red]")
     console.print(f"ended by: {result.ended_by}; reports: {result.run_dir}")
+    if (result.run_dir / REPORT_HTML).exists():
+        console.print(f"report: {result.run_dir / REPORT_HTML}")  # the page to open first
 
 
 @app.command()

@@ -47,6 +47,7 @@ from chaos.gameday import (
 from chaos.hosts import HostsError, HostSet
 from chaos.journal import journal_dir
 from chaos.plan import Plan, make_plan
+from chaos.report.html import REPORT_HTML
 from chaos.runner import EXIT_HARNESS, EXIT_INVALID, RunOptions, RunResult
 from chaos.scenario import Scenario, ScenarioError, load_scenario
 
@@ -344,6 +345,8 @@ def print_results(console: Console, result: RunResult) -> None:
     if result.error:
         _err.print(f"[red]{escape(result.error)}[/red]")
     console.print(f"ended by: {escape(result.ended_by)}; reports: {result.run_dir}")
+    if (result.run_dir / REPORT_HTML).exists():
+        console.print(f"report: {result.run_dir / REPORT_HTML}")  # the page to open first
 
 
 def main() -> None:
