@@ -8,17 +8,17 @@ from pathlib import Path
 import pytest
 
 from chaos.history import FAULT_APPLIED, FAULT_HEALED
-from chaos.runner import EXIT_FAIL, EXIT_PASS, RunOptions, execute
+from chaos.runner import EXIT_FAIL, EXIT_PASS, RunOptions, RunResult, execute
 from chaos.scenario import Scenario, load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def report_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # One root for the module so the golden run is computed once and reused from its cache.
-    return tmp_path_factory.mktemp("reports")
+@pytest.fixture
+def report_root(e2e_report_root: Path) -> Path:
+    # The session's root, so each golden run is computed once and reused from its cache.
+    return e2e_report_root
 
 
 def _scenario(name: str, **target_updates: object) -> Scenario:
@@ -32,8 +32,8 @@ def _statuses(result) -> dict[str, str]:  # type: ignore[no-untyped-def]
     return {r.check: r.status for r in result.results}
 
 
-def test_kill_rank_detects_recovers_and_matches_golden(report_root: Path) -> None:
-    result = execute(_scenario("kill-rank"), RunOptions(report_root=report_root))
+def test_kill_rank_detects_recovers_and_matches_golden(kill_rank_run: RunResult) -> None:
+    result = kill_rank_run
     assert result.exit_code == EXIT_PASS, (result.error, [r.model_dump() for r in result.results])
     assert set(_statuses(result).values()) == {"pass"}
     assert len(result.history.of(FAULT_APPLIED)) == 1

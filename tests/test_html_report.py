@@ -16,8 +16,8 @@ from chaos.history import Event, History
 from chaos.report.html import REPORT_HTML, render_html, write_html_report
 from chaos.report.serving import serving_summary
 from chaos.report.timeline import fault_marks, plot_run_timeline
+from chaos.runner import RunResult
 
-ROOT = Path(__file__).resolve().parents[1]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 T0 = 1_700_000_000_000_000_000
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
@@ -342,12 +342,8 @@ def test_fault_and_detection_storms_still_plot() -> None:
 
 
 @pytest.mark.slow
-def test_report_of_a_real_kill_rank_run(tmp_path: Path) -> None:
-    from chaos.runner import RunOptions, execute
-    from chaos.scenario import load_scenario
-
-    source = ROOT / "scenarios" / "kill-rank.yaml"
-    result = execute(load_scenario(source), RunOptions(report_root=tmp_path, scenario_file=source))
+def test_report_of_a_real_kill_rank_run(kill_rank_run: RunResult) -> None:
+    result = kill_rank_run  # (shared with test_e2e_training, which checks the run itself)
     run = json.loads((result.run_dir / "run.json").read_text(encoding="utf-8"))
     path = write_html_report(result.run_dir)
     page_text = path.read_text(encoding="utf-8")
