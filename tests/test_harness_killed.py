@@ -57,6 +57,17 @@ def _pids_with(marker: str) -> list[int]:
     return found
 
 
+def _journal_records(state: Path) -> list[dict[str, object]]:
+    journals = list((state / "journal").rglob("*.jsonl"))
+    return [json.loads(line) for j in journals for line in j.read_text().splitlines() if line.strip()]
+
+
+def _healed_by_deadman(state: Path) -> bool:
+    """The journal says the dead-man healed the op. It writes that record just AFTER its revert lands, so a
+    process can be running again a moment before the record exists: callers wait for it, never read once."""
+    return any(r.get("by") == "deadman" for r in _journal_records(state))
+
+
 @pytest.mark.slow
 def test_sigkilled_harness_is_healed_by_dead_man_then_cleanup_has_nothing(tmp_path: Path) -> None:
     env = {**os.environ, "MLCHAOS_STATE_DIR": str(tmp_path / "state")}
@@ -81,9 +92,7 @@ def test_sigkilled_harness_is_healed_by_dead_man_then_cleanup_has_nothing(tmp_pa
         resumed_after = time.monotonic() - frozen_seen
         assert resumed_after <= FREEZE_S + GRACE_S + 10
         assert resumed_after >= FREEZE_S * 0.5, "resumed too early: something other than the dead-man healed"
-        journals = list((tmp_path / "state" / "journal").rglob("*.jsonl"))
-        records = [json.loads(line) for j in journals for line in j.read_text().splitlines() if line.strip()]
-        assert any(r.get("by") == "deadman" for r in records), records
+        assert _wait_for(lambda: _healed_by_deadman(tmp_path / "state"), 10), _journal_records(tmp_path / "state")
         # The harness's own target must not outlive it (it gets SIGTERM through PR_SET_PDEATHSIG).
         assert _wait_for(lambda: [p for p in _pids_with(marker) if p != victim.pid] == [], 10), "target orphaned"
         cleanup = subprocess.run(
@@ -145,9 +154,7 @@ def test_sigkilled_harness_frozen_torchrun_rank_is_resumed_by_dead_man(tmp_path:
         harness.wait(timeout=10)
         assert _wait_for(lambda: process_state(rank1) != "T", FREEZE_S + GRACE_S + 10)
         assert time.monotonic() - frozen_seen < 25, "only torchrun's 30 s SIGKILL ended the freeze"
-        journals = list((tmp_path / "state" / "journal").rglob("*.jsonl"))
-        records = [json.loads(line) for j in journals for line in j.read_text().splitlines() if line.strip()]
-        assert any(r.get("by") == "deadman" for r in records), records
+        assert _wait_for(lambda: _healed_by_deadman(tmp_path / "state"), 10), _journal_records(tmp_path / "state")
         # Nothing of the job outlives the harness: torchrun and both ranks end.
         assert _wait_for(lambda: not _pids_with(str(reports)), 40), "job processes outlived the harness"
         cleanup = subprocess.run(
