@@ -69,6 +69,15 @@ def origin_of(events: Iterable[Event]) -> int:
     return min((e.ts_ns for e in events), default=0)
 
 
+def _step_markers(ax: Axes, events: Sequence[Event], kind: str, origin: int, **style: Any) -> bool:
+    """Scatter one marker per ``kind`` event that names a step, at (its time, its step); False when none."""
+    marked = [e for e in events if e.kind == kind and e.get_int("step") is not None]
+    if marked:
+        xs = [_s(e.ts_ns, origin) for e in marked]
+        ax.scatter(xs, [e.get_int("step") or 0 for e in marked], linewidths=1.2, **style)
+    return bool(marked)
+
+
 def _s(ts_ns: int, origin: int) -> float:
     return (ts_ns - origin) / 1e9
 
@@ -229,30 +238,11 @@ def _progress(ax: Axes, events: Sequence[Event], steps: Sequence[Event], origin:
     ]
     if any(attempt > 0 for _, attempt in lines):
         handles.append(Line2D([], [], color="#757575", linestyle=(0, (4, 1.5)), label="after a restart"))
-    ckpts = [e for e in events if e.kind == TARGET_CHECKPOINT and e.get_int("step") is not None]
-    if ckpts:
-        ax.scatter(
-            [_s(e.ts_ns, origin) for e in ckpts],
-            [e.get_int("step") or 0 for e in ckpts],
-            marker="|",
-            s=90,
-            color="#212121",
-            linewidths=1.2,
-            zorder=4,
-        )
+    if _step_markers(ax, events, TARGET_CHECKPOINT, origin, marker="|", s=90, color="#212121", zorder=4):
         handles.append(Line2D([], [], color="#212121", marker="|", linestyle="", markersize=9, label="checkpoint"))
-    resumes = [e for e in events if e.kind == TARGET_RESUME and e.get_int("step") is not None]
-    if resumes:
-        ax.scatter(
-            [_s(e.ts_ns, origin) for e in resumes],
-            [e.get_int("step") or 0 for e in resumes],
-            marker="o",
-            s=28,
-            facecolors="none",
-            edgecolors=_RESTART_COLOR,
-            linewidths=1.2,
-            zorder=5,
-        )
+    if _step_markers(
+        ax, events, TARGET_RESUME, origin, marker="o", s=28, facecolors="none", edgecolors=_RESTART_COLOR, zorder=5
+    ):
         handles.append(
             Line2D([], [], color=_RESTART_COLOR, marker="o", markerfacecolor="none", linestyle="", label="resume")
         )
