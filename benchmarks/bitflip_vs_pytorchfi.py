@@ -7,7 +7,7 @@ on one 3x64x64 image, and a 10.5M-parameter MLP (1024-2048-2048-2048-10) on a ba
 
 - set-up: ours = ``arm`` + ``fire`` (the flip is in place); pytorchfi = ``declare_weight_fi`` on a prepared
   ``fault_injection`` (it deep-copies the model), and its whole set-up (constructor with its profiling
-  forward, then declare) as the adapter in :mod:`chaos.pfi` does it. Goal: ours >= 100x faster.
+  forward, then declare) as the adapter in :mod:`chaos.injob.pfi` does it. Goal: ours >= 100x faster.
 - armed forward (eval, ``no_grad``): the clean model; our weight fault (no hook at all: the model is just
   corrupted) and activation fault (one forward hook, fired each step); pytorchfi's weight copy and neuron
   copy (a hook on EVERY Conv2d/Linear plus our counter-reset pre-hook). Goal: ours no slower than pytorchfi.
@@ -36,10 +36,10 @@ sys.path.insert(0, str(ROOT))
 
 from pytorchfi import core  # type: ignore[import-untyped]  # noqa: E402
 
-from chaos.bitflip import Flip, flip_bits, flipped_value  # noqa: E402
-from chaos.pfi import LAYER_TYPES, pfi_injector, pfi_layers, pfi_neuron_flip  # noqa: E402
+from chaos.injob.bitflip import Flip, flip_bits, flipped_value  # noqa: E402
+from chaos.injob.pfi import LAYER_TYPES, pfi_injector, pfi_layers, pfi_neuron_flip  # noqa: E402
+from chaos.injob.tensor_faults import arm  # noqa: E402
 from injectors.tensor import BitFlipParams  # noqa: E402
-from injectors.tensor_apply import arm  # noqa: E402
 
 BIT = 31
 

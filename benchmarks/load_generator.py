@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from chaos.history import History  # noqa: E402
+from chaos.history.timeline import History  # noqa: E402
 from chaos.load import LoadRun, LoadSpec, summarize  # noqa: E402
 
 RATES = (250, 500, 1000, 2000)

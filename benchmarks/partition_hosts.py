@@ -19,14 +19,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from chaos import remote_deadman  # noqa: E402
-from chaos.cluster import testbed as tb  # noqa: E402
 from chaos.cluster.base import Completed  # noqa: E402
 from chaos.cluster.ssh import SshTransport  # noqa: E402
-from chaos.injector import FaultOp, InjectionContext  # noqa: E402
-from chaos.journal import Journal  # noqa: E402
-from chaos.runner import _Execution  # noqa: E402
-from injectors.network import PartitionInjector, PartitionParams  # noqa: E402
+from chaos.cluster.testbed import namespaces as tb  # noqa: E402
+from chaos.plugins.injector import FaultOp, InjectionContext  # noqa: E402
+from chaos.run.orchestrator import _Execution  # noqa: E402
+from chaos.safety import remote_deadman  # noqa: E402
+from chaos.safety.journal import Journal  # noqa: E402
+from injectors.network.faults import PartitionInjector, PartitionParams  # noqa: E402
 
 SIZES = (1, 4, 8, 16)
 REPS = 5

@@ -19,14 +19,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from chaos import deadman  # noqa: E402
 from chaos.cluster.local import LocalTransport, process_state  # noqa: E402
-from chaos.history import History  # noqa: E402
-from chaos.injector import FaultOp, InjectionContext  # noqa: E402
-from chaos.journal import Journal  # noqa: E402
-from chaos.runner import RunOptions, execute  # noqa: E402
-from chaos.scenario import load_scenario  # noqa: E402
-from injectors.process import FreezeInjector, FreezeParams  # noqa: E402
+from chaos.history.timeline import History  # noqa: E402
+from chaos.plugins.injector import FaultOp, InjectionContext  # noqa: E402
+from chaos.run.orchestrator import RunOptions, execute  # noqa: E402
+from chaos.safety import deadman  # noqa: E402
+from chaos.safety.journal import Journal  # noqa: E402
+from chaos.spec.scenario import load_scenario  # noqa: E402
+from injectors.process.faults import FreezeInjector, FreezeParams  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bitflip_vs_pytorchfi  # noqa: E402
@@ -49,7 +49,7 @@ def bench_history_and_journal(tmp: Path) -> None:
     t_mem = _per_op(lambda i: memory.record("target.step", rank=0, step=i, loss=0.5), n)
     t_disk = _per_op(lambda i: on_disk.record("target.step", rank=0, step=i, loss=0.5), n)
     journal = Journal(tmp / "j.jsonl")
-    from chaos.injector import Applied
+    from chaos.plugins.injector import Applied
 
     applied = Applied(op_id="x", fault="f", injector="freeze", state={"pids": [1]})
     t_journal = _per_op(lambda i: journal.intent(applied.model_copy(update={"op_id": f"x{i}"})), 500)

@@ -26,10 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from chaos.cluster.local import LocalTransport  # noqa: E402
-from chaos.history import Event, History  # noqa: E402
+from chaos.history.timeline import Event, History  # noqa: E402
 from chaos.load import LoadRun, LoadSpec, summarize  # noqa: E402
-from chaos.targets.serving.config import ServingTarget  # noqa: E402
-from chaos.targets.serving.job import ServingJob  # noqa: E402
+from chaos.spec.serving import ServingTarget  # noqa: E402
+from chaos.targets.reference.serving.job import ServingJob  # noqa: E402
 
 RATES = (100, 300, 600)
 _TICKS = os.sysconf("SC_CLK_TCK")

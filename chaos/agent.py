@@ -38,12 +38,12 @@ from torch import nn
 from torch._C._distributed_c10d import GradBucket
 
 from chaos import events
-from chaos.agent_plan import InJobOp, InJobPlan, load_plan
 from chaos.guards.anomaly import GradAnomalyGuard
 from chaos.guards.checksum import ChecksumConfig, ChecksumState, checksum_hook
+from chaos.injob.tensor_faults import ArmedFault, TensorFaultError, arm
+from chaos.plan.agent_plan import InJobOp, InJobPlan, load_plan
 from injectors.gradient import GradCorruptParams, Site, corrupt_bucket
 from injectors.tensor import BitFlipParams
-from injectors.tensor_apply import ArmedFault, TensorFaultError, arm
 
 Emit = Callable[..., None]
 

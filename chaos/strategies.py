@@ -5,7 +5,7 @@ Example: a guard that claims to catch every exponent flip of a large-enough grad
     import random
     from hypothesis import given, strategies as st
     from chaos import strategies as cs
-    from chaos.bitflip import choose_flips, flip_bits, restore
+    from chaos.injob.bitflip import choose_flips, flip_bits, restore
 
     @given(st.data())
     def test_guard_catches_exponent_flips(data):
@@ -28,7 +28,7 @@ from typing import Any, get_args
 import torch
 from hypothesis import strategies as st
 
-from chaos.bitflip import SUPPORTED, BitClass, Flip, bit_layout, bits_in_class
+from chaos.injob.bitflip import SUPPORTED, BitClass, Flip, bit_layout, bits_in_class
 from injectors.tensor import BitFlipParams, Kind, Persistence, Where
 
 _SMALL = 64  # up to this many elements a tensor is drawn element by element
@@ -54,7 +54,7 @@ def bits(dtype: torch.dtype, cls: BitClass | None = None) -> st.SearchStrategy[i
 def flips(
     numel: int, dtype: torch.dtype, *, cls: BitClass | None = None, min_size: int = 1, max_size: int = 4
 ) -> st.SearchStrategy[list[Flip]]:
-    """Lists of :class:`~chaos.bitflip.Flip` on DISTINCT elements of a ``numel``-element tensor of ``dtype``.
+    """Lists of :class:`~chaos.injob.bitflip.Flip` on DISTINCT elements of a ``numel``-element tensor of ``dtype``.
 
     ``cls`` restricts the flipped bits to one class. The list length is in ``[min_size, max_size]``
     (capped at ``numel``).

@@ -14,7 +14,7 @@ succeeds. Heal raises InjectionError only when the daemon cannot be reached or r
 
 Dead-man: :meth:`revert_command` is a ``docker`` CLI argv (``docker start NAME``, ``docker unpause NAME``,
 ``docker update --cpu-quota=N|--cpus=N NAME``, with ``-H URL`` when the inventory names a ``docker_url``). It
-must run on the HARNESS's machine, the one that reaches the Engine API (the local :mod:`chaos.deadman`), not
+must run on the HARNESS's machine, the one that reaches the Engine API (the local :mod:`chaos.safety.deadman`), not
 inside the container, where a stopped container would take the switch down with it: every injector here says
 so with ``revert_on_harness = True``. Reverts act by name and change nothing when the container is already
 running / unpaused / restored; only ``docker unpause`` of a container that is not paused exits non-zero, so
@@ -34,9 +34,9 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
 from chaos.cluster.base import TransportError
 from chaos.cluster.local import signal_number
-from chaos.injector import Applied, FaultOp, InjectionContext, InjectionError, Injector, Unsupported
-from chaos.units import Duration
-from injectors.process import params_of, require_duration
+from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, Injector, Unsupported
+from chaos.spec.units import Duration
+from injectors.process.faults import params_of, require_duration
 
 if TYPE_CHECKING:
     from docker.models.containers import Container

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from chaos.injector import InJobInjector
+from chaos.plugins.injector import InJobInjector
 
 if TYPE_CHECKING:  # torch is imported only inside the job: the harness loads params models without it
     import torch
 
-    from chaos.bitflip import FlipRecord
+    from chaos.injob.bitflip import FlipRecord
 
 Site = Literal["local", "in_transit", "post_reduce"]
 
@@ -51,7 +51,7 @@ class GradCorruptParams(BaseModel):
 
 def corrupt_bucket(tensor: torch.Tensor, params: GradCorruptParams, rng: random.Random) -> FlipRecord:
     """Corrupt ``tensor`` (a flat gradient bucket) in place as ``params`` says; return what changed."""
-    from chaos.bitflip import choose_flips, flip_bits, scale_block, set_values
+    from chaos.injob.bitflip import choose_flips, flip_bits, scale_block, set_values
 
     flat = tensor.detach().view(-1)
     numel = flat.numel()

@@ -1,6 +1,6 @@
 """Node faults: ``cpu_throttle`` (a CFS quota in a cgroup of our own) and ``memory_pressure`` (a memory hog).
 
-``cpu_throttle`` moves the selected processes (``rank``/``pid``/``name``, as in :mod:`injectors.process`)
+``cpu_throttle`` moves the selected processes (``rank``/``pid``/``name``, as in :mod:`injectors.process.faults`)
 into a NEW cgroup ``<cpu hierarchy>/chaos-<hash>`` whose quota is ``fraction`` CPUs: cgroup v1
 ``cpu.cfs_quota_us = fraction x cpu.cfs_period_us``, or v2 ``cpu.max`` when ``/sys/fs/cgroup`` is unified.
 Each target's original cgroup is read from ``/proc/<pid>/cgroup`` at prepare and journaled. Children the
@@ -39,14 +39,13 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
-from chaos import deadman
 from chaos.cluster.base import Transport, TransportError, host_python, read_host_file
 from chaos.cluster.local import LocalTransport
-from chaos.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
-from chaos.journal import state_dir
-from chaos.units import Duration
-from injectors import fuselayer
-from injectors.process import (
+from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
+from chaos.safety import deadman
+from chaos.safety.state import state_dir
+from chaos.spec.units import Duration
+from injectors.process.faults import (
     ProcessHost,
     ProcessSelector,
     params_of,
@@ -54,6 +53,7 @@ from injectors.process import (
     resolve_processes,
     same_processes,
 )
+from injectors.storage import fuselayer
 
 MODULE = "injectors.node"
 _OUR_HELPERS = (MODULE, fuselayer.MODULE)  # never throttle our own daemons when a name regex matches them

@@ -23,7 +23,7 @@ What each ``where`` corrupts and what heal means there:
   follows a fire (once per fire, also when the module runs twice). Outputs are recomputed each forward, so
   heal just removes the hook.
 
-Writes bypass autograd's version counter on purpose (see :mod:`chaos.bitflip`): a hardware upset does not
+Writes bypass autograd's version counter on purpose (see :mod:`chaos.injob.bitflip`): a hardware upset does not
 tell autograd either, so backward consumes the corrupted value instead of raising.
 """
 
@@ -34,9 +34,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from chaos.injector import InJobInjector
+from chaos.plugins.injector import InJobInjector
 
-BitClass = Literal["sign", "exponent", "mantissa"]  # as chaos.bitflip.BitClass, without importing torch
+BitClass = Literal["sign", "exponent", "mantissa"]  # as chaos.injob.bitflip.BitClass, without importing torch
 Where = Literal["weights", "activations", "gradients", "optimizer_state"]
 Phase = Literal["forward", "backward", "optimizer_step"]
 Kind = Literal["bitflip", "nan", "inf", "scale"]
@@ -146,6 +146,6 @@ class BitFlipInjector(InJobInjector):
     )
 
 
-INJECTORS = (BitFlipInjector,)  # what chaos.registry collects from a built-in injector module
+INJECTORS = (BitFlipInjector,)  # what chaos.plugins.registry collects from a built-in injector module
 
 __all__ = ["DEFAULT_PHASE", "INJECTORS", "BitFlipInjector", "BitFlipParams"]

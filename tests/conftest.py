@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from chaos.runner import RunResult
+    from chaos.run.result import RunResult
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,8 +41,8 @@ def e2e_report_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def kill_rank_run(e2e_report_root: Path) -> RunResult:
     """``scenarios/kill-rank.yaml`` run for real once per session (about 30 s with its golden run)."""
-    from chaos.runner import RunOptions, execute
-    from chaos.scenario import load_scenario
+    from chaos.run.orchestrator import RunOptions, execute
+    from chaos.spec.scenario import load_scenario
 
     source = ROOT / "scenarios" / "kill-rank.yaml"
     return execute(load_scenario(source), RunOptions(report_root=e2e_report_root, scenario_file=source))

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from chaos.cluster import docker_testbed as dtb
 from chaos.cluster.docker import DockerTransport
 from chaos.cluster.inventory import Inventory
+from chaos.cluster.testbed import containers as dtb
 
 DOCKER_HOSTS = 3
 _START = Path(__file__).resolve().parents[1] / "scripts" / "start-dockerd.sh"

@@ -15,10 +15,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from chaos.bitflip import scale_block, set_values
 from chaos.guards._dist import Report, run_group
 from chaos.guards.anomaly import GradAnomalyGuard, anomaly_hook
 from chaos.guards.checksum import ChecksumConfig, ChecksumState, checksum_hook
+from chaos.injob.bitflip import scale_block, set_values
 
 TIMEOUT_S = 180.0
 

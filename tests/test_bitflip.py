@@ -1,4 +1,4 @@
-"""chaos.bitflip: exact IEEE-754 flips, value writes and block scaling, and byte-exact restore."""
+"""chaos.injob.bitflip: exact IEEE-754 flips, value writes and block scaling, and byte-exact restore."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chaos import strategies as cs
-from chaos.bitflip import (
+from chaos.injob.bitflip import (
     BIT_CLASSES,
     SUPPORTED,
     Flip,

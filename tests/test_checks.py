@@ -9,8 +9,8 @@ from pydantic import ValidationError
 
 from chaos.checks.base import CheckResult
 from chaos.checks.detection import DetectedWithinParams
-from chaos.history import Event, History
-from chaos.registry import checks
+from chaos.history.timeline import Event, History
+from chaos.plugins.registry import checks
 
 SECOND = 1_000_000_000
 

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from chaos.checks.base import CheckResult
-from chaos.history import Event, History
-from chaos.registry import checks
+from chaos.history.timeline import Event, History
+from chaos.plugins.registry import checks
 
 MS = 1_000_000
 FAULT = "kill-rank"

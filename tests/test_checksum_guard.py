@@ -16,7 +16,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from chaos.bitflip import Flip, flip_bits
 from chaos.guards._dist import Report, run_group
 from chaos.guards.checksum import (
     ChecksumConfig,
@@ -26,6 +25,7 @@ from chaos.guards.checksum import (
     checksummed_all_reduce,
 )
 from chaos.guards.rounding import BlockLayout, abs_sum_bounds, sums_and_lower_bounds
+from chaos.injob.bitflip import Flip, flip_bits
 
 TIMEOUT_S = 180.0
 

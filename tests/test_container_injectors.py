@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from chaos.cluster.inventory import Host
 from chaos.cluster.local import LocalTransport
-from chaos.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
+from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
 from injectors.container import (
     INJECTORS,
     NOT_DOCKER,
@@ -139,7 +139,7 @@ def client() -> Iterator[Any]:
             found.ping()
         except Exception as exc:
             pytest.skip(f"no Docker daemon: {exc}; {started.stdout.strip()} {started.stderr.strip()}")
-    from chaos.cluster.docker_image import ensure_image
+    from chaos.cluster.testbed.image import ensure_image
 
     ensure_image(found)
     try:
@@ -151,7 +151,7 @@ def client() -> Iterator[Any]:
 @pytest.fixture
 def make_container(client: Any) -> Iterator[MakeContainer]:
     """``make_container(name=None, **run_kwargs)`` starts a container; every name made is removed at the end."""
-    from chaos.cluster.docker_image import IMAGE, python_binds
+    from chaos.cluster.testbed.image import IMAGE, python_binds
 
     names: list[str] = []
 
@@ -405,8 +405,8 @@ def test_harness_side_dead_man_restarts_a_stopped_container(
     client: Any, make_container: MakeContainer, tmp_path: Path
 ) -> None:
     """The crash path: the dead-man armed on THIS machine (revert_on_harness) starts the container by itself."""
-    from chaos import deadman
-    from chaos.journal import Journal
+    from chaos.safety import deadman
+    from chaos.safety.journal import Journal
 
     container = make_container()
     ctx = docker_ctx(container.name)

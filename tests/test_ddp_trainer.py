@@ -33,7 +33,7 @@ JOB_TIMEOUT_S = 180.0
 
 @dataclass
 class Job:
-    """One torchrun launch of chaos.targets.ddp_trainer and the files it writes."""
+    """One torchrun launch of chaos.targets.reference.trainer and the files it writes."""
 
     proc: subprocess.Popen[bytes]
     events_path: Path
@@ -83,7 +83,7 @@ class Job:
 def _is_our_worker(pid: int) -> bool:
     # Guards against pid reuse: only kill a process that is still a ddp_trainer worker.
     try:
-        return b"chaos.targets.ddp_trainer" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"chaos.targets.reference.trainer" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
 
@@ -105,7 +105,7 @@ def start_job(workdir: Path, *, seed: int = SEED, steps: int = STEPS, env: dict[
     child_env.update(env or {})
     argv = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(WORLD),
-        "--max-restarts", "3", "--monitor-interval", "0.5", "-m", "chaos.targets.ddp_trainer",
+        "--max-restarts", "3", "--monitor-interval", "0.5", "-m", "chaos.targets.reference.trainer",
         "--steps", str(steps), "--batch-size", str(BATCH), "--checkpoint-every", str(CHECKPOINT_EVERY),
         "--checkpoint-dir", str(checkpoint_dir), "--seed", str(seed), "--step-time", "0.05",
         "--pg-timeout", "30",
@@ -238,7 +238,7 @@ def test_fault_free_run_consumes_each_sample_once(baseline: Baseline) -> None:
 def test_sample_is_a_pure_function_of_seed_and_id() -> None:
     import torch
 
-    from chaos.targets.ddp_trainer import make_batch, sample
+    from chaos.targets.reference.trainer import make_batch, sample
 
     x1, y1 = sample(SEED, 12345)
     x2, y2 = sample(SEED, 12345)
@@ -251,7 +251,7 @@ def test_sample_is_a_pure_function_of_seed_and_id() -> None:
 
 
 def test_step_sample_ids_partition_the_id_space() -> None:
-    from chaos.targets.ddp_trainer import step_sample_ids
+    from chaos.targets.reference.trainer import step_sample_ids
 
     ids = [i for step in range(1, 6) for rank in range(3) for i in step_sample_ids(step, rank, 4, 3)]
     assert ids == list(range(5 * 4 * 3))
@@ -260,7 +260,7 @@ def test_step_sample_ids_partition_the_id_space() -> None:
 def test_checkpoints_are_pruned_and_a_corrupt_newest_falls_back(tmp_path: Path) -> None:
     import torch
 
-    from chaos.targets import ddp_trainer as trainer
+    from chaos.targets.reference import trainer
 
     for step in (10, 20, 30):
         trainer.save_checkpoint(tmp_path, step, {"format": trainer.CHECKPOINT_FORMAT, "step": step})

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from chaos import deadman
 from chaos.cluster.local import process_state
-from chaos.injector import Applied
-from chaos.journal import Journal
+from chaos.plugins.injector import Applied
+from chaos.safety import deadman
+from chaos.safety.journal import Journal
 
 
 @pytest.fixture(autouse=True)

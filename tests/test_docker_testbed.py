@@ -10,13 +10,13 @@ import docker
 import pytest
 from typer.testing import CliRunner
 
-from chaos.cli import app
-from chaos.cluster import docker_testbed as dtb
+from chaos.cli.commands import app
 from chaos.cluster.base import TransportError
 from chaos.cluster.docker import DockerTransport
-from chaos.cluster.docker_image import IMAGE, LABEL
 from chaos.cluster.inventory import Inventory, load_inventory
-from chaos.cluster.shared_mounts import mount_points
+from chaos.cluster.testbed import containers as dtb
+from chaos.cluster.testbed.image import IMAGE, LABEL
+from chaos.cluster.testbed.shared_mounts import mount_points
 
 # Registered as a plugin (not imported), so every module shares ONE session testbed.
 pytest_plugins = ["docker_fixture"]

@@ -19,9 +19,10 @@ import pytest
 
 from chaos.cluster.docker import DockerTransport
 from chaos.cluster.inventory import Host, Inventory, dump_inventory
-from chaos.history import FAULT_APPLIED, FAULT_HEALED
-from chaos.runner import EXIT_INVALID, EXIT_PASS, RunOptions, execute
-from chaos.scenario import parse_scenario
+from chaos.history.timeline import FAULT_APPLIED, FAULT_HEALED
+from chaos.run.orchestrator import RunOptions, execute
+from chaos.run.result import EXIT_INVALID, EXIT_PASS
+from chaos.spec.scenario import parse_scenario
 
 pytest_plugins = ["docker_fixture"]
 pytestmark = pytest.mark.slow
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _run_cli(args: list[str], cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "chaos.cli", "run", *args],
+        [sys.executable, "-m", "chaos.cli.commands", "run", *args],
         cwd=cwd, env={**os.environ, "COLUMNS": "200"}, capture_output=True, text=True, timeout=420,
     )  # fmt: skip
 

@@ -58,7 +58,7 @@ def test_scenario_passes_on_the_testbed(
     # A RELATIVE report dir, as `mlchaos run` and `mlchaos suite run` default to: the job on the other hosts
     # must still find its run dir (they do not start in the harness's working directory).
     done = subprocess.run(
-        [sys.executable, "-m", "chaos.cli", "run", str(ROOT / "scenarios" / f"{name}.yaml"),
+        [sys.executable, "-m", "chaos.cli.commands", "run", str(ROOT / "scenarios" / f"{name}.yaml"),
          "--inventory", str(inventory_file), "--report-dir", "reports", *extra],
         cwd=tmp_path, env={**os.environ, "COLUMNS": "200"}, capture_output=True, text=True, timeout=420,
     )  # fmt: skip

@@ -15,9 +15,10 @@ import pytest
 from testbed_fixture import testbed  # noqa: F401  (pytest finds fixtures by name)
 
 from chaos.cluster.inventory import Inventory, dump_inventory
-from chaos.history import FAULT_APPLIED, FAULT_HEALED
-from chaos.runner import EXIT_PASS, RunOptions, execute
-from chaos.scenario import parse_scenario
+from chaos.history.timeline import FAULT_APPLIED, FAULT_HEALED
+from chaos.run.orchestrator import RunOptions, execute
+from chaos.run.result import EXIT_PASS
+from chaos.spec.scenario import parse_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -111,7 +112,7 @@ def test_sigkilled_harness_mid_partition_is_healed_by_the_hosts_dead_man(
     scenario_file.write_text(_scenario_text(testbed, duration=duration, rounds=200))
     env = {"MLCHAOS_STATE_DIR": str(tmp_path / "state"), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
     harness = subprocess.Popen(
-        [sys.executable, "-m", "chaos.cli", "run", str(scenario_file), "--inventory", str(inventory_file),
+        [sys.executable, "-m", "chaos.cli.commands", "run", str(scenario_file), "--inventory", str(inventory_file),
          "--report-dir", str(tmp_path / "reports")],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
@@ -132,7 +133,7 @@ def test_sigkilled_harness_mid_partition_is_healed_by_the_hosts_dead_man(
             harness.kill()
         # Whatever happened, leave h2 clean: cleanup heals from the journal over SSH.
         subprocess.run(
-            [sys.executable, "-m", "chaos.cli", "cleanup", "--inventory", str(inventory_file)],
+            [sys.executable, "-m", "chaos.cli.commands", "cleanup", "--inventory", str(inventory_file)],
             cwd=ROOT, env=env, capture_output=True, timeout=60,
         )
     assert not _h2_has_our_rules(testbed)

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from chaos.history import FAULT_APPLIED
-from chaos.runner import EXIT_FAIL, EXIT_PASS, RunOptions, execute
-from chaos.scenario import Scenario, load_scenario
+from chaos.history.timeline import FAULT_APPLIED
+from chaos.run.orchestrator import RunOptions, execute
+from chaos.run.result import EXIT_FAIL, EXIT_PASS
+from chaos.spec.scenario import Scenario, load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

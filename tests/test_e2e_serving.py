@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 
 from chaos.cluster.local import LocalTransport
-from chaos.history import Event
-from chaos.runner import EXIT_FAIL, EXIT_INVALID, EXIT_PASS, RunOptions, execute
-from chaos.scenario import load_scenario, parse_scenario
-from chaos.targets.serving.config import ServingTarget
-from chaos.targets.serving.job import ServingJob
+from chaos.history.timeline import Event
+from chaos.run.orchestrator import RunOptions, execute
+from chaos.run.result import EXIT_FAIL, EXIT_INVALID, EXIT_PASS
+from chaos.spec.scenario import load_scenario, parse_scenario
+from chaos.spec.serving import ServingTarget
+from chaos.targets.reference.serving.job import ServingJob
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -36,7 +37,7 @@ SCENARIOS = [
 
 def _serving_processes() -> list[str]:
     ps = subprocess.run(["ps", "-eo", "pid=,stat=,args="], capture_output=True, text=True).stdout
-    return [line.strip() for line in ps.splitlines() if "chaos.targets.serving" in line]
+    return [line.strip() for line in ps.splitlines() if "chaos.targets.reference.serving" in line]
 
 
 @pytest.fixture(autouse=True)
@@ -55,7 +56,7 @@ def _nothing_left_behind() -> None:
 def test_serving_scenario_passes(name: str, tmp_path: Path) -> None:
     reports = tmp_path / "reports"
     done = subprocess.run(
-        [sys.executable, "-m", "chaos.cli", "run", str(ROOT / "scenarios" / f"{name}.yaml"), "--report-dir", str(reports)],
+        [sys.executable, "-m", "chaos.cli.commands", "run", str(ROOT / "scenarios" / f"{name}.yaml"), "--report-dir", str(reports)],
         cwd=ROOT, env={**os.environ, "COLUMNS": "200"}, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
@@ -167,7 +168,7 @@ faults: [{name: k, type: kill, params: {replica: primary}, trigger: {after: 1s}}
 def test_interrupted_serving_run_stops_the_stack_and_the_load(tmp_path: Path) -> None:
     """SIGTERM to the harness mid-run: the fault is healed, the stack and the load generator are gone."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "chaos.cli", "run", str(ROOT / "scenarios" / "serving-primary-slow.yaml"),
+        [sys.executable, "-m", "chaos.cli.commands", "run", str(ROOT / "scenarios" / "serving-primary-slow.yaml"),
          "--report-dir", str(tmp_path)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
@@ -187,4 +188,4 @@ def test_interrupted_serving_run_stops_the_stack_and_the_load(tmp_path: Path) ->
     assert [e for e in history if e["kind"] == "fault.healed"]
     ps = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True).stdout
     assert not [line for line in ps.splitlines() if "-m chaos.load --emit" in line]
-    assert not [line for line in ps.splitlines() if line.startswith("T") and "chaos.targets.serving" in line]
+    assert not [line for line in ps.splitlines() if line.startswith("T") and "chaos.targets.reference.serving" in line]

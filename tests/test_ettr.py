@@ -13,8 +13,7 @@ from test_checks import ev, kill, killed_run, restart, start, steps
 from test_checks_properties import Run, runs
 from typer.testing import CliRunner
 
-from chaos.cli import app
-from chaos.ettr import (
+from chaos.analysis.ettr import (
     RSC1_FAILURES_PER_NODE_DAY,
     EttrModel,
     eq2_best_interval,
@@ -25,7 +24,8 @@ from chaos.ettr import (
     optimal_checkpoint_interval,
     predict_for,
 )
-from chaos.history import Event, History, write_jsonl
+from chaos.cli.commands import app
+from chaos.history.timeline import Event, History, write_jsonl
 
 MINUTE = 60.0
 FIVE_MIN = 5 * MINUTE

@@ -17,20 +17,20 @@ from typing import Any
 import pexpect
 import pytest
 
+from chaos.cluster.hosts import LOCAL, HostSet
 from chaos.cluster.local import process_state
-from chaos.gameday import (
+from chaos.gameday.engine import (
     GameState,
     LineEditor,
     blast_radius,
     find_run_dir,
     parse_command,
 )
-from chaos.history import Event, EventFileTail, History
-from chaos.hosts import LOCAL, HostSet
-from chaos.journal import all_journals
-from chaos.plan import make_plan
-from chaos.runner import EXIT_HARNESS
-from chaos.scenario import parse_scenario
+from chaos.history.timeline import Event, EventFileTail, History
+from chaos.plan.build import make_plan
+from chaos.run.result import EXIT_HARNESS
+from chaos.safety.journal import all_journals
+from chaos.spec.scenario import parse_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 90  # generous: a busy 2-core machine starts python, the run and the target slowly
@@ -145,7 +145,7 @@ def test_blast_radius_names_hosts_processes_and_warns_about_existing_matches() -
 # -- the real CLI in a pty ----------------------------------------------------------------------------------------
 
 
-CLI = ["-m", "chaos.cli", "gameday"]
+CLI = ["-m", "chaos.cli.commands", "gameday"]
 
 
 def _pids_of(argv: list[str]) -> list[int]:

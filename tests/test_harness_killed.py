@@ -80,7 +80,7 @@ def test_sigkilled_harness_is_healed_by_dead_man_then_cleanup_has_nothing(tmp_pa
             SCENARIO.format(python=sys.executable, marker=marker, victim=victim.pid, freeze=FREEZE_S, grace=GRACE_S)
         )
         harness = subprocess.Popen(
-            [sys.executable, "-m", "chaos.cli", "run", str(scenario), "--report-dir", str(tmp_path / "reports")],
+            [sys.executable, "-m", "chaos.cli.commands", "run", str(scenario), "--report-dir", str(tmp_path / "reports")],
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         assert _wait_for(lambda: process_state(victim.pid) == "T", 60), "the freeze never stopped the victim"
@@ -96,7 +96,7 @@ def test_sigkilled_harness_is_healed_by_dead_man_then_cleanup_has_nothing(tmp_pa
         # The harness's own target must not outlive it (it gets SIGTERM through PR_SET_PDEATHSIG).
         assert _wait_for(lambda: [p for p in _pids_with(marker) if p != victim.pid] == [], 10), "target orphaned"
         cleanup = subprocess.run(
-            [sys.executable, "-m", "chaos.cli", "cleanup"], cwd=ROOT, env=env, capture_output=True, text=True,
+            [sys.executable, "-m", "chaos.cli.commands", "cleanup"], cwd=ROOT, env=env, capture_output=True, text=True,
             timeout=60,
         )
         assert cleanup.returncode == 0, cleanup.stderr
@@ -130,7 +130,7 @@ def test_sigkilled_harness_frozen_torchrun_rank_is_resumed_by_dead_man(tmp_path:
     scenario.write_text(text.replace("--steps, 60", "--steps, 400"))
     reports = tmp_path / "reports"
     harness = subprocess.Popen(
-        [sys.executable, "-m", "chaos.cli", "run", str(scenario), "--report-dir", str(reports), "--no-golden"],
+        [sys.executable, "-m", "chaos.cli.commands", "run", str(scenario), "--report-dir", str(reports), "--no-golden"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
     pids: list[int] = []
@@ -158,7 +158,7 @@ def test_sigkilled_harness_frozen_torchrun_rank_is_resumed_by_dead_man(tmp_path:
         # Nothing of the job outlives the harness: torchrun and both ranks end.
         assert _wait_for(lambda: not _pids_with(str(reports)), 40), "job processes outlived the harness"
         cleanup = subprocess.run(
-            [sys.executable, "-m", "chaos.cli", "cleanup"], cwd=ROOT, env=env, capture_output=True, text=True,
+            [sys.executable, "-m", "chaos.cli.commands", "cleanup"], cwd=ROOT, env=env, capture_output=True, text=True,
             timeout=60,
         )
         assert "nothing to heal" in cleanup.stdout, cleanup.stdout + cleanup.stderr

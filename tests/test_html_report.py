@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from chaos.history import Event, History
+from chaos.history.timeline import Event, History
 from chaos.report.html import REPORT_HTML, render_html, write_html_report
 from chaos.report.serving import serving_summary
 from chaos.report.timeline import fault_marks, plot_run_timeline
-from chaos.runner import RunResult
+from chaos.run.result import RunResult
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 T0 = 1_700_000_000_000_000_000

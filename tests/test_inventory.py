@@ -18,7 +18,7 @@ from chaos.cluster.inventory import (
     parse_inventory,
     select,
 )
-from chaos.scenario import ScenarioError
+from chaos.spec.scenario import ScenarioError
 
 GOOD = """\
 known_hosts: keys/known_hosts

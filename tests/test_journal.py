@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from chaos import deadman
 from chaos.cluster.local import LocalTransport, process_state
-from chaos.injector import Applied, FaultOp, InjectionContext
-from chaos.journal import Journal, all_journals, heal_leftovers, journal_dir, state_dir
-from injectors.process import FreezeInjector, FreezeParams
+from chaos.plugins.injector import Applied, FaultOp, InjectionContext
+from chaos.safety import deadman
+from chaos.safety.cleanup import heal_leftovers
+from chaos.safety.journal import Journal, all_journals, journal_dir
+from chaos.safety.state import state_dir
+from injectors.process.faults import FreezeInjector, FreezeParams
 
 
 @pytest.fixture(autouse=True)

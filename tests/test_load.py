@@ -19,7 +19,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from chaos.history import Event, History
+from chaos.history.timeline import Event, History
 from chaos.load import (
     LOAD_END,
     LOAD_REQUEST,

@@ -18,9 +18,10 @@ from test_checks import ev, judge
 from chaos.cluster.base import Completed
 from chaos.cluster.local import LocalTransport
 from chaos.events import STDOUT_PREFIX
-from chaos.history import Event
-from chaos.runner import EXIT_INVALID, RunOptions, execute
-from chaos.scenario import HostSelector, ScenarioError, parse_scenario
+from chaos.history.timeline import Event
+from chaos.run.orchestrator import RunOptions, execute
+from chaos.run.result import EXIT_INVALID
+from chaos.spec.scenario import HostSelector, ScenarioError, parse_scenario
 from chaos.targets.base import SpawnedJob
 from chaos.targets.torchrun import RankTable
 from chaos.targets.torchrun_nodes import JobAttempts, MultiNodeTorchrunJob, Node, interface_of

@@ -26,13 +26,14 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from chaos import registry
 from chaos.cluster.base import Completed
 from chaos.cluster.local import process_state
 from chaos.cluster.netns import NetnsTransport
-from chaos.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
-from injectors import netfilter, netshape
-from injectors.network import (
+from chaos.plugins import registry
+from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
+from injectors.network import iptables as netfilter
+from injectors.network import tc as netshape
+from injectors.network.faults import (
     BandwidthInjector,
     BandwidthParams,
     DelayInjector,

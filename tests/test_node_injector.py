@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from chaos import registry
 from chaos.cluster.local import LocalTransport
-from chaos.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
+from chaos.plugins import registry
+from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
 from injectors import node
 from injectors.node import (
     CpuThrottleInjector,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from chaos.plan import make_plan
-from chaos.scenario import parse_scenario
+from chaos.plan.build import make_plan
+from chaos.spec.scenario import parse_scenario
 
 BASE = """\
 name: p
@@ -54,7 +54,7 @@ def test_poisson_mean_gap_is_near_mtbf() -> None:
 
 
 def test_fault_params_expand_run_placeholders() -> None:
-    from chaos.plan import fault_op
+    from chaos.plan.build import fault_op
 
     scenario = parse_scenario(
         BASE.format(seed=4, trigger="{after: 1s}").replace("params: {pid: 1234}", "params: {name: 'job {seed} {run_dir}'}")

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from chaos import registry
 from chaos.cluster.base import Completed, TransportError
 from chaos.cluster.local import LocalTransport, process_state
-from chaos.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
-from injectors import dutycycle
-from injectors.process import (
+from chaos.plugins import registry
+from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
+from injectors.process import dutycycle
+from injectors.process.faults import (
     FreezeInjector,
     FreezeParams,
     KillInjector,
@@ -257,7 +257,7 @@ def _end_helper(record: Applied) -> None:
 
 
 def dutycycle_alive(pid: int, op_id: str) -> bool:
-    from chaos.deadman import is_helper
+    from chaos.safety.deadman import is_helper
 
     return is_helper(pid, dutycycle.MODULE, op_id)
 

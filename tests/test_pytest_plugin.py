@@ -19,8 +19,8 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from chaos.pytest_run import SessionLayers, run_settings
-from chaos.pytest_support import OverrideError, apply_overrides, looks_like_scenario, parse_seed, resolve
+from chaos.pytest_plugin.run import SessionLayers, run_settings
+from chaos.pytest_plugin.support import OverrideError, apply_overrides, looks_like_scenario, parse_seed, resolve
 
 pytest_plugins = ["pytester"]
 
@@ -288,7 +288,7 @@ def test_chaos_run_marker_overrides_and_seed_precedence(pytester: pytest.Pyteste
     pytester.makepyfile(
         test_runs="""
         import pytest
-        from chaos.scenario import load_scenario
+        from chaos.spec.scenario import load_scenario
 
 
         @pytest.mark.chaos(
@@ -495,7 +495,7 @@ def _namespaces() -> set[str]:
 
 @pytest.mark.slow
 def test_chaos_testbed_builds_hosts_and_tears_them_down(pytester: pytest.Pytester) -> None:
-    from chaos.cluster import testbed
+    from chaos.cluster.testbed import namespaces as testbed
 
     reason = testbed.unsupported_reason()
     if reason is not None:

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 from chaos.checks.base import CheckResult
-from chaos.history import Event, History
-from chaos.plan import make_plan
-from chaos.run_store import (
+from chaos.history.timeline import Event, History
+from chaos.plan.build import make_plan
+from chaos.run.result import RunResult
+from chaos.spec.scenario import parse_scenario
+from chaos.suite.store import (
     DEFAULT_PATH,
     ENV_HISTORY,
     SCHEMA_VERSION,
@@ -21,8 +23,6 @@ from chaos.run_store import (
     default_path,
     derived_metrics,
 )
-from chaos.runner import RunResult
-from chaos.scenario import parse_scenario
 
 T0 = 1_700_000_000.0
 

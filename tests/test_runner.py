@@ -14,12 +14,13 @@ from typing import ClassVar
 import pytest
 from pydantic import BaseModel
 
-from chaos import registry
 from chaos.cluster.local import process_state
-from chaos.history import FAULT_APPLIED, FAULT_HEALED
-from chaos.injector import Applied, FaultOp, InjectionContext, Unsupported
-from chaos.runner import EXIT_FAIL, EXIT_HARNESS, EXIT_INVALID, EXIT_PASS, RunOptions, execute
-from chaos.scenario import parse_scenario
+from chaos.history.timeline import FAULT_APPLIED, FAULT_HEALED
+from chaos.plugins import registry
+from chaos.plugins.injector import Applied, FaultOp, InjectionContext, Unsupported
+from chaos.run.orchestrator import RunOptions, execute
+from chaos.run.result import EXIT_FAIL, EXIT_HARNESS, EXIT_INVALID, EXIT_PASS
+from chaos.spec.scenario import parse_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,7 +64,7 @@ def test_sigterm_to_the_harness_heals_at_once_and_exits_3(tmp_path: Path) -> Non
         faults = f"  - {{type: freeze, params: {{pid: {victim.pid}}}, trigger: {{after: 0.5s}}, duration: 60s}}"
         scenario.write_text(_ticker("interrupted", faults=faults, ticks=600))
         harness = subprocess.Popen(
-            [sys.executable, "-m", "chaos.cli", "run", str(scenario), "--report-dir", str(tmp_path)],
+            [sys.executable, "-m", "chaos.cli.commands", "run", str(scenario), "--report-dir", str(tmp_path)],
             cwd=ROOT,
             env={"MLCHAOS_STATE_DIR": str(tmp_path / "state"), "PATH": "/usr/bin:/bin"},
             stdout=subprocess.PIPE,
@@ -146,7 +147,7 @@ def test_repeat_reports_a_pass_rate_per_check(tmp_path: Path) -> None:
     scenario = tmp_path / "s.yaml"
     scenario.write_text(_ticker("repeated", ticks=5, checks="  - type: completes"))
     proc = subprocess.run(
-        [sys.executable, "-m", "chaos.cli", "run", str(scenario), "--repeat", "2", "--report-dir", str(tmp_path)],
+        [sys.executable, "-m", "chaos.cli.commands", "run", str(scenario), "--repeat", "2", "--report-dir", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -158,7 +159,7 @@ def test_repeat_reports_a_pass_rate_per_check(tmp_path: Path) -> None:
 
 
 def test_a_finished_run_leaves_no_open_journal(tmp_path: Path) -> None:
-    from chaos.journal import all_journals
+    from chaos.safety.journal import all_journals
 
     victim = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"])
     try:
@@ -178,12 +179,12 @@ def test_a_finished_run_leaves_no_open_journal(tmp_path: Path) -> None:
 
 def test_heal_all_also_heals_a_journaled_fault_that_never_became_active(tmp_path: Path) -> None:
     """A signal can land between a fault's apply and its registration as active: the journal still heals it."""
-    from chaos.history import History
-    from chaos.hosts import HostSet
-    from chaos.injector import InjectionContext
-    from chaos.plan import make_plan
-    from chaos.runner import _Execution
-    from injectors.process import FreezeInjector, FreezeParams
+    from chaos.cluster.hosts import HostSet
+    from chaos.history.timeline import History
+    from chaos.plan.build import make_plan
+    from chaos.plugins.injector import InjectionContext
+    from chaos.run.orchestrator import _Execution
+    from injectors.process.faults import FreezeInjector, FreezeParams
 
     victim = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"])
     try:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos.scenario import ScenarioError, json_schema, load_scenario, parse_scenario
+from chaos.spec.scenario import ScenarioError, json_schema, load_scenario, parse_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -107,7 +107,7 @@ def test_cli_validate_misspelt_key_exits_2_and_starts_nothing(tmp_path: Path) ->
     for verb in ("validate", "run"):
         extra = ["--report-dir", str(tmp_path)] if verb == "run" else []
         proc = subprocess.run(
-            [sys.executable, "-m", "chaos.cli", verb, str(bad), *extra],
+            [sys.executable, "-m", "chaos.cli.commands", verb, str(bad), *extra],
             capture_output=True, text=True, cwd=ROOT, timeout=60,
         )
         assert proc.returncode == 2, proc.stderr

@@ -11,8 +11,8 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from chaos.cli_sdc import register
-from chaos.sdc_coverage import CampaignConfig, bit_list, format_summary, run_campaign
+from chaos.analysis.sdc_coverage import CampaignConfig, bit_list, format_summary, run_campaign
+from chaos.cli.sdc import register
 
 
 def test_tiny_campaign_writes_json_and_png_with_every_outcome(tmp_path: Path) -> None:

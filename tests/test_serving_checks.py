@@ -15,12 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-import chaos.checks.serving as serving
+import chaos.checks.serving.verdicts as serving
 from chaos.checks.base import CHECKS, CheckResult
-from chaos.checks.serving_windows import Window, WindowParams, backend_switches, resolve_window
-from chaos.history import Event, History
-from chaos.scenario import ScenarioError, parse_scenario
-from chaos.targets.serving.config import ProbeSettings, ServingTarget
+from chaos.checks.serving.windows import Window, WindowParams, backend_switches, resolve_window
+from chaos.history.timeline import Event, History
+from chaos.spec.scenario import ScenarioError, parse_scenario
+from chaos.spec.serving import ProbeSettings, ServingTarget
 
 SECOND = 1_000_000_000
 RATE = 50  # requests per second
@@ -116,7 +116,7 @@ QUIET = load(lambda t: (200, "primary"))  # the fault never fired
 def test_every_serving_check_is_registered_with_documented_strict_params() -> None:
     for name in serving.SERVING_CHECKS:
         spec = CHECKS[name]
-        assert spec.summary and spec.evaluate.__module__ == "chaos.checks.serving"
+        assert spec.summary and spec.evaluate.__module__ == "chaos.checks.serving.verdicts"
         for field_name, field in spec.Params.model_json_schema().get("properties", {}).items():
             assert field.get("description"), (name, field_name)
         with pytest.raises(ValidationError):

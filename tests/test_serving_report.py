@@ -12,7 +12,7 @@ import pytest
 from test_serving_checks import GOOD, KILL, kill_events, load, overload, scenario
 
 from chaos.checks.base import CHECKS, CheckResult
-from chaos.history import History
+from chaos.history.timeline import History
 from chaos.report.serving import SERVING_HTML, TIMELINE_PNG, serving_summary, write_serving_report
 
 

@@ -20,15 +20,15 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from chaos.agent_plan import ENV_PLAN, InJobOp, write_plan
 from chaos.cluster.local import LocalTransport
-from chaos.history import Event
+from chaos.history.timeline import Event
 from chaos.load import LoadRun, LoadSpec
-from chaos.targets.serving.breaker import CircuitBreaker
-from chaos.targets.serving.config import BreakerSettings, ProbeSettings, ServingTarget
-from chaos.targets.serving.health import ReplicaHealth
-from chaos.targets.serving.job import ServingJob
-from chaos.targets.serving.wire import (
+from chaos.plan.agent_plan import ENV_PLAN, InJobOp, write_plan
+from chaos.spec.serving import BreakerSettings, ProbeSettings, ServingTarget
+from chaos.targets.reference.serving.breaker import CircuitBreaker
+from chaos.targets.reference.serving.health import ReplicaHealth
+from chaos.targets.reference.serving.job import ServingJob
+from chaos.targets.reference.serving.wire import (
     DEFAULT_OUTPUT,
     golden_path,
     prompt_features,
@@ -139,7 +139,7 @@ def _serving_children() -> set[int]:
         except OSError:
             continue
         fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] != "Z" and int(fields[1]) == me and b"chaos.targets.serving" in cmdline:
+        if fields[0] != "Z" and int(fields[1]) == me and b"chaos.targets.reference.serving" in cmdline:
             found.add(int(entry))
     return found
 

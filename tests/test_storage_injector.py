@@ -22,12 +22,13 @@ from typing import Any, get_args
 import pytest
 from pydantic import ValidationError
 
-from chaos import registry
 from chaos.cluster.local import LocalTransport
-from chaos.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
-from injectors import fuselayer, storage
-from injectors.process import ProcessHost
-from injectors.storage import StorageInjector, StorageParams
+from chaos.plugins import registry
+from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
+from injectors.process.faults import ProcessHost
+from injectors.storage import fuselayer
+from injectors.storage import injector as storage
+from injectors.storage.injector import StorageInjector, StorageParams
 
 
 def _unavailable() -> str | None:
@@ -375,7 +376,7 @@ def test_prepare_refuses_a_second_layer_on_the_same_path(tmp_path: Path) -> None
 
 
 def test_container_paths_map_through_the_innermost_bind_mount() -> None:
-    from injectors.storage import host_path_of
+    from injectors.storage.injector import host_path_of
 
     mounts = [
         {"Type": "bind", "Source": "/srv/data", "Destination": "/data", "Propagation": "rslave"},
@@ -391,7 +392,7 @@ def test_container_paths_map_through_the_innermost_bind_mount() -> None:
 
 
 def test_mountinfo_parsing_finds_shared_mount_points() -> None:
-    from chaos.cluster.shared_mounts import mount_points
+    from chaos.cluster.testbed.shared_mounts import mount_points
 
     text = (
         "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n"

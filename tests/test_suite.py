@@ -18,11 +18,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
-from chaos import metrics
 from chaos.cluster.local import process_state
-from chaos.run_store import RunStore
-from chaos.runner import EXIT_FAIL, EXIT_HARNESS, EXIT_INVALID, EXIT_PASS, RunResult
-from chaos.suite import PlannedRun, SuiteError, SuiteOptions, load_suite, parse_suite, plan_runs, run_suite
+from chaos.run.result import EXIT_FAIL, EXIT_HARNESS, EXIT_INVALID, EXIT_PASS, RunResult
+from chaos.suite import metrics
+from chaos.suite.run_suite import PlannedRun, SuiteError, SuiteOptions, load_suite, parse_suite, plan_runs, run_suite
+from chaos.suite.store import RunStore
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -75,14 +75,14 @@ safety: {{max_duration: 120s, no_progress_timeout: null}}
 
 
 def _standalone_cli() -> list[str]:
-    """``python -m chaos.cli`` once it registers the suite commands; until then the same commands on an app
-    of their own (what chaos.cli's two lines do)."""
-    from chaos import cli
+    """``python -m chaos.cli.commands`` once it registers the suite commands; until then the same commands on an app
+    of their own (what chaos.cli.commands's two lines do)."""
+    from chaos.cli.commands import main as cli
 
     if any(group.name == "suite" for group in cli.app.registered_groups):
-        return [PY, "-m", "chaos.cli"]
+        return [PY, "-m", "chaos.cli.commands"]
     script = (
-        "import typer\nfrom chaos.cli_suite import register\napp = typer.Typer()\n"
+        "import typer\nfrom chaos.cli.suite import register\napp = typer.Typer()\n"
         "@app.callback()\ndef main() -> None: pass\nregister(app)\napp()\n"
     )
     return [PY, "-c", script]
@@ -409,7 +409,7 @@ def test_a_pushgateway_that_refuses_makes_the_suite_a_harness_error(tmp_path: Pa
 def test_suite_plan_lists_the_order_without_running(tmp_path: Path) -> None:
     from typer import Typer
 
-    from chaos.cli_suite import register
+    from chaos.cli.suite import register
 
     for name in ("a", "b", "c", "d"):
         (tmp_path / f"{name}.yaml").write_text(SLEEPER.format(py=PY, seconds=0).replace("sleeper", name))

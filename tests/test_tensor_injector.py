@@ -1,4 +1,4 @@
-"""injectors.tensor (in-job tensor faults) and chaos.pfi (the pytorchfi adapter and its measured quirks)."""
+"""injectors.tensor (in-job tensor faults) and chaos.injob.pfi (the pytorchfi adapter and its measured quirks)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from pytorchfi import core  # type: ignore[import-untyped]
 from torch import nn
 
 from chaos import strategies as cs
-from chaos.bitflip import SUPPORTED, bit_class, flipped_value
-from chaos.pfi import pfi_injector, pfi_layers, pfi_neuron_flip, pfi_weight_flip
+from chaos.injob.bitflip import SUPPORTED, bit_class, flipped_value
+from chaos.injob.pfi import pfi_injector, pfi_layers, pfi_neuron_flip, pfi_weight_flip
+from chaos.injob.tensor_faults import ArmedFault, TensorFaultError, arm
 from injectors.tensor import BitFlipParams
-from injectors.tensor_apply import ArmedFault, TensorFaultError, arm
 
 
 def raw(t: torch.Tensor) -> bytes:
@@ -382,7 +382,7 @@ def test_pfi_neuron_flip_matches_our_activation_fault_on_every_forward(data: st.
 
 
 def test_pytorchfi_quirks_as_measured() -> None:
-    """What pytorchfi 0.6.0 actually does (documented in chaos/pfi.py); the adapter avoids each."""
+    """What pytorchfi 0.6.0 actually does (documented in chaos/injob/pfi.py); the adapter avoids each."""
     model = cnn()  # train mode, as in a training loop
     x = torch.randn(2, 3, 8, 8)
     running_mean = model.get_buffer("1.running_mean").clone()

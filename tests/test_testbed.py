@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from testbed_fixture import testbed, testbed_transports  # noqa: F401  (fixtures, found by name)
 
-from chaos.cluster import testbed as tb
 from chaos.cluster.base import TransportError
 from chaos.cluster.inventory import Inventory
 from chaos.cluster.ssh import SshTransport, UnknownHostKeyWarning, fan_out, remote_command
+from chaos.cluster.testbed import namespaces as tb
 
 Transports = dict[str, SshTransport]
 
@@ -272,7 +272,7 @@ def test_down_finishes_a_half_built_testbed(tmp_path: Path) -> None:
 def test_cli_up_status_down(testbed: Inventory, tmp_path: Path) -> None:  # noqa: F811
     from typer.testing import CliRunner
 
-    from chaos.cli import app
+    from chaos.cli.commands import app
 
     state = tmp_path / "cli"
     runner = CliRunner()

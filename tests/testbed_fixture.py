@@ -16,9 +16,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from chaos.cluster import testbed as tb
 from chaos.cluster.inventory import Inventory
 from chaos.cluster.ssh import SshTransport
+from chaos.cluster.testbed import namespaces as tb
 
 TESTBED_HOSTS = 3
 

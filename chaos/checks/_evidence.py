@@ -1,6 +1,6 @@
 """Helpers shared by the built-in checks: finding fault ops, ordering events, and citing them as evidence.
 
-Everything here is a pure function of a :class:`~chaos.history.History` (or of events), so checks stay
+Everything here is a pure function of a :class:`~chaos.history.timeline.History` (or of events), so checks stay
 testable offline. Evidence strings follow one shape, ``"<kind> <what> at +<seconds since start>s"``, for
 example ``"fault.applied kill-rank1 (op 3) at +12.301s"``, so a reader can find the event in the timeline.
 """
@@ -13,7 +13,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
-from chaos.history import FAULT_APPLIED, FAULT_FAILED, TARGET_STEP, Event, History
+from chaos.history.timeline import FAULT_APPLIED, FAULT_FAILED, TARGET_STEP, Event, History
 
 P = TypeVar("P", bound=BaseModel)
 

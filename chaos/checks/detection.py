@@ -26,11 +26,11 @@ from chaos.checks._evidence import (
     seconds,
 )
 from chaos.checks.base import CheckResult, register_check
-from chaos.history import Event, History
-from chaos.units import Duration
+from chaos.history.timeline import Event, History
+from chaos.spec.units import Duration
 
 if TYPE_CHECKING:
-    from chaos.scenario import Scenario
+    from chaos.spec.scenario import Scenario
 
 CHECK_DETECTED_WITHIN = "detected_within"
 

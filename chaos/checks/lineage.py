@@ -24,10 +24,10 @@ from chaos.checks._evidence import (
     step_of,
 )
 from chaos.checks.base import CheckResult, register_check
-from chaos.history import RUNNER_GOLDEN, TARGET_CHECKPOINT, TARGET_DIGEST, TARGET_RESUME, Event, History
+from chaos.history.timeline import RUNNER_GOLDEN, TARGET_CHECKPOINT, TARGET_DIGEST, TARGET_RESUME, Event, History
 
 if TYPE_CHECKING:
-    from chaos.scenario import Scenario
+    from chaos.spec.scenario import Scenario
 
 CHECK_MATCHES_GOLDEN = "matches_golden"
 CHECK_EXACTLY_ONCE = "exactly_once"

@@ -30,7 +30,7 @@ from chaos.checks._evidence import (
     step_of,
 )
 from chaos.checks.base import CheckResult, Status, register_check
-from chaos.history import (
+from chaos.history.timeline import (
     FAULT_APPLIED,
     TARGET_EXIT,
     TARGET_RESTART,
@@ -39,10 +39,10 @@ from chaos.history import (
     Event,
     History,
 )
-from chaos.units import Duration
+from chaos.spec.units import Duration
 
 if TYPE_CHECKING:
-    from chaos.scenario import Scenario
+    from chaos.spec.scenario import Scenario
 
 CHECK_RECOVERED_WITHIN = "recovered_within"
 CHECK_LOST_WORK = "lost_work_at_most"

@@ -27,10 +27,10 @@ from chaos.checks._evidence import (
 )
 from chaos.checks.base import CheckResult, register_check
 from chaos.checks.lineage import MatchesGoldenParams, matches_golden
-from chaos.history import FAULT_APPLIED, RUNNER_GOLDEN, Event, History
+from chaos.history.timeline import FAULT_APPLIED, RUNNER_GOLDEN, Event, History
 
 if TYPE_CHECKING:
-    from chaos.scenario import Scenario
+    from chaos.spec.scenario import Scenario
 
 
 class SdcDetectedParams(BaseModel):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, Protocol, runtime_checkable
 
 
 class TransportError(RuntimeError):
@@ -110,18 +110,20 @@ def host_python(transport: Transport) -> str:
     return python if isinstance(python, str) and python else "python3"
 
 
+@runtime_checkable
+class ReadsHostFiles(Protocol):
+    """Optional capability: a transport that reads a host file directly (no ``cat`` round trip)."""
+
+    def read_file(self, path: str) -> str | None: ...
+
+
 def read_host_file(transport: Transport, path: str) -> str | None:
     """The text of a small (pseudo-)file on the transport's host (``/proc``, cgroup files), or None if unreadable.
 
-    Local hosts read it directly; others through ``cat`` (present on any host we can reach)."""
-    from chaos.cluster.local import LocalTransport
-
-    if isinstance(transport, LocalTransport):
-        try:
-            with open(path, encoding="utf-8", errors="replace") as handle:
-                return handle.read()
-        except OSError:
-            return None
+    Transports with :class:`ReadsHostFiles` (the local one) read it directly; others through ``cat`` (present
+    on any host we can reach)."""
+    if isinstance(transport, ReadsHostFiles):
+        return transport.read_file(path)
     done = transport.run(["cat", path], timeout=15)
     return done.stdout if done.ok else None
 

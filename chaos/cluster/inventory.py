@@ -31,7 +31,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from chaos.scenario import HostSelector, Problem, ScenarioError, read_yaml_mapping
+from chaos.spec.scenario import HostSelector, Problem, ScenarioError, read_yaml_mapping
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 ALL_GROUP = "all"

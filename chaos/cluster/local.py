@@ -26,6 +26,14 @@ class LocalTransport:
     host = "local"
     python = sys.executable  # helpers run with the harness's own interpreter (and its packages)
 
+    def read_file(self, path: str) -> str | None:
+        """The text of a file on this machine, or None if unreadable (:class:`~chaos.cluster.base.ReadsHostFiles`)."""
+        try:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                return handle.read()
+        except OSError:
+            return None
+
     def run(self, argv: list[str], *, timeout: float = 30.0, check: bool = False) -> Completed:
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)

@@ -11,5 +11,5 @@
   shortest collective wait), gathered to rank 0; emits ``detect.straggler`` naming the slow rank.
 
 All are collective: every rank of the group calls them in the same order, like any collective.
-``chaos.sdc_coverage`` measures what each catches (``mlchaos sdc-coverage``).
+``chaos.analysis.sdc_coverage`` measures what each catches (``mlchaos sdc-coverage``).
 """

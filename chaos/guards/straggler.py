@@ -166,7 +166,7 @@ class StragglerGuard:
     reporter rank runs a :class:`StragglerDetector` and emits ``detect.straggler``. Collective: every rank of
     ``group`` calls :meth:`exchange` once per step, in step order.
 
-    Usage (see ``chaos/targets/ddp_trainer.py``)::
+    Usage (see ``chaos/targets/reference/trainer.py``)::
 
         guard = StragglerGuard()
         guard.start()                          # after the last collective before the loop

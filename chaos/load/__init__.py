@@ -1,6 +1,6 @@
 """Open-loop HTTP load generation whose every request is an event in the run's history.
 
-- :mod:`chaos.load.spec`: :class:`LoadSpec` (pydantic, embeddable in scenario YAML) and the send schedule.
+- :mod:`chaos.spec.load`: :class:`LoadSpec` (pydantic, embeddable in scenario YAML) and the send schedule.
 - :mod:`chaos.load.engine`: the asyncio HTTP/1.1 keep-alive client that follows the schedule.
 - :mod:`chaos.load.run`: :class:`LoadRun`, the engine in a background thread or child process.
 - :mod:`chaos.load.summary`: pure functions over the events (error rate, latency percentiles, achieved
@@ -24,7 +24,19 @@ Event kinds (source ``load`` unless renamed):
 
 from chaos.load.engine import LOAD_END, LOAD_REQUEST, LOAD_START, LoadEngine
 from chaos.load.run import LoadRun
-from chaos.load.spec import (
+from chaos.load.summary import (
+    LoadStats,
+    achieved_rate,
+    backend_shares,
+    error_rate,
+    latency_quantile,
+    percentile,
+    request_events,
+    run_bounds,
+    summarize,
+    windows,
+)
+from chaos.spec.load import (
     BodyFile,
     Burst,
     BurstPattern,
@@ -39,18 +51,6 @@ from chaos.load.spec import (
     priority_sequence,
     rate_segments,
     schedule,
-)
-from chaos.load.summary import (
-    LoadStats,
-    achieved_rate,
-    backend_shares,
-    error_rate,
-    latency_quantile,
-    percentile,
-    request_events,
-    run_bounds,
-    summarize,
-    windows,
 )
 
 __all__ = [

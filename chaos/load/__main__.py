@@ -29,11 +29,11 @@ from pathlib import Path
 import yaml
 from pydantic import JsonValue, ValidationError
 
-from chaos.history import Event, History
+from chaos.history.timeline import Event, History
 from chaos.load.engine import LOAD_REQUEST, LoadEngine
-from chaos.load.spec import LoadSpec
 from chaos.load.summary import LoadStats, summarize, windows
-from chaos.units import format_duration, parse_duration
+from chaos.spec.load import LoadSpec
+from chaos.spec.units import format_duration, parse_duration
 
 
 def _parser() -> argparse.ArgumentParser:

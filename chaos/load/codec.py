@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from chaos.load.spec import BodyFile, HeaderField, HeaderMatch, JsonField, JsonMatch, LoadSpec
+from chaos.spec.load import BodyFile, HeaderField, HeaderMatch, JsonField, JsonMatch, LoadSpec
 
 _FALSY = frozenset({"", "0", "false", "no", "off"})
 MISSING: Any = object()  # a JSON path that leads nowhere (distinct from a JSON null)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import time
 
-from chaos.history import Event, History
+from chaos.history.timeline import Event, History
 from chaos.load.run import LoadRun
-from chaos.load.spec import LoadSpec, ScenarioLoad
+from chaos.spec.load import LoadSpec, ScenarioLoad
 
 
 class LoadDriver:

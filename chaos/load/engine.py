@@ -1,7 +1,7 @@
 """The open-loop HTTP/1.1 client behind the load generator: one asyncio loop, keep-alive connections.
 
 Contract:
-- Sends follow :func:`chaos.load.spec.schedule` and nothing else. A request that finds ``max_in_flight``
+- Sends follow :func:`chaos.spec.load.schedule` and nothing else. A request that finds ``max_in_flight``
   requests outstanding is recorded as ``dropped_client`` at its due time instead of waiting, so a slow
   server can never slow the sender (no coordinated omission).
 - Latency and the timeout both count from the SCHEDULED send time, so the generator's own lateness shows up
@@ -26,9 +26,9 @@ from typing import Any
 
 from pydantic import JsonValue
 
-from chaos.history import Event
+from chaos.history.timeline import Event
 from chaos.load.codec import Codec
-from chaos.load.spec import LOAD_END, LOAD_REQUEST, LOAD_START, LoadSpec, priority_sequence, schedule
+from chaos.spec.load import LOAD_END, LOAD_REQUEST, LOAD_START, LoadSpec, priority_sequence, schedule
 
 __all__ = ["LOAD_END", "LOAD_REQUEST", "LOAD_START", "LoadEngine"]
 

@@ -27,9 +27,9 @@ from typing import Literal
 
 from pydantic import JsonValue
 
-from chaos.history import Event, History
+from chaos.history.timeline import Event, History
 from chaos.load.engine import LOAD_END, LOAD_START, LoadEngine
-from chaos.load.spec import LoadSpec
+from chaos.spec.load import LoadSpec
 
 _ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding the chaos package
 

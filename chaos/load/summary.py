@@ -1,6 +1,6 @@
 """Pure functions over ``load.request`` events: what checks and reports ask of a load run.
 
-Every function takes any iterable of events (a :class:`~chaos.history.History` works) and looks at the
+Every function takes any iterable of events (a :class:`~chaos.history.timeline.History` works) and looks at the
 ``load.request`` ones, and at ``load.start`` / ``load.end`` for the run's bounds. Requests are placed in time by their SCHEDULED send time (``scheduled_ns``), so a
 window holds the requests the generator was asked to send in it, however late their answers came.
 
@@ -18,8 +18,8 @@ from collections.abc import Iterable, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from chaos.history import Event
-from chaos.load.spec import LOAD_END, LOAD_REQUEST, LOAD_START
+from chaos.history.timeline import Event
+from chaos.spec.load import LOAD_END, LOAD_REQUEST, LOAD_START
 
 
 def run_bounds(events: Iterable[Event], *, source: str | None = None) -> tuple[int, int] | None:

@@ -15,7 +15,7 @@ from chaos.report.html import write_html_report
 from chaos.report.serving import serving_summary, write_serving_report
 
 if TYPE_CHECKING:
-    from chaos.runner import RunResult
+    from chaos.run.result import RunResult
 
 
 def _atomic_write(path: Path, text: str) -> None:

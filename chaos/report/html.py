@@ -27,8 +27,8 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from chaos.checks.base import CheckResult
-from chaos.history import FAULT_APPLIED, FAULT_FAILED, FAULT_HEALED, Event
-from chaos.plan import PlannedOp
+from chaos.history.timeline import FAULT_APPLIED, FAULT_FAILED, FAULT_HEALED, Event
+from chaos.plan.build import PlannedOp
 from chaos.report.timeline import POST_RUN, origin_of, plot_run_timeline
 
 REPORT_HTML = "report.html"

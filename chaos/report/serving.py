@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from chaos.checks._evidence import origin_ns
 from chaos.checks.base import CheckResult
-from chaos.checks.serving_windows import (
+from chaos.checks.serving.windows import (
     BACKEND_UP,
     FaultSpan,
     OpTime,
@@ -42,12 +42,12 @@ from chaos.checks.serving_windows import (
     priority_of,
     resolve_window,
 )
-from chaos.history import FAULT_APPLIED, Event, History
+from chaos.history.timeline import FAULT_APPLIED, Event, History
 from chaos.load.summary import is_ok, latency_s, percentile, request_events, responded, scheduled_ns, status_of
-from chaos.targets.serving.config import PRIMARY
+from chaos.spec.serving import PRIMARY
 
 if TYPE_CHECKING:
-    from chaos.scenario import Scenario
+    from chaos.spec.scenario import Scenario
 
 TIMELINE_PNG = "serving-timeline.png"
 SERVING_HTML = "serving.html"

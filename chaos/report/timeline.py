@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from chaos.history import (
+from chaos.history.timeline import (
     FAULT_APPLIED,
     FAULT_FAILED,
     FAULT_HEALED,

@@ -23,7 +23,7 @@ from pydantic import JsonValue
 from chaos.cluster.base import HostProcess, Transport
 from chaos.cluster.local import LocalTransport
 from chaos.events import ENV_EVENTS, STDOUT_PREFIX, STDOUT_SINK
-from chaos.history import TARGET_EXIT, Event, EventFileTail, LogMatcher, now_ns, parse_event_line
+from chaos.history.timeline import TARGET_EXIT, Event, EventFileTail, LogMatcher, now_ns, parse_event_line
 
 
 class Target(Protocol):

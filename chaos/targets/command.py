@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from chaos.cluster.base import Transport
-from chaos.history import Event, LogMatcher
-from chaos.scenario import CommandTarget
+from chaos.history.timeline import Event, LogMatcher
+from chaos.spec.scenario import CommandTarget
 from chaos.targets.base import SpawnedJob
 
 

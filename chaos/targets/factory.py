@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from chaos.cluster.hosts import HostSet
 from chaos.cluster.local import LocalTransport
-from chaos.hosts import HostSet
-from chaos.scenario import Scenario, TorchrunTarget
+from chaos.spec.scenario import Scenario, TorchrunTarget
+from chaos.spec.serving import ServingTarget
+from chaos.spec.targets import HttpTarget
 from chaos.targets.base import Target
 from chaos.targets.command import CommandJob
-from chaos.targets.http import HttpJob, HttpTarget
-from chaos.targets.serving.config import ServingTarget
+from chaos.targets.http import HttpJob
 from chaos.targets.torchrun import TorchrunJob
 from chaos.targets.torchrun_nodes import MultiNodeTorchrunJob, Node
 
@@ -28,7 +29,7 @@ def make_target(
     if isinstance(spec, TorchrunTarget):
         return TorchrunJob(spec, transport, run_dir, seed, extra_env)
     if isinstance(spec, ServingTarget):
-        from chaos.targets.serving.job import ServingJob  # its processes import torch; the harness need not
+        from chaos.targets.reference.serving.job import ServingJob  # its processes import torch; the harness need not
 
         return ServingJob(spec, transport, run_dir, seed, extra_env)
     if isinstance(spec, HttpTarget):

@@ -10,32 +10,12 @@ from __future__ import annotations
 import http.client
 import threading
 import time
-from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-from chaos.history import Event, now_ns
-from chaos.units import Duration, check_http_url
+from chaos.history.timeline import Event, now_ns
+from chaos.spec.targets import HttpTarget
 
 TARGET_READY = "target.ready"
-
-
-class HttpTarget(BaseModel):
-    """A serving endpoint that is already running: the gateway of a user's own fleet."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    type: Literal["http"]
-    url: str = Field(description="base URL of the endpoint, e.g. http://gateway.staging:8080")
-    health: str | None = Field(
-        default=None, description="path polled until it answers 2xx/3xx before the run starts (null: any answer)"
-    )
-    ready_timeout: Duration = Field(default=60.0, gt=0, description="give up when it is not ready by then")
-
-    @field_validator("url")
-    @classmethod
-    def _url(cls, url: str) -> str:
-        return check_http_url(url).rstrip("/")
 
 
 class HttpJob:

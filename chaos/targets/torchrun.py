@@ -19,12 +19,12 @@ from pathlib import Path
 
 from chaos.cluster.base import Transport
 from chaos.cluster.local import process_start_time
-from chaos.history import TARGET_START, Event, LogMatcher
-from chaos.scenario import TorchrunTarget
+from chaos.history.timeline import TARGET_START, Event, LogMatcher
+from chaos.spec.scenario import TorchrunTarget
 from chaos.targets.base import SpawnedJob
 from chaos.targets.command import expand
 
-LOCAL_HOST = "local"  # the host name of this machine in rank tables (chaos.hosts.LOCAL)
+LOCAL_HOST = "local"  # the host name of this machine in rank tables (chaos.cluster.hosts.LOCAL)
 
 TORCHRUN_MATCHERS = (
     # The elastic agent noticed a worker died: the launcher's own detection.

@@ -26,8 +26,8 @@ from functools import partial
 from pathlib import Path
 
 from chaos.cluster.base import Transport, TransportError, host_python, kill_if_same, pid_start_time
-from chaos.history import TARGET_EXIT, TARGET_START, Event, now_ns
-from chaos.scenario import TorchrunTarget
+from chaos.history.timeline import TARGET_EXIT, TARGET_START, Event, now_ns
+from chaos.spec.scenario import TorchrunTarget
 from chaos.targets.base import SpawnedJob
 from chaos.targets.torchrun import RankTable, torchrun_env, torchrun_matchers, torchrun_tail
 

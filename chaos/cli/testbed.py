@@ -1,0 +1,176 @@
+"""``mlchaos testbed up|down|status``: a multi-host testbed on this machine (see :mod:`chaos.cluster.testbed.namespaces`),
+or with ``--docker`` one of Docker containers (see :mod:`chaos.cluster.testbed.containers`).
+
+``register(app)`` adds the ``testbed`` sub-app to the main Typer app. ``up`` prints only the inventory path
+on stdout (progress goes to stderr), so ``INV=$(mlchaos testbed up --hosts 3)`` works in scripts.
+Exit codes: 0 done / healthy, 1 failed / not healthy.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from chaos.cluster.testbed import containers as docker_testbed
+from chaos.cluster.testbed import namespaces as testbed
+
+_err = Console(stderr=True)
+
+Docker = Annotated[
+    bool,
+    typer.Option("--docker", help="a testbed of Docker containers (state: <mlchaos state dir>/docker-testbed)"),
+]
+
+StateDir = Annotated[
+    Path | None,
+    typer.Option("--state-dir", help="testbed state folder (default: <mlchaos state dir>/testbed)"),
+]
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``testbed`` command group to ``app``."""
+    group = typer.Typer(
+        help="Hosts on this machine: network namespaces on a private bridge, each with a real sshd (root); "
+        "with --docker, containers on a private Docker network.",
+        no_args_is_help=True,
+    )
+    group.command("up")(up)
+    group.command("down")(down)
+    group.command("status")(status)
+    app.add_typer(group, name="testbed")
+
+
+def _say(line: str) -> None:
+    _err.print(escape(line))
+
+
+def up(
+    hosts: Annotated[int, typer.Option("--hosts", "-n", min=1, max=testbed.MAX_HOSTS, help="number of hosts")] = 3,
+    state_dir: StateDir = None,
+    subnet: Annotated[str | None, typer.Option(help="IPv4 /24 (default: a free 10.213.X.0/24)")] = None,  # noqa: UP007
+    docker: Docker = False,
+    share: Annotated[
+        list[Path] | None,  # noqa: UP007
+        typer.Option(
+            "--share",
+            help="--docker: a folder bind-mounted read-write at the same path in every container (repeatable; "
+            "default: /tmp and ./reports)",
+        ),
+    ] = None,
+) -> None:
+    """Build or repair an N-host testbed; print the inventory file's path."""
+    if docker:
+        _docker_up(hosts, state_dir, subnet, share)
+        return
+    if share:
+        _err.print("[red]--share needs --docker[/red] (namespace hosts already share this filesystem)")
+        raise typer.Exit(1)
+    try:
+        testbed.up(hosts, state_dir, subnet=subnet, log=_say)
+    except testbed.TestbedError as exc:
+        _err.print(f"[red]testbed up failed:[/red] {escape(str(exc))}")
+        _err.print("run `mlchaos testbed down` to remove what was built")
+        raise typer.Exit(1) from None
+    typer.echo(str(testbed.Layout.of(state_dir or testbed.default_state_dir()).inventory))
+
+
+def down(
+    state_dir: StateDir = None,
+    all_: Annotated[
+        bool, typer.Option("--all", help="remove EVERY chaos-tb namespace and chtb link here, whoever made them")
+    ] = False,
+    docker: Docker = False,
+) -> None:
+    """Remove the testbed: its processes, namespaces, links and files (--docker: containers, network, image)."""
+    try:
+        if docker:
+            lines = docker_testbed.down_all(log=_say) if all_ else docker_testbed.down(state_dir, log=_say)
+        else:
+            lines = testbed.down_all(log=_say) if all_ else testbed.down(state_dir, log=_say)
+    except testbed.TestbedError as exc:
+        _err.print(f"[red]testbed down failed:[/red] {escape(str(exc))}")
+        raise typer.Exit(1) from None
+    if not lines:
+        _say("nothing to remove")
+
+
+def status(state_dir: StateDir = None, docker: Docker = False) -> None:
+    """Show each host's namespace, sshd and reachability (--docker: container, state, address, exec); exit 1
+    unless all are healthy."""
+    if docker:
+        _docker_status(state_dir)
+        return
+    try:
+        state = testbed.status(state_dir)
+    except testbed.TestbedError as exc:
+        _err.print(f"[red]testbed status failed:[/red] {escape(str(exc))}")
+        raise typer.Exit(1) from None
+    console = Console()
+    if not state.built:
+        console.print(f"no testbed is up for {escape(str(state.state_dir))}")
+        raise typer.Exit(1)
+    table = Table(title=f"testbed {state.tag} on {state.subnet or '?'}")
+    for column in ("host", "namespace", "address", "sshd pid", "reachable"):
+        table.add_column(column)
+    for host in state.hosts:
+        table.add_row(
+            host.name,
+            host.namespace if host.namespace_exists else f"[red]{host.namespace} (missing)[/red]",
+            host.address,
+            str(host.sshd_pid) if host.sshd_pid is not None else "[red]not running[/red]",
+            "yes" if host.reachable else "[red]no[/red]",
+        )
+    table.caption = (
+        f"root link: {'up' if state.root_link else 'MISSING'}, hub: {'up' if state.hub else 'MISSING'}; "
+        f"inventory: {state.inventory or 'none'}"
+    )
+    console.print(table)
+    if not state.healthy:
+        console.print("[red]not healthy[/red]: `mlchaos testbed up` repairs it")
+        raise typer.Exit(1)
+
+
+def _docker_up(hosts: int, state_dir: Path | None, subnet: str | None, shares: list[Path] | None) -> None:
+    if subnet is not None:
+        _err.print("[red]--subnet is not supported with --docker[/red] (a free 10.214.X.0/24 is chosen)")
+        raise typer.Exit(1)
+    try:
+        docker_testbed.up(hosts, state_dir, shares=shares or None, log=_say)
+    except docker_testbed.TestbedError as exc:
+        _err.print(f"[red]docker testbed up failed:[/red] {escape(str(exc))}")
+        _err.print("run `mlchaos testbed down --docker` to remove what was built")
+        raise typer.Exit(1) from None
+    typer.echo(str(docker_testbed.Layout.of(state_dir or docker_testbed.default_state_dir()).inventory))
+
+
+def _docker_status(state_dir: Path | None) -> None:
+    try:
+        state = docker_testbed.status(state_dir)
+    except docker_testbed.TestbedError as exc:
+        _err.print(f"[red]testbed status failed:[/red] {escape(str(exc))}")
+        raise typer.Exit(1) from None
+    console = Console()
+    if not state.built:
+        console.print(f"no docker testbed is up for {escape(str(state.state_dir))}")
+        raise typer.Exit(1)
+    table = Table(title=f"docker testbed {state.tag} on {state.subnet or '?'}")
+    for column in ("host", "container", "state", "address", "exec"):
+        table.add_column(column)
+    for host in state.hosts:
+        table.add_row(
+            host.name,
+            host.container,
+            host.state if host.state == "running" else f"[red]{host.state}[/red]",
+            host.address or "[red]none[/red]",
+            "ok" if host.exec_ok else "[red]fails[/red]",
+        )
+    table.caption = f"network {state.network}: {'up' if state.network_exists else 'MISSING'}; inventory: {state.inventory or 'none'}"
+    console.print(table)
+    if not state.healthy:
+        console.print("[red]not healthy[/red]: `mlchaos testbed up --docker` repairs it")
+        raise typer.Exit(1)

@@ -1,0 +1,1 @@
+"""The extension points: the Injector and Check contracts and the entry-point registry that finds them."""

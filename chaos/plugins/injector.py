@@ -1,0 +1,152 @@
+"""The injector contract (a Jepsen nemesis / a toxiproxy toxic) and the values passed across it.
+
+Life of one fault op, driven by the runner so that no injector can get the order wrong:
+
+1. ``check(ctx, params)`` before anything is applied: raise :class:`Unsupported` with the reason.
+2. ``prepare(ctx, op)`` resolves the fault's targets (pids, hosts …) WITHOUT changing anything and returns
+   an :class:`Applied` record holding everything needed to undo it.
+3. The runner journals that record (fsync) and arms the dead-man reverter from ``revert_command``: on the
+   fault's host (a detached ``sh`` there), or on the harness's machine when the injector class sets
+   ``revert_on_harness = True`` (its revert is a command for this machine, e.g. ``docker start``).
+4. ``apply(ctx, applied)`` changes the world.
+5. ``heal(ctx, applied)`` undoes it; idempotent, safe after a crash, safe when the target is gone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, JsonValue
+
+if TYPE_CHECKING:
+    from chaos.cluster.base import Transport
+    from chaos.history.timeline import History
+
+
+class Unsupported(Exception):
+    """This fault cannot run here (missing kernel feature, tool or permission); the message says why."""
+
+
+class InjectionError(RuntimeError):
+    """A fault could not be applied (its target vanished, a command failed)."""
+
+
+class FaultOp(BaseModel):
+    """One planned firing of a fault: which injector, with which params, for how long."""
+
+    model_config = ConfigDict(frozen=True)
+
+    op_id: str
+    fault: str
+    injector: str
+    params: BaseModel
+    duration_s: float | None = None
+
+
+class Applied(BaseModel):
+    """What a fault changed, in enough detail to undo it from the journal alone (even in another process)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    op_id: str
+    fault: str
+    injector: str
+    host: str = "local"
+    duration_s: float | None = None
+    reversible: bool = True
+    state: dict[str, JsonValue] = {}
+    description: str = ""
+
+
+@runtime_checkable
+class RankResolver(Protocol):
+    """A target that knows which host process runs each rank (e.g. torchrun)."""
+
+    def pids_for_rank(self, rank: int) -> list[int]: ...
+
+    def ranks(self) -> list[int]: ...
+
+
+@runtime_checkable
+class ReplicaResolver(Protocol):
+    """A serving target that knows which process runs each replica (the reference serving stack)."""
+
+    def pids_for_replica(self, name: str) -> list[int]: ...
+
+    def replicas(self) -> list[str]: ...
+
+
+@dataclass
+class InjectionContext:
+    """What an injector may use: the host transport, the target (for rank lookups) and the history."""
+
+    transport: Transport
+    history: History | None = None
+    target: object | None = None
+    extras: dict[str, object] = field(default_factory=dict)
+
+    def rank_resolver(self) -> RankResolver:
+        if isinstance(self.target, RankResolver):
+            return self.target
+        raise InjectionError("this target does not report ranks; select processes by pid or name instead")
+
+    def replica_resolver(self) -> ReplicaResolver:
+        if isinstance(self.target, ReplicaResolver):
+            return self.target
+        raise InjectionError("this target has no replicas; select processes by pid or name instead")
+
+
+class Injector(Protocol):
+    """A fault family member, registered under its YAML ``type`` name."""
+
+    name: ClassVar[str]
+    Params: ClassVar[type[BaseModel]]
+    summary: ClassVar[str]
+
+    def check(self, ctx: InjectionContext, params: BaseModel) -> None: ...
+
+    def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied: ...
+
+    def apply(self, ctx: InjectionContext, applied: Applied) -> None: ...
+
+    def heal(self, ctx: InjectionContext, applied: Applied) -> None: ...
+
+    def revert_command(self, applied: Applied) -> list[str] | None:
+        """Argv that undoes ``applied`` on its host without the harness (for the dead-man switch)."""
+        ...
+
+
+class InJobInjector:
+    """Base for faults applied INSIDE the target process by the in-job agent (:mod:`chaos.agent`).
+
+    The harness never applies these itself: the runner hands their ops to the job in the plan file named by
+    ``CHAOS_PLAN``, the agent fires them at exact (rank, step, phase) points and reports ``fault.applied`` /
+    ``fault.healed`` through the job's event file. There is nothing to heal from outside: the corruption
+    lives in the process's own memory and dies with it.
+    """
+
+    in_job: ClassVar[bool] = True
+    name: ClassVar[str]
+    Params: ClassVar[type[BaseModel]]
+    summary: ClassVar[str]
+
+    def check(self, ctx: InjectionContext, params: BaseModel) -> None:
+        """In-job faults need nothing from the host; the runner checks their triggers."""
+
+    def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
+        raise InjectionError(f"{self.name} is applied by the in-job agent, not by the harness")
+
+    def apply(self, ctx: InjectionContext, applied: Applied) -> None:
+        raise InjectionError(f"{self.name} is applied by the in-job agent, not by the harness")
+
+    def heal(self, ctx: InjectionContext, applied: Applied) -> None:
+        """Nothing to undo from outside the job."""
+
+    def revert_command(self, applied: Applied) -> list[str] | None:
+        return None
+
+
+def is_in_job(injector: object) -> bool:
+    """True for injectors whose faults the job's own agent applies."""
+    return bool(getattr(injector, "in_job", False))

@@ -1,0 +1,620 @@
+"""The only orchestrator: load -> plan -> setup -> run -> heal (finally) -> golden -> check -> report.
+
+Guarantees:
+- Capabilities are checked for every fault before anything is applied (``Unsupported`` refuses the run).
+- Every fault is journaled (fsync) and, when it has a duration, covered by a detached dead-man reverter
+  BEFORE the world changes; heal runs in ``finally`` in reverse order, also on SIGINT/SIGTERM.
+- A run that stops making progress is ended with a ``no progress`` verdict instead of hanging.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+from chaos.checks.base import CheckResult
+from chaos.cluster.base import TransportError
+from chaos.cluster.hosts import LOCAL, HostsError, HostSet
+from chaos.cluster.local import LocalTransport
+from chaos.history.timeline import (
+    FAULT_APPLIED,
+    FAULT_FAILED,
+    FAULT_HEALED,
+    RUNNER_GOLDEN,
+    TARGET_EXIT,
+    TARGET_STEP,
+    Event,
+    History,
+)
+from chaos.load.driver import LoadDriver
+from chaos.plan.agent_plan import ENV_PLAN, InJobOp, write_plan
+from chaos.plan.build import Plan, PlannedOp, fault_op, make_plan
+from chaos.plugins import registry
+from chaos.plugins.injector import Applied, InjectionContext, InjectionError, Injector, Unsupported, is_in_job
+from chaos.report.files import write_reports
+from chaos.run.control import Order, RunControl
+from chaos.run.golden import Golden, golden_outcome
+from chaos.run.result import EXIT_FAIL, EXIT_HARNESS, EXIT_INVALID, EXIT_PASS, RunResult, RunStatus, Verdict
+from chaos.safety import deadman, remote_deadman
+from chaos.safety.cleanup import heal_leftovers
+from chaos.safety.journal import Journal
+from chaos.safety.signals import signals_raise
+from chaos.spec.scenario import FaultSpec, HostSelector, Scenario, ScenarioError, TorchrunTarget
+from chaos.targets.factory import make_target
+from chaos.targets.torchrun_nodes import MultiNodeTorchrunJob
+
+POLL_S = 0.05
+
+
+class RunRefused(Exception):
+    """The run cannot start here (a fault is unsupported, a target is missing); nothing was applied."""
+
+
+class RunInterrupted(Exception):
+    """SIGTERM/SIGHUP reached the harness; raised in the main thread so ``finally`` heals."""
+
+
+@dataclass
+class RunOptions:
+    """How to run: where reports go, seed override, golden-run policy, safety overrides."""
+
+    report_root: Path = Path("reports")
+    seed: int | None = None
+    golden: bool = True
+    golden_cache: bool = True
+    scenario_file: Path | None = None
+    inventory: Path | None = None
+    nodes: HostSelector | None = None  # run a torchrun target across these inventory hosts (--nodes)
+    control: RunControl | None = None  # operator commands (game day): inject now, heal all, abort, note
+
+
+Listener = Callable[[str], None]
+StatusListener = Callable[[RunStatus], None]
+
+
+def _quiet(_: object) -> None:
+    pass
+
+
+def _in_job_plan(plan: Plan, run_dir: Path) -> tuple[list[PlannedOp], Path]:
+    """Split off the ops the job's agent fires itself and write them to the plan file it reads."""
+    in_job = [op for op in plan.ops if is_in_job(registry.injectors()[op.injector])]
+    path = run_dir / "chaos-plan.json"
+    write_plan(
+        path,
+        plan.seed,
+        [
+            InJobOp(
+                op_id=op.op_id,
+                fault=op.fault,
+                injector=op.injector,
+                params=op.params,
+                at_step=op.at_step if op.at_step is not None else -1,
+                rank=op.rank,
+            )
+            for op in in_job
+        ],
+    )
+    return in_job, path
+
+
+@dataclass
+class _ActiveFault:
+    """A fault applied on one host, with what it takes to heal it there."""
+
+    op: PlannedOp
+    injector: Injector
+    applied: Applied
+    ctx: InjectionContext
+    deadman_pid: int | None
+    remote_marker: str | None
+    heal_at: float | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.heal_at = time.monotonic() + self.op.duration_s if self.op.duration_s is not None else None
+
+
+class _Execution:
+    """State of one run in progress (one target, one journal, one history)."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        plan: Plan,
+        run_dir: Path,
+        history: History,
+        log: Listener,
+        status: StatusListener,
+        hosts: HostSet,
+        control: RunControl | None = None,
+    ) -> None:
+        self.scenario = scenario
+        self.hosts = hosts
+        self.control = control
+        self.plan = plan
+        self.run_dir = run_dir
+        self.history = history
+        self.log = log
+        self.status = status
+        self.transport = LocalTransport()
+        self.journal = Journal.for_run(run_dir.name)
+        self.in_job, plan_file = _in_job_plan(plan, run_dir)
+        self.target = make_target(scenario, self.transport, run_dir, plan.seed, {ENV_PLAN: str(plan_file)}, hosts)
+        self.ctx = InjectionContext(self.transport, history=history, target=self.target)
+        self.load = LoadDriver(scenario.load, history, plan.seed) if scenario.load is not None else None
+        self.pending: list[PlannedOp] = [op for op in plan.ops if op not in self.in_job]
+        self.active: list[_ActiveFault] = []
+        self.fired = 0
+        self.step: int | None = None
+        self.event_counts: dict[str, int] = {}
+        self.ended_by = ""
+        self._lock = threading.Lock()  # active faults and counters: per-host applies and heals run in threads
+
+    # -- setup -------------------------------------------------------------------------------------------
+    def refuse_unsupported(self) -> None:
+        """Probe every target node and every fault on every host it may hit, before anything starts;
+        RunRefused says why not (an unreachable host or a missing container is named here, not mid-run)."""
+        if isinstance(self.target, MultiNodeTorchrunJob):
+            for node in self.target.nodes:
+                try:
+                    node.transport.run(["true"], timeout=30, check=True)
+                except TransportError as exc:
+                    raise RunRefused(f"target node {node.name!r} is not usable: {exc}") from None
+        for fault in self.scenario.faults:
+            injector = registry.injector(fault.type)
+            if is_in_job(injector) and fault.trigger.at_step is None:
+                raise RunRefused(
+                    f"fault {fault.name!r} ({fault.type}) is applied inside the job at a training step: "
+                    f"use trigger: {{at_step: N, rank: R}} (got {fault.trigger.kind})"
+                )
+            first_op = next((op for op in self.plan.ops if op.fault == fault.name), None)
+            try:
+                if _rank_of(fault) is not None and isinstance(self.target, MultiNodeTorchrunJob):
+                    names = [node.name for node in self.target.nodes]  # the rank may land on any of them
+                    self.hosts.refuse_protected(fault, names)
+                else:
+                    names = self.hosts.resolve(fault, first_op.op_id if first_op else fault.name, self.plan.seed)
+                for name in names:
+                    injector.check(self._ctx(name), fault.params)
+            except Unsupported as exc:
+                raise RunRefused(f"fault {fault.name!r} ({fault.type}) is not supported here: {exc}") from None
+            except (HostsError, TransportError) as exc:
+                raise RunRefused(f"fault {fault.name!r} ({fault.type}): {exc}") from None
+
+    def _hosts_of(self, fault: FaultSpec, op_id: str) -> list[str]:
+        """Where an op lands now. A rank (``hosts: {rank: R}``, or a process fault's ``rank`` param without
+        ``hosts``) of a multi-node job means the host that runs that rank at this moment."""
+        rank = _rank_of(fault)
+        if rank is not None and isinstance(self.target, MultiNodeTorchrunJob):
+            host = self.target.host_for_rank(rank)
+            if host is None:
+                raise HostsError(f"rank {rank} has not reported a start yet, so its host is unknown")
+            self.hosts.refuse_protected(fault, [host])
+            return [host]
+        return self.hosts.resolve(fault, op_id, self.plan.seed)
+
+    def _ctx(self, host: str) -> InjectionContext:
+        if host == LOCAL:
+            return self.ctx
+        extras: dict[str, object] = {"host": host, "inventory": self.hosts.inventory}
+        return InjectionContext(self.hosts.transport(host), history=self.history, target=self.target, extras=extras)
+
+    # -- the loop ----------------------------------------------------------------------------------------
+    def run(self) -> None:
+        """Start the target and drive the run until it ends. A target with a ``ready_event`` (a serving stack)
+        starts the fault clock and the load when that event arrives; any other target starts both at once.
+        A run with a load ends when the load has finished."""
+        safety = self.scenario.safety
+        run_began = time.monotonic()
+        self.target.start()
+        self.history.record("runner.target_started", target=self.target.describe())
+        ready_kind: str | None = getattr(self.target, "ready_event", None)
+        started: float | None = None if ready_kind else self._clock_start()
+        last_progress = run_began
+        while True:
+            now = time.monotonic()
+            if self.control is not None and not self._obey(self.control.drain()):
+                return
+            exited = False
+            for event in self.target.poll_events():
+                self.history.append(event)
+                exited = exited or event.kind == TARGET_EXIT
+                if event.kind == TARGET_STEP:
+                    last_progress = now
+                    step = event.get_int("step")
+                    if step is not None:
+                        self.step = step if self.step is None else max(self.step, step)
+                if started is None and event.kind == ready_kind:
+                    started = last_progress = self._clock_start()
+                self._on_event(event)
+                if any(event.matches(pattern) for pattern in safety.abort_on):
+                    self._end(f"abort: {event.kind} matched safety.abort_on")
+                    return
+            if exited:
+                self._end(f"target exited ({self.target.exit_code()})")
+                return
+            if self.load is not None and self.load.finished():
+                self._end("load finished")
+                return
+            if self.load is not None and self.load.started:
+                last_progress = max(last_progress, self.load.last_activity)
+            if started is None:  # still waiting for the target to be ready: no faults yet
+                if now - run_began > safety.max_duration:
+                    self._end(f"max_duration {safety.max_duration:g}s reached before the target was ready")
+                    return
+                if safety.no_progress_timeout is not None and now - run_began > safety.no_progress_timeout:
+                    self.history.record("runner.no_progress", seconds=round(now - run_began, 3), step=None)
+                    self._end(f"no progress: the target was not ready ({ready_kind}) within {safety.no_progress_timeout:g}s")
+                    return
+                time.sleep(POLL_S)
+                continue
+            elapsed = now - started
+            for op in [op for op in self.pending if op.at_s is not None and op.at_s <= elapsed]:
+                self._fire(op)
+            due = [a for a in self.active if a.heal_at is not None and a.heal_at <= now]
+            if due:
+                self._parallel([partial(self._heal, active) for active in due])
+            if elapsed > safety.max_duration:
+                self._end(f"max_duration {safety.max_duration:g}s reached")
+                return
+            timeout = safety.no_progress_timeout
+            if timeout is not None and now - last_progress > timeout:
+                self.history.record("runner.no_progress", seconds=round(now - last_progress, 3), step=self.step)
+                self._end(f"no progress: no target.step for {timeout:g}s")
+                return
+            self.status(
+                RunStatus(elapsed, self.step, [a.op.op_id for a in self.active], self.fired, len(self.plan.ops))
+            )
+            time.sleep(POLL_S)
+
+    def _clock_start(self) -> float:
+        """The fault clock starts now (``trigger.after`` counts from here); so does the load, if any."""
+        if self.load is not None:
+            spec = self.load.start(getattr(self.target, "url", None))
+            self.history.record("runner.load_started", url=spec.url, rate=spec.rate, duration_s=spec.duration)
+            self.log(f"load: {spec.rate:g} req/s {spec.method} {spec.url} for {spec.duration:g}s")
+        return time.monotonic()
+
+    def _obey(self, orders: list[Order]) -> bool:
+        """Carry out operator commands in order; False when one ended the run."""
+        for order in orders:
+            if order.command == "note":
+                self.history.record("runner.note", text=order.text, author=order.author)
+                continue
+            self.history.record("runner.operator", command=order.command, text=order.text, author=order.author)
+            if order.command == "abort":
+                self._end(f"aborted by the operator: {order.text}" if order.text else "aborted by the operator")
+                return False
+            if order.command == "heal_all":
+                self.log(f"operator: heal all ({len(self.active)} active)")
+                self._parallel([partial(self._heal, active) for active in list(self.active)])
+            elif order.command == "inject_next":
+                upcoming = sorted(self.pending, key=lambda op: (op.at_s is None, op.at_s or 0.0))
+                if not upcoming:
+                    self.log("operator: inject next: no fault is pending")
+                    continue
+                self.log(f"operator: inject {upcoming[0].op_id} now")
+                self._fire(upcoming[0])
+        return True
+
+    def stop_load(self) -> None:
+        if self.load is not None:
+            self.load.stop()
+
+    def _end(self, why: str) -> None:
+        self.ended_by = why
+        self.history.record("runner.end", reason=why)
+        self.log(f"run ended: {why}")
+
+    def _on_event(self, event: Event) -> None:
+        if event.kind == FAULT_APPLIED and event.source == "target":
+            self.fired += 1  # an in-job fault, fired by the job's agent
+            self.log(f"fault applied in the job: {event.get_str('description') or event.get_str('op')}")
+        elif event.kind.startswith("detect."):
+            where = f" on rank {event.rank}" if event.rank is not None else ""
+            self.log(f"detected: {event.kind}{where}")
+        elif event.kind == "target.restart":
+            self.log(f"target restarted (attempt {event.get_int('attempt')})")
+        for op in list(self.pending):
+            if op.at_step is not None and event.kind == TARGET_STEP:
+                step = event.get_int("step")
+                if step is not None and step >= op.at_step and (op.rank is None or op.rank == event.rank):
+                    self._fire(op)
+            elif op.event_kind is not None and event.matches(op.event_kind):
+                if op.rank is not None and op.rank != event.rank:
+                    continue
+                key = op.op_id
+                self.event_counts[key] = self.event_counts.get(key, 0) + 1
+                if self.event_counts[key] >= (op.event_nth or 1):
+                    self._fire(op)
+
+    # -- faults ------------------------------------------------------------------------------------------
+    def _fire(self, op: PlannedOp) -> None:
+        radius = self.scenario.safety.blast_radius
+        if radius is not None and len(self.active) >= radius:
+            return  # stays pending: fires once an active fault heals
+        self.pending.remove(op)
+        try:
+            hosts = self._hosts_of(self.scenario.fault(op.fault), op.op_id)
+        except HostsError as exc:
+            self.history.record(FAULT_FAILED, fault=op.fault, op=op.op_id, injector=op.injector, error=str(exc))
+            self.log(f"fault {op.op_id} has no host: {exc}")
+            return
+        # One fault on many hosts is applied in parallel (bounded), so 16 hosts cost about what 1 costs.
+        self._parallel([partial(self._fire_on, op, h, op.op_id if h == LOCAL else f"{op.op_id}@{h}") for h in hosts])
+
+    @staticmethod
+    def _parallel(calls: list[Callable[[], None]]) -> None:
+        """Run ``calls`` on up to 8 threads (inline when there is one); the first exception propagates."""
+        if not calls:
+            return
+        if len(calls) == 1:
+            calls[0]()
+            return
+        with ThreadPoolExecutor(max_workers=min(8, len(calls)), thread_name_prefix="mlchaos-fault") as pool:
+            for future in [pool.submit(call) for call in calls]:
+                future.result()
+
+    def _fire_on(self, op: PlannedOp, host: str, journal_id: str) -> None:
+        injector = registry.injector(op.injector)
+        ctx = self._ctx(host)
+        placeholders = {"run_dir": str(self.run_dir.resolve()), "seed": str(self.plan.seed)}
+        fop = fault_op(op, self.scenario, placeholders).model_copy(update={"op_id": journal_id})
+        try:
+            applied = injector.prepare(ctx, fop).model_copy(update={"host": host})
+        except (InjectionError, ValueError, TransportError) as exc:
+            self.history.record(
+                FAULT_FAILED, fault=op.fault, op=op.op_id, injector=op.injector, host=host, error=str(exc)
+            )
+            self.log(f"fault {journal_id} could not be prepared: {exc}")
+            return
+        # Journal first, then the dead-man, then the world: a crash at any point leaves a healable record.
+        self.journal.intent(applied)
+        deadman_pid: int | None = None
+        remote_marker: str | None = None
+        revert = injector.revert_command(applied)
+        if op.duration_s is not None and revert:
+            fires_in = op.duration_s + self.scenario.safety.heal_grace
+            # Faults whose revert runs on this machine (e.g. `docker start` for a container fault) get the
+            # local dead-man even on a remote host: one inside a stopped container could not fire.
+            if host == LOCAL or _reverts_on_harness(injector, applied):
+                deadman_pid = deadman.arm(self.journal.path, journal_id, revert, fires_in)  # journals itself
+            else:
+                remote_marker = remote_deadman.arm(ctx.transport, journal_id, revert, fires_in)
+        try:
+            injector.apply(ctx, applied)
+        except (InjectionError, ValueError, OSError, TransportError) as exc:
+            self.journal.failed(journal_id, str(exc))
+            self._disarm(ctx, deadman_pid, remote_marker)
+            injector.heal(ctx, applied)
+            self.journal.healed(journal_id, "harness")
+            self.history.record(
+                FAULT_FAILED, fault=op.fault, op=op.op_id, injector=op.injector, host=host, error=str(exc)
+            )
+            self.log(f"fault {journal_id} failed: {exc}")
+            return
+        self.journal.applied(journal_id, applied.state)
+        with self._lock:
+            self.fired += 1
+        self.history.record(
+            FAULT_APPLIED,
+            fault=op.fault,
+            op=op.op_id,
+            injector=op.injector,
+            host=host,
+            description=applied.description,
+            duration_s=op.duration_s,
+        )
+        where = "" if host == LOCAL else f" on {host}"
+        self.log(f"fault applied{where}: {applied.description or op.op_id}")
+        if applied.reversible:
+            with self._lock:
+                self.active.append(_ActiveFault(op, injector, applied, ctx, deadman_pid, remote_marker))
+        else:
+            self.journal.healed(journal_id, "irreversible")
+
+    @staticmethod
+    def _disarm(ctx: InjectionContext, deadman_pid: int | None, remote_marker: str | None) -> None:
+        if deadman_pid is not None:
+            deadman.disarm(deadman_pid)
+        if remote_marker is not None:
+            remote_deadman.disarm(ctx.transport, remote_marker)
+
+    def _heal(self, active: _ActiveFault) -> None:
+        try:
+            active.injector.heal(active.ctx, active.applied)
+        finally:
+            self._disarm(active.ctx, active.deadman_pid, active.remote_marker)
+            with self._lock:
+                self.active.remove(active)
+        self.journal.healed(active.applied.op_id, "harness")
+        host = active.applied.host
+        self.history.record(
+            FAULT_HEALED, fault=active.op.fault, op=active.op.op_id, injector=active.op.injector, host=host
+        )
+        self.log(f"fault healed: {active.applied.op_id}")
+
+    def heal_all(self) -> list[str]:
+        """Heal every active fault, newest first, then anything the journal still lists as unhealed (a signal
+        can land between a fault's apply and its registration as active); returns errors, never stops early."""
+        errors = []
+        for active in reversed(list(self.active)):
+            try:
+                self._heal(active)
+            except Exception as exc:  # one failed heal must not stop the others
+                errors.append(f"{active.op.op_id}: {exc}")
+        for applied in self.journal.unhealed():
+            try:
+                ctx = self._ctx(applied.host)
+                registry.injector(applied.injector).heal(ctx, applied)
+                self._disarm(
+                    ctx,
+                    self.journal.deadman_pid(applied.op_id),
+                    None if applied.host == LOCAL else remote_deadman.marker(applied.op_id),
+                )
+                self.journal.healed(applied.op_id, "harness")
+                self.history.record(FAULT_HEALED, fault=applied.fault, op=applied.op_id, injector=applied.injector)
+            except Exception as exc:
+                errors.append(f"{applied.op_id}: {exc}")
+        return errors
+
+
+def _golden(scenario: Scenario, options: RunOptions, log: Listener) -> Golden | None:
+    """The golden outcome for this run (cached under ``<report root>/.golden``); a cache miss runs the job
+    again without faults, with this run's inventory (its nodes are already in the scenario's target)."""
+
+    def run_fault_free(fault_free: Scenario, report_root: Path) -> RunResult:
+        golden_options = RunOptions(
+            report_root=report_root, golden=False, inventory=options.inventory, scenario_file=options.scenario_file
+        )
+        return execute(fault_free, golden_options, log=_quiet)
+
+    return golden_outcome(
+        scenario, options.report_root / ".golden", use_cache=options.golden_cache, run_fault_free=run_fault_free, log=log
+    )
+
+
+def _reverts_on_harness(injector: object, applied: Applied) -> bool:
+    """Whether an op's dead-man must run on this machine: the injector's ``revert_on_harness`` flag, or its
+    ``revert_on_harness(applied)`` answer (e.g. a container's storage layer, mounted on the docker host)."""
+    flag = getattr(injector, "revert_on_harness", False)
+    return bool(flag(applied)) if callable(flag) else bool(flag)
+
+
+def _rank_of(fault: FaultSpec) -> int | None:
+    """The training rank that decides a fault's host: ``hosts.rank``, or (no ``hosts``) a ``rank`` param."""
+    if fault.hosts is not None:
+        return fault.hosts.rank
+    rank = getattr(fault.params, "rank", None)
+    return rank if isinstance(rank, int) else None
+
+
+def new_run_dir(root: Path, name: str) -> Path:
+    """A fresh, ABSOLUTE run folder under ``root``: the job's processes get it as ``{run_dir}`` and the plan
+    file's path, and on other hosts (SSH, containers) they do not start in the harness's working directory."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = root.absolute() / f"{name}-{stamp}-{secrets.token_hex(2)}"
+    run_dir.mkdir(parents=True, exist_ok=False)
+    return run_dir
+
+
+def _refused(
+    scenario: Scenario, plan: Plan, run_dir: Path, history: History, reason: str, options: RunOptions
+) -> RunResult:
+    """The result of a run refused before anything started (exit 2, reports written)."""
+    history.record("runner.refused", reason=reason)
+    history.close()
+    result = RunResult(scenario, plan, run_dir, history, [], "error", EXIT_INVALID, "refused", reason)
+    if options.scenario_file is not None:
+        result.extra["scenario_file"] = str(options.scenario_file)  # so the report's replay line names it
+    write_reports(result)
+    return result
+
+
+def execute(
+    scenario: Scenario,
+    options: RunOptions | None = None,
+    *,
+    log: Listener = _quiet,
+    status: StatusListener = _quiet,
+) -> RunResult:
+    """Run ``scenario`` once end to end and write its reports. Never leaves a fault applied."""
+    options = options or RunOptions()
+    refusal = ""
+    if options.nodes is not None:
+        if isinstance(scenario.target, TorchrunTarget):
+            scenario = scenario.model_copy(update={"target": scenario.target.model_copy(update={"nodes": options.nodes})})
+        else:
+            refusal = f"--nodes needs a torchrun target; {scenario.name!r} has a {scenario.target.type} target"
+    plan = make_plan(scenario, options.seed)
+    run_dir = new_run_dir(options.report_root, scenario.name)
+    history = History(run_dir / "history.jsonl")
+    history.record("runner.start", scenario=scenario.name, seed=plan.seed, pid=os.getpid())
+    base_dir = options.scenario_file.parent if options.scenario_file is not None else None
+    if refusal:
+        return _refused(scenario, plan, run_dir, history, refusal, options)
+    try:
+        hosts = HostSet.for_scenario(scenario, options.inventory, base_dir)
+    except (HostsError, ScenarioError) as exc:
+        return _refused(scenario, plan, run_dir, history, str(exc), options)
+    # Before this run's own journal exists: heal what dead runs left (live runs' journals are locked).
+    for line in heal_leftovers(hosts.all_transports(), log=log):
+        history.record("runner.leftover_healed", detail=line)
+    try:
+        execution = _Execution(scenario, plan, run_dir, history, log, status, hosts, options.control)
+    except HostsError as exc:
+        hosts.close()
+        return _refused(scenario, plan, run_dir, history, str(exc), options)
+    error = ""
+    heal_errors: list[str] = []
+    exit_code = EXIT_PASS
+    try:
+        with signals_raise(RunInterrupted):
+            execution.refuse_unsupported()
+            try:
+                execution.run()
+            finally:
+                execution.stop_load()
+                heal_errors = execution.heal_all()
+                execution.target.stop(grace=10.0)
+                for event in execution.target.poll_events():
+                    history.append(event)
+    except RunRefused as exc:
+        error, exit_code = str(exc), EXIT_INVALID
+        execution.ended_by = "refused"
+        history.record("runner.refused", reason=error)
+    except (KeyboardInterrupt, RunInterrupted) as exc:
+        error, exit_code = f"interrupted ({type(exc).__name__} {exc}); faults healed", EXIT_HARNESS
+        execution.ended_by = "interrupted"
+        history.record("runner.interrupted", reason=str(exc))
+    except Exception as exc:
+        error, exit_code = f"harness error: {type(exc).__name__}: {exc}", EXIT_HARNESS
+        execution.ended_by = execution.ended_by or "harness error"
+        history.record("runner.error", error=str(exc)[:1000])
+    finally:
+        execution.journal.archive()
+        hosts.close()
+    if heal_errors:
+        error = (error + "; " if error else "") + "heal failed: " + "; ".join(heal_errors)
+        exit_code = EXIT_HARNESS
+    golden: str | None = None
+    results: list[CheckResult] = []
+    if exit_code == EXIT_PASS:
+        checks = registry.checks()
+        if options.golden and any(checks[c.type].needs_golden for c in scenario.checks):
+            outcome = _golden(scenario, options, log)
+            if outcome is not None:
+                golden = outcome.digest
+                history.record(
+                    RUNNER_GOLDEN, digest=outcome.digest, detections=list(outcome.detections), cached=outcome.cached
+                )
+        results = evaluate(history, scenario)
+        if execution.ended_by.startswith("no progress"):
+            results.append(CheckResult(check="progress", name="progress", status="fail", reason=execution.ended_by))
+        failed = [r for r in results if r.status == "fail" or (r.status == "unknown" and not scenario.allow_unknown)]
+        exit_code = EXIT_FAIL if failed else EXIT_PASS
+    verdict: Verdict = "pass" if exit_code == EXIT_PASS else "fail" if exit_code == EXIT_FAIL else "error"
+    history.record("runner.verdict", verdict=verdict, exit_code=exit_code)
+    history.close()
+    result = RunResult(scenario, plan, run_dir, history, results, verdict, exit_code, execution.ended_by, error, golden)
+    if options.scenario_file is not None:
+        result.extra["scenario_file"] = str(options.scenario_file)
+    write_reports(result)
+    return result
+
+
+def evaluate(history: History, scenario: Scenario) -> list[CheckResult]:
+    """Run every check of ``scenario`` over ``history`` (pure: no target access)."""
+    checks = registry.checks()
+    results = []
+    for spec in scenario.checks:
+        result = checks[spec.type].evaluate(history, spec.params, scenario)
+        results.append(result.model_copy(update={"name": spec.name or result.name}))
+    return results

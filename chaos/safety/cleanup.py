@@ -1,0 +1,87 @@
+"""Healing what earlier runs left behind, from their journals (``mlchaos cleanup``, and every run's start).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from chaos.cluster.base import Transport
+from chaos.plugins import registry
+from chaos.plugins.injector import InjectionContext
+from chaos.safety import deadman
+from chaos.safety.journal import HEALED_BY_CLEANUP, Journal, all_journals
+
+
+def _ignore(line: str) -> None:
+    del line
+
+
+def heal_leftovers(
+    transport: Transport | Mapping[str, Transport],
+    *,
+    state_dir: Path | None = None,
+    log: Callable[[str], None] = _ignore,
+    only_dead_owners: bool = True,
+) -> list[str]:
+    """Heal every unhealed op of every journal whose run is no longer alive; return what was done, one line each.
+
+    ``transport`` reaches the hosts the faults were applied on: one transport (used for every host) or a
+    mapping from :attr:`Applied.host`. Each op is healed through its injector, marked healed by "cleanup",
+    and its dead-man (if still running) is disarmed. A failed heal is reported, recorded as ``failed`` and
+    leaves the op unhealed for the next cleanup: nothing is ever dropped silently. Journals with nothing
+    left to heal move to ``journal/done/``, so the next cleanup does not read them again.
+
+    A run still alive (holding its journal's lock) is skipped by default, since it heals its own faults;
+    ``only_dead_owners=False`` (``mlchaos cleanup``, a human's decision) heals those too but leaves the
+    journal in place for its owner to keep writing.
+    """
+    lines: list[str] = []
+
+    def say(line: str) -> None:
+        lines.append(line)
+        log(line)
+
+    for path in all_journals(state_dir):
+        with Journal(path, owner=False) as journal:
+            owner_alive = not journal.try_lock_exclusive()
+            if owner_alive and only_dead_owners:
+                if journal.unhealed():
+                    say(f"run {journal.run_id}: still running, its faults are left to it")
+                continue
+            if owner_alive and journal.unhealed():
+                say(f"run {journal.run_id}: still running, healing its faults anyway")
+            pending = journal.unhealed()
+            for problem in journal.unreadable:
+                say(f"run {journal.run_id}: unreadable journal line {problem}")
+            for applied in pending:
+                what = f"run {journal.run_id}: {applied.op_id} ({applied.description or applied.injector})"
+                try:
+                    host_transport = _transport_for(transport, applied.host)
+                    registry.injector(applied.injector).heal(InjectionContext(host_transport), applied)
+                except Exception as exc:  # noqa: BLE001 - any failure is reported and kept, never aborts the rest
+                    journal.failed(applied.op_id, f"cleanup heal failed: {type(exc).__name__}: {exc}")
+                    say(f"{what}: heal FAILED, left for the next cleanup: {type(exc).__name__}: {exc}")
+                    continue
+                journal.healed(applied.op_id, HEALED_BY_CLEANUP)
+                say(f"{what}: healed")
+            still_pending = {a.op_id for a in journal.unhealed()}
+            for op_id, pid in journal.deadman_pids().items():
+                # A pending op keeps its dead-man: it may still succeed where cleanup failed.
+                if op_id not in still_pending and deadman.disarm(pid, op_id):
+                    say(f"run {journal.run_id}: {op_id}: dead-man {pid} disarmed")
+            if not still_pending and not journal.unreadable and not owner_alive:
+                done = path.parent / "done"
+                done.mkdir(exist_ok=True)
+                os.replace(path, done / path.name)
+    return lines
+
+
+def _transport_for(transport: Transport | Mapping[str, Transport], host: str) -> Transport:
+    if isinstance(transport, Mapping):
+        try:
+            return transport[host]
+        except KeyError:
+            raise LookupError(f"no transport for host {host!r}; cannot reach it to heal") from None
+    return transport

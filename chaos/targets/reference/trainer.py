@@ -1,0 +1,643 @@
+"""Reference training job: a tiny deterministic DDP model whose result must survive faults bit for bit.
+
+Launched by torchrun (``python -m torch.distributed.run ... -m chaos.targets.reference.trainer --checkpoint-dir D``)
+and instrumented only through :func:`chaos.events.emit`, so the harness sees its steps, checkpoints,
+restarts, detections and final digest without talking to it.
+
+Contracts the harness and its checks rely on:
+
+- **Pure data.** Sample ``i`` is a pure function of ``(seed, i)``. Global step ``s`` (1-based) consumes ids
+  ``[(s-1)*B*W, s*B*W)``; rank ``r`` takes the contiguous slice ``[(s-1)*B*W + r*B, (s-1)*B*W + (r+1)*B)``.
+  A fault-free run therefore consumes every id ``0 .. steps*B*W-1`` exactly once.
+- **Exact resumption.** Rank 0 writes an atomic checkpoint (model, optimizer, step, RNG state, config)
+  every ``--checkpoint-every`` steps; every rank resumes from the newest complete one at ``step + 1``.
+  Resumed training ends with the same digest as uninterrupted training (verified for world size 2; see
+  :func:`main` for why larger worlds are not guaranteed bit-identical).
+- **Digest.** ``target.digest`` carries a sha256 over model parameters and optimizer state tensors in a
+  canonical order (:func:`state_digest`); rank 0 also writes ``<checkpoint-dir>/final-digest.txt``.
+- **Detection.** A gloo collective that raises (peer killed: connection closed/reset; peer frozen: timeout
+  after ``--pg-timeout``) is reported as ``detect.collective_timeout`` or ``detect.collective_error`` and
+  the rank exits 1, so torchrun restarts the group. When the error says the peer is gone (the process-group
+  timeout, or a connection closed/reset/refused, a gloo read/write error) the rank also reports
+  ``detect.peer_lost``, right after the collective_* event (scenarios that take the first detection keep
+  seeing that one).
+- **Guards** (all off by default): ``--guard checksum`` (checksummed gradient
+  all-reduce, ``detect.sdc``), ``--anomaly-guard`` (``detect.grad_anomaly``), ``--straggler-guard`` (a rank
+  whose local work per step is far above its peers', :mod:`chaos.guards.straggler`): once per step, right
+  after the gradient sync, every rank sends rank 0 its local time and its time blocked in collectives (one
+  tiny gloo gather); rank 0 reports a rank whose local time summed over the last ``--straggler-window`` K
+  steps (default 5) is at least ``--straggler-ratio`` R (default 2.0) times the median of the other ranks'
+  sums AND above it by at least ``--straggler-min-excess`` S seconds (default 0.2), once per episode (it
+  re-arms after K steps back under the threshold). It reads clocks only: model, optimizer and data order are
+  untouched, so the digest is the same with it on or off. Rank 0's checkpoint writes count as its local work.
+- **Sabotage** (``--sabotage`` or env ``CHAOS_SABOTAGE``, which wins) breaks recovery on purpose so tests
+  can prove the checks catch it: ``skip-optimizer-restore`` restores model and step but not the optimizer
+  (momentum is lost, so the final digest differs); ``skip-restore`` ignores checkpoints and starts from
+  scratch (the digest is still bit-identical because training is a pure function of the seed; what breaks
+  is progress: steps and sample ids are repeated, which progress/ETTR checks see).
+
+Events (``attempt`` is ``TORCHELASTIC_RESTART_COUNT``, 0 on the first launch):
+``target.start`` {pid, attempt, world_size}; ``target.restart`` {attempt} (rank 0, attempt > 0);
+``target.resume`` {step, attempt, path}; ``target.step`` {step, loss, samples, attempt};
+``target.checkpoint`` {step, path, attempt, duration_s} (rank 0); ``target.digest`` {digest, step, attempt};
+``detect.collective_timeout`` / ``detect.collective_error`` {detector: "gloo", message, step};
+``detect.peer_lost`` {detector: "pg_timeout" (the process-group timeout) or "gloo" (connection lost), message,
+step, peer: "addr:port" named in the error, or null}; with ``--straggler-guard``, ``detect.straggler`` emitted
+by rank 0 with ``rank`` = the STRAGGLER (not the reporter) {detector: "straggler", reporter: 0, step, window: K,
+ratio: R, min_excess: S, observed_ratio (the straggler's sum over the others' median; null when that median is
+0), compute_s: [per-rank local seconds over the window], wait_s: [per-rank seconds blocked in collectives over
+the window; the straggler's is the smallest]}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import functools
+import hashlib
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from chaos.agent import attach
+from chaos.events import emit
+from chaos.guards.straggler import DEFAULT_MIN_EXCESS_S, DEFAULT_RATIO, DEFAULT_WINDOW, StragglerGuard
+
+IN_FEATURES = 16
+HIDDEN = 64
+CHECKPOINT_FORMAT = 1
+KEEP_CHECKPOINTS = 2
+SABOTAGES = ("none", "skip-optimizer-restore", "skip-restore")
+ENV_SABOTAGE = "CHAOS_SABOTAGE"
+FINAL_DIGEST_FILE = "final-digest.txt"
+# Large enough that any realistic seed*multiplier+id stays far below 2**64 (torch.Generator's seed range)
+# while keeping neighbouring ids' seeds well apart.
+SAMPLE_SEED_MULTIPLIER = 1_000_003
+_CHECKPOINT_NAME = re.compile(r"^ckpt-(\d{6,})\.pt$")
+# How long an error path waits for destroy_process_group before giving up on it: gloo teardown after a
+# frozen peer can block, and a detector that hangs would turn a detected fault into an undetected one.
+_DESTROY_TIMEOUT_S = 5.0
+# How long a finished job releases the GIL before tearing down the process group (see the end of main).
+_TEARDOWN_GRACE_S = 0.1
+
+
+@dataclass(frozen=True)
+class Config:
+    """Validated command line; see :func:`parse_args` for the meaning of each field."""
+
+    steps: int
+    batch_size: int
+    checkpoint_every: int
+    checkpoint_dir: Path
+    step_time: float
+    seed: int
+    pg_timeout: float
+    lr: float
+    sabotage: str
+    guard: str = "none"
+    anomaly_guard: bool = False
+    straggler_guard: bool = False
+    straggler_window: int = DEFAULT_WINDOW
+    straggler_ratio: float = DEFAULT_RATIO
+    straggler_min_excess: float = DEFAULT_MIN_EXCESS_S
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0.0:  # also rejects NaN
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0.0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _ratio(text: str) -> float:
+    value = float(text)
+    if not 1.0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 1, got {text}")
+    return value
+
+
+def parse_args(argv: Sequence[str] | None = None) -> Config:
+    """Parse the CLI; env ``CHAOS_SABOTAGE`` (when set and non-empty) overrides ``--sabotage``."""
+    parser = argparse.ArgumentParser(prog="chaos.targets.reference.trainer", description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=_positive_int, default=60, help="global steps to train (default 60)")
+    parser.add_argument("--batch-size", type=_positive_int, default=16, help="samples per rank per step")
+    parser.add_argument("--checkpoint-every", type=_positive_int, default=10, help="steps between checkpoints")
+    parser.add_argument("--checkpoint-dir", type=Path, required=True, help="where ckpt-<step>.pt files live")
+    parser.add_argument(
+        "--step-time", type=_non_negative_float, default=0.05, help="sleep per step so faults land mid-run"
+    )
+    parser.add_argument("--seed", type=_non_negative_int, default=1234, help="model init and data seed")
+    parser.add_argument(
+        "--pg-timeout", type=_positive_float, default=30.0, help="process-group (collective) timeout, s"
+    )
+    parser.add_argument("--lr", type=_positive_float, default=0.05, help="SGD learning rate")
+    parser.add_argument("--sabotage", choices=SABOTAGES, default="none", help="break recovery on purpose")
+    parser.add_argument(
+        "--guard", choices=("none", "checksum"), default="none", help="gradient all-reduce guard (chaos.guards)"
+    )
+    parser.add_argument("--anomaly-guard", action="store_true", help="per-rank gradient/loss anomaly detection")
+    parser.add_argument(
+        "--straggler-guard", action="store_true", help="detect a rank whose local step time is far above its peers'"
+    )
+    parser.add_argument(
+        "--straggler-window", type=_positive_int, default=DEFAULT_WINDOW, help="steps the straggler guard sums over"
+    )
+    parser.add_argument(
+        "--straggler-ratio", type=_ratio, default=DEFAULT_RATIO, help="times the peers' median that counts as slow"
+    )
+    parser.add_argument(
+        "--straggler-min-excess",
+        type=_non_negative_float,
+        default=DEFAULT_MIN_EXCESS_S,
+        help="seconds over the peers' median (per window) a straggler must also exceed",
+    )
+    args = parser.parse_args(argv)
+    sabotage: str = args.sabotage
+    env_sabotage = os.environ.get(ENV_SABOTAGE, "").strip()
+    if env_sabotage:
+        if env_sabotage not in SABOTAGES:
+            parser.error(f"{ENV_SABOTAGE}={env_sabotage!r} is not one of {', '.join(SABOTAGES)}")
+        sabotage = env_sabotage
+    return Config(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        checkpoint_every=args.checkpoint_every,
+        checkpoint_dir=args.checkpoint_dir,
+        step_time=args.step_time,
+        seed=args.seed,
+        pg_timeout=args.pg_timeout,
+        lr=args.lr,
+        sabotage=sabotage,
+        guard=args.guard,
+        anomaly_guard=args.anomaly_guard,
+        straggler_guard=args.straggler_guard,
+        straggler_window=args.straggler_window,
+        straggler_ratio=args.straggler_ratio,
+        straggler_min_excess=args.straggler_min_excess,
+    )
+
+
+# --- data -------------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=8)
+def _teacher(seed: int) -> torch.Tensor:
+    """The hidden linear direction labels are made from; a pure function of ``seed`` (never mutated)."""
+    return torch.randn(IN_FEATURES, generator=torch.Generator().manual_seed(seed))
+
+
+def sample(seed: int, sample_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Features (16,) and label (1,) of global sample ``sample_id``: a pure function of ``(seed, id)``.
+
+    Each id gets its own generator, so a sample never depends on which rank, step or attempt reads it.
+    """
+    gen = torch.Generator().manual_seed(seed * SAMPLE_SEED_MULTIPLIER + sample_id)
+    x = torch.randn(IN_FEATURES, generator=gen)
+    noise = torch.randn(1, generator=gen)
+    y = torch.tanh(x @ _teacher(seed) / 4.0).reshape(1) + 0.05 * noise
+    return x, y
+
+
+def step_sample_ids(step: int, rank: int, batch_size: int, world_size: int) -> list[int]:
+    """Ids rank ``rank`` consumes at 1-based global ``step``: its contiguous slice of the step's B*W ids."""
+    start = (step - 1) * batch_size * world_size + rank * batch_size
+    return list(range(start, start + batch_size))
+
+
+def make_batch(seed: int, ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack the samples for ``ids`` into (len, 16) features and (len, 1) labels."""
+    pairs = [sample(seed, i) for i in ids]
+    return torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
+
+
+# --- model, optimizer, digest ----------------------------------------------------------------------------
+
+
+def build_model(seed: int) -> nn.Module:
+    """MLP 16->64->64->1 with an init that is a pure function of ``seed``."""
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Linear(IN_FEATURES, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, 1)
+    )
+
+
+def build_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
+    """SGD with momentum: its state (momentum buffers) matters, so losing it on resume changes the result.
+
+    ``foreach=False`` pins one code path so the arithmetic cannot depend on torch's heuristics.
+    """
+    return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, foreach=False)
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> bytes:
+    """The raw bytes of ``tensor`` (native byte order), without needing numpy."""
+    flat = tensor.detach().to("cpu").contiguous()
+    if flat.numel() == 0:
+        return b""
+    return ctypes.string_at(flat.data_ptr(), flat.numel() * flat.element_size())
+
+
+def _hash_tensor(hasher: Any, name: str, tensor: torch.Tensor) -> None:
+    # Name, dtype and shape go in too, so two states whose bytes merely concatenate alike cannot collide.
+    hasher.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}\n".encode())
+    hasher.update(_tensor_bytes(tensor))
+
+
+def state_digest(model: nn.Module, optimizer: torch.optim.Optimizer) -> str:
+    """sha256 hex over model tensors (sorted by name) then optimizer state tensors.
+
+    Optimizer state is visited by parameter index (the order of ``param_groups``) and then by sorted key;
+    non-tensor state values are hashed by ``repr``. Equal digests mean bit-identical training state.
+    """
+    hasher = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        _hash_tensor(hasher, f"model.{name}", tensor)
+    opt_state: dict[int, dict[str, Any]] = optimizer.state_dict()["state"]
+    for index in sorted(opt_state):
+        for key in sorted(opt_state[index]):
+            value = opt_state[index][key]
+            if isinstance(value, torch.Tensor):
+                _hash_tensor(hasher, f"optim.{index}.{key}", value)
+            else:
+                hasher.update(f"optim.{index}.{key}={value!r}\n".encode())
+    return hasher.hexdigest()
+
+
+# --- checkpoints -----------------------------------------------------------------------------------------
+
+
+def checkpoint_path(directory: Path, step: int) -> Path:
+    """Where the checkpoint for ``step`` lives."""
+    return directory / f"ckpt-{step:06d}.pt"
+
+
+def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
+    """Committed checkpoints in ``directory`` as (step, path), oldest first.
+
+    Only names produced by ``os.replace`` match, so a half-written temp file is never listed.
+    """
+    found: list[tuple[int, Path]] = []
+    if not directory.is_dir():
+        return found
+    for entry in directory.iterdir():
+        match = _CHECKPOINT_NAME.match(entry.name)
+        if match is not None and entry.is_file():
+            found.append((int(match.group(1)), entry))
+    return sorted(found)
+
+
+def _fsync_dir(directory: Path) -> None:
+    # The rename is durable only once the directory entry itself is on disk.
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(directory: Path, step: int, state: dict[str, Any]) -> Path:
+    """Write ``state`` atomically as ``ckpt-<step>.pt`` and keep only the newest :data:`KEEP_CHECKPOINTS`.
+
+    Temp file in the same directory (same filesystem, so ``os.replace`` is atomic), flush + fsync, rename,
+    fsync the directory. A crash at any point leaves either the old set of checkpoints or the new one.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    final = checkpoint_path(directory, step)
+    tmp = directory / f".{final.name}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as handle:
+        torch.save(state, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, final)
+    _fsync_dir(directory)
+    for _, old in list_checkpoints(directory)[:-KEEP_CHECKPOINTS]:
+        old.unlink(missing_ok=True)
+    return final
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Load a checkpoint with ``weights_only=True``: it holds only tensors and plain containers, and a
+    checkpoint directory is exactly the kind of place a storage fault (or anyone) could plant a pickle."""
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{path}: not a ddp_trainer checkpoint (format {CHECKPOINT_FORMAT})")
+    return state
+
+
+def _newest_loadable(directory: Path) -> tuple[int, Path, dict[str, Any]] | None:
+    """Newest checkpoint that loads, falling back to older ones when the newest is corrupt."""
+    for step, path in reversed(list_checkpoints(directory)):
+        try:
+            return step, path, load_checkpoint(path)
+        except Exception as exc:  # noqa: BLE001 - any unreadable file means "try the previous one"
+            print(f"ddp_trainer: skipping unreadable checkpoint {path}: {exc}", file=sys.stderr, flush=True)
+    return None
+
+
+def _remove_stale_temp_files(directory: Path) -> None:
+    # Only rank 0 writes checkpoints and every worker of the previous attempt is dead before torchrun
+    # starts this one, so any temp file left here is debris from a writer killed mid-save.
+    if directory.is_dir():
+        for entry in directory.glob(".ckpt-*.tmp.*"):
+            entry.unlink(missing_ok=True)
+
+
+# --- failure handling ------------------------------------------------------------------------------------
+
+
+def is_collective_failure(exc: BaseException) -> bool:
+    """True when ``exc`` looks like a failed gloo collective rather than a bug in this job."""
+    if isinstance(exc, dist.DistError):
+        return True
+    if not isinstance(exc, RuntimeError):
+        return False
+    text = str(exc).lower()
+    return any(
+        marker in text
+        for marker in ("gloo", "connection", "timed out", "timeout", "closed", "reset by peer", "broken pipe")
+    )
+
+
+def _is_timeout(message: str) -> bool:
+    text = message.lower()
+    return "timed out" in text or "timeout" in text
+
+
+# What gloo (and the socket layer under it) says when the peer on the other end of a pair went away.
+_PEER_GONE_MARKERS = (
+    "connection closed",
+    "closed by peer",
+    "connection reset",
+    "reset by peer",
+    "connection refused",
+    "socket closed",
+    "broken pipe",
+    "read error",
+    "write error",
+)
+# gloo writes a peer as "[127.0.0.1]:41234" (IPv6 "[::1]:41234"); its own source locations ("[../pair.cc:534]")
+# never match because a file name is not made of hex digits, dots and colons.
+_BRACKETED_PEER = re.compile(r"\[([0-9A-Fa-f:.]+(?:%[\w.-]+)?)\]:(\d{1,5})\b")
+_PLAIN_PEER = re.compile(r"(?<![\w.:])(\d{1,3}(?:\.\d{1,3}){3}):(\d{1,5})\b")
+
+
+def peer_loss_detector(message: str) -> str | None:
+    """Which detector saw a lost peer in a collective's error ``message``, or None when it is not a peer loss.
+
+    ``"pg_timeout"``: the collective ran into the process-group timeout (a frozen, partitioned or very slow
+    peer; every collective of this job runs under that timeout). ``"gloo"``: the transport reported the peer's
+    connection closed, reset or unreadable (a killed peer).
+    """
+    if _is_timeout(message):
+        return "pg_timeout"
+    text = message.lower()
+    if any(marker in text for marker in _PEER_GONE_MARKERS):
+        return "gloo"
+    return None
+
+
+def peer_address(message: str) -> str | None:
+    """The first ``addr:port`` an error message names (IPv6 stays bracketed: ``[::1]:41234``), else None."""
+    match = _BRACKETED_PEER.search(message)
+    if match is not None and (":" in match.group(1) or match.group(1).count(".") == 3):
+        host, port = match.groups()
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    match = _PLAIN_PEER.search(message)
+    return f"{match.group(1)}:{match.group(2)}" if match is not None else None
+
+
+def _shutdown_process_group(timeout: float) -> bool:
+    """Destroy the default process group, giving up after ``timeout`` s; True when it finished."""
+    if not dist.is_initialized():
+        return True
+    # A daemon thread, because destroy can block on a frozen peer and a thread cannot be cancelled.
+    worker = threading.Thread(target=dist.destroy_process_group, name="destroy-pg", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    return not worker.is_alive()
+
+
+# --- training --------------------------------------------------------------------------------------------
+
+
+def _checkpoint_state(
+    step: int, model: nn.Module, optimizer: torch.optim.Optimizer, cfg: Config, world_size: int
+) -> dict[str, Any]:
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "step": step,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        # Nothing in training draws from the global RNG today; saving it keeps resumption exact if
+        # something (dropout, shuffling) ever does.
+        "rng": torch.get_rng_state(),
+        "config": {"seed": cfg.seed, "batch_size": cfg.batch_size, "world_size": world_size, "lr": cfg.lr},
+    }
+
+
+def _check_compatible(state: dict[str, Any], cfg: Config, world_size: int, path: Path) -> None:
+    # Resuming under a different seed/batch/world/lr could not be bit-identical; refuse loudly rather
+    # than produce a digest that silently means something else.
+    expected = {"seed": cfg.seed, "batch_size": cfg.batch_size, "world_size": world_size, "lr": cfg.lr}
+    if state.get("config") != expected:
+        raise ValueError(f"{path}: checkpoint config {state.get('config')} does not match this run {expected}")
+
+
+def _select_checkpoint(cfg: Config, rank: int) -> tuple[int, Path, dict[str, Any]] | None:
+    """Every rank gets the same checkpoint: rank 0 chooses and broadcasts its step (-1: none).
+
+    Ranks choosing independently could disagree (a file deleted or corrupted between two listings) and
+    then train from different states, which DDP would not notice.
+    """
+    chosen = _newest_loadable(cfg.checkpoint_dir) if rank == 0 else None
+    step_tensor = torch.tensor([chosen[0] if chosen is not None else -1], dtype=torch.int64)
+    dist.broadcast(step_tensor, src=0)
+    step = int(step_tensor.item())
+    if step < 0:
+        return None
+    if chosen is not None:
+        return chosen
+    path = checkpoint_path(cfg.checkpoint_dir, step)
+    return step, path, load_checkpoint(path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one torchrun worker; return its exit code (0 after the final step, 1 on a collective failure).
+
+    Bit-identical resumption holds because data is a pure function of the sample id, there is no other
+    randomness, all state that evolves (model, momentum, step, RNG) is checkpointed, and with two ranks
+    the gloo all-reduce is a single commutative addition. With more ranks the ring reduction order depends
+    on the DDP bucket layout, which DDP rebuilds after the first iteration of every attempt, so exactness
+    beyond world size 2 is not promised.
+    """
+    cfg = parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+    # Emitted before rendezvous so a rank that never gets past init_process_group is still visible.
+    emit("target.start", rank=rank, pid=os.getpid(), attempt=attempt, world_size=world_size)
+    if rank == 0 and attempt > 0:
+        emit("target.restart", rank=rank, attempt=attempt)
+
+    torch.set_num_threads(1)  # one thread: reproducible reductions and no oversubscription of 2 cores
+    torch.use_deterministic_algorithms(True)
+    dist.init_process_group(backend="gloo", timeout=timedelta(seconds=cfg.pg_timeout))
+
+    model = build_model(cfg.seed)
+    optimizer = build_optimizer(model, cfg.lr)
+    current_step = 0  # the step being attempted, reported with any detection
+    try:
+        start_step = 1
+        if cfg.sabotage != "skip-restore":
+            if rank == 0:
+                _remove_stale_temp_files(cfg.checkpoint_dir)
+            selected = _select_checkpoint(cfg, rank)
+            if selected is not None:
+                ckpt_step, ckpt_path, state = selected
+                _check_compatible(state, cfg, world_size, ckpt_path)
+                model.load_state_dict(state["model"])
+                if cfg.sabotage != "skip-optimizer-restore":
+                    optimizer.load_state_dict(state["optimizer"])
+                torch.set_rng_state(state["rng"])
+                start_step = ckpt_step + 1
+                emit("target.resume", rank=rank, step=ckpt_step, attempt=attempt, path=str(ckpt_path))
+        current_step = start_step
+
+        # Wrapped after loading, so DDP's initial broadcast from rank 0 sends already-restored weights.
+        ddp = DistributedDataParallel(model)
+        # The in-job agent: fires this rank's planned SDC faults (CHAOS_PLAN) and runs the guards. Without a
+        # plan it still installs the same guards, so golden and faulted runs share their numerics.
+        agent = attach(model, optimizer=optimizer, ddp=ddp, guard=cfg.guard, anomaly=cfg.anomaly_guard)  # type: ignore[arg-type]
+        # The straggler guard only reads clocks and gathers two floats per rank: it never touches the model,
+        # the optimizer or the data order, so the digest is the same with and without it.
+        straggler = (
+            StragglerGuard(window=cfg.straggler_window, ratio=cfg.straggler_ratio, min_excess=cfg.straggler_min_excess)
+            if cfg.straggler_guard
+            else None
+        )
+        # Time inside a collective is waiting, not local work; the straggler guard must tell the two apart.
+        blocked: Callable[[], AbstractContextManager[None]] = straggler.collective if straggler else nullcontext
+        if straggler is not None:
+            straggler.start()
+        loss_fn = nn.MSELoss()
+        for step in range(start_step, cfg.steps + 1):
+            current_step = step
+            agent.begin_step(step)
+            ids = step_sample_ids(step, rank, cfg.batch_size, world_size)
+            features, labels = make_batch(cfg.seed, ids)
+            optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(ddp(features), labels)
+            with blocked():
+                loss.backward()  # the gradient all-reduce happens here; a dead or frozen peer surfaces here
+                agent.after_backward(loss)  # the anomaly guard's all-reduce, if any
+            if straggler is not None:
+                # Right after the gradient sync, so a slow rank's lateness and its peers' wait in that sync
+                # fall into the same step's numbers.
+                straggler.exchange(step)
+            if agent.allow_optimizer_step():  # False when every rank agreed a guard blocked this step
+                optimizer.step()
+            agent.end_step()
+            emit("target.step", rank=rank, step=step, loss=float(loss.item()), samples=ids, attempt=attempt)
+            if step % cfg.checkpoint_every == 0:
+                if rank == 0:
+                    save_started = time.monotonic()
+                    path = save_checkpoint(
+                        cfg.checkpoint_dir, step, _checkpoint_state(step, model, optimizer, cfg, world_size)
+                    )
+                    emit(
+                        "target.checkpoint",
+                        rank=rank,
+                        step=step,
+                        path=str(path),
+                        attempt=attempt,
+                        duration_s=round(time.monotonic() - save_started, 6),  # goodput accounting (ettr)
+                    )
+                # No rank may report step K+1 before checkpoint K is committed, so "a rank reached K+1"
+                # implies "a restart resumes from >= K".
+                with blocked():
+                    dist.barrier()
+            if cfg.step_time > 0:
+                time.sleep(cfg.step_time)
+    except Exception as exc:
+        if not is_collective_failure(exc):
+            raise
+        full_message = str(exc)
+        message = full_message[:300]
+        kind = "detect.collective_timeout" if _is_timeout(message) else "detect.collective_error"
+        emit(kind, rank=rank, detector="gloo", message=message, step=current_step)
+        # Emitted after the collective_* event, so scenarios that take the first detection keep seeing that one.
+        lost_by = peer_loss_detector(full_message)
+        if lost_by is not None:
+            emit(
+                "detect.peer_lost",
+                rank=rank,
+                detector=lost_by,
+                message=message,
+                step=current_step,
+                peer=peer_address(full_message),
+            )
+        print(f"ddp_trainer rank {rank}: {kind} at step {current_step}: {message}", file=sys.stderr, flush=True)
+        if not _shutdown_process_group(_DESTROY_TIMEOUT_S):
+            # The teardown is stuck in C++; exiting now (non-zero) is what lets torchrun restart us.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
+        return 1
+
+    agent.close()  # heals in-job faults (exact original bits) before the final digest
+    digest = state_digest(model, optimizer)
+    final_step = max(start_step - 1, cfg.steps)
+    emit("target.digest", rank=rank, digest=digest, step=final_step, attempt=attempt)
+    if rank == 0:
+        out = cfg.checkpoint_dir / FINAL_DIGEST_FILE
+        cfg.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(out.name + f".tmp.{os.getpid()}")
+        tmp.write_text(digest + "\n", encoding="utf-8")
+        os.replace(tmp, out)
+    # Give gloo's worker threads the GIL for a moment before teardown. A worker releases the last collective's
+    # work object after the caller has already moved on, and that release needs the GIL; if this thread is by
+    # then destroying the process group (DDP's reducer holds it; it goes when this frame is cleared), it holds
+    # the GIL while joining that worker: a deadlock after the final step (seen in about half of the runs with
+    # --step-time 0 and 3 ranks; a step-time sleep after the last step hid it).
+    time.sleep(_TEARDOWN_GRACE_S)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

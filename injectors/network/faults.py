@@ -1,0 +1,400 @@
+"""Network faults: ``partition``, ``packet_loss``, ``drop_large_packets``, ``flap`` (iptables) and
+``bandwidth``, ``delay``, ``jitter`` (tc).
+
+Every command runs on the fault's host through ``ctx.transport.run`` as an argv list, so the same code drives
+this machine, a network namespace (:class:`chaos.cluster.netns.NetnsTransport`), an SSH host or a container.
+Peers are IPv4 addresses or CIDRs. :func:`resolve_peers` is the seam where inventory groups will be mapped
+to addresses; everything below it (:func:`filter_specs`, :func:`injectors.network.tc.shaping_plan`) takes resolved addresses.
+
+iptables faults put their DROP rules only in per-op chains reached through tagged jumps, and tc faults add
+one root qdisc with a per-op handle; :mod:`injectors.network.iptables` and :mod:`injectors.network.tc` hold those
+disciplines (and why heal removes exactly ours). Where the host's ``iptables-restore`` uses the same backend
+as its ``iptables`` (decided in ``prepare``, journaled as ``state["restore"]``), apply and heal are one
+``iptables-restore --noflush`` each, fed through a temporary file (transports have no stdin).
+``revert_command`` is a constant ``sh -c`` script that gets only validated, generated names as positional
+parameters: it needs nothing but sh, iptables/tc on the host, which is what a dead-man switch can rely on
+when the harness (and maybe Python) is gone.
+
+Commands run as root; a non-root transport user with password-less sudo gets ``sudo -n`` in front of each.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import BaseModel, Field, JsonValue, model_validator
+
+from chaos.cluster.base import TransportError, host_python
+from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
+from chaos.safety import deadman
+from chaos.safety.state import state_dir
+from chaos.spec.units import Duration
+from injectors.network import flap_helper as netflap
+from injectors.network import iptables as netfilter
+from injectors.network.host import TIMEOUT_S, Host, Peers, params_as, probe_address, resolve_peers, shares_machine
+from injectors.network.iptables import ChainSpec
+from injectors.network.tc import (
+    BandwidthInjector,
+    BandwidthParams,
+    DelayInjector,
+    DelayParams,
+    JitterInjector,
+    JitterParams,
+    ShapeParams,
+)
+
+__all__ = [
+    "BandwidthInjector",
+    "BandwidthParams",
+    "DelayInjector",
+    "DelayParams",
+    "DropLargePacketsInjector",
+    "DropLargeParams",
+    "FilterParams",
+    "FlapInjector",
+    "FlapParams",
+    "INJECTORS",
+    "JitterInjector",
+    "JitterParams",
+    "PacketLossInjector",
+    "PacketLossParams",
+    "PartitionInjector",
+    "PartitionParams",
+    "ShapeParams",
+    "filter_specs",
+]
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+# -- parameters -------------------------------------------------------------------------------------------------
+
+
+class FilterParams(Peers):
+    """Which packets an iptables fault drops: traffic between this host and ``peers``."""
+
+    peers: list[str] = Field(min_length=1, description="IPv4 addresses or CIDRs on the other side of the fault")
+    direction: Literal["both", "in", "out"] = Field(
+        default="both", description="both ways, only what peers send here (in), or only what this host sends (out)"
+    )
+    protocol: Literal["all", "tcp", "udp", "icmp"] = Field(default="all", description="only this IP protocol")
+    ports: list[Port] = Field(
+        default_factory=list,
+        max_length=15,
+        description="only these ports (source or destination); tcp and udp when protocol is all",
+    )
+
+    @model_validator(mode="after")
+    def _ports_need_ports(self) -> FilterParams:
+        if self.ports and self.protocol == "icmp":
+            raise ValueError("icmp has no ports; drop `ports` or use protocol tcp/udp/all")
+        return self
+
+
+class PartitionParams(FilterParams):
+    """Drop all (matching) traffic between this host and ``peers``."""
+
+
+class PacketLossParams(FilterParams):
+    """Drop a random share of the (matching) packets between this host and ``peers``."""
+
+    probability: float = Field(ge=0, le=1, description="share of packets dropped in each direction, 0..1")
+
+
+class DropLargeParams(FilterParams):
+    """Drop packets of at least ``min_size`` bytes: small probes pass while bulk transfers stall (an MTU hole)."""
+
+    min_size: int = Field(
+        default=1024, ge=29, le=65535, description="smallest IP packet length (header included) that is dropped"
+    )
+
+
+class FlapParams(FilterParams):
+    """A partition that is down for ``down_fraction`` of every ``period`` for the fault's duration."""
+
+    period: Duration = Field(default=2.0, gt=0, description="length of one down+up cycle, e.g. 500ms or 2s")
+    down_fraction: float = Field(default=0.5, gt=0, lt=1, description="share of each period partitioned")
+
+
+def _between(local: str, peers: Sequence[str], direction: str) -> str:
+    arrow, note = {"both": ("<->", "both directions"), "in": ("<-", "incoming only"), "out": ("->", "outgoing only")}[
+        direction
+    ]
+    return f"{local} {arrow} {', '.join(peers)} ({note})"
+
+
+def _selection(params: FilterParams) -> str:
+    if params.ports:
+        protocol = "tcp+udp" if params.protocol == "all" else params.protocol
+        plural = "s" if len(params.ports) > 1 else ""
+        return f", {protocol} port{plural} {','.join(str(port) for port in params.ports)}"
+    return "" if params.protocol == "all" else f", {params.protocol} only"
+
+
+# -- iptables faults --------------------------------------------------------------------------------------------
+
+
+def filter_specs(
+    chains: dict[str, str], peers: Sequence[str], protocol: str, ports: Sequence[int], extra: Sequence[str]
+) -> list[ChainSpec]:
+    """The chains of one iptables fault between this host and resolved ``peers``; ``chains`` maps direction
+    (``in``/``out``) to chain name and decides which directions are cut."""
+    return [
+        ChainSpec(chain, netfilter.HOOKS[direction], netfilter.drop_rules(direction, peers, protocol, ports, extra))
+        for direction, chain in chains.items()
+    ]
+
+
+class _FilterFault:
+    """Shared life of the iptables faults; subclasses say which extra matches their DROP rules carry."""
+
+    name: ClassVar[str]
+    Params: ClassVar[type[BaseModel]]
+    summary: ClassVar[str]
+
+    def _extra(self, params: FilterParams) -> list[str]:
+        return []
+
+    def _what(self, params: FilterParams) -> str:
+        return self.name
+
+    def check(self, ctx: InjectionContext, params: BaseModel) -> None:
+        """Unsupported unless iptables runs here with root (or sudo) and knows every match the fault uses."""
+        host = Host.open(ctx.transport, refuse=Unsupported)
+        why = netfilter.probe(host.run, self._extra(params_as(FilterParams, params)))
+        if why is not None:
+            raise Unsupported(f"iptables cannot be used on {ctx.transport.host}: {why}")
+
+    def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
+        """Choose chain names and rules; changes nothing. InjectionError without root/sudo or iptables."""
+        params = params_as(self.Params, op.params)
+        assert isinstance(params, FilterParams)
+        host = Host.open(ctx.transport, refuse=InjectionError)
+        peers = resolve_peers(ctx, params.peers)
+        directions = ["in", "out"] if params.direction == "both" else [params.direction]
+        chains = netfilter.chain_names(op.op_id, ctx.transport.host, directions)
+        specs = filter_specs(chains, peers, params.protocol, params.ports, self._extra(params))
+        local = host.route(probe_address(peers[0]))[1] or ctx.transport.host
+        chain_state: list[JsonValue] = [spec.to_json() for spec in specs]
+        backend = netfilter.backend(host.run)
+        state: dict[str, JsonValue] = {
+            "chains": chain_state,
+            "comment": netfilter.comment_for(op.op_id),
+            "sudo": host.sudo,
+            "backend": backend,
+            "restore": netfilter.restore_backend(host.run) == backend,
+            "peers": list(peers),
+        }
+        return Applied(
+            op_id=op.op_id,
+            fault=op.fault,
+            injector=self.name,
+            host=ctx.transport.host,
+            duration_s=op.duration_s,
+            state=state,
+            description=f"{self._what(params)} {_between(local, peers, params.direction)}{_selection(params)}",
+        )
+
+    @staticmethod
+    def _host(ctx: InjectionContext, applied: Applied) -> Host:
+        return Host(ctx.transport, applied.state.get("sudo") is True)
+
+    @staticmethod
+    def _restore(ctx: InjectionContext, applied: Applied, host: Host) -> netfilter.Restore | None:
+        """One-batch loading for this op, or None when prepare found no usable ``iptables-restore``."""
+        if applied.state.get("restore") is not True:
+            return None
+        return netfilter.file_restore(host.run, ctx.transport.put, f"{applied.op_id}-{ctx.transport.host}")
+
+    def apply(self, ctx: InjectionContext, applied: Applied) -> None:
+        """Create and fill the op's chains, then jump to them; InjectionError on a failing command (the
+        runner then heals, which removes whatever part was installed). Repeating it adds no second jump."""
+        host = self._host(ctx, applied)
+        specs = netfilter.chains_from_state(applied.state)
+        netfilter.install(host.run, specs, _comment(applied), restore=self._restore(ctx, applied, host))
+
+    def heal(self, ctx: InjectionContext, applied: Applied) -> None:
+        """Remove every jump to the op's chains and the chains themselves; idempotent, needs only the state."""
+        host = self._host(ctx, applied)
+        specs = netfilter.chains_from_state(applied.state)
+        comment = applied.state.get("comment")
+        restore = self._restore(ctx, applied, host)
+        netfilter.uninstall(host.run, specs, comment if isinstance(comment, str) else None, restore=restore)
+
+    def revert_command(self, applied: Applied) -> list[str] | None:
+        """``sh -c <constant script> mlchaos-netrevert CHAIN...``: see :data:`injectors.network.iptables.REVERT_SCRIPT`."""
+        chains = [spec.chain for spec in netfilter.chains_from_state(applied.state)]
+        return netfilter.revert_argv(chains, sudo=applied.state.get("sudo") is True)
+
+
+def _comment(applied: Applied) -> str:
+    comment = applied.state.get("comment")
+    if not isinstance(comment, str):
+        raise InjectionError("journal state has no rule comment")
+    return comment
+
+
+class PartitionInjector(_FilterFault):
+    """Drop traffic between this host and its peers (both ways, or one way) until healed."""
+
+    name: ClassVar[str] = "partition"
+    Params: ClassVar[type[BaseModel]] = PartitionParams
+    summary: ClassVar[str] = "cut this host off from peer addresses (iptables DROP, both ways or one way)"
+
+
+class PacketLossInjector(_FilterFault):
+    """Drop each matching packet with a fixed probability (iptables statistic match)."""
+
+    name: ClassVar[str] = "packet_loss"
+    Params: ClassVar[type[BaseModel]] = PacketLossParams
+    summary: ClassVar[str] = "drop a random share of the packets to/from peer addresses (iptables statistic)"
+
+    def _extra(self, params: FilterParams) -> list[str]:
+        probability = params.probability if isinstance(params, PacketLossParams) else 0.0
+        return ["-m", "statistic", "--mode", "random", "--probability", f"{probability:.6f}"]
+
+    def _what(self, params: FilterParams) -> str:
+        probability = params.probability if isinstance(params, PacketLossParams) else 0.0
+        return f"drop {probability:.0%} of packets"
+
+
+class DropLargePacketsInjector(_FilterFault):
+    """Drop packets at or above a size: the silent >1 KB loss that 64-byte health probes never notice."""
+
+    name: ClassVar[str] = "drop_large_packets"
+    Params: ClassVar[type[BaseModel]] = DropLargeParams
+    summary: ClassVar[str] = "drop packets of at least N bytes to/from peers (small probes pass, bulk stalls)"
+
+    def _extra(self, params: FilterParams) -> list[str]:
+        size = params.min_size if isinstance(params, DropLargeParams) else 1024
+        return ["-m", "length", "--length", f"{size}:65535"]
+
+    def _what(self, params: FilterParams) -> str:
+        size = params.min_size if isinstance(params, DropLargeParams) else 1024
+        return f"drop packets >= {size} bytes"
+
+
+class FlapInjector(_FilterFault):
+    """A partition switched down and up by a detached helper on the host (:mod:`injectors.network.flap_helper`).
+
+    The chains are installed with a RETURN bypass (not yet in force); the helper toggles it every period and
+    removes everything at the op's deadline or on SIGTERM. ``apply`` records ``helper_pid`` in the state;
+    heal stops the helper (found by its ``--op-id`` when that record is missing), then removes the chains.
+    ``revert_command`` is the partition one: once the chains are gone the helper's toggles fail harmlessly
+    (it only ever inserts into an existing chain, never creates one) until its own deadline ends it.
+    """
+
+    name: ClassVar[str] = "flap"
+    Params: ClassVar[type[BaseModel]] = FlapParams
+    summary: ClassVar[str] = "partition from peers for part of every period (down/up cycle), healed at the end"
+
+    def check(self, ctx: InjectionContext, params: BaseModel) -> None:
+        super().check(ctx, params)
+        if shares_machine(ctx.transport):
+            return
+        try:
+            done = ctx.transport.run([host_python(ctx.transport), "-c", f"import {netflap.MODULE}"], timeout=TIMEOUT_S)
+        except TransportError as exc:
+            raise Unsupported(f"cannot run the host's python on {ctx.transport.host}: {exc}") from exc
+        if not done.ok:
+            raise Unsupported(f"mlchaos is not importable by python3 on {ctx.transport.host} (needed for flap)")
+
+    def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
+        """As partition, plus the cycle; InjectionError without a duration (the helper needs a deadline)."""
+        if op.duration_s is None or op.duration_s <= 0:
+            raise InjectionError("flap needs a duration (e.g. `duration: 30s`) so that it always ends")
+        applied = super().prepare(ctx, op)
+        params = params_as(FlapParams, op.params)
+        applied.state["period_s"] = params.period
+        applied.state["down_fraction"] = params.down_fraction
+        applied.description = (
+            f"flap {applied.description.removeprefix(self.name + ' ')}: down {params.down_fraction:.0%} of every "
+            f"{params.period:g}s for {op.duration_s:g}s"
+        )
+        return applied
+
+    def apply(self, ctx: InjectionContext, applied: Applied) -> None:
+        """Install the chains bypassed, then start the detached helper; records its pid in the state."""
+        specs = netfilter.chains_from_state(applied.state)
+        host = self._host(ctx, applied)
+        restore = self._restore(ctx, applied, host)
+        netfilter.install(host.run, specs, _comment(applied), bypass=True, restore=restore)
+        # The deadline is on the HOST's clock, the one the helper reads.
+        until_ns = time.time_ns() - int(ctx.transport.clock_offset() * 1e9) + int((applied.duration_s or 0) * 1e9)
+        local = shares_machine(ctx.transport)
+        argv = [
+            *(["sudo", "-n"] if host.sudo else []),
+            host_python(ctx.transport), "-m", netflap.MODULE,
+            "--op-id", applied.op_id,
+            "--chains", ",".join(spec.chain for spec in specs),
+            "--period", repr(applied.state.get("period_s")),
+            "--down-fraction", repr(applied.state.get("down_fraction")),
+            "--until-ns", str(until_ns),
+        ]  # fmt: skip
+        env = None
+        if local:
+            log_dir = state_dir()
+            log_dir.mkdir(parents=True, exist_ok=True)
+            argv += ["--log", str(log_dir / "netflap.log")]
+            env = deadman.python_env()
+        helper = deadman.spawn_helper(ctx.transport, argv, what="flap helper", env=env, timeout=TIMEOUT_S)
+        applied.state["helper_pid"] = helper
+
+    def heal(self, ctx: InjectionContext, applied: Applied) -> None:
+        """Stop the helper (it removes the chains as it leaves), then remove whatever is still there."""
+        host = self._host(ctx, applied)
+        recorded = applied.state.get("helper_pid")
+        pids = [recorded] if isinstance(recorded, int) else _find_helpers(host, applied.op_id)
+        pids = [pid for pid in pids if _is_helper(host, pid, applied.op_id)]
+        if pids:
+            _signal(host, "TERM", pids)
+            deadline = time.monotonic() + 10.0
+            while time.monotonic() < deadline and any(_is_helper(host, pid, applied.op_id) for pid in pids):
+                time.sleep(0.05)
+            _signal(host, "KILL", [pid for pid in pids if _is_helper(host, pid, applied.op_id)])
+        # The helper removes the chains as it leaves, so look before deleting (no batch that would only fail).
+        netfilter.remove(host.run, [spec.chain for spec in netfilter.chains_from_state(applied.state)])
+
+
+def _is_helper(host: Host, pid: int, op_id: str) -> bool:
+    """Whether ``pid`` is this op's flap helper (its /proc cmdline, so a recycled pid is never signalled)."""
+    try:
+        done = host.transport.run(["cat", f"/proc/{pid}/cmdline"], timeout=TIMEOUT_S)
+    except TransportError:
+        return False
+    argv = done.stdout.split("\0")[:-1] if done.ok else []
+    return deadman.module_of(argv) == netflap.MODULE and deadman.option(argv, "--op-id") == op_id
+
+
+def _find_helpers(host: Host, op_id: str) -> list[int]:
+    """Flap helpers of ``op_id`` by command line, for a crash between spawn and the journaled pid."""
+    try:
+        done = host.transport.run(["ps", "-ww", "-eo", "pid=,args="], timeout=TIMEOUT_S)
+    except TransportError:
+        return []
+    found = []
+    for line in done.stdout.splitlines():
+        pid, _, args = line.strip().partition(" ")
+        if pid.isdigit() and f"-m {netflap.MODULE} " in args and f"--op-id {op_id} " in f"{args} ":
+            found.append(int(pid))
+    return found
+
+
+def _signal(host: Host, name: str, pids: list[int]) -> None:
+    if pids:
+        try:
+            host.run(["kill", "-s", name, *map(str, pids)])
+        except TransportError:
+            pass  # gone or unreachable: the chain removal that follows is what heals
+
+
+INJECTORS = (
+    PartitionInjector,
+    PacketLossInjector,
+    DropLargePacketsInjector,
+    FlapInjector,
+    BandwidthInjector,
+    DelayInjector,
+    JitterInjector,
+)

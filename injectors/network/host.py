@@ -1,0 +1,148 @@
+"""What every network fault needs from its host: peer validation, privileges (root or ``sudo -n``), routes.
+
+Shared by :mod:`injectors.network.faults` (iptables faults) and :mod:`injectors.network.tc` (tc faults). Every command
+goes through the transport as an argv list; nothing here changes the host.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Sequence
+from typing import TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from chaos.cluster.base import Completed, Transport, TransportError
+from chaos.cluster.local import LocalTransport
+from chaos.cluster.netns import NetnsTransport
+from chaos.plugins.injector import InjectionContext, InjectionError
+
+TIMEOUT_S = 30.0
+_P = TypeVar("_P", bound=BaseModel)
+
+
+_INVENTORY_PEER = re.compile(r"^(host|group):[A-Za-z0-9_.-]+$")
+
+
+def peer_address(value: str) -> str:
+    """An IPv4 address or CIDR in canonical form (``10.0.0.2``, ``10.0.1.0/24``), or an inventory reference
+    ``host:NAME`` / ``group:NAME`` kept as is (resolved per run by :func:`resolve_peers`); ValueError otherwise."""
+    if _INVENTORY_PEER.match(value.strip()):
+        return value.strip()
+    try:
+        net = ipaddress.ip_network(value.strip(), strict=False)
+    except ValueError:
+        raise ValueError(
+            f"{value!r} is not an IP address, CIDR or inventory reference (e.g. 10.0.0.2, 10.0.1.0/24, "
+            "host:h2, group:workers)"
+        ) from None
+    if net.version != 4:
+        raise ValueError(f"{value!r}: only IPv4 peers are supported (ip6tables is not wired up yet)")
+    return str(net.network_address) if net.prefixlen == 32 else str(net)
+
+
+class Peers(BaseModel):
+    """Base of every network fault's params: ``peers`` as canonical, de-duplicated IPv4 addresses/CIDRs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    peers: list[str] = Field(default_factory=list)
+
+    @field_validator("peers")
+    @classmethod
+    def _canonical(cls, value: list[str]) -> list[str]:
+        return list(dict.fromkeys(peer_address(item) for item in value))
+
+
+def params_as(cls: type[_P], params: BaseModel) -> _P:
+    """``params`` as ``cls`` (the runner may hand over an equal model of another class, e.g. after a reload)."""
+    return params if isinstance(params, cls) else cls.model_validate(params.model_dump())
+
+
+def shares_machine(transport: Transport) -> bool:
+    """Whether the host runs on this machine's kernel and filesystem (this Python can run helpers there)."""
+    return isinstance(transport, (LocalTransport, NetnsTransport))
+
+
+class Host:
+    """The fault's host: argv through the transport, behind ``sudo -n`` when the op needs it."""
+
+    def __init__(self, transport: Transport, sudo: bool) -> None:
+        self.transport = transport
+        self.sudo = sudo
+
+    def run(self, argv: list[str]) -> Completed:
+        return self.transport.run([*(["sudo", "-n"] if self.sudo else []), *argv], timeout=TIMEOUT_S)
+
+    @staticmethod
+    def privilege(transport: Transport) -> bool | str:
+        """False when the transport is root, True when it needs (and has) ``sudo -n``, else why neither."""
+        try:
+            done = transport.run(["id", "-u"], timeout=TIMEOUT_S)
+            if done.ok and done.stdout.strip() == "0":
+                return False
+            if transport.run(["sudo", "-n", "true"], timeout=TIMEOUT_S).ok:
+                return True
+        except TransportError as exc:
+            return f"cannot run commands on {transport.host}: {exc}"
+        return f"network faults need root on {transport.host} (or password-less sudo)"
+
+    @classmethod
+    def open(cls, transport: Transport, *, refuse: type[Exception]) -> Host:
+        sudo = cls.privilege(transport)
+        if isinstance(sudo, str):
+            raise refuse(sudo)
+        return cls(transport, sudo)
+
+    def route(self, address: str) -> tuple[str | None, str | None]:
+        """(interface, source address) this host uses to reach ``address``; Nones when it has no route."""
+        try:
+            done = self.transport.run(["ip", "-o", "-4", "route", "get", address], timeout=TIMEOUT_S)
+        except TransportError:
+            return None, None
+        tokens = done.stdout.split() if done.ok else []
+        found = {key: tokens[i + 1] for i, key in enumerate(tokens[:-1]) if key in ("dev", "src")}
+        return found.get("dev"), found.get("src")
+
+
+def probe_address(peer: str) -> str:
+    """One address inside ``peer`` to ask the routing table about (the first host of a CIDR)."""
+    net = ipaddress.ip_network(peer, strict=False)
+    return str(net.network_address + 1) if net.num_addresses > 2 else str(net.network_address)
+
+
+def resolve_peers(ctx: InjectionContext, peers: Sequence[str]) -> list[str]:
+    """The addresses/CIDRs a fault's peers stand for on this host.
+
+    ``host:NAME`` and ``group:NAME`` are looked up in the run's inventory (``ctx.extras["inventory"]``, set by
+    the runner for faults with ``hosts:``), so one scenario file runs against any inventory. The fault's own
+    host is left out of a group: a host is never partitioned from itself.
+    """
+    resolved: list[str] = []
+    inventory = ctx.extras.get("inventory")
+    me = ctx.extras.get("host")
+    for peer in peers:
+        match = _INVENTORY_PEER.match(peer)
+        if match is None:
+            resolved.append(peer)
+            continue
+        if inventory is None:
+            raise InjectionError(f"peer {peer!r} names an inventory entry, but this run has no inventory")
+        kind, name = peer.split(":", 1)
+        hosts = getattr(inventory, "hosts", [])
+        if kind == "host":
+            chosen = [h for h in hosts if h.name == name]
+        else:
+            chosen = [h for h in hosts if name == "all" or name in h.groups]
+        if not chosen:
+            raise InjectionError(f"peer {peer!r}: no such {kind} in the inventory")
+        resolved.extend(peer_address(h.address) for h in chosen if h.name != me)
+    if peers and not resolved:  # no peers at all is fine for faults that shape a whole interface
+        raise InjectionError(f"peers {list(peers)} leave nothing to cut this host off from")
+    return list(dict.fromkeys(resolved))
+
+
+def ms(seconds: float) -> str:
+    """``0.1`` -> ``100ms`` for descriptions."""
+    return f"{seconds * 1000:g}ms"

@@ -1,0 +1,451 @@
+"""The tc faults of the network family (``bandwidth``, ``delay``, ``jitter``) and their plumbing: one root qdisc
+per op that heal removes exactly. :mod:`injectors.network.faults` registers them with the iptables faults.
+
+* We install only on an interface whose root qdisc is the kernel's default (handle ``0:``: noqueue,
+  pfifo_fast, mq, fq_codel …). Anything else is someone's configuration that ``tc qdisc del root`` would
+  destroy, so :func:`foreign_root` lets ``check()`` refuse up front (and ``tc qdisc add`` without replace
+  would refuse to overwrite it anyway).
+* Our root qdisc gets a handle derived from the op (``0x1000``–``0xdfff``, never the kernel's automatic
+  ``8001:``-style handles on a default root). Heal deletes with ``tc qdisc del dev IF root handle H:``: the
+  kernel itself refuses when the root's handle is not ``H``, so a qdisc someone put there after us is never
+  removed, even in a race.
+* Without peers the root is the shaping qdisc itself (tbf or netem). With peers it is an htb whose
+  ``default 0`` lets unclassified traffic bypass shaping; one class, u32 filters on the peers' destination
+  addresses, and the shaping qdisc (tbf or netem) as that class's leaf.
+
+tc shapes what an interface SENDS; ingress shaping would need an ifb device, which these faults do not use.
+``delay`` and ``jitter`` need the kernel's sch_netem: their ``check()`` probes for it without side effects
+(:func:`netem_missing`) and refuses before anything is applied.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from collections.abc import Sequence
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import BaseModel, BeforeValidator, Field, JsonValue, field_validator, model_validator
+
+from chaos.cluster.base import Completed, TransportError
+from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
+from chaos.spec.units import Duration
+from injectors.network.host import Host, Peers, ms, params_as, probe_address, resolve_peers
+from injectors.network.iptables import Run
+
+_INTERFACE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,14}$")
+_HANDLE = re.compile(r"^[0-9a-f]{1,4}:$")
+_UNSHAPED_RATE = "100gbit"  # the htb class that selects the peers' traffic must not itself limit the rate
+_UNSHAPED_BURST = "10mb"
+_QUANTUM = "60000"  # explicit: htb derives rate/r2q otherwise, and warns that 100gbit/10 is absurdly big
+
+
+def checked_interface(name: object) -> str:
+    """``name`` if it is a plausible interface name (what we pass to tc); InjectionError otherwise."""
+    if not isinstance(name, str) or not _INTERFACE.match(name):
+        raise InjectionError(f"{name!r} is not a valid network interface name")
+    return name
+
+
+def checked_handle(handle: object) -> str:
+    """``handle`` if it has the shape of the root handles we generate; InjectionError otherwise."""
+    if not isinstance(handle, str) or not _HANDLE.match(handle):
+        raise InjectionError(f"{handle!r} is not a qdisc handle such as 1a2b:")
+    return handle
+
+
+def handles(op_id: str, host: str) -> tuple[str, str]:
+    """(root, leaf) qdisc handles for one op, e.g. ``("1a2b:", "1a2c:")``."""
+    digest = int(hashlib.sha256(f"{op_id}\0{host}\0{time.time_ns()}".encode()).hexdigest()[:8], 16)
+    major = 0x1000 + digest % 0xD000
+    return f"{major:x}:", f"{major + 1:x}:"
+
+
+def _run(run: Run, argv: list[str]) -> Completed:
+    try:
+        return run(argv)
+    except TransportError as exc:
+        raise InjectionError(f"cannot run {' '.join(argv[:4])}: {exc}") from exc
+
+
+def root_qdisc(run: Run, interface: str) -> tuple[str, str] | None:
+    """(kind, handle) of ``interface``'s root qdisc, or None when the interface does not exist."""
+    done = _run(run, ["tc", "qdisc", "show", "dev", interface])
+    if not done.ok:
+        return None
+    for line in done.stdout.splitlines():
+        tokens = line.split()
+        if len(tokens) >= 4 and tokens[0] == "qdisc" and "root" in tokens[3:6]:  # "dev IF" precedes it in some versions
+            return tokens[1], tokens[2]
+    return ("noqueue", "0:")  # an interface with no root line is on the kernel's default
+
+
+def foreign_root(run: Run, interface: str) -> str | None:
+    """Why we must not touch ``interface``'s root (it is configured by someone, or missing), or None."""
+    root = root_qdisc(run, interface)
+    if root is None:
+        return f"interface {interface} does not exist"
+    kind, handle = root
+    if handle != "0:":
+        return (
+            f"interface {interface} already has a configured root qdisc ({kind} {handle}); replacing it would "
+            "destroy that configuration"
+        )
+    return None
+
+
+def shaping_commands(interface: str, root: str, leaf: str, peers: Sequence[str], qdisc: list[str]) -> list[list[str]]:
+    """The tc argvs of one shaping op, in order: ``qdisc`` (kind + args, e.g. tbf or netem) as the root, or,
+    with peers, as the leaf of an htb class that only the peers' traffic is filtered into.
+
+    The htb class itself is unlimited: the leaf does the shaping, so tbf keeps splitting GSO super-packets
+    (a plain fifo leaf would drop any that exceed its byte limit and stall TCP on retransmit timeouts).
+    """
+    dev = ["dev", interface]
+    if not peers:
+        return [["tc", "qdisc", "add", *dev, "root", "handle", root, *qdisc]]
+    major = root.rstrip(":")
+    commands = [
+        ["tc", "qdisc", "add", *dev, "root", "handle", root, "htb"],  # default 0: unclassified is not shaped
+        ["tc", "class", "add", *dev, "parent", root, "classid", f"{major}:1", "htb",
+         "rate", _UNSHAPED_RATE, "ceil", _UNSHAPED_RATE, "burst", _UNSHAPED_BURST, "cburst", _UNSHAPED_BURST,
+         "quantum", _QUANTUM],
+        ["tc", "qdisc", "add", *dev, "parent", f"{major}:1", "handle", leaf, *qdisc],
+    ]  # fmt: skip
+    for peer in peers:
+        commands.append(
+            ["tc", "filter", "add", *dev, "parent", root, "protocol", "ip", "prio", "1",
+             "u32", "match", "ip", "dst", peer, "flowid", f"{major}:1"]
+        )  # fmt: skip
+    return commands
+
+
+def install(run: Run, commands: Sequence[Sequence[str]]) -> None:
+    """Run the op's tc commands in order; InjectionError on the first failure (the caller heals)."""
+    for argv in commands:
+        done = _run(run, list(argv))
+        if not done.ok:
+            raise InjectionError(f"{' '.join(argv)} failed: {(done.stderr or done.stdout).strip()[:300]}")
+
+
+def remove(run: Run, interface: str, root: str, kind: str) -> bool:
+    """Delete our root qdisc if it is still ours (handle AND kind); True when something was deleted.
+
+    Idempotent: an interface that vanished, or a root that is no longer ours, leaves nothing to do.
+    """
+    interface, root = checked_interface(interface), checked_handle(root)
+    current = root_qdisc(run, interface)
+    if current is None or current != (kind, root):
+        return False
+    done = _run(run, ["tc", "qdisc", "del", "dev", interface, "root", "handle", root])
+    if not done.ok and root_qdisc(run, interface) == (kind, root):
+        raise InjectionError(f"cannot delete qdisc {root} on {interface}: {done.stderr.strip()[:300]}")
+    return done.ok
+
+
+def commands_from_state(state: dict[str, JsonValue]) -> list[list[str]]:
+    raw = state.get("commands")
+    if not isinstance(raw, list) or not all(
+        isinstance(argv, list) and argv[:1] == ["tc"] and all(isinstance(part, str) for part in argv) for argv in raw
+    ):
+        raise InjectionError("journal state holds no list of tc commands")
+    return [[part for part in argv if isinstance(part, str)] for argv in raw if isinstance(argv, list)]
+
+
+# The dead-man's revert: a constant script; $1 (interface) and $2 (handle) arrive as positional parameters,
+# are validated before the argv is built, and are only ever used quoted. The kernel's handle check in
+# `tc qdisc del ... root handle H:` is what keeps it from deleting anyone else's qdisc. Already gone (healed,
+# or interface removed) counts as success; our qdisc still in place afterwards is a failure.
+REVERT_SCRIPT = """\
+tc qdisc del dev "$1" root handle "$2" 2>/dev/null && exit 0
+case "$(tc qdisc show dev "$1" 2>/dev/null)" in
+  *" $2 root"*) exit 1 ;;
+esac
+exit 0
+"""
+
+
+def revert_argv(interface: str, root: str, *, sudo: bool) -> list[str]:
+    """``sh -c REVERT_SCRIPT mlchaos-tcrevert IFACE HANDLE`` (behind ``sudo -n`` when the op needed it)."""
+    args = [checked_interface(interface), checked_handle(root)]
+    return [*(["sudo", "-n"] if sudo else []), "sh", "-c", REVERT_SCRIPT, "mlchaos-tcrevert", *args]
+
+
+def netem_missing(run: Run) -> str | None:
+    """Why tc netem cannot be used on this host, or None when it can. Changes nothing on the host.
+
+    The authoritative probe adds a netem qdisc to the loopback of a throwaway network namespace
+    (``unshare --net``): the kernel loads or refuses sch_netem exactly as it would for the real fault, and
+    the namespace, with its qdisc, disappears when the probe exits. Where unshare cannot run, a loaded or
+    loadable module (``/sys/module/sch_netem``, ``modprobe -n``) is taken as support.
+    """
+    probe = ["unshare", "--net", "--", "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"]
+    try:
+        done = run(probe)
+        said = (done.stderr or done.stdout).strip()
+        if done.ok:
+            return None
+        if "unknown" in said.lower() or "not supported" in said.lower():
+            return f"`{' '.join(probe[3:])}` says {said!r}"
+        first = f"unshare probe failed ({said[:200]!r})"
+    except TransportError as exc:
+        first = f"unshare probe could not run ({exc})"
+    fallbacks = (["test", "-d", "/sys/module/sch_netem"], ["modprobe", "-n", "-q", "sch_netem"])
+    for argv in fallbacks:
+        try:
+            if run(argv).ok:
+                return None
+        except TransportError:
+            continue
+    return f"{first}; sch_netem is neither loaded nor loadable"
+
+
+# -- parameters -------------------------------------------------------------------------------------------------
+
+
+def _rate(value: object) -> int:
+    """``10mbit``/``500kbit``/``1gbit``/``8000bit`` or a plain number of bits per second -> bits per second."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        bits = value
+    else:
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(bit|kbit|mbit|gbit)\s*", str(value), re.IGNORECASE)
+        if not match:
+            raise ValueError(f"{value!r} is not a rate; write e.g. 500kbit, 10mbit or 1gbit (1 kbit = 1000 bit/s)")
+        scale = {"bit": 1, "kbit": 1_000, "mbit": 1_000_000, "gbit": 1_000_000_000}[match.group(2).lower()]
+        bits = int(float(match.group(1)) * scale)
+    if bits < 8_000:
+        raise ValueError(f"rate {value!r} is below 8kbit; tc cannot shape that slowly")
+    return bits
+
+
+Rate = Annotated[int, BeforeValidator(_rate)]
+
+
+class ShapeParams(Peers):
+    """Where a tc fault shapes: what this host sends on ``interface`` (to ``peers`` only, when given)."""
+
+    peers: list[str] = Field(
+        default_factory=list, description="only traffic to these IPv4 addresses/CIDRs; empty: all of it"
+    )
+    interface: str | None = Field(
+        default=None, description="interface to shape; default: the one that routes to the first peer"
+    )
+    direction: Literal["out"] = Field(
+        default="out", description="tc shapes what a host sends; shape the peers too for both directions"
+    )
+
+    @field_validator("interface")
+    @classmethod
+    def _interface(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                checked_interface(value)
+            except InjectionError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
+    @model_validator(mode="after")
+    def _somewhere(self) -> ShapeParams:
+        if not self.peers and self.interface is None:
+            raise ValueError("give `peers` or an `interface` (without peers, all of its traffic is shaped)")
+        return self
+
+
+class BandwidthParams(ShapeParams):
+    """Limit the rate of what this host sends (token bucket; excess waits up to ``latency``, then drops)."""
+
+    rate: Rate = Field(description="e.g. 10mbit, 500kbit, 1gbit (tc units: 1 kbit = 1000 bit/s)")
+    burst: int | None = Field(
+        default=None, ge=1500, description="bucket size in bytes; default max(32 KiB, 10 ms worth of rate)"
+    )
+    latency: Duration = Field(default=0.05, gt=0, description="longest a packet may wait for tokens")
+
+
+_Distribution = Literal["uniform", "normal", "pareto", "paretonormal"]
+
+
+class DelayParams(ShapeParams):
+    """Delay what this host sends by ``delay`` (± ``jitter``); needs tc netem in the host kernel."""
+
+    delay: Duration = Field(gt=0, description="added one-way latency, e.g. 100ms")
+    jitter: Duration = Field(default=0.0, ge=0, description="random variation around delay, e.g. 10ms")
+    correlation: float = Field(default=0.0, ge=0, le=100, description="percent each delay depends on the last")
+    distribution: _Distribution = Field(default="uniform", description="shape of the jitter")
+
+    @model_validator(mode="after")
+    def _shape_needs_jitter(self) -> DelayParams:
+        if self.distribution != "uniform" and self.jitter == 0:
+            raise ValueError(f"distribution {self.distribution} needs a jitter > 0")
+        return self
+
+
+class JitterParams(ShapeParams):
+    """Randomly vary the latency of what this host sends; needs tc netem in the host kernel."""
+
+    jitter: Duration = Field(gt=0, description="spread of the added latency, e.g. 20ms")
+    delay: Duration | None = Field(default=None, ge=0, description="mean added latency; default: equal to jitter")
+    correlation: float = Field(default=0.0, ge=0, le=100, description="percent each delay depends on the last")
+    distribution: _Distribution = Field(default="normal", description="shape of the jitter")
+
+
+def _rate_text(bits: int) -> str:
+    for unit, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
+        if bits >= scale:
+            return f"{bits / scale:g}{unit}"
+    return f"{bits}bit"
+
+
+# -- faults --------------------------------------------------------------------------------------------------
+
+
+def shaping_plan(
+    interface: str, root: str, leaf: str, peers: Sequence[str], params: ShapeParams
+) -> tuple[str, list[list[str]]]:
+    """(root qdisc kind, tc argvs) of one shaping fault on ``interface`` towards resolved ``peers``."""
+    if isinstance(params, BandwidthParams):
+        burst = params.burst or max(32 * 1024, params.rate // 8 // 100)
+        qdisc = ["tbf", "rate", f"{params.rate}bit", "burst", str(burst), "latency", ms(params.latency)]
+        kind = "tbf"
+    else:
+        qdisc, kind = ["netem", *_netem_args(params)], "netem"
+    return ("htb" if peers else kind), shaping_commands(interface, root, leaf, peers, qdisc)
+
+
+def _netem_args(params: ShapeParams) -> list[str]:
+    if isinstance(params, DelayParams):
+        delay, jitter = params.delay, params.jitter
+    elif isinstance(params, JitterParams):
+        delay, jitter = (params.jitter if params.delay is None else params.delay), params.jitter
+    else:
+        raise TypeError(f"no netem arguments for {type(params).__name__}")
+    args = ["delay", f"{round(delay * 1e6)}us"]
+    if jitter > 0:
+        args.append(f"{round(jitter * 1e6)}us")
+        if params.correlation > 0:
+            args.append(f"{params.correlation:g}%")
+        if params.distribution != "uniform":
+            args += ["distribution", params.distribution]
+    return args
+
+
+class _ShapeFault:
+    """Shared life of the tc faults: one root qdisc with an op-derived handle on one interface."""
+
+    name: ClassVar[str]
+    Params: ClassVar[type[BaseModel]]
+    summary: ClassVar[str]
+    needs_netem: ClassVar[bool] = False
+
+    def _interface(self, ctx: InjectionContext, host: Host, params: ShapeParams, refuse: type[Exception]) -> str:
+        if params.interface is not None:
+            return params.interface
+        first_peer = resolve_peers(ctx, params.peers)[0]
+        interface = host.route(probe_address(first_peer))[0]
+        if interface is None:
+            raise refuse(f"no route from {host.transport.host} to {first_peer}; name the `interface`")
+        return interface
+
+    def check(self, ctx: InjectionContext, params: BaseModel) -> None:
+        """Unsupported without root/sudo or tc, for an interface that is missing or already has a configured
+        root qdisc (we would clobber it), and, for netem faults, when the kernel lacks sch_netem."""
+        shape = params_as(self.Params, params)
+        assert isinstance(shape, ShapeParams)
+        host = Host.open(ctx.transport, refuse=Unsupported)
+        try:
+            tc = host.run(["tc", "-V"])
+        except TransportError as exc:
+            raise Unsupported(f"tc (iproute2) is not installed on {ctx.transport.host}: {exc}") from exc
+        if not tc.ok:
+            raise Unsupported(f"tc does not run on {ctx.transport.host}: {tc.stderr.strip()[:200]}")
+        if self.needs_netem and (why := netem_missing(host.run)) is not None:
+            raise Unsupported(f"tc netem is not available on this kernel: {why}; use bandwidth or packet_loss instead")
+        try:
+            why = foreign_root(host.run, self._interface(ctx, host, shape, Unsupported))
+        except InjectionError as exc:
+            raise Unsupported(str(exc)) from exc
+        if why is not None:
+            raise Unsupported(f"{why} (on {ctx.transport.host})")
+
+    def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
+        """Choose interface, handles and tc commands; changes nothing."""
+        params = params_as(self.Params, op.params)
+        assert isinstance(params, ShapeParams)
+        host = Host.open(ctx.transport, refuse=InjectionError)
+        interface = self._interface(ctx, host, params, InjectionError)
+        peers = resolve_peers(ctx, params.peers)
+        root, leaf = handles(op.op_id, ctx.transport.host)
+        kind, commands = shaping_plan(interface, root, leaf, peers, params)
+        local = (host.route(probe_address(peers[0]))[1] if peers else None) or ctx.transport.host
+        where = f"{local} -> {', '.join(peers)}" if peers else f"everything {local} sends"
+        command_state: list[JsonValue] = [list(argv) for argv in commands]
+        return Applied(
+            op_id=op.op_id,
+            fault=op.fault,
+            injector=self.name,
+            host=ctx.transport.host,
+            duration_s=op.duration_s,
+            state={"interface": interface, "handle": root, "kind": kind, "commands": command_state, "sudo": host.sudo},
+            description=f"{self._what(params)} {where} on {interface} (outgoing)",
+        )
+
+    def _what(self, params: ShapeParams) -> str:
+        return self.name
+
+    def apply(self, ctx: InjectionContext, applied: Applied) -> None:
+        """Run the planned tc commands; InjectionError on a failing one (heal then deletes our root, if any)."""
+        host = Host(ctx.transport, applied.state.get("sudo") is True)
+        install(host.run, commands_from_state(applied.state))
+
+    def heal(self, ctx: InjectionContext, applied: Applied) -> None:
+        """Delete our root qdisc if it is still ours (handle and kind); idempotent, fine if the interface went."""
+        host = Host(ctx.transport, applied.state.get("sudo") is True)
+        interface, root, kind = (applied.state.get(key) for key in ("interface", "handle", "kind"))
+        remove(host.run, checked_interface(interface), checked_handle(root), str(kind))
+
+    def revert_command(self, applied: Applied) -> list[str] | None:
+        """``sh -c <constant script> mlchaos-tcrevert IFACE HANDLE``: see :data:`REVERT_SCRIPT`."""
+        interface, root = applied.state.get("interface"), applied.state.get("handle")
+        return revert_argv(checked_interface(interface), checked_handle(root), sudo=applied.state.get("sudo") is True)
+
+
+class BandwidthInjector(_ShapeFault):
+    """Limit what this host sends (to peers, or everything on an interface) with tbf / htb."""
+
+    name: ClassVar[str] = "bandwidth"
+    Params: ClassVar[type[BaseModel]] = BandwidthParams
+    summary: ClassVar[str] = "limit the send rate towards peers or on an interface (tc tbf/htb)"
+
+    def _what(self, params: ShapeParams) -> str:
+        rate = params.rate if isinstance(params, BandwidthParams) else 0
+        return f"limit to {_rate_text(rate)}:"
+
+
+class DelayInjector(_ShapeFault):
+    """Add latency (optionally with jitter) to what this host sends; needs tc netem."""
+
+    name: ClassVar[str] = "delay"
+    Params: ClassVar[type[BaseModel]] = DelayParams
+    summary: ClassVar[str] = "add latency to what this host sends to peers (tc netem)"
+    needs_netem: ClassVar[bool] = True
+
+    def _what(self, params: ShapeParams) -> str:
+        if not isinstance(params, DelayParams):
+            return self.name
+        spread = f" ± {ms(params.jitter)}" if params.jitter else ""
+        return f"delay by {ms(params.delay)}{spread}:"
+
+
+class JitterInjector(_ShapeFault):
+    """Randomly vary the latency of what this host sends; needs tc netem."""
+
+    name: ClassVar[str] = "jitter"
+    Params: ClassVar[type[BaseModel]] = JitterParams
+    summary: ClassVar[str] = "randomly vary the latency of what this host sends to peers (tc netem)"
+    needs_netem: ClassVar[bool] = True
+
+    def _what(self, params: ShapeParams) -> str:
+        if not isinstance(params, JitterParams):
+            return self.name
+        mean = params.jitter if params.delay is None else params.delay
+        return f"jitter {ms(mean)} ± {ms(params.jitter)} ({params.distribution}):"

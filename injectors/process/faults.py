@@ -1,0 +1,471 @@
+"""Process faults: ``kill`` (a signal), ``freeze`` (SIGSTOP for a duration), ``slow`` (SIGSTOP/SIGCONT cycle).
+
+Targets are chosen by exactly one of ``rank`` (through the target's rank resolver), ``pid`` or ``name`` (a
+regex over the command line). Every op records each target's pid AND its kernel start time; apply and heal
+signal only pids whose start time still matches, so a pid recycled by a stranger is never touched, even by a
+cleanup days later. The harness itself and its ancestors are never targets (freezing them would hang the
+run that is supposed to heal). All host access goes through the transport: ``/proc`` is read directly for
+the local host and through ``cat``/``ps`` elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import ClassVar, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
+
+from chaos.cluster.base import Transport, TransportError, host_python
+from chaos.cluster.local import LocalTransport, process_start_time, signal_number
+from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
+from chaos.safety import deadman
+from chaos.safety.state import state_dir
+from chaos.spec.units import Duration
+from injectors.process import dutycycle
+
+_HELPER_MODULES = (deadman.MODULE, dutycycle.MODULE)
+_P = TypeVar("_P", bound=BaseModel)
+
+
+# -- parameters -------------------------------------------------------------------------------------------------
+
+
+class ProcessSelector(BaseModel):
+    """Which processes a fault hits: exactly one of ``rank``, ``pid``, ``name`` or ``replica``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rank: int | None = Field(default=None, ge=0, description="training rank, resolved through the target")
+    pid: int | None = Field(default=None, ge=2, description="process id on the host (init is never a target)")
+    name: str | None = Field(
+        default=None,
+        min_length=1,
+        description="regex searched in each command line (argv joined with spaces); every match is hit",
+    )
+    replica: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="a serving target's replica (primary, fallback): its model server process at that moment",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"name is not a valid regex: {exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ProcessSelector:
+        given = [key for key in ("rank", "pid", "name", "replica") if getattr(self, key) is not None]
+        if len(given) != 1:
+            found = f"got {', '.join(given)}" if given else "got none"
+            raise ValueError(f"select processes with exactly one of rank, pid, name or replica ({found})")
+        return self
+
+
+class KillParams(ProcessSelector):
+    """Send one signal (SIGKILL by default) to the selected processes."""
+
+    signal: str = Field(default="SIGKILL", description="signal name or number, e.g. SIGKILL, SIGTERM, 9")
+
+    @field_validator("signal")
+    @classmethod
+    def _known_signal(cls, value: str) -> str:
+        return _signal_name(value)
+
+
+class FreezeParams(ProcessSelector):
+    """SIGSTOP the selected processes for the fault's duration, then SIGCONT."""
+
+
+class SlowParams(ProcessSelector):
+    """Stop the selected processes for part of every period (a SIGSTOP/SIGCONT duty cycle)."""
+
+    stopped_fraction: float = Field(default=0.5, gt=0, lt=1, description="share of each period spent stopped")
+    period: Duration = Field(default=1.0, gt=0, description="length of one stop+run cycle, e.g. 500ms or 2s")
+
+
+# -- host access --------------------------------------------------------------------------------------------------
+
+
+class ProcessHost:
+    """Process facts and signals on the fault's host: local /proc directly, remote through the transport."""
+
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
+        self.local = isinstance(transport, LocalTransport)
+
+    def start_time(self, pid: int) -> int | None:
+        if self.local:
+            return process_start_time(pid)
+        done = self.transport.run(["cat", f"/proc/{pid}/stat"], timeout=10)
+        if not done.ok or ")" not in done.stdout:
+            return None
+        return int(done.stdout[done.stdout.rindex(")") + 2 :].split()[19])
+
+    def cmdline(self, pid: int) -> list[str] | None:
+        if self.local:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                    raw = handle.read().decode(errors="replace")
+            except OSError:
+                return None
+        else:
+            done = self.transport.run(["cat", f"/proc/{pid}/cmdline"], timeout=10)
+            raw = done.stdout if done.ok else ""
+        return raw.split("\0")[:-1] or None
+
+    def command_lines(self) -> dict[int, str]:
+        """Every user-space process's argv joined with spaces (kernel threads have none and are left out)."""
+        if not self.local:
+            done = self.transport.run(["ps", "-ww", "-eo", "pid=,args="], timeout=30, check=True)
+            found = {}
+            for line in done.stdout.splitlines():
+                pid_text, _, args = line.strip().partition(" ")
+                if pid_text.isdigit() and args and not args.startswith("["):
+                    found[int(pid_text)] = args.strip()
+            return found
+        found = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and (argv := self.cmdline(int(entry))):
+                found[int(entry)] = " ".join(argv)
+        return found
+
+    def protected(self) -> set[int]:
+        """Pids never to target: the harness, its ancestors (local) and init."""
+        keep = {1}
+        if not self.local:
+            return keep
+        pid = os.getpid()
+        while pid > 1 and pid not in keep:
+            keep.add(pid)
+            try:
+                with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+                    stat = handle.read()
+            except OSError:
+                break
+            pid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        return keep
+
+    def signal(self, name: str, pids: list[int]) -> None:
+        """Send SIG``name`` to ``pids``; a pid that has exited is fine, any other failure raises InjectionError."""
+        if not pids:
+            return
+        argv = ["kill", "-s", name.removeprefix("SIG"), *map(str, pids)]
+        try:
+            done = self.transport.run(argv, timeout=15)
+        except TransportError as exc:
+            raise InjectionError(f"cannot send {name} on {self.transport.host}: {exc}") from exc
+        problems = [line for line in done.stderr.splitlines() if line.strip() and "no such process" not in line.lower()]
+        if not done.ok and problems:
+            raise InjectionError(f"{' '.join(argv)} failed on {self.transport.host}: {'; '.join(problems)[:300]}")
+
+    def is_helper(self, pid: int, module: str, op_id: str) -> bool:
+        argv = self.cmdline(pid)
+        return argv is not None and deadman.module_of(argv) == module and deadman.option(argv, "--op-id") == op_id
+
+
+# -- shared steps --------------------------------------------------------------------------------------------------
+
+
+def _signal_name(value: str | int) -> str:
+    """Canonical ``SIGXXX`` for a signal name or number (ValueError naming valid spellings otherwise)."""
+    import signal as signals
+
+    number = signal_number(value)
+    try:
+        return signals.Signals(number).name
+    except ValueError:
+        raise ValueError(f"unknown signal {value!r}; use a name such as SIGKILL, SIGTERM or SIGSTOP") from None
+
+
+def params_of(cls: type[_P], op: FaultOp) -> _P:
+    if isinstance(op.params, cls):
+        return op.params
+    return cls.model_validate(op.params.model_dump())
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}s"
+
+
+def resolve_processes(ctx: InjectionContext, selector: ProcessSelector) -> tuple[list[int], list[int], str]:
+    """The selected (pids, start times, label). Changes nothing; InjectionError when nothing (safe) matches."""
+    host = ProcessHost(ctx.transport)
+    protected = host.protected()
+    if selector.rank is not None:
+        pids = ctx.rank_resolver().pids_for_rank(selector.rank)
+        what = f"rank {selector.rank}"
+    elif selector.pid is not None:
+        pids, what = [selector.pid], f"pid {selector.pid}"
+    elif selector.replica is not None:
+        pids = ctx.replica_resolver().pids_for_replica(selector.replica)
+        what = f"replica {selector.replica}"
+    else:
+        pattern = re.compile(selector.name or "")
+        what = f"processes matching {selector.name!r}"
+        pids = sorted(
+            pid
+            for pid, args in host.command_lines().items()
+            if pid not in protected
+            and not any(f"-m {module}" in args for module in _HELPER_MODULES)  # our own helpers
+            and pattern.search(args)
+        )
+    refused = [pid for pid in pids if pid in protected]
+    if refused:
+        raise InjectionError(f"{what} is the harness itself or one of its ancestors (pid {refused[0]}); refusing")
+    found = [(pid, start) for pid in dict.fromkeys(pids) if (start := host.start_time(pid)) is not None]
+    if not found:
+        raise InjectionError(f"no running process for {what} on {ctx.transport.host}")
+    pid_text = ", ".join(str(pid) for pid, _ in found)
+    label = what if selector.pid is not None else f"{what} (pid{'s' if len(found) > 1 else ''} {pid_text})"
+    return [pid for pid, _ in found], [start for _, start in found], label
+
+
+def _ints(state: dict[str, JsonValue], key: str) -> list[int]:
+    value = state.get(key)
+    if not isinstance(value, list) or not all(isinstance(item, int) for item in value):
+        raise InjectionError(f"journal state {key!r} is not a list of pids: {value!r}")
+    return [item for item in value if isinstance(item, int)]
+
+
+def same_processes(host: ProcessHost, state: dict[str, JsonValue]) -> list[int]:
+    """Recorded pids that are still the recorded processes (pid reuse guard)."""
+    pids, starts = _ints(state, "pids"), _ints(state, "start_times")
+    if len(pids) != len(starts):
+        raise InjectionError("journal state has different numbers of pids and start times")
+    return [pid for pid, start in zip(pids, starts, strict=False) if host.start_time(pid) == start]
+
+
+def require_duration(name: str, op: FaultOp) -> float:
+    if op.duration_s is None or op.duration_s <= 0:
+        raise InjectionError(f"{name} needs a duration (e.g. `duration: 20s`) so that it always ends")
+    return op.duration_s
+
+
+def _check_kill(ctx: InjectionContext, params: BaseModel | None = None) -> None:
+    replica = getattr(params, "replica", None)
+    if replica is not None:
+        try:
+            known = ctx.replica_resolver().replicas()
+        except InjectionError as exc:
+            raise Unsupported(str(exc)) from None
+        if replica not in known:
+            raise Unsupported(f"no replica named {replica!r}; this target has {', '.join(known) or 'none'}")
+    if isinstance(ctx.transport, LocalTransport):
+        import shutil
+
+        if shutil.which("kill") is None:
+            raise Unsupported("the `kill` command is not installed on this host")
+        return
+    try:
+        done = ctx.transport.run(["kill", "-l"], timeout=15)
+    except TransportError as exc:
+        raise Unsupported(f"cannot run `kill` on {ctx.transport.host}: {exc}") from exc
+    if not done.ok:
+        raise Unsupported(f"`kill -l` fails on {ctx.transport.host}: {done.stderr.strip()[:200]}")
+
+
+def _continue_command(applied: Applied) -> list[str] | None:
+    pids = _ints(applied.state, "pids")
+    return ["kill", "-s", "CONT", *map(str, pids)] if pids else None
+
+
+# -- injectors ----------------------------------------------------------------------------------------------------
+
+
+class KillInjector:
+    """Signal the selected processes once (SIGKILL by default). Irreversible: heal has nothing to undo."""
+
+    name: ClassVar[str] = "kill"
+    Params: ClassVar[type[BaseModel]] = KillParams
+    summary: ClassVar[str] = "send a signal (default SIGKILL) to a rank, pid or command-line match"
+
+    def check(self, ctx: InjectionContext, params: BaseModel) -> None:
+        _check_kill(ctx, params)
+
+    def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
+        params = params_of(KillParams, op)
+        pids, starts, label = resolve_processes(ctx, params)
+        return Applied(
+            op_id=op.op_id,
+            fault=op.fault,
+            injector=self.name,
+            host=ctx.transport.host,
+            duration_s=op.duration_s,
+            reversible=False,
+            state={"pids": list(pids), "start_times": list(starts), "signal": params.signal, "selector": label},
+            description=f"{params.signal} {label}",
+        )
+
+    def apply(self, ctx: InjectionContext, applied: Applied) -> None:
+        """Signal the recorded processes still alive; ones that already exited are the goal, not an error."""
+        name = applied.state.get("signal")
+        if not isinstance(name, str):
+            raise InjectionError(f"journal state has no signal name: {name!r}")
+        host = ProcessHost(ctx.transport)
+        host.signal(name, same_processes(host, applied.state))
+
+    def heal(self, ctx: InjectionContext, applied: Applied) -> None:
+        """Nothing to undo: a signal cannot be taken back (the target's own restart logic is under test)."""
+
+    def revert_command(self, applied: Applied) -> list[str] | None:
+        return None
+
+
+class FreezeInjector:
+    """SIGSTOP the selected processes for the op's duration; heal sends SIGCONT to the same processes."""
+
+    name: ClassVar[str] = "freeze"
+    Params: ClassVar[type[BaseModel]] = FreezeParams
+    summary: ClassVar[str] = "SIGSTOP a rank, pid or command-line match for the fault's duration"
+
+    def check(self, ctx: InjectionContext, params: BaseModel) -> None:
+        _check_kill(ctx, params)
+
+    def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
+        """Resolve targets; InjectionError without a duration (a freeze must always end)."""
+        duration = require_duration(self.name, op)
+        pids, starts, label = resolve_processes(ctx, params_of(FreezeParams, op))
+        return Applied(
+            op_id=op.op_id,
+            fault=op.fault,
+            injector=self.name,
+            host=ctx.transport.host,
+            duration_s=duration,
+            state={"pids": list(pids), "start_times": list(starts), "selector": label},
+            description=f"SIGSTOP {label} for {_seconds(duration)}",
+        )
+
+    def apply(self, ctx: InjectionContext, applied: Applied) -> None:
+        host = ProcessHost(ctx.transport)
+        alive = same_processes(host, applied.state)
+        if not alive:
+            raise InjectionError(f"{applied.state.get('selector')} exited before it could be frozen")
+        host.signal("SIGSTOP", alive)
+
+    def heal(self, ctx: InjectionContext, applied: Applied) -> None:
+        """SIGCONT every recorded process that is still the same process; idempotent, fine when all exited."""
+        host = ProcessHost(ctx.transport)
+        host.signal("SIGCONT", same_processes(host, applied.state))
+
+    def revert_command(self, applied: Applied) -> list[str] | None:
+        return _continue_command(applied)
+
+
+class SlowInjector:
+    """A SIGSTOP/SIGCONT duty cycle run by a detached helper on the host, so it survives the harness.
+
+    The helper (:mod:`injectors.process.dutycycle`) ends by itself at the op's deadline and always continues the
+    targets. ``apply`` adds ``helper_pid``/``helper_start_time`` to ``applied.state`` (journal it with
+    ``Journal.applied(op_id, state=applied.state)``); heal also finds the helper by its ``--op-id`` when the
+    crash came before that record, so an unjournaled helper is still stopped.
+    """
+
+    name: ClassVar[str] = "slow"
+    Params: ClassVar[type[BaseModel]] = SlowParams
+    summary: ClassVar[str] = "make a rank, pid or command-line match slow with a SIGSTOP/SIGCONT duty cycle"
+
+    def check(self, ctx: InjectionContext, params: BaseModel) -> None:
+        _check_kill(ctx, params)
+        if isinstance(ctx.transport, LocalTransport):
+            return
+        try:
+            done = ctx.transport.run([host_python(ctx.transport), "-c", f"import {dutycycle.MODULE}"], timeout=30)
+        except TransportError as exc:
+            raise Unsupported(f"cannot run python3 on {ctx.transport.host}: {exc}") from exc
+        if not done.ok:
+            raise Unsupported(f"mlchaos is not importable by the host's python on {ctx.transport.host} (needed for slow)")
+
+    def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
+        """Resolve targets; InjectionError without a duration (the helper must have a deadline)."""
+        duration = require_duration(self.name, op)
+        params = params_of(SlowParams, op)
+        pids, starts, label = resolve_processes(ctx, params)
+        state: dict[str, JsonValue] = {
+            "pids": list(pids),
+            "start_times": list(starts),
+            "selector": label,
+            "stopped_fraction": params.stopped_fraction,
+            "period_s": params.period,
+        }
+        return Applied(
+            op_id=op.op_id,
+            fault=op.fault,
+            injector=self.name,
+            host=ctx.transport.host,
+            duration_s=duration,
+            state=state,
+            description=(
+                f"SIGSTOP/SIGCONT {label} {params.stopped_fraction:.0%} of every {_seconds(params.period)}"
+                f" for {_seconds(duration)}"
+            ),
+        )
+
+    def apply(self, ctx: InjectionContext, applied: Applied) -> None:
+        """Start the detached duty-cycle helper; records its pid and start time in ``applied.state``."""
+        host = ProcessHost(ctx.transport)
+        alive = same_processes(host, applied.state)
+        if not alive:
+            raise InjectionError(f"{applied.state.get('selector')} exited before it could be slowed")
+        duration = applied.duration_s or 0.0
+        # The deadline is on the HOST's clock, the one the helper reads.
+        until_ns = time.time_ns() - int(ctx.transport.clock_offset() * 1e9) + int(duration * 1e9)
+        starts = {pid: host.start_time(pid) for pid in alive}
+        argv = [
+            host_python(ctx.transport), "-m", dutycycle.MODULE,
+            "--op-id", applied.op_id,
+            "--pids", ",".join(str(pid) for pid in starts),
+            "--start-times", ",".join(str(start) for start in starts.values()),
+            "--stopped-fraction", repr(applied.state.get("stopped_fraction")),
+            "--period", repr(applied.state.get("period_s")),
+            "--until-ns", str(until_ns),
+        ]  # fmt: skip
+        env = None
+        if host.local:
+            log_dir = state_dir()
+            log_dir.mkdir(parents=True, exist_ok=True)
+            argv += ["--log", str(log_dir / "dutycycle.log")]
+            env = deadman.python_env()
+        helper = deadman.spawn_helper(ctx.transport, argv, what="duty-cycle helper", env=env, timeout=30)
+        applied.state["helper_pid"] = helper
+        applied.state["helper_start_time"] = host.start_time(helper)
+
+    def heal(self, ctx: InjectionContext, applied: Applied) -> None:
+        """Stop the helper (verified by cmdline and op id), then SIGCONT the recorded processes.
+
+        Order matters: a helper still running would stop the targets again right after our SIGCONT.
+        """
+        host = ProcessHost(ctx.transport)
+        recorded = applied.state.get("helper_pid")
+        if isinstance(recorded, int):
+            helpers = [recorded]
+        else:  # crashed before the helper pid was journaled: find it by its op id
+            helpers = [
+                pid
+                for pid, args in host.command_lines().items()
+                if f"-m {dutycycle.MODULE} " in args and f"--op-id {applied.op_id} " in f"{args} "
+            ]
+        helpers = [pid for pid in helpers if host.is_helper(pid, dutycycle.MODULE, applied.op_id)]
+        if helpers:
+            host.signal("SIGTERM", helpers)
+            deadline = time.monotonic() + 5.0
+            while time.monotonic() < deadline and any(
+                host.is_helper(pid, dutycycle.MODULE, applied.op_id) for pid in helpers
+            ):
+                time.sleep(0.02)
+            stuck = [pid for pid in helpers if host.is_helper(pid, dutycycle.MODULE, applied.op_id)]
+            host.signal("SIGKILL", stuck)  # it did not leave in time; we continue the targets below anyway
+        host.signal("SIGCONT", same_processes(host, applied.state))
+
+    def revert_command(self, applied: Applied) -> list[str] | None:
+        return _continue_command(applied)
+
+
+INJECTORS = (KillInjector, FreezeInjector, SlowInjector)

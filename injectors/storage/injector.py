@@ -1,0 +1,485 @@
+"""Storage faults: ``storage``, a FUSE layer mounted over a directory (e.g. a job's checkpoint dir).
+
+One injector with a ``mode`` rather than one injector per symptom: every mode needs the same mount, the same
+daemon and the same heal, and the daemon can switch modes live (:func:`change`), which separate injectors
+could not express. Modes:
+
+- ``latency``: each selected operation waits ``latency`` first; ``fsync_stall`` is the same, on ``fsync``
+  only by default (the classic "checkpoint fsync takes minutes" incident);
+- ``hang``: selected operations block until the fault is healed or changed, then run normally;
+- ``eio`` / ``enospc`` / ``readonly``: selected operations fail with EIO / ENOSPC / EROFS without touching
+  the data (``readonly`` fails only operations that would modify, and ``open`` only for write access;
+  ``enospc`` also makes ``statfs`` report a full disk).
+
+``ops`` narrows which operations are hit (default: per mode, see :data:`injectors.storage.fuselayer.DEFAULT_OPS`)
+and ``probability`` hits each call with that chance (an rng seeded by the op id).
+
+The daemon (:mod:`injectors.storage.fuselayer`) opens the real directory before mounting over it, so everything
+written through the layer lands in the real directory: healing loses no data. Heal clears the fault first
+(operations stuck in ``hang`` complete), then unmounts with ``fusermount3 -u``, falling back to a lazy
+``fusermount3 -uz`` when the job holds files open there. After a lazy unmount the path shows the real
+directory at once; files the job still holds open keep working (passthrough) for ``drain`` seconds, and the
+daemon exits as soon as the last one is closed. Past ``drain`` the daemon exits anyway: I/O on such a file
+then fails with ENOTCONN ("Transport endpoint is not connected"); ``close()`` reports ENOTCONN too but
+releases the fd (close always does), and all data written before is in the real directory. Heal waits for
+the daemon to leave (bounded by ``drain``), then checks that the mount is gone. The dead-man's revert is
+``fusermount3 -uz <path>``: the daemon watches its own mount and, when it vanishes, clears the fault and
+stops by itself the same way (so one argv is a complete revert).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
+
+from chaos.cluster.base import Transport, TransportError, host_python, read_host_file
+from chaos.cluster.local import LocalTransport
+from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
+from chaos.safety import deadman
+from chaos.safety.state import state_dir
+from chaos.spec.units import Duration
+from injectors.process.faults import ProcessHost, params_of, require_duration
+from injectors.storage import fuselayer
+
+Mode = Literal["latency", "hang", "eio", "enospc", "fsync_stall", "readonly"]
+Op = Literal[
+    "getattr", "access", "readdir", "readlink", "statfs",
+    "open", "create", "read", "write", "flush", "fsync", "release",
+    "rename", "unlink", "mkdir", "rmdir", "symlink", "link", "mknod",
+    "truncate", "chmod", "chown", "utimens",
+]  # fmt: skip
+READY_TIMEOUT_S = 15.0
+ACK_TIMEOUT_S = 5.0
+_EXIT_GRACE_S = 5.0
+
+
+class StorageParams(BaseModel):
+    """A FUSE fault layer over ``path`` for the fault's duration."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str = Field(
+        description="absolute path of an existing directory to mount the fault layer over; "
+        "{run_dir}/… names one inside the run's report dir (e.g. a checkpoint dir)"
+    )
+    mode: Mode = Field(default="latency", description="latency | hang | eio | enospc | fsync_stall | readonly")
+    ops: tuple[Op, ...] | None = Field(default=None, description="operations hit (default: depends on mode)")
+    latency: Duration = Field(default=1.0, gt=0, description="delay per hit operation (latency, fsync_stall)")
+    probability: float = Field(default=1.0, gt=0, le=1, description="chance that one call is hit")
+    drain: Duration = Field(default=5.0, ge=0, description="how long files held open across heal keep working")
+
+    @field_validator("path")
+    @classmethod
+    def _absolute_dir(cls, value: str) -> str:
+        # "{run_dir}/…" is expanded to the run's absolute report dir when the fault fires (then re-checked).
+        if not value.startswith(("/", "{run_dir}/")) or any(ch in value for ch in "\0\n"):
+            raise ValueError(f"path must be an absolute directory path (or {{run_dir}}/…), got {value!r}")
+        normal = os.path.normpath(value)
+        if normal == "/":
+            raise ValueError("refusing to mount a fault layer over /")
+        return normal
+
+    @model_validator(mode="after")
+    def _consistent(self) -> StorageParams:
+        if "latency" in self.model_fields_set and self.mode not in ("latency", "fsync_stall"):
+            raise ValueError(f"latency only applies to modes latency and fsync_stall, not {self.mode}")
+        if self.ops is not None:
+            if not self.ops:
+                raise ValueError("ops must name at least one operation (or be left out for the mode's default)")
+            if self.mode == "readonly" and not set(self.ops) & (fuselayer.MUTATING | {"open"}):
+                raise ValueError(f"readonly only affects open and operations that modify: {sorted(fuselayer.MUTATING)}")
+        return self
+
+    def effective_ops(self) -> tuple[str, ...]:
+        """The operations hit: ``ops`` or the mode's default."""
+        return tuple(self.ops) if self.ops is not None else fuselayer.DEFAULT_OPS[self.mode]
+
+
+# -- host access -------------------------------------------------------------------------------------------------
+
+
+class _Files:
+    """Small file reads and writes on the fault's host (local directly, remote through the transport)."""
+
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
+        self.local = isinstance(transport, LocalTransport)
+
+    def read(self, path: str) -> str | None:
+        return read_host_file(self.transport, path)
+
+    def mounts(self) -> str:
+        text = self.read("/proc/self/mounts")
+        if text is None:
+            raise InjectionError(f"cannot read /proc/self/mounts on {self.transport.host}")
+        return text
+
+    def run(self, argv: list[str]) -> tuple[bool, str]:
+        try:
+            done = self.transport.run(argv, timeout=30)
+        except TransportError as exc:
+            return False, str(exc)
+        return done.ok, (done.stderr or done.stdout).strip()[:300]
+
+
+def _state_str(applied: Applied, key: str) -> str:
+    value = applied.state.get(key)
+    if not isinstance(value, str) or not value:
+        raise InjectionError(f"journal state {key!r} is missing or not a string: {value!r}")
+    return value
+
+
+def _tag(op_id: str) -> str:
+    """A mount-option-safe, unique name for one op (the same op id may run again later)."""
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", op_id)[:40]
+    return f"{safe}-{hashlib.sha1(f'{op_id}:{time.time_ns()}'.encode()).hexdigest()[:8]}"
+
+
+def _fault(params: StorageParams | None, generation: int) -> fuselayer.Fault:
+    if params is None:
+        return fuselayer.Fault(generation=generation)
+    return fuselayer.Fault(
+        mode=params.mode,
+        ops=frozenset(params.effective_ops()),
+        latency_s=params.latency if params.mode in ("latency", "fsync_stall") else 0.0,
+        probability=params.probability,
+        generation=generation,
+    )
+
+
+def _state_fault(applied: Applied, generation: int) -> fuselayer.Fault:
+    """The fault recorded at prepare, as the daemon's control file carries it."""
+    ops, latency, probability = (applied.state.get(key) for key in ("ops", "latency_s", "probability"))
+    mode = _state_str(applied, "mode")
+    if not isinstance(ops, list) or not all(isinstance(op, str) for op in ops):
+        raise InjectionError(f"journal state 'ops' is not a list of operation names: {ops!r}")
+    if not isinstance(latency, (int, float)) or not isinstance(probability, (int, float)):
+        raise InjectionError("journal state 'latency_s'/'probability' are not numbers")
+    return fuselayer.Fault(
+        mode=mode,
+        ops=frozenset(str(op) for op in ops),
+        latency_s=float(latency) if mode in ("latency", "fsync_stall") else 0.0,
+        probability=float(probability),
+        generation=generation,
+    )
+
+
+def _drain_s(applied: Applied) -> float:
+    drain = applied.state.get("drain_s")
+    return float(drain) if isinstance(drain, (int, float)) else 5.0
+
+
+def _status(files: _Files, applied: Applied) -> dict[str, JsonValue]:
+    text = files.read(_state_str(applied, "status"))
+    try:
+        found = json.loads(text) if text else {}
+    except ValueError:  # caught between write and rename can't happen (atomic), but a truncated disk can
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _daemons(host: ProcessHost, applied: Applied) -> list[int]:
+    """The op's live daemon(s): the journaled pid, or (crash before that record) a search by op id."""
+    recorded = applied.state.get("helper_pid")
+    if isinstance(recorded, int):
+        candidates = [recorded]
+    else:
+        candidates = [
+            pid
+            for pid, args in host.command_lines().items()
+            if f"-m {fuselayer.MODULE} " in args and f"--op-id {applied.op_id} " in f"{args} "
+        ]
+    return [pid for pid in candidates if host.is_helper(pid, fuselayer.MODULE, applied.op_id)]
+
+
+def _write_fault(ctx: InjectionContext, applied: Applied, fault: fuselayer.Fault) -> None:
+    path = _state_str(applied, "control")
+    try:
+        ctx.transport.put(fault.to_json(), path)
+    except (OSError, TransportError) as exc:
+        raise InjectionError(f"cannot write the fault control file {path}: {exc}") from exc
+
+
+def _wait(predicate: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return bool(predicate())
+
+
+def change(ctx: InjectionContext, applied: Applied, params: StorageParams | None) -> None:
+    """Switch a live ``storage`` fault to ``params`` (None clears it) and wait until the daemon adopted it.
+
+    ``params.path`` must be the mounted path. Raises InjectionError when the daemon is gone or does not
+    acknowledge within :data:`ACK_TIMEOUT_S`.
+    """
+    if params is not None and params.path != applied.state.get("path"):
+        raise InjectionError(f"this fault is mounted on {applied.state.get('path')}, not {params.path}")
+    host, files = ProcessHost(ctx.transport), _Files(ctx.transport)
+    generation = time.time_ns()
+    _write_fault(ctx, applied, _fault(params, generation))
+    if not _wait(lambda: _status(files, applied).get("generation") == generation, ACK_TIMEOUT_S):
+        alive = "alive" if _daemons(host, applied) else "gone"
+        raise InjectionError(
+            f"the fault layer on {applied.state.get('path')} did not adopt the change (daemon {alive})"
+        )
+
+
+# -- containers: the layer goes on the docker host, over the bind mount's source ---------------------------------
+
+_VIA_DOCKER_HOST = "docker-host"
+_PROPAGATING = ("rslave", "rshared", "slave", "shared")
+
+
+def _docker(transport: Transport) -> Any | None:
+    """The transport as a DockerTransport, or None (imported lazily: the docker SDK only when used)."""
+    if type(transport).__name__ != "DockerTransport":
+        return None
+    return transport
+
+
+def _on_docker_host(ctx: InjectionContext) -> InjectionContext:
+    """The context for this machine, which runs the container's Docker daemon (checked in ``check``)."""
+    return InjectionContext(LocalTransport(), history=ctx.history, target=ctx.target, extras=ctx.extras)
+
+
+def _daemon_is_local(transport: Any) -> bool:
+    url = str(getattr(transport, "docker_url", ""))
+    return url.startswith("unix://") or url.startswith("/")
+
+
+def host_path_of(mounts: list[dict[str, Any]], container_path: str) -> tuple[str, dict[str, Any]] | None:
+    """The docker host's path for ``container_path`` through the innermost bind mount holding it, with that
+    mount; None when no bind mount holds it. (Pure: ``mounts`` is the container's ``Mounts`` list.)"""
+    path = os.path.normpath(container_path)
+    best: dict[str, Any] | None = None
+    for mount in mounts:
+        target = os.path.normpath(str(mount.get("Destination", "")))
+        inside = path == target or path.startswith(target.rstrip("/") + "/")
+        if mount.get("Type") == "bind" and inside and (best is None or len(target) > len(best["Destination"])):
+            best = {**mount, "Destination": target}
+    if best is None:
+        return None
+    rest = os.path.relpath(path, best["Destination"])
+    return os.path.normpath(os.path.join(str(best["Source"]), rest)), best
+
+
+# -- the injector ------------------------------------------------------------------------------------------------
+
+
+class StorageInjector:
+    """A FUSE fault layer over a directory, served by a detached daemon; see the module docstring."""
+
+    name: ClassVar[str] = "storage"
+    Params: ClassVar[type[BaseModel]] = StorageParams
+    summary: ClassVar[str] = "FUSE layer over a directory: latency, hang, EIO, ENOSPC, fsync stall or read-only"
+
+    def check(self, ctx: InjectionContext, params: BaseModel) -> None:
+        """Unsupported unless /dev/fuse is usable, fusermount3 is installed and mfusepy loads libfuse (on the
+        docker host, for a container: the layer is mounted there, over the bind mount's source)."""
+        if (container := _docker(ctx.transport)) is not None:
+            if not _daemon_is_local(container):
+                raise Unsupported(
+                    f"a storage fault on container host {ctx.transport.host} mounts its layer on the docker host, "
+                    f"so the daemon must run on this machine (it is at {container.docker_url})"
+                )
+            container.container()  # TransportError (missing / stopped container) -> refused up front
+            self.check(_on_docker_host(ctx), params)
+            return
+        if isinstance(ctx.transport, LocalTransport):
+            if not os.path.exists("/dev/fuse"):
+                raise Unsupported("/dev/fuse does not exist (no FUSE in this kernel or container)")
+            if not os.access("/dev/fuse", os.R_OK | os.W_OK):
+                raise Unsupported("/dev/fuse is not readable and writable by this user")
+            if shutil.which("fusermount3") is None:
+                raise Unsupported("fusermount3 is not installed (Debian package fuse3)")
+            if problem := fuselayer.binding_problem():
+                raise Unsupported(problem)
+            return
+        files = _Files(ctx.transport)
+        probe = "import sys, injectors.storage.fuselayer as f; p = f.binding_problem(); print(p or ''); sys.exit(bool(p))"
+        for argv, why in (
+            (["test", "-c", "/dev/fuse"], "/dev/fuse does not exist"),
+            (["fusermount3", "-V"], "fusermount3 is not installed (Debian package fuse3)"),
+            ([host_python(ctx.transport), "-c", probe], "mfusepy/libfuse are not usable by the host's python"),
+        ):
+            ok, detail = files.run(argv)
+            if not ok:
+                raise Unsupported(f"{why} on {ctx.transport.host}: {detail}")
+
+    def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
+        """Resolve the directory and name the mount; InjectionError without a duration, for a missing
+        directory, or when a fault layer is already on (or still draining from) that path."""
+        duration = require_duration(self.name, op)
+        params = params_of(StorageParams, op)
+        if (container := _docker(ctx.transport)) is not None:
+            return self._prepare_in_container(ctx, op, container, params)
+        files, host = _Files(ctx.transport), ProcessHost(ctx.transport)
+        if files.local:
+            path = os.path.realpath(params.path)
+            if not os.path.isdir(path):
+                raise InjectionError(f"{params.path} is not a directory")
+        else:
+            ok, out = files.run(["realpath", "-e", params.path])
+            path = out.strip()
+            if not ok or not files.run(["test", "-d", path])[0]:
+                raise InjectionError(f"{params.path} is not a directory on {ctx.transport.host}")
+        if any(m.target == path for m in fuselayer.chaos_mounts(files.mounts())):
+            raise InjectionError(f"a chaos-fuse layer is already mounted on {path}")
+        if any(f"-m {fuselayer.MODULE} " in a and f"--path {path} " in f"{a} " for a in host.command_lines().values()):
+            raise InjectionError(f"a fault layer daemon for {path} is still serving open files; try again later")
+        tag = _tag(op.op_id)
+        base = str(state_dir() / "fuse")
+        ops = params.effective_ops()
+        state: dict[str, JsonValue] = {
+            "path": path,
+            "fsname": f"{fuselayer.FSNAME_PREFIX}:{tag}",
+            "control": f"{base}/{tag}.json",
+            "status": f"{base}/{tag}.status.json",
+            "log": f"{base}/{tag}.log",
+            "mode": params.mode,
+            "ops": list(ops),
+            "latency_s": params.latency,
+            "probability": params.probability,
+            "drain_s": params.drain,
+        }
+        what = f"{params.mode} ({params.latency:g}s)" if params.mode in ("latency", "fsync_stall") else params.mode
+        chance = "" if params.probability >= 1 else f" with p={params.probability:g}"
+        return Applied(
+            op_id=op.op_id,
+            fault=op.fault,
+            injector=self.name,
+            host=ctx.transport.host,
+            duration_s=duration,
+            state=state,
+            description=f"FUSE {what} on {','.join(ops)}{chance} over {path} for {duration:g}s",
+        )
+
+    def _prepare_in_container(
+        self, ctx: InjectionContext, op: FaultOp, container: Any, params: StorageParams
+    ) -> Applied:
+        """A directory inside a container: the layer goes over the bind mount's SOURCE on the docker host;
+        the container sees it only when that bind propagates host mounts (rslave/rshared)."""
+        found = container.container()
+        mapped = host_path_of(list(found.attrs.get("Mounts") or []), params.path)
+        name = container.container_name
+        if mapped is None:
+            raise InjectionError(
+                f"{params.path} in container {name} is not on a bind mount, so the docker host cannot stall it "
+                "(a storage fault on a container needs the directory bind-mounted from the host)"
+            )
+        source, mount = mapped
+        if str(mount.get("Propagation", "")) not in _PROPAGATING:
+            raise InjectionError(
+                f"the bind mount {mount.get('Source')}:{mount['Destination']} of container {name} has propagation "
+                f"{mount.get('Propagation') or 'rprivate'}, so a layer mounted on the host would not reach the "
+                "container: bind it with :rslave (the docker testbed does)"
+            )
+        local_op = op.model_copy(update={"params": params.model_copy(update={"path": source})})
+        applied = self.prepare(_on_docker_host(ctx), local_op)
+        applied.state.update({"via": _VIA_DOCKER_HOST, "container": name, "container_path": params.path})
+        return applied.model_copy(
+            update={"host": ctx.transport.host, "description": f"{applied.description} (= {name}:{params.path})"}
+        )
+
+    @staticmethod
+    def revert_on_harness(applied: Applied) -> bool:
+        """True for a container's layer: it is mounted on this machine, so its dead-man must run here."""
+        return applied.state.get("via") == _VIA_DOCKER_HOST
+
+    def apply(self, ctx: InjectionContext, applied: Applied) -> None:
+        """Write the fault, start the daemon and wait until its mount serves; adds ``helper_pid`` to state."""
+        if applied.state.get("via") == _VIA_DOCKER_HOST:
+            ctx = _on_docker_host(ctx)
+        files, host = _Files(ctx.transport), ProcessHost(ctx.transport)
+        control = _state_str(applied, "control")
+        ok, detail = files.run(["mkdir", "-p", os.path.dirname(control)])
+        if not ok:
+            raise InjectionError(f"cannot create {os.path.dirname(control)}: {detail}")
+        path, drain_s = _state_str(applied, "path"), _drain_s(applied)
+        _write_fault(ctx, applied, _state_fault(applied, time.time_ns()))
+        # The daemon's own deadline is a backstop behind heal and the dead-man, hence the grace.
+        until_ns = time.time_ns() - int(ctx.transport.clock_offset() * 1e9)
+        until_ns += int(((applied.duration_s or 0.0) + 30.0 + drain_s) * 1e9)
+        argv = [
+            host_python(ctx.transport), "-m", fuselayer.MODULE,
+            "--op-id", applied.op_id,
+            "--path", path,
+            "--fsname", _state_str(applied, "fsname"),
+            "--control", control,
+            "--status", _state_str(applied, "status"),
+            "--until-ns", str(until_ns),
+            "--drain", repr(drain_s),
+            "--log", _state_str(applied, "log"),
+        ]  # fmt: skip
+        helper = deadman.spawn_helper(
+            ctx.transport, argv, what="FUSE daemon", env=deadman.python_env() if files.local else None, timeout=30
+        )
+        applied.state["helper_pid"] = helper
+        applied.state["helper_start_time"] = host.start_time(helper)
+        fsname = _state_str(applied, "fsname")
+
+        def serving() -> bool:
+            return _status(files, applied).get("phase") == "serving" and fuselayer.is_mounted(
+                fsname, path, files.mounts()
+            )
+
+        def failed() -> bool:
+            return not host.is_helper(helper, fuselayer.MODULE, applied.op_id)
+
+        if not _wait(lambda: serving() or failed(), READY_TIMEOUT_S) or not serving():
+            log = (files.read(_state_str(applied, "log")) or "").strip().splitlines()[-5:]
+            raise InjectionError(f"the FUSE layer on {path} did not come up: {' | '.join(log) or 'no log'}")
+
+    def heal(self, ctx: InjectionContext, applied: Applied) -> None:
+        """Clear the fault, unmount (lazily if busy), wait for the daemon, verify the mount is gone.
+
+        Idempotent and works from ``applied.state`` alone (a fresh process after a crash). Raises
+        InjectionError only when the mount is still there at the end.
+        """
+        if applied.state.get("via") == _VIA_DOCKER_HOST:
+            ctx = _on_docker_host(ctx)
+        files, host = _Files(ctx.transport), ProcessHost(ctx.transport)
+        path, fsname = _state_str(applied, "path"), _state_str(applied, "fsname")
+        drain_s = _drain_s(applied)
+        daemons = _daemons(host, applied)
+        if daemons and _status(files, applied).get("phase") == "serving":
+            try:  # release every operation held by hang or latency before taking the mount away
+                change(ctx, applied, None)
+            except InjectionError:
+                pass  # a wedged daemon: unmounting below and the kill after the drain still end it
+        errors = []
+        for lazy in (False, True):
+            if not fuselayer.is_mounted(fsname, path, files.mounts()):
+                break
+            ok, detail = files.run(fuselayer.unmount_argv(path, lazy=lazy))
+            if not ok:
+                errors.append(f"{' '.join(fuselayer.unmount_argv(path, lazy=lazy))}: {detail}")
+        if daemons and not _wait(lambda: not _daemons(host, applied), drain_s + _EXIT_GRACE_S):
+            # Exiting closes /dev/fuse, which aborts the connection; SIGKILL does the same without libfuse's
+            # SIGTERM path, which would unmount by path (possibly someone else's newer mount).
+            host.signal("SIGKILL", _daemons(host, applied))
+            _wait(lambda: not _daemons(host, applied), _EXIT_GRACE_S)
+        if fuselayer.is_mounted(fsname, path, files.mounts()):
+            raise InjectionError(f"the FUSE layer {fsname} is still mounted on {path}: {'; '.join(errors)}")
+        if not _daemons(host, applied):  # healed: its control, status and log files have served their purpose
+            state_files = [applied.state.get(key) for key in ("control", "status", "log")]
+            files.run(["rm", "-f", *(f for f in state_files if isinstance(f, str) and f)])
+
+    def revert_command(self, applied: Applied) -> list[str] | None:
+        """Lazy unmount; the daemon notices its mount is gone, clears the fault and stops after the drain."""
+        path = applied.state.get("path")
+        return fuselayer.unmount_argv(path, lazy=True) if isinstance(path, str) and path else None
+
+
+INJECTORS = (StorageInjector,)

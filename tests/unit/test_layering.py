@@ -1,0 +1,177 @@
+"""The floor plan as an executable contract: every import in ``chaos/`` and ``injectors/`` points down the layers
+below, and no module imports itself back through others (no circles).
+
+Imports are read from the source (every ``import``/``from ... import``, in functions and ``TYPE_CHECKING``
+blocks too), so a lazy import cannot hide an upward edge. ``docs/architecture.md`` draws the same layers.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Lowest first. A module belongs to the most specific prefix listed; a module may import modules of its own
+# package, and of any package in a LOWER layer, nothing else. Two packages in one layer never import each other.
+LAYERS: list[tuple[str, ...]] = [
+    # foundation: leaves that import nothing of mlchaos
+    ("chaos", "chaos.events", "chaos.safety.state", "chaos.spec.units", "chaos.injob.bitflip"),
+    ("chaos.history", "chaos.cluster.base"),
+    ("chaos.plugins",),  # the Injector and Check contracts, the entry-point registry
+    ("chaos.spec",),  # the typed scenario
+    ("chaos.plan",),  # triggers -> ops, seeds, the in-job plan file
+    ("chaos.cluster", "chaos.safety", "chaos.load"),  # transports, testbeds; journal, dead-man; load generator
+    ("injectors",),  # fault families
+    ("chaos.injob", "chaos.guards"),  # what runs inside the user's job: fault engine, detectors
+    ("chaos.agent", "chaos.strategies"),  # the public in-job API over them
+    ("chaos.targets", "chaos.checks"),  # job adapters and reference jobs; assertion modules
+    ("chaos.run.result", "chaos.analysis"),  # a run's outcome as data; ETTR and SDC coverage
+    ("chaos.report",),
+    ("chaos.run",),  # the orchestrator
+    ("chaos.suite", "chaos.gameday", "chaos.pytest_plugin"),  # ways in
+    ("chaos.cli",),
+]
+
+# What runs inside the user's process may import only these (it must stay importable with torch alone).
+IN_JOB = ("chaos.injob", "chaos.guards", "chaos.agent")
+IN_JOB_MAY_IMPORT = (
+    "chaos", "chaos.events", "chaos.injob", "chaos.guards", "chaos.plan.agent_plan",
+    "injectors.tensor", "injectors.gradient",  # the params of the faults the agent fires in-job
+)
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def project_modules() -> dict[str, Path]:
+    return {module_name(p): p for top in ("chaos", "injectors") for p in sorted((ROOT / top).rglob("*.py"))}
+
+
+def imports_of(path: Path, known: Iterable[str]) -> set[str]:
+    """The project modules ``path`` imports (``from a import b`` counts as ``a.b`` when that is a module)."""
+    known = set(known)
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                found.add(full if full in known else node.module)
+    return {name for name in found if name in known}
+
+
+def owner(module: str) -> tuple[int, str]:
+    """(layer index, the prefix that places it): the most specific prefix of any layer."""
+    best: tuple[int, str] | None = None
+    for index, layer in enumerate(LAYERS):
+        for prefix in layer:
+            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > len(best[1])):
+                best = (index, prefix)
+    if best is None:
+        raise AssertionError(f"{module} is in no layer of tests/unit/test_layering.py: add its package to LAYERS")
+    return best
+
+
+def layering_violations(graph: dict[str, set[str]]) -> list[str]:
+    problems = []
+    for module, targets in sorted(graph.items()):
+        layer, prefix = owner(module)
+        for target in sorted(targets):
+            target_layer, target_prefix = owner(target)
+            if target_prefix == prefix or target_layer < layer:
+                continue
+            if prefix == "chaos" and target_layer == 0:
+                continue
+            problems.append(f"{module} (layer {layer}, {prefix}) imports {target} (layer {target_layer}, {target_prefix})")
+        if prefix in IN_JOB or module.startswith(IN_JOB):
+            for target in sorted(targets):
+                if not any(target == ok or target.startswith(ok + ".") for ok in IN_JOB_MAY_IMPORT if ok != "chaos") \
+                        and target != "chaos":
+                    problems.append(f"{module} runs in the user's job but imports {target}")
+    return problems
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = project_modules()
+    return {name: imports_of(path, modules) - {name} for name, path in modules.items()}
+
+
+def test_every_import_points_down_the_layers() -> None:
+    problems = layering_violations(import_graph())
+    assert not problems, "upward or sideways imports:\n" + "\n".join(problems)
+
+
+def test_no_import_circles() -> None:
+    found = circles(import_graph())
+    assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_top_level_chaos_holds_only_the_public_modules() -> None:
+    public = {"__init__.py", "agent.py", "events.py", "strategies.py"}
+    loose = sorted(p.name for p in (ROOT / "chaos").glob("*.py") if p.name not in public)
+    assert not loose, f"chaos/ top level holds only the public modules; move {loose} into a package"
+
+
+def test_no_module_over_600_lines() -> None:
+    long = {str(p.relative_to(ROOT)): n for p in project_modules().values() if (n := len(p.read_text().splitlines())) > 600}
+    assert not long, f"modules over 600 lines (split them by job): {long}"
+
+
+def test_the_contract_catches_an_upward_import_and_a_circle() -> None:
+    """The checks above must be able to fail: a spec module importing the orchestrator, and a two-module circle."""
+    graph = import_graph()
+    graph["chaos.spec.scenario"] = graph["chaos.spec.scenario"] | {"chaos.run.orchestrator"}
+    assert any("chaos.spec.scenario" in p and "chaos.run.orchestrator" in p for p in layering_violations(graph))
+    graph["chaos.history.timeline"] = graph["chaos.history.timeline"] | {"chaos.spec.scenario"}
+    graph["chaos.spec.scenario"] = graph["chaos.spec.scenario"] | {"chaos.history.timeline"}
+    assert any({"chaos.spec.scenario", "chaos.history.timeline"} <= set(c) for c in circles(graph))
