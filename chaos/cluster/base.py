@@ -77,32 +77,6 @@ def signal_name(signum: int) -> str:
     return signal.Signals(signum).name.removeprefix("SIG")
 
 
-class SignalsThroughKill:
-    """``send_signal``/``terminate``/``kill`` for a process started by a remote transport (SSH, Docker): the
-    host's own ``kill``, run through the owning transport. Subclasses set ``_owner`` and ``_pid`` and provide
-    ``poll``."""
-
-    _owner: Transport
-    _pid: int
-
-    def poll(self) -> int | None:
-        raise NotImplementedError
-
-    def send_signal(self, signum: int) -> None:
-        """Deliver ``signum`` through the host's ``kill``; a process that already exited is left alone."""
-        if self.poll() is not None:
-            return
-        done = self._owner.run(["kill", "-s", signal_name(signum), "--", str(self._pid)], timeout=30)
-        if not done.ok and self.poll() is None:
-            raise TransportError(f"cannot signal pid {self._pid} on {self._owner.host}: {done.stderr.strip()}")
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-
 def host_python(transport: Transport) -> str:
     """The interpreter that runs mlchaos helpers on the transport's host: the harness's own locally, the
     inventory's ``python`` for that host elsewhere (default ``python3``, which must be able to import mlchaos)."""

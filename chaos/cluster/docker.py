@@ -2,7 +2,7 @@
 
 Contracts worth knowing:
 
-* Commands are argv lists, run by ``docker exec`` of ``sh -c`` around :func:`chaos.cluster.ssh.remote_command`
+* Commands are argv lists, run by ``docker exec`` of ``sh -c`` around :func:`chaos.cluster.remote_process.remote_command`
   (every word ``shlex.quote``d; the shell fragments around it are constants), so the container needs a POSIX
   ``sh`` (the testbed's get this machine's ``/usr``). The shell ``exec``s the command: a pid is the
   command's, in the CONTAINER's pid namespace (what ``kill`` inside understands).
@@ -23,28 +23,25 @@ from __future__ import annotations
 import difflib
 import io
 import os
-import shlex
-import socket
-import struct
-import subprocess
 import tarfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path, PurePosixPath
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
-from chaos.cluster.base import (
-    Completed,
-    SignalsThroughKill,
-    Transport,
-    TransportError,
-    kill_reported_group,
-    signal_name,
-)
+from chaos.cluster.base import Completed, Transport, TransportError, kill_reported_group
+from chaos.cluster.docker_exec import ExecConn, FrameReader, exit_code
 from chaos.cluster.inventory import Host, Inventory
-from chaos.cluster.ssh import ClockEstimate, remote_command
+from chaos.cluster.remote_process import (
+    CLOCK_LOOP,
+    ClockEstimate,
+    RemoteProcess,
+    RemoteTransport,
+    estimate_clock,
+    remote_command,
+    run_command,
+)
 
 if TYPE_CHECKING:
     import docker
@@ -53,9 +50,6 @@ if TYPE_CHECKING:
 DEFAULT_SOCKET = "unix:///var/run/docker.sock"
 _START_HINT = "start it with `bash scripts/start-dockerd.sh` (or point DOCKER_HOST / the host's docker_url at one)"
 _REFUSED_CAPS = b"unable to apply caps"
-_HEADER = struct.Struct(">BxxxI")  # the exec stream's frame header: stream (1 stdout, 2 stderr), size
-_POLL_MIN_S = 0.02
-_POLL_MAX_S = 0.2
 
 # Daemon URL -> whether privileged execs work there (learned once per process, see the module docstring).
 _PRIVILEGED: dict[str, bool] = {}
@@ -64,106 +58,7 @@ _PRIVILEGED_LOCK = threading.Lock()
 
 
 
-def _exit_code(code: int) -> int:
-    """The daemon's exit code, ``128 + signum`` read as ``-signum`` (Popen's convention)."""
-    return -(code - 128) if 128 < code <= 128 + 64 else code
-
-
-class _ExecConn:
-    """The hijacked connection of one exec: demultiplexed frames out, raw bytes in (the process's stdin)."""
-
-    def __init__(self, raw: Any) -> None:
-        self._raw = raw
-        self._sock: Any = getattr(raw, "_sock", raw)
-        self._buffer = b""
-        # http.client may have read past the response headers into its buffer: the first frames live there.
-        response = getattr(raw, "_response", None)
-        reader = getattr(getattr(getattr(response, "raw", None), "_fp", None), "fp", None)
-        if reader is not None and hasattr(reader, "read1") and hasattr(self._sock, "settimeout"):
-            self._sock.settimeout(0)
-            try:
-                self._buffer = reader.read1(1 << 16) or b""
-            except (BlockingIOError, OSError):
-                self._buffer = b""
-        self.settimeout(None)
-        self.closed = False
-
-    def settimeout(self, timeout: float | None) -> None:
-        if hasattr(self._sock, "settimeout"):
-            self._sock.settimeout(timeout)
-
-    def _exactly(self, size: int) -> bytes | None:
-        while len(self._buffer) < size:
-            chunk: bytes = self._sock.recv(max(65536, size - len(self._buffer)))
-            if not chunk:
-                return None
-            self._buffer += chunk
-        data, self._buffer = self._buffer[:size], self._buffer[size:]
-        return data
-
-    def frame(self) -> tuple[int, bytes] | None:
-        """The next ``(stream, payload)``, or None at EOF. socket timeouts propagate (TimeoutError)."""
-        header = self._exactly(_HEADER.size)
-        if header is None:
-            return None
-        stream, size = _HEADER.unpack(header)
-        payload = self._exactly(size) if size else b""
-        return None if payload is None else (stream, payload)
-
-    def send(self, data: bytes) -> None:
-        self._sock.sendall(data)
-
-    def shutdown_write(self) -> None:
-        if isinstance(self._sock, socket.socket):
-            self._sock.shutdown(socket.SHUT_WR)
-        elif hasattr(self._sock, "shutdown_write"):  # a paramiko channel (ssh:// daemon URLs)
-            self._sock.shutdown_write()
-
-    def close(self) -> None:
-        self.closed = True
-        if isinstance(self._sock, socket.socket):
-            try:
-                self._sock.shutdown(socket.SHUT_RDWR)  # wakes a reader blocked in recv (close alone does not)
-            except OSError:
-                pass
-        for thing in (self._sock, self._raw):
-            try:
-                thing.close()
-            except OSError:
-                pass
-
-
-class _FrameReader(io.RawIOBase):
-    """An exec's stdout and stderr payloads as one raw byte stream (EOF when the exec's output closes)."""
-
-    def __init__(self, conn: _ExecConn, pending: bytes, on_eof: Callable[[], None]) -> None:
-        super().__init__()
-        self._conn = conn
-        self._pending = pending
-        self._on_eof = on_eof
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while not self._pending:
-            if self._conn.closed:
-                return 0
-            try:
-                got = self._conn.frame()
-            except OSError:
-                got = None
-            if got is None:
-                self._on_eof()
-                return 0
-            self._pending = got[1]
-        size = min(len(buffer), len(self._pending))
-        buffer[:size] = self._pending[:size]
-        self._pending = self._pending[size:]
-        return size
-
-
-class DockerProcess(SignalsThroughKill):
+class DockerProcess(RemoteProcess):
     """A process started by :meth:`DockerTransport.spawn`; behaves like the parts of Popen the harness uses."""
 
     _owner: DockerTransport
@@ -172,32 +67,17 @@ class DockerProcess(SignalsThroughKill):
         self,
         owner: DockerTransport,
         exec_id: str,
-        conn: _ExecConn,
+        conn: ExecConn,
         pid: int,
         argv: list[str],
         pending: bytes,
         watched: bool,
     ) -> None:
-        self._owner = owner
+        super().__init__(owner, pid, argv, watched, FrameReader(conn, pending, self._at_eof))
         self._exec_id = exec_id
         self._conn = conn
-        self._pid = pid
-        self._argv = argv
-        self._watched = watched
-        self._released = False
         self._code: int | None = None
         self._eof = False
-        self._stdout: IO[bytes] = io.BufferedReader(_FrameReader(conn, pending, self._at_eof))
-
-    @property
-    def pid(self) -> int:
-        """The process id inside the container's pid namespace."""
-        return self._pid
-
-    @property
-    def stdout(self) -> IO[bytes]:
-        """stdout and stderr merged, readable line by line; EOF once the process and its children close it."""
-        return self._stdout
 
     def poll(self) -> int | None:
         """The exit code (``-signum`` if killed by a signal) or None while running; -1 when its fate is
@@ -216,23 +96,11 @@ class DockerProcess(SignalsThroughKill):
         if info.get("Running") or info.get("ExitCode") is None:
             return None
         code = int(info["ExitCode"])
-        self._code = -1 if code == -1 else _exit_code(code)
+        self._code = -1 if code == -1 else exit_code(code)
         self._release_watcher()
         if self._eof:
             self._close()
         return self._code
-
-    def wait(self, timeout: float | None = None) -> int:
-        """Block until exit; subprocess.TimeoutExpired after ``timeout`` seconds (the process keeps running)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pause = _POLL_MIN_S
-        while (code := self.poll()) is None:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(self._argv, timeout or 0.0)
-            time.sleep(pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic())))
-            pause = min(_POLL_MAX_S, pause * 1.5)
-        return code
-
 
     def _at_eof(self) -> None:
         # A watched process keeps its connection (its stdin) until its exit is seen: closing it earlier
@@ -245,21 +113,22 @@ class DockerProcess(SignalsThroughKill):
         self._owner._forget(self)
         self._conn.close()
 
-    def _release_watcher(self) -> None:
-        # "done" tells the in-container watcher the exit was seen, so it leaves quietly (it also checks that
-        # the pid is still its parent before signalling, so a late EOF cannot hit a reused pid).
-        if self._watched and not self._released:
-            self._released = True
-            try:
-                self._conn.send(b"done\n")
-                self._conn.shutdown_write()
-            except OSError:
-                pass
+    def _end_stdin(self, last: bytes) -> None:
+        # The in-container watcher also checks that the pid is still its parent before signalling, so a
+        # late EOF cannot hit a reused pid.
+        try:
+            self._conn.send(last)
+            self._conn.shutdown_write()
+        except OSError:
+            pass
 
 
-class DockerTransport:
+class DockerTransport(RemoteTransport[DockerProcess]):
     """Runs argv lists in one container, found by name on one Docker daemon. Connects lazily; thread-safe;
     ``close()`` when done (that also ends the stdin of every spawned process: ``kill_with_parent`` fires)."""
+
+    # The spawn watcher checks that the command is still its parent before signalling: a reused pid is never hit.
+    _guard_parent = True
 
     def __init__(self, host: Host, *, api_timeout: float = 60.0, clock_cache_s: float = 60.0) -> None:
         self.host = host.name
@@ -282,11 +151,6 @@ class DockerTransport:
         return cls(inventory.host(name), **options)
 
     @property
-    def python(self) -> str:
-        """The interpreter for mlchaos helpers in the container (the inventory's ``python``, else ``python3``)."""
-        return self.spec.python or "python3"
-
-    @property
     def docker_url(self) -> str:
         """The daemon this transport talks to, for messages."""
         return self.spec.docker_url or os.environ.get("DOCKER_HOST") or DEFAULT_SOCKET
@@ -296,12 +160,6 @@ class DockerTransport:
         """Whether execs on this daemon run privileged (None: not tried yet)."""
         with _PRIVILEGED_LOCK:
             return _PRIVILEGED.get(self.docker_url)
-
-    def __enter__(self) -> DockerTransport:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def close(self) -> None:
         """Drop the API connection and every spawned process's stream. Safe to call twice."""
@@ -424,7 +282,7 @@ class DockerTransport:
 
     # --- exec plumbing ------------------------------------------------------------------------------------
 
-    def _exec(self, command: str, argv: list[str], *, stdin: bool) -> tuple[str, _ExecConn]:
+    def _exec(self, command: str, argv: list[str], *, stdin: bool) -> tuple[str, ExecConn]:
         """Create and start ``sh -c command``; the container is re-found once if the exec could not be created,
         and an exec refused for its privileges is retried unprivileged (it never ran)."""
         import docker.errors
@@ -443,7 +301,7 @@ class DockerTransport:
                     privileged=privileged,
                 )
                 exec_id = str(created["Id"])
-                conn = _ExecConn(api.exec_start(exec_id, socket=True))
+                conn = ExecConn(api.exec_start(exec_id, socket=True))
             except docker.errors.NotFound:
                 with self._lock:
                     self._container = None
@@ -467,7 +325,7 @@ class DockerTransport:
             return exec_id, conn
         raise TransportError(f"cannot start {argv[0]} in {self.container_name} ({self.host})")
 
-    def _refused_privileges(self, exec_id: str, conn: _ExecConn) -> bool:
+    def _refused_privileges(self, exec_id: str, conn: ExecConn) -> bool:
         """Whether this (first, privileged) exec was refused by the runtime for its capabilities; if so it is
         closed and the daemon remembered as unprivileged. Peeks at the first frame, which stays readable."""
         conn.settimeout(self.api_timeout)
@@ -478,7 +336,7 @@ class DockerTransport:
         finally:
             conn.settimeout(None)
         if first is not None:
-            conn._buffer = _HEADER.pack(first[0], len(first[1])) + first[1] + conn._buffer
+            conn.unread(first)
         if first is not None and first[1].startswith(b"OCI runtime") and _REFUSED_CAPS in first[1]:
             conn.close()
             with _PRIVILEGED_LOCK:
@@ -500,7 +358,7 @@ class DockerTransport:
                     f"lost the exit code of an exec in {self.container_name} ({self.host}): {exc}"
                 ) from None
             if not info.get("Running") and info.get("ExitCode") is not None:
-                return _exit_code(int(info["ExitCode"]))
+                return exit_code(int(info["ExitCode"]))
             if time.monotonic() > deadline:
                 return -1
             time.sleep(pause)
@@ -511,7 +369,7 @@ class DockerTransport:
     def run(self, argv: list[str], *, timeout: float = 30.0, check: bool = False) -> Completed:
         """Run ``argv`` in the container (stdin: /dev/null) and capture its output. On timeout its process
         group is SIGKILLed and TransportError raised; ``check`` raises TransportError on a non-zero exit."""
-        command = "echo $$ >&2; " + remote_command(argv) + " </dev/null"
+        command = run_command(argv)
         deadline = time.monotonic() + timeout
         exec_id, conn = self._exec(command, argv, stdin=False)
         out: list[bytes] = []
@@ -536,42 +394,10 @@ class DockerTransport:
         code = self._exit_of(exec_id, max(deadline, time.monotonic() + 5))
         stderr = b"".join(err).decode(errors="replace")
         first, _, rest = stderr.partition("\n")
-        stderr = rest if first.strip().isdigit() else stderr
-        done = Completed(tuple(argv), code, b"".join(out).decode(errors="replace"), stderr)
-        if check and not done.ok:
-            raise TransportError(f"{shlex.join(argv)} exited {code} on {self.host}: {stderr.strip()[:300]}")
-        return done
+        return self._completed(argv, code, b"".join(out), rest if first.strip().isdigit() else stderr, check)
 
-    def spawn(
-        self,
-        argv: list[str],
-        *,
-        env: dict[str, str] | None = None,
-        cwd: Path | None = None,
-        kill_with_parent: int | None = None,
-    ) -> DockerProcess:
-        """Start ``argv`` in the container with stdout+stderr merged into :attr:`DockerProcess.stdout`.
-
-        ``env`` is ADDED to the container's environment (never the harness's own). ``kill_with_parent``: an
-        in-container watcher delivers that signal when the exec's stdin (this transport's connection) ends
-        without the harness having seen the process exit: harness killed, ``close()``d, daemon connection
-        lost. stdin is /dev/null.
-        """
-        quoted = remote_command(argv, env=env, cwd=str(cwd) if cwd is not None else None)
-        if kill_with_parent is None:
-            command = f"exec </dev/null; echo $$ >&2; {quoted} 2>&1"
-        else:
-            # The watcher holds the exec's stdin (fd 3). On EOF without "done" it signals $$ (the command: the
-            # shell exec's it) - but only while $$ is still its parent, so a finished command's reused pid is
-            # never hit. /proc/self/stat field 4 is the ppid (field 2, "(sh)", has no spaces).
-            kill = f"kill -s {signal_name(kill_with_parent)} $$"
-            command = (
-                "exec 3<&0 </dev/null; echo $$ >&2; "
-                f'{{ while read -r line <&3; do [ "$line" = done ] && exit 0; done; '
-                f'read -r _ _ _ ppid _ </proc/self/stat; [ "$ppid" = $$ ] && {kill}; }} >/dev/null 2>&1 & '
-                f"{quoted} 2>&1 3<&-"
-            )
-        exec_id, conn = self._exec(command, argv, stdin=kill_with_parent is not None)
+    def _start(self, command: str, argv: list[str], watched: bool) -> DockerProcess:
+        exec_id, conn = self._exec(command, argv, stdin=watched)
         first = b""
         pending = b""
         try:
@@ -592,9 +418,7 @@ class DockerTransport:
         if not line.strip().isdigit():
             conn.close()
             raise TransportError(f"cannot start {argv[0]} on {self.host}: no pid reported ({first!r})")
-        process = DockerProcess(
-            self, exec_id, conn, int(line), list(argv), pending + rest, kill_with_parent is not None
-        )
+        process = DockerProcess(self, exec_id, conn, int(line), argv, pending + rest, watched)
         with self._lock:
             self._processes.add(process)
         return process
@@ -629,46 +453,29 @@ class DockerTransport:
             self.run(["rm", "-f", "--", tmp])
             raise
 
-    def clock_offset(self) -> float:
-        """Seconds to add to container timestamps to put them on the harness timeline (cached ``clock_cache_s``)."""
-        now = time.monotonic()
-        if self._clock is None or now - self._clock[0] > self.clock_cache_s:
-            self._clock = (now, self.clock_estimate())
-        return self._clock[1].offset_s
-
     def clock_estimate(self, samples: int = 9) -> ClockEstimate:
         """Measure the offset with ``samples`` round trips to one long-lived ``date +%s%N`` loop in the
-        container; the tightest round trip wins (see :class:`chaos.cluster.ssh.ClockEstimate`)."""
-        argv = ["sh", "-c", "while read -r _; do date +%s%N; done"]
-        _exec_id, conn = self._exec("echo $$ >&2; " + remote_command(argv), argv, stdin=True)
-        best: tuple[int, int] | None = None  # (rtt_ns, offset_ns)
+        container (:func:`~chaos.cluster.remote_process.estimate_clock`)."""
+        _exec_id, conn = self._exec("echo $$ >&2; " + remote_command(CLOCK_LOOP), CLOCK_LOOP, stdin=True)
+
+        def ask() -> str:
+            conn.send(b"\n")
+            text = b""
+            while not text.endswith(b"\n"):
+                got = conn.frame()
+                if got is None:
+                    break
+                if got[0] == 1:  # stderr holds only the shell's pid line
+                    text += got[1]
+            return text.decode(errors="replace")
+
         try:
             conn.settimeout(10.0)
-            for _ in range(max(1, samples)):
-                before = time.time_ns()
-                conn.send(b"\n")
-                text = b""
-                while not text.endswith(b"\n"):
-                    got = conn.frame()
-                    if got is None:
-                        break
-                    if got[0] == 1:  # stderr holds only the shell's pid line
-                        text += got[1]
-                after = time.time_ns()
-                reading = text.decode(errors="replace").strip()
-                if not reading.isdigit():
-                    raise TransportError(
-                        f"{self.host}: `date +%s%N` printed {reading!r}; GNU date is needed for clock sync"
-                    )
-                rtt = after - before
-                if best is None or rtt < best[0]:
-                    best = (rtt, (before + after) // 2 - int(reading))
+            return estimate_clock(self.host, samples, ask)
         except OSError as exc:
             raise TransportError(f"cannot read the clock of {self.host}: {exc}") from None
         finally:
             conn.close()
-        assert best is not None
-        return ClockEstimate(offset_s=best[1] / 1e9, error_s=best[0] / 2e9, rtt_s=best[0] / 1e9, samples=samples)
 
 
 def _satisfies_protocol(transport: DockerTransport) -> Transport:

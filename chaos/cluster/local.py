@@ -20,7 +20,97 @@ def _death_signal(signum: int) -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
 
 
-class LocalTransport:
+class HereTransport:
+    """``run``/``spawn``/``put`` for transports whose commands are processes of this machine: this machine
+    itself (:class:`LocalTransport`) or one of its network namespaces (:class:`~chaos.cluster.netns.NetnsTransport`).
+
+    Subclasses say how this machine runs an argv (:meth:`argv`), how messages name the host
+    (:meth:`_where`), and may refuse a result that means the command never ran (:meth:`_check_ran`).
+    """
+
+    host: str
+
+    def argv(self, argv: list[str]) -> list[str]:
+        """``argv`` as this machine runs it (itself, here)."""
+        return argv
+
+    def _where(self) -> str:
+        return f"on {self.host}"
+
+    def _launch_error(self, argv: list[str], exc: OSError) -> TransportError:
+        """The error when this machine cannot start the command at all."""
+        return TransportError(f"cannot run {argv[0]} {self._where()}: {exc}")
+
+    def _check_ran(self, argv: list[str], proc: subprocess.CompletedProcess[str]) -> None:
+        """Raise TransportError when ``proc`` says ``argv`` never ran (nothing to check here)."""
+
+    def run(self, argv: list[str], *, timeout: float = 30.0, check: bool = False) -> Completed:
+        """Run to completion; raise TransportError when it cannot run, on timeout, or when ``check`` and
+        the exit code is non-zero."""
+        wrapped = self.argv(argv)
+        try:
+            proc = subprocess.run(wrapped, capture_output=True, text=True, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise TransportError(f"{argv[0]} timed out after {timeout:.0f}s {self._where()}") from exc
+        except OSError as exc:
+            raise self._launch_error(argv, exc) from exc
+        self._check_ran(argv, proc)
+        done = Completed(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
+        if check and not done.ok:
+            raise TransportError(
+                f"{' '.join(argv)} exited {proc.returncode} {self._where()}: {proc.stderr.strip()[:300]}"
+            )
+        return done
+
+    def spawn(
+        self,
+        argv: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        kill_with_parent: int | None = None,
+    ) -> subprocess.Popen[bytes]:
+        """Start ``argv`` in its own session, stdout+stderr piped; the returned process IS the command (its
+        pid, its exit code, its signals: ``ip netns exec`` execs it in place), which ``kill_with_parent``
+        and callers that signal it rely on."""
+        preexec = None
+        if kill_with_parent is not None:
+            death = kill_with_parent
+
+            def preexec() -> None:
+                _death_signal(death)
+
+        wrapped = self.argv(argv)
+        try:
+            return subprocess.Popen(
+                wrapped,
+                env=env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=preexec,
+            )
+        except OSError as exc:
+            raise TransportError(f"cannot start {wrapped[0]} {self._where()}: {exc}") from exc
+
+    def put(self, data: bytes, path: str) -> None:
+        """Write ``data`` to ``path`` atomically (a namespace shares this machine's filesystem)."""
+        target = Path(path)
+        tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+
+    def clock_offset(self) -> float:
+        """Always 0: this machine's (and its namespaces') kernel clock is the harness's."""
+        return 0.0
+
+
+class LocalTransport(HereTransport):
     """Runs commands on the harness's own host."""
 
     host = "local"
@@ -33,61 +123,6 @@ class LocalTransport:
                 return handle.read()
         except OSError:
             return None
-
-    def run(self, argv: list[str], *, timeout: float = 30.0, check: bool = False) -> Completed:
-        try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-        except subprocess.TimeoutExpired as exc:
-            raise TransportError(f"{argv[0]} timed out after {timeout:.0f}s on {self.host}") from exc
-        except OSError as exc:
-            raise TransportError(f"cannot run {argv[0]} on {self.host}: {exc}") from exc
-        done = Completed(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
-        if check and not done.ok:
-            raise TransportError(
-                f"{' '.join(argv)} exited {proc.returncode} on {self.host}: {proc.stderr.strip()[:300]}"
-            )
-        return done
-
-    def spawn(
-        self,
-        argv: list[str],
-        *,
-        env: dict[str, str] | None = None,
-        cwd: Path | None = None,
-        kill_with_parent: int | None = None,
-    ) -> subprocess.Popen[bytes]:
-        preexec = None
-        if kill_with_parent is not None:
-            death = kill_with_parent
-
-            def preexec() -> None:
-                _death_signal(death)
-
-        try:
-            return subprocess.Popen(
-                argv,
-                env=env,
-                cwd=cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=preexec,
-            )
-        except OSError as exc:
-            raise TransportError(f"cannot start {argv[0]} on {self.host}: {exc}") from exc
-
-    def put(self, data: bytes, path: str) -> None:
-        target = Path(path)
-        tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
-        with open(tmp, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-
-    def clock_offset(self) -> float:
-        return 0.0
 
 
 def _stat_after_comm(pid: int) -> str | None:

@@ -2,8 +2,9 @@
 
 Contracts worth knowing:
 
-* Commands are argv lists. :func:`remote_command` is the ONE place that turns an argv into text for the
-  remote shell (every word through ``shlex.quote``); the few shell fragments around it are constants.
+* Commands are argv lists. :func:`remote_command` (shared with the Docker transport, from
+  :mod:`chaos.cluster.remote_process`) is the ONE place that turns an argv into text for the remote shell
+  (every word through ``shlex.quote``); the few shell fragments around it are constants.
   The login shell must be POSIX (sh, bash, dash, zsh).
 * Host keys are verified against ``known_hosts``. An unknown host is refused unless ``accept_unknown``
   (then trusted for this transport's lifetime, with a warning); a CHANGED key is always refused, with a
@@ -16,80 +17,38 @@ Contracts worth knowing:
 from __future__ import annotations
 
 import io
-import re
-import shlex
 import signal
 import socket
-import subprocess
 import threading
 import time
 import uuid
 import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO, Any, TypeVar
+from typing import Any, TypeVar
 
 import paramiko
 from paramiko.common import MSG_CHANNEL_REQUEST
 
-from chaos.cluster.base import (
-    Completed,
-    SignalsThroughKill,
-    Transport,
-    TransportError,
-    kill_reported_group,
-    signal_name,
-)
+from chaos.cluster.base import Completed, Transport, TransportError, kill_reported_group
 from chaos.cluster.inventory import Host, Inventory
+from chaos.cluster.remote_process import (
+    CLOCK_LOOP,
+    RemoteProcess,
+    RemoteTransport,
+    estimate_clock,
+    run_command,
+)
+from chaos.cluster.remote_process import ClockEstimate as ClockEstimate  # re-exported: imported from here
+from chaos.cluster.remote_process import remote_command as remote_command  # re-exported: imported from here
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DRAIN_INTERVAL_S = 0.05
 _KEEPALIVE_S = 15
 
 
 class UnknownHostKeyWarning(UserWarning):
     """A host absent from known_hosts was trusted because ``accept_unknown`` is on."""
-
-
-def remote_command(
-    argv: Sequence[str],
-    sudo: bool = False,
-    *,
-    env: dict[str, str] | None = None,
-    cwd: str | None = None,
-) -> str:
-    """The remote shell text that runs ``argv`` and nothing else: ``[cd -- DIR && ]exec [sudo -n --] [env K=V…] ARGV``.
-
-    Every word is quoted with ``shlex.quote``, so no argument is ever interpreted by the shell. ``exec``
-    makes the shell's pid the command's pid. ``env`` names must be identifiers (ValueError otherwise).
-    """
-    if not argv:
-        raise ValueError("an empty argv cannot be run")
-    words: list[str] = ["sudo", "-n", "--"] if sudo else []
-    if env:
-        for name in env:
-            if not _ENV_NAME.match(name):
-                raise ValueError(f"environment variable name {name!r} is not a valid identifier")
-        words += ["env", *(f"{name}={value}" for name, value in env.items())]
-    words += list(argv)
-    text = "exec " + " ".join(shlex.quote(word) for word in words)
-    return f"cd -- {shlex.quote(cwd)} && {text}" if cwd is not None else text
-
-
-@dataclass(frozen=True)
-class ClockEstimate:
-    """Host clock vs harness clock: add ``offset_s`` to a host timestamp to put it on the harness timeline.
-
-    The true offset lies within ``offset_s ± error_s`` (half the best round trip), assuming neither clock
-    jumped while sampling.
-    """
-
-    offset_s: float
-    error_s: float
-    rtt_s: float
-    samples: int
 
 
 class _ChannelReader(io.RawIOBase):
@@ -108,29 +67,12 @@ class _ChannelReader(io.RawIOBase):
         return len(data)
 
 
-class SshProcess(SignalsThroughKill):
+class SshProcess(RemoteProcess):
     """A process started by :meth:`SshTransport.spawn`; behaves like the parts of Popen the harness uses."""
 
-    _owner: SshTransport
-
     def __init__(self, owner: SshTransport, channel: paramiko.Channel, pid: int, argv: list[str], watched: bool) -> None:
-        self._owner = owner
+        super().__init__(owner, pid, argv, watched, _ChannelReader(channel))
         self._channel = channel
-        self._pid = pid
-        self._argv = argv
-        self._watched = watched
-        self._released = False
-        self._stdout: IO[bytes] = io.BufferedReader(_ChannelReader(channel))
-
-    @property
-    def pid(self) -> int:
-        """The remote process id (on the remote host's pid namespace)."""
-        return self._pid
-
-    @property
-    def stdout(self) -> IO[bytes]:
-        """stdout and stderr merged, readable line by line; EOF once the process and its children close it."""
-        return self._stdout
 
     def poll(self) -> int | None:
         """The exit code (``-signum`` if killed by a signal) or None while running.
@@ -142,27 +84,15 @@ class SshProcess(SignalsThroughKill):
         self._release_watcher()
         return self._channel.recv_exit_status()
 
-    def wait(self, timeout: float | None = None) -> int:
-        """Block until exit; subprocess.TimeoutExpired after ``timeout`` seconds (the process keeps running)."""
-        if not self._channel.status_event.wait(timeout):
-            raise subprocess.TimeoutExpired(self._argv, timeout or 0.0)
-        code = self.poll()
-        assert code is not None
-        return code
+    def _await_exit(self, timeout: float | None) -> bool:
+        return self._channel.status_event.wait(timeout)
 
-
-    def _release_watcher(self) -> None:
-        # The host-side watcher signals the process when stdin hits EOF (harness gone); "done" tells it
-        # the process ended normally, so it exits instead of signalling a pid that may be reused.
-        if self._watched and not self._released:
-            self._released = True
-            try:
-                self._channel.sendall(b"done\n")
-                self._channel.shutdown_write()
-            except (OSError, EOFError, paramiko.SSHException):
-                pass
-
-
+    def _end_stdin(self, last: bytes) -> None:
+        try:
+            self._channel.sendall(last)
+            self._channel.shutdown_write()
+        except (OSError, EOFError, paramiko.SSHException):
+            pass
 
 
 def _fingerprint(key: paramiko.PKey) -> str:
@@ -222,7 +152,7 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
         )
 
 
-class SshTransport:
+class SshTransport(RemoteTransport[SshProcess]):
     """Runs argv lists on one inventory host over SSH. Connects lazily; thread-safe; ``close()`` when done."""
 
     def __init__(
@@ -256,19 +186,8 @@ class SshTransport:
         )
 
     @property
-    def python(self) -> str:
-        """The interpreter for mlchaos helpers on this host (the inventory's ``python``, else ``python3``)."""
-        return self.spec.python or "python3"
-
-    @property
     def known_hosts_label(self) -> str:
         return str(self.known_hosts) if self.known_hosts is not None else "~/.ssh/known_hosts"
-
-    def __enter__(self) -> SshTransport:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def close(self) -> None:
         """Close the connection; a later call reconnects."""
@@ -371,7 +290,7 @@ class SshTransport:
     def run(self, argv: list[str], *, timeout: float = 30.0, check: bool = False) -> Completed:
         """Run ``argv`` (stdin: /dev/null) and capture its output. On timeout the remote process group is
         SIGKILLed and TransportError raised; ``check`` raises TransportError on a non-zero exit."""
-        command = "echo $$ >&2; " + remote_command(argv, self.spec.sudo) + " </dev/null"
+        command = run_command(argv, self.spec.sudo)
         channel = self._open_channel()
         out: list[bytes] = []
         err: list[bytes] = []
@@ -398,12 +317,8 @@ class SshTransport:
             raise TransportError(f"connection to {self.host} failed while running {argv[0]}: {exc}") from None
         finally:
             channel.close()
-        stderr = b"".join(err).decode(errors="replace")
-        _pid, _, stderr = stderr.partition("\n")
-        done = Completed(tuple(argv), code, b"".join(out).decode(errors="replace"), stderr)
-        if check and not done.ok:
-            raise TransportError(f"{shlex.join(argv)} exited {code} on {self.host}: {stderr.strip()[:300]}")
-        return done
+        _pid, _, stderr = b"".join(err).decode(errors="replace").partition("\n")
+        return self._completed(argv, code, b"".join(out), stderr, check)
 
     @staticmethod
     def _drain(channel: paramiko.Channel, out: list[bytes], err: list[bytes]) -> None:
@@ -412,33 +327,10 @@ class SshTransport:
         while channel.recv_stderr_ready():
             err.append(channel.recv_stderr(65536))
 
-    def spawn(
-        self,
-        argv: list[str],
-        *,
-        env: dict[str, str] | None = None,
-        cwd: Path | None = None,
-        kill_with_parent: int | None = None,
-    ) -> SshProcess:
-        """Start ``argv`` on the host with stdout+stderr merged into :attr:`SshProcess.stdout`.
+    def _sudo(self) -> bool:
+        return self.spec.sudo
 
-        ``env`` is ADDED to the remote login environment (the harness's own environment means nothing on
-        another host, so pass only what the job needs). ``kill_with_parent``: a host-side watcher delivers
-        that signal when the connection ends without the harness having seen the process exit (harness
-        killed, network lost). stdin is /dev/null.
-        """
-        quoted = remote_command(argv, self.spec.sudo, env=env, cwd=str(cwd) if cwd is not None else None)
-        if kill_with_parent is None:
-            command = f"exec </dev/null; echo $$ >&2; {quoted} 2>&1"
-        else:
-            # The watcher is a background subshell holding the channel's stdin (fd 3): EOF without a
-            # "done" line means the harness is gone. $$ there is the main shell's pid, i.e. the command's.
-            kill = ("sudo -n " if self.spec.sudo else "") + f"kill -s {signal_name(kill_with_parent)} $$"
-            command = (
-                "exec 3<&0 </dev/null; echo $$ >&2; "
-                f'{{ while read -r line <&3; do [ "$line" = done ] && exit 0; done; {kill}; }} >/dev/null 2>&1 & '
-                f"{quoted} 2>&1 3<&-"
-            )
+    def _start(self, command: str, argv: list[str], watched: bool) -> SshProcess:
         channel = self._open_channel()
         try:
             channel.exec_command(command)
@@ -456,7 +348,7 @@ class SshTransport:
         if not first.strip().isdigit():
             channel.close()
             raise TransportError(f"cannot start {argv[0]} on {self.host}: no pid reported ({first!r})")
-        return SshProcess(self, channel, int(first), list(argv), watched=kill_with_parent is not None)
+        return SshProcess(self, channel, int(first), argv, watched=watched)
 
     def put(self, data: bytes, path: str) -> None:
         """Write ``data`` to ``path`` atomically: SFTP to a temporary name in the same folder, then rename.
@@ -505,43 +397,26 @@ class SshTransport:
                 return sftp
         raise TransportError(f"cannot open SFTP on {self.host}")
 
-    def clock_offset(self) -> float:
-        """Seconds to add to host timestamps to put them on the harness timeline (cached ``clock_cache_s``)."""
-        now = time.monotonic()
-        if self._clock is None or now - self._clock[0] > self.clock_cache_s:
-            self._clock = (now, self.clock_estimate())
-        return self._clock[1].offset_s
-
     def clock_estimate(self, samples: int = 9) -> ClockEstimate:
-        """Measure the offset with ``samples`` round trips to one long-lived ``date +%s%N`` loop on the host;
-        the tightest round trip wins.
-
-        Each sample brackets the host's reading between two harness readings, so the midpoint is off by at
-        most half that round trip. One channel for all samples keeps session set-up out of the brackets.
-        """
-        loop = remote_command(["sh", "-c", "while read -r _; do date +%s%N; done"], self.spec.sudo)
+        """Measure the offset with ``samples`` round trips to one long-lived ``date +%s%N`` loop on the host
+        (:func:`~chaos.cluster.remote_process.estimate_clock`). One channel for all samples keeps session
+        set-up out of the brackets."""
         channel = self._open_channel()
-        best: tuple[int, int] | None = None  # (rtt_ns, offset_ns)
         try:
-            channel.exec_command(loop)
+            channel.exec_command(remote_command(CLOCK_LOOP, self.spec.sudo))
             channel.settimeout(10.0)
             replies = channel.makefile("rb")
-            for _ in range(max(1, samples)):
-                before = time.time_ns()
+
+            def ask() -> str:
                 channel.sendall(b"\n")
-                text = replies.readline().decode(errors="replace").strip()
-                after = time.time_ns()
-                if not text.isdigit():
-                    raise TransportError(f"{self.host}: `date +%s%N` printed {text!r}; GNU date is needed for clock sync")
-                rtt = after - before
-                if best is None or rtt < best[0]:
-                    best = (rtt, (before + after) // 2 - int(text))
+                line: bytes = replies.readline()
+                return line.decode(errors="replace")
+
+            return estimate_clock(self.host, samples, ask)
         except (paramiko.SSHException, OSError, EOFError) as exc:
             raise TransportError(f"cannot read the clock of {self.host}: {exc}") from None
         finally:
             channel.close()
-        assert best is not None
-        return ClockEstimate(offset_s=best[1] / 1e9, error_s=best[0] / 2e9, rtt_s=best[0] / 1e9, samples=samples)
 
 
 def _satisfies_protocol(transport: SshTransport) -> Transport:

@@ -35,9 +35,21 @@ from typing import TYPE_CHECKING, Any
 from chaos.cluster.base import TransportError
 from chaos.cluster.inventory import Host, Inventory, dump_inventory
 from chaos.cluster.testbed import shared_mounts
+from chaos.cluster.testbed.base import HOST_OFFSET as HOST_OFFSET  # re-exported: part of this module's surface
+from chaos.cluster.testbed.base import MAX_HOSTS as MAX_HOSTS  # re-exported: part of this module's surface
+from chaos.cluster.testbed.base import (
+    Teardown,
+    TestbedLayout,
+    check_host_count,
+    choose_subnet,
+    host_address,
+    host_indices,
+    ignore,
+    remove_dir_if_empty,
+    remove_files,
+)
 from chaos.cluster.testbed.image import IMAGE, LABEL, ensure_image, python_binds
-from chaos.cluster.testbed.system import TestbedError, machine_lock, state_tag, used_networks
-from chaos.safety.state import state_dir as mlchaos_state_dir
+from chaos.cluster.testbed.system import TestbedError, machine_lock, used_networks
 
 if TYPE_CHECKING:
     import docker
@@ -49,26 +61,19 @@ LINK_PREFIX = "chdtb"  # the bridge's interface name in the root namespace (15 c
 HOST_LABEL = f"{LABEL}.host"
 CONFIG_LABEL = f"{LABEL}.config"
 SUBNET_PREFIX = "10.214"
-HOST_OFFSET = 10
-MAX_HOSTS = 200
 STOP_TIMEOUT_S = 5
 # PID 1: `wait` (not `wait $!`) reaps every child, orphans of finished execs included; TERM ends it at once.
 PID1 = ["sh", "-c", 'trap "exit 0" TERM; while :; do sleep 3600 & wait; done']
 _STATE_FILE = "chaos-dtb.json"
-_INVENTORY = "inventory.yaml"
 _SYSTEM_BINDS = ("/etc/alternatives",)
 _START_HINT = "start one with `bash scripts/start-dockerd.sh`"
 
 __all__ = ["TestbedError", "Layout", "up", "down", "down_all", "status", "default_state_dir", "default_shares"]
 
 
-def _ignore(line: str) -> None:
-    del line
-
-
 def default_state_dir() -> Path:
     """``<mlchaos state dir>/docker-testbed``."""
-    return mlchaos_state_dir() / "docker-testbed"
+    return Layout.default_dir()
 
 
 def default_shares() -> list[Path]:
@@ -77,38 +82,21 @@ def default_shares() -> list[Path]:
 
 
 @dataclass(frozen=True)
-class Layout:
+class Layout(TestbedLayout):
     """Every name of the Docker testbed of one state dir (``Layout.of(state_dir)``)."""
 
-    state_dir: Path
-    tag: str
+    subdir = "docker-testbed"
+    state_file = _STATE_FILE
+    prefix = PREFIX
+    link_prefix = LINK_PREFIX
 
-    @classmethod
-    def of(cls, state_dir: Path) -> Layout:
-        return cls(state_dir.resolve(), state_tag(state_dir))
+    # This testbed's words for the shared names: its hosts are containers, its link the network's bridge.
+    bridge = TestbedLayout.link
+    container = TestbedLayout.host_name
 
     @property
     def network(self) -> str:
         return f"{PREFIX}-{self.tag}"
-
-    @property
-    def bridge(self) -> str:
-        return f"{LINK_PREFIX}-{self.tag}"
-
-    def container(self, index: int) -> str:
-        return f"{PREFIX}-{self.tag}-h{index}"
-
-    def index_of(self, name: str) -> int | None:
-        rest = name.lstrip("/").removeprefix(f"{PREFIX}-{self.tag}-h")
-        return int(rest) if rest != name.lstrip("/") and rest.isdigit() else None
-
-    @property
-    def inventory(self) -> Path:
-        return self.state_dir / _INVENTORY
-
-    @property
-    def record(self) -> Path:
-        return self.state_dir / _STATE_FILE
 
 
 @dataclass(frozen=True)
@@ -162,20 +150,6 @@ def connect() -> docker.DockerClient:
     return client
 
 
-def _read_record(layout: Layout) -> dict[str, Any]:
-    try:
-        data = json.loads(layout.record.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _write_record(layout: Layout, record: dict[str, Any]) -> None:
-    tmp = layout.record.with_name(layout.record.name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, layout.record)
-
-
 def _docker_networks(client: docker.DockerClient) -> list[ipaddress.IPv4Network]:
     nets: list[ipaddress.IPv4Network] = []
     for network in client.api.networks():
@@ -194,17 +168,7 @@ def _choose_subnet(client: docker.DockerClient, tag: str) -> ipaddress.IPv4Netwo
         used = used_networks()  # addresses and routes of this machine's root namespace
     except (TestbedError, OSError, ValueError):
         used = []
-    used += _docker_networks(client)
-    start = int(tag, 16) % 256
-    for step in range(256):
-        candidate = ipaddress.IPv4Network(f"{SUBNET_PREFIX}.{(start + step) % 256}.0/24")
-        if not any(candidate.overlaps(net) for net in used):
-            return candidate
-    raise TestbedError(f"every {SUBNET_PREFIX}.X.0/24 is in use by a route or a docker network here")
-
-
-def _address(net: ipaddress.IPv4Network, index: int) -> str:
-    return str(net.network_address + HOST_OFFSET + index)
+    return choose_subnet(SUBNET_PREFIX, tag, used + _docker_networks(client), "by a route or a docker network here")
 
 
 def _binds(shares: Sequence[Path]) -> dict[str, Mapping[str, str]]:
@@ -268,7 +232,7 @@ def _ensure_container(
     import docker.errors
     import docker.types
 
-    name, address = layout.container(index), _address(net, index)
+    name, address = layout.container(index), host_address(net, index)
     image_id = str(client.images.get(IMAGE).id)
     config = _fingerprint(image_id, str(network.id), address, binds)
     try:
@@ -331,7 +295,7 @@ def up(
     state_dir: Path | None = None,
     *,
     shares: Sequence[Path] | None = None,
-    log: Callable[[str], None] = _ignore,
+    log: Callable[[str], None] = ignore,
 ) -> Inventory:
     """Build (or repair) an ``n``-host Docker testbed and return its inventory, also written to ``inventory.yaml``.
 
@@ -343,9 +307,8 @@ def up(
     import docker.errors
     import requests
 
-    if not 1 <= n <= MAX_HOSTS:
-        raise TestbedError(f"a testbed has 1 to {MAX_HOSTS} hosts, not {n}")
-    layout = Layout.of(state_dir if state_dir is not None else default_state_dir())
+    check_host_count(n)
+    layout = Layout.at(state_dir)
     wanted = [Path(p).expanduser().resolve() for p in (shares if shares is not None else default_shares())]
     started = time.monotonic()
     client = connect()
@@ -354,7 +317,7 @@ def up(
             share.mkdir(parents=True, exist_ok=True)
         layout.state_dir.mkdir(parents=True, exist_ok=True)
         with machine_lock():
-            record = _read_record(layout)
+            record = layout.read_record()
             self_binds = list(record.get("self_binds", []))
             for share in wanted:
                 try:
@@ -367,7 +330,7 @@ def up(
             ensure_image(client)
             network, net = _ensure_network(client, layout, record, log)
             record.update({"tag": layout.tag, "subnet": str(net), "hosts": n, "shares": [str(s) for s in wanted]})
-            _write_record(layout, record)
+            layout.write_record(record)
             for stale in _ours(client, layout):
                 index = layout.index_of(stale.name or "")
                 if index is None or index > n:
@@ -380,7 +343,7 @@ def up(
                 hosts=[
                     Host(
                         name=f"h{index}",
-                        address=_address(net, index),
+                        address=host_address(net, index),
                         transport="docker",
                         container=layout.container(index),
                         groups=["testbed"],
@@ -427,14 +390,14 @@ def _check_exec(inventory: Inventory) -> None:
                 raise TestbedError(f"{host.container} does not run commands: {exc}") from None
 
 
-def down(state_dir: Path | None = None, *, log: Callable[[str], None] = _ignore) -> list[str]:
+def down(state_dir: Path | None = None, *, log: Callable[[str], None] = ignore) -> list[str]:
     """Remove everything the Docker testbed of ``state_dir`` made: its containers (with their processes), its
     network, its files, and the image when no other container uses it. Safe when half built or already down.
 
     Returns what was removed, one line each. Every step is tried even when an earlier one fails; then a
     TestbedError lists the failures."""
-    layout = Layout.of(state_dir if state_dir is not None else default_state_dir())
-    self_binds = [str(p) for p in _read_record(layout).get("self_binds", [])]
+    layout = Layout.at(state_dir)
+    self_binds = [str(p) for p in layout.read_record().get("self_binds", [])]
     done = _remove(layout, log)
     if self_binds:
         client = connect()
@@ -452,22 +415,15 @@ def down(state_dir: Path | None = None, *, log: Callable[[str], None] = _ignore)
             if bound not in in_use:
                 done.append(shared_mounts.release(Path(bound)))
                 log(done[-1])
-    removed = 0
-    for path in (layout.record, layout.inventory):
-        if path.exists():
-            path.unlink()
-            removed += 1
+    removed = remove_files((layout.record, layout.inventory))
     if removed:
         done.append(f"removed {removed} testbed file(s) under {layout.state_dir}")
         log(done[-1])
-    try:
-        layout.state_dir.rmdir()
-    except OSError:
-        pass  # not empty (someone's own files) or already gone
+    remove_dir_if_empty(layout.state_dir)
     return done
 
 
-def down_all(*, log: Callable[[str], None] = _ignore) -> list[str]:
+def down_all(*, log: Callable[[str], None] = ignore) -> list[str]:
     """Remove EVERY Docker testbed's containers and networks on this daemon (``chaos-dtb-*`` with our label),
     whoever made them, and the image. For recovery when a state dir was lost; files stay."""
     return _remove(None, log)
@@ -477,13 +433,8 @@ def _remove(layout: Layout | None, log: Callable[[str], None]) -> list[str]:
     import docker.errors
     import requests
 
-    done: list[str] = []
-    errors: list[str] = []
-
-    def say(line: str) -> None:
-        done.append(line)
-        log(line)
-
+    steps = Teardown(log)
+    say, fail = steps.say, steps.fail
     client = connect()
     try:
         with machine_lock():
@@ -497,7 +448,7 @@ def _remove(layout: Layout | None, log: Callable[[str], None]) -> list[str]:
                 except docker.errors.NotFound:
                     pass
                 except (docker.errors.DockerException, requests.RequestException) as exc:
-                    errors.append(f"cannot remove container {container.name}: {exc}")
+                    fail(f"cannot remove container {container.name}: {exc}")
             for network in _our_networks(client, layout):
                 try:
                     network.remove()
@@ -505,18 +456,16 @@ def _remove(layout: Layout | None, log: Callable[[str], None]) -> list[str]:
                 except docker.errors.NotFound:
                     pass
                 except (docker.errors.DockerException, requests.RequestException) as exc:
-                    errors.append(f"cannot remove network {network.name}: {exc}")
+                    fail(f"cannot remove network {network.name}: {exc}")
             try:
                 line = _remove_image(client)
                 if line:
                     say(line)
             except (docker.errors.DockerException, requests.RequestException) as exc:
-                errors.append(f"cannot remove image {IMAGE}: {exc}")
+                fail(f"cannot remove image {IMAGE}: {exc}")
     finally:
         client.close()
-    if errors:
-        raise TestbedError("docker testbed down incomplete:\n" + "\n".join(errors))
-    return done
+    return steps.result("docker testbed down")
 
 
 def _remove_image(client: docker.DockerClient) -> str | None:
@@ -546,8 +495,8 @@ def status(state_dir: Path | None = None, *, check_exec: bool = True) -> Testbed
     and (``check_exec``) whether a command runs in it. TestbedError when the daemon is unreachable."""
     import docker.errors
 
-    layout = Layout.of(state_dir if state_dir is not None else default_state_dir())
-    record = _read_record(layout)
+    layout = Layout.at(state_dir)
+    record = layout.read_record()
     client = connect()
     try:
         try:
@@ -559,10 +508,7 @@ def status(state_dir: Path | None = None, *, check_exec: bool = True) -> Testbed
             configs = (network.attrs.get("IPAM") or {}).get("Config") or []
             subnet = str(configs[0]["Subnet"]) if configs else subnet
         found = {layout.index_of(c.name or ""): c for c in _ours(client, layout)}
-        count = record.get("hosts")
-        indices = set(range(1, count + 1)) if isinstance(count, int) else set()
-        indices |= {i for i in found if i is not None}
-        hosts = [_host_status(layout, index, found.get(index), check_exec) for index in sorted(indices)]
+        hosts = [_host_status(layout, index, found.get(index), check_exec) for index in host_indices(record, found)]
     finally:
         client.close()
     return TestbedStatus(

@@ -26,12 +26,26 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
 from chaos.cluster.inventory import Host, Inventory, dump_inventory
+from chaos.cluster.testbed.base import HOST_OFFSET as HOST_OFFSET  # re-exported: part of this module's surface
+from chaos.cluster.testbed.base import INVENTORY as _INVENTORY
+from chaos.cluster.testbed.base import MAX_HOSTS as MAX_HOSTS  # re-exported: part of this module's surface
+from chaos.cluster.testbed.base import (
+    Teardown,
+    TestbedLayout,
+    check_host_count,
+    choose_subnet,
+    host_address,
+    host_indices,
+    ignore,
+    remove_dir_if_empty,
+    remove_files,
+)
 from chaos.cluster.testbed.system import TestbedError as TestbedError  # re-exported: callers catch it here
 from chaos.cluster.testbed.system import (
     in_namespace,
@@ -40,30 +54,28 @@ from chaos.cluster.testbed.system import (
     link_exists,
     live_sshds,
     machine_lock,
-    namespaces,
     netns_inode,
     netns_pids,
     new_uts,
     pid_of,
     pids_in_netns,
     run,
-    state_tag,
     used_networks,
     wait_listening,
 )
-from chaos.safety.state import state_dir as mlchaos_state_dir
+
+# Not imported as `namespaces`: that name here would shadow this very module for `from chaos.cluster.testbed
+# import namespaces` (the package's moved-name forwarding found it and warned about a current path).
+from chaos.cluster.testbed.system import namespaces as netns_names
 
 PREFIX = "chaos-tb"
 LINK_PREFIX = "chtb"
-MAX_HOSTS = 200
-HOST_OFFSET = 10  # hN gets .(10+N); .1 is the root namespace's side
 SUBNET_PREFIX = "10.213"
 SSH_PORT = 22
 _PRIVSEP_DIR = Path("/run/sshd")  # sshd refuses to start without it
 # Marks a /run/sshd that a testbed created; the last testbed down (no sshd left) removes both.
 _PRIVSEP_MARK = _PRIVSEP_DIR / ".chaos-tb-created"
 _STATE_FILE = "chaos-tb.json"
-_INVENTORY = "inventory.yaml"
 _KNOWN_HOSTS = "chaos-tb-known_hosts"
 _CLIENT_KEY = "chaos-tb-client-key"
 _AUTHORIZED_KEYS = "chaos-tb-authorized_keys"
@@ -73,13 +85,9 @@ _PID_FILE = "sshd.pid"
 _HOST_FILES = (_HOST_KEY, _HOST_KEY + ".pub", _SSHD_CONFIG, _PID_FILE, "sshd.log")
 
 
-def _ignore(line: str) -> None:
-    del line
-
-
 def default_state_dir() -> Path:
     """``<mlchaos state dir>/testbed``."""
-    return mlchaos_state_dir() / "testbed"
+    return Layout.default_dir()
 
 
 def unsupported_reason() -> str | None:
@@ -105,30 +113,22 @@ def _sshd() -> str | None:
 
 
 @dataclass(frozen=True)
-class Layout:
+class Layout(TestbedLayout):
     """Every name and path of the testbed of one state dir (``Layout.of(state_dir)``)."""
 
-    state_dir: Path
-    tag: str
+    subdir = "testbed"
+    state_file = _STATE_FILE
+    prefix = PREFIX
+    link_prefix = LINK_PREFIX
 
-    @classmethod
-    def of(cls, state_dir: Path) -> Layout:
-        return cls(state_dir.resolve(), state_tag(state_dir))
-
-    @property
-    def ns_prefix(self) -> str:
-        return f"{PREFIX}-{self.tag}-"
+    # This testbed's words for the shared names: its hosts are namespaces, its link a veth.
+    ns_prefix = TestbedLayout.name_prefix
+    root_link = TestbedLayout.link
+    host_ns = TestbedLayout.host_name
 
     @property
     def hub(self) -> str:
-        return f"{self.ns_prefix}hub"
-
-    @property
-    def root_link(self) -> str:
-        return f"{LINK_PREFIX}-{self.tag}"
-
-    def host_ns(self, index: int) -> str:
-        return f"{self.ns_prefix}h{index}"
+        return f"{self.name_prefix}hub"
 
     def mac(self, index: int) -> str:
         """A fixed MAC per host (0: the root side), so a re-made interface meets no stale ARP entries."""
@@ -137,10 +137,6 @@ class Layout:
     def file(self, name: str, index: int | None = None) -> Path:
         """``state_dir/name``, or ``state_dir/h<index>/name`` for a host's own files."""
         return (self.state_dir if index is None else self.state_dir / f"h{index}") / name
-
-    @property
-    def inventory(self) -> Path:
-        return self.file(_INVENTORY)
 
 
 @dataclass(frozen=True)
@@ -178,30 +174,6 @@ class TestbedStatus:
     @property
     def healthy(self) -> bool:
         return self.root_link and self.hub and bool(self.hosts) and all(h.healthy for h in self.hosts)
-
-
-def _read_record(layout: Layout) -> dict[str, object]:
-    try:
-        data = json.loads(layout.file(_STATE_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _write_record(layout: Layout, record: dict[str, object]) -> None:
-    tmp = layout.file(_STATE_FILE).with_name(layout.file(_STATE_FILE).name + ".tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, layout.file(_STATE_FILE))
-
-
-def _choose_subnet(tag: str) -> ipaddress.IPv4Network:
-    used = used_networks()
-    start = int(tag, 16) % 256  # different state dirs start at different /24s, so they rarely even probe alike
-    for step in range(256):
-        candidate = ipaddress.IPv4Network(f"{SUBNET_PREFIX}.{(start + step) % 256}.0/24")
-        if not any(candidate.overlaps(net) for net in used):
-            return candidate
-    raise TestbedError(f"every {SUBNET_PREFIX}.X.0/24 is in use here; pass an explicit subnet")
 
 
 _SSHD_CONFIG_TEXT = """\
@@ -255,7 +227,7 @@ def _sshd_pids(layout: Layout, index: int) -> list[int]:
 
 
 def up(
-    n: int, state_dir: Path | None = None, *, subnet: str | None = None, log: Callable[[str], None] = _ignore
+    n: int, state_dir: Path | None = None, *, subnet: str | None = None, log: Callable[[str], None] = ignore
 ) -> Inventory:
     """Build (or repair) an ``n``-host testbed and return its inventory, also written to ``inventory.yaml``.
 
@@ -267,28 +239,27 @@ def up(
     reason = unsupported_reason()
     if reason is not None:
         raise TestbedError(reason)
-    if not 1 <= n <= MAX_HOSTS:
-        raise TestbedError(f"a testbed has 1 to {MAX_HOSTS} hosts, not {n}")
-    layout = Layout.of(state_dir if state_dir is not None else default_state_dir())
+    check_host_count(n)
+    layout = Layout.at(state_dir)
     layout.state_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with machine_lock():
-        record = _read_record(layout)
+        record = layout.read_record()
         if record.get("tag", layout.tag) != layout.tag:
-            raise TestbedError(f"{layout.file(_STATE_FILE)} belongs to a testbed tagged {record.get('tag')}; run down first")
+            raise TestbedError(f"{layout.record} belongs to a testbed tagged {record.get('tag')}; run down first")
         net = _subnet(layout, record, subnet)
         if not _PRIVSEP_DIR.exists():
             _PRIVSEP_DIR.mkdir(mode=0o755)
             _PRIVSEP_MARK.touch()
         record.update({"tag": layout.tag, "subnet": str(net), "hosts": n})
-        _write_record(layout, record)  # before anything exists, so down() knows what to look for
+        layout.write_record(record)  # before anything exists, so down() knows what to look for
 
         _ensure_hub(layout, net, log)
         keygen(layout.file(_CLIENT_KEY), f"{PREFIX}-{layout.tag} client")
         (layout.file(_AUTHORIZED_KEYS)).write_text(layout.file(_CLIENT_KEY).with_name(_CLIENT_KEY + ".pub").read_text())
-        existing = namespaces()
-        for stale in sorted(ns for ns in existing if _host_index(layout, ns) not in (None, *range(1, n + 1))):
-            index = _host_index(layout, stale)
+        existing = netns_names()
+        for stale in sorted(ns for ns in existing if layout.index_of(ns) not in (None, *range(1, n + 1))):
+            index = layout.index_of(stale)
             assert index is not None
             _remove_host(layout, index, log)
         sshd = _sshd()
@@ -298,13 +269,13 @@ def up(
         known = []
         for index in range(1, n + 1):
             kind, blob = layout.file(_HOST_KEY + ".pub", index).read_text().split()[:2]
-            known.append(f"{_address(net, index)} {kind} {blob}\n")
+            known.append(f"{host_address(net, index)} {kind} {blob}\n")
         layout.file(_KNOWN_HOSTS).write_text("".join(known))
         inventory = Inventory(
             hosts=[
                 Host(
                     name=f"h{index}",
-                    address=_address(net, index),
+                    address=host_address(net, index),
                     port=SSH_PORT,
                     user="root",
                     key_file=layout.file(_CLIENT_KEY),
@@ -321,7 +292,7 @@ def up(
     return inventory
 
 
-def _subnet(layout: Layout, record: dict[str, object], explicit: str | None) -> ipaddress.IPv4Network:
+def _subnet(layout: Layout, record: Mapping[str, object], explicit: str | None) -> ipaddress.IPv4Network:
     known = record.get("subnet")
     if explicit is not None:
         net = ipaddress.IPv4Network(explicit, strict=True)
@@ -332,22 +303,11 @@ def _subnet(layout: Layout, record: dict[str, object], explicit: str | None) -> 
         return net
     if isinstance(known, str):
         return ipaddress.IPv4Network(known)
-    return _choose_subnet(layout.tag)
-
-
-def _address(net: ipaddress.IPv4Network, index: int) -> str:
-    return str(net.network_address + HOST_OFFSET + index)
-
-
-def _host_index(layout: Layout, namespace: str) -> int | None:
-    rest = namespace.removeprefix(layout.ns_prefix)
-    if rest == namespace or not rest.startswith("h") or not rest[1:].isdigit():
-        return None
-    return int(rest[1:])
+    return choose_subnet(SUBNET_PREFIX, layout.tag, used_networks(), "here; pass an explicit subnet")
 
 
 def _ensure_hub(layout: Layout, net: ipaddress.IPv4Network, log: Callable[[str], None]) -> None:
-    if layout.hub not in namespaces():
+    if layout.hub not in netns_names():
         run(["ip", "netns", "add", layout.hub])
         log(f"created namespace {layout.hub}")
     hub = ["ip", "-n", layout.hub]
@@ -365,7 +325,7 @@ def _ensure_hub(layout: Layout, net: ipaddress.IPv4Network, log: Callable[[str],
 
 def _ensure_host(layout: Layout, index: int, net: ipaddress.IPv4Network, sshd: str, log: Callable[[str], None]) -> None:
     ns, port = layout.host_ns(index), f"chtb-h{index}"
-    address = _address(net, index)
+    address = host_address(net, index)
     config = layout.file(_SSHD_CONFIG, index)
     pid = pid_of(layout.file(_PID_FILE, index), config)
     if pid is not None and not in_namespace(pid, ns):
@@ -376,7 +336,7 @@ def _ensure_host(layout: Layout, index: int, net: ipaddress.IPv4Network, sshd: s
             count = kill_all(partial(pids_in_netns, orphan))
             log(f"stopped {count} process(es) left in h{index}'s deleted namespace")
         pid = None
-    if ns not in namespaces():
+    if ns not in netns_names():
         run(["ip", "netns", "add", ns])
         log(f"created namespace {ns}")
     if not link_exists("eth0", ns):
@@ -424,27 +384,21 @@ def _remove_host(layout: Layout, index: int, log: Callable[[str], None]) -> None
     log(f"removed host h{index} (namespace {ns}, {killed} process(es))")
 
 
-def down(state_dir: Path | None = None, *, log: Callable[[str], None] = _ignore) -> list[str]:
+def down(state_dir: Path | None = None, *, log: Callable[[str], None] = ignore) -> list[str]:
     """Remove everything the testbed of ``state_dir`` made: processes in its namespaces (sshd and whatever
     ran over SSH), the namespaces, the root veth, its files; safe when half built or already down.
 
     Returns what was removed, one line each. Every step is tried even when an earlier one fails; then a
     TestbedError lists the failures.
     """
-    layout = Layout.of(state_dir if state_dir is not None else default_state_dir())
-    done: list[str] = []
-    errors: list[str] = []
-
-    def say(line: str) -> None:
-        done.append(line)
-        log(line)
-
-    record = _read_record(layout)
-    tag = record.get("tag", layout.tag)
+    layout = Layout.at(state_dir)
+    steps = Teardown(log)
+    say, fail = steps.say, steps.fail
+    tag = layout.read_record().get("tag", layout.tag)
     if tag != layout.tag:
-        raise TestbedError(f"{layout.file(_STATE_FILE)} names testbed {tag}, not {layout.tag}; remove it by hand")
+        raise TestbedError(f"{layout.record} names testbed {tag}, not {layout.tag}; remove it by hand")
     with machine_lock():
-        ours = [ns for ns in namespaces() if ns.startswith(layout.ns_prefix)]
+        ours = [ns for ns in netns_names() if ns.startswith(layout.ns_prefix)]
         # Hosts before the hub: a host's veth peer lives in the hub, and nothing should see the hub vanish first.
         for ns in sorted(ours, key=lambda name: name == layout.hub):
             try:
@@ -452,7 +406,7 @@ def down(state_dir: Path | None = None, *, log: Callable[[str], None] = _ignore)
                 run(["ip", "netns", "del", ns])
                 say(f"deleted namespace {ns}" + (f" (stopped {count} process(es))" if count else ""))
             except TestbedError as exc:
-                errors.append(str(exc))
+                fail(str(exc))
         for index in _host_dirs(layout):
             pid = pid_of(layout.file(_PID_FILE, index), layout.file(_SSHD_CONFIG, index))
             orphan = netns_inode(pid) if pid is not None else None
@@ -461,25 +415,23 @@ def down(state_dir: Path | None = None, *, log: Callable[[str], None] = _ignore)
                     count = kill_all(partial(pids_in_netns, orphan))
                     say(f"stopped {count} process(es) left in h{index}'s deleted namespace")
                 except TestbedError as exc:
-                    errors.append(str(exc))
+                    fail(str(exc))
         # Deleting the hub normally takes the veth with it, but the kernel does that asynchronously.
         if link_exists(layout.root_link):
             gone = run(["ip", "link", "del", layout.root_link], check=False)
             if gone.returncode == 0:
                 say(f"deleted link {layout.root_link}")
             elif link_exists(layout.root_link):
-                errors.append(f"cannot delete link {layout.root_link}: {gone.stderr.strip()}")
+                fail(f"cannot delete link {layout.root_link}: {gone.stderr.strip()}")
         try:
             if _remove_privsep_dir():
                 say(f"removed {_PRIVSEP_DIR}")
         except OSError as exc:
-            errors.append(f"cannot remove {_PRIVSEP_DIR}: {exc}")
+            fail(f"cannot remove {_PRIVSEP_DIR}: {exc}")
     removed = _remove_files(layout)
     if removed:
         say(f"removed {removed} testbed file(s) under {layout.state_dir}")
-    if errors:
-        raise TestbedError("testbed down incomplete:\n" + "\n".join(errors))
-    return done
+    return steps.result("testbed down")
 
 
 def _remove_privsep_dir() -> bool:
@@ -495,31 +447,18 @@ def _remove_privsep_dir() -> bool:
 
 
 def _remove_host_files(layout: Layout, index: int) -> int:
-    count = 0
-    for name in _HOST_FILES:
-        if layout.file(name, index).exists():
-            layout.file(name, index).unlink()
-            count += 1
-    try:
-        layout.file("", index).rmdir()
-    except OSError:
-        pass  # someone put their own files there: theirs to keep
+    count = remove_files(layout.file(name, index) for name in _HOST_FILES)
+    remove_dir_if_empty(layout.file("", index))  # someone's own files there are theirs to keep
     return count
 
 
 def _remove_files(layout: Layout) -> int:
     """Delete the files the testbed wrote (never anything else in the folder); rmdir it if left empty."""
-    count = 0
-    for name in (_STATE_FILE, _INVENTORY, _KNOWN_HOSTS, _CLIENT_KEY, _CLIENT_KEY + ".pub", _AUTHORIZED_KEYS):
-        if layout.file(name).exists():
-            layout.file(name).unlink()
-            count += 1
+    names = (_STATE_FILE, _INVENTORY, _KNOWN_HOSTS, _CLIENT_KEY, _CLIENT_KEY + ".pub", _AUTHORIZED_KEYS)
+    count = remove_files(layout.file(name) for name in names)
     for index in _host_dirs(layout):
         count += _remove_host_files(layout, index)
-    try:
-        layout.state_dir.rmdir()
-    except OSError:
-        pass
+    remove_dir_if_empty(layout.state_dir)
     return count
 
 
@@ -529,12 +468,12 @@ def _host_dirs(layout: Layout) -> list[int]:
     return sorted(int(p.name[1:]) for p in layout.state_dir.glob("h[0-9]*") if p.is_dir() and p.name[1:].isdigit())
 
 
-def down_all(*, log: Callable[[str], None] = _ignore) -> list[str]:
+def down_all(*, log: Callable[[str], None] = ignore) -> list[str]:
     """Remove EVERY testbed's namespaces and root links on this machine (``chaos-tb-*``, ``chtb-*``),
     including other users' and other state dirs'. For recovery when a state dir was lost; files stay."""
     done: list[str] = []
     with machine_lock():
-        for ns in sorted((n for n in namespaces() if n.startswith(PREFIX + "-")), key=lambda n: n.endswith("-hub")):
+        for ns in sorted((n for n in netns_names() if n.startswith(PREFIX + "-")), key=lambda n: n.endswith("-hub")):
             count = kill_all(partial(netns_pids, ns))
             run(["ip", "netns", "del", ns])
             done.append(f"deleted namespace {ns}" + (f" (stopped {count} process(es))" if count else ""))
@@ -554,17 +493,14 @@ def down_all(*, log: Callable[[str], None] = _ignore) -> list[str]:
 
 def status(state_dir: Path | None = None) -> TestbedStatus:
     """What exists of the testbed of ``state_dir`` and whether each host's sshd answers."""
-    layout = Layout.of(state_dir if state_dir is not None else default_state_dir())
-    record = _read_record(layout)
-    present = set(namespaces()) if unsupported_reason() is None else set()
+    layout = Layout.at(state_dir)
+    record = layout.read_record()
+    present = set(netns_names()) if unsupported_reason() is None else set()
     subnet = record.get("subnet")
     net = ipaddress.IPv4Network(subnet) if isinstance(subnet, str) else None
-    count = record.get("hosts")
-    indices = set(range(1, count + 1)) if isinstance(count, int) else set()
-    indices |= {i for ns in present if (i := _host_index(layout, ns)) is not None}
     hosts = []
-    for index in sorted(indices):
-        address = _address(net, index) if net is not None else ""
+    for index in host_indices(record, (layout.index_of(ns) for ns in present)):
+        address = host_address(net, index) if net is not None else ""
         pid = pid_of(layout.file(_PID_FILE, index), layout.file(_SSHD_CONFIG, index))
         hosts.append(
             HostStatus(
