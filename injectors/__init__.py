@@ -1,4 +1,4 @@
-"""Built-in fault families, one module each (``process`` so far).
+"""Built-in fault families, one module or folder each (process, network, storage, node, container, tensor, gradient).
 
 A module lists its injector classes in a module-level ``INJECTORS`` tuple, which :mod:`chaos.plugins.registry`
 reads; third parties register theirs under the ``mlchaos.injectors`` entry-point group instead. Every
@@ -6,3 +6,5 @@ injector follows :class:`chaos.plugins.injector.Injector`: ``prepare`` changes n
 needs, ``heal`` is idempotent and safe after a crash, and anything that must outlive the harness (a duty
 cycle) runs as a detached helper that ends by itself and always leaves the target as it found it.
 """
+
+import chaos as _chaos  # noqa: F401 - installs the finder that maps pre-0.2 paths (injectors.netfilter, ...) here

@@ -34,9 +34,17 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
 from chaos.cluster.base import TransportError
 from chaos.cluster.local import signal_number
-from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, Injector, Unsupported
+from chaos.plugins.injector import (
+    Applied,
+    FaultOp,
+    InjectionContext,
+    InjectionError,
+    Injector,
+    Unsupported,
+    params_as,
+)
 from chaos.spec.units import Duration
-from injectors.process.faults import params_of, require_duration
+from injectors.process.faults import require_duration
 
 if TYPE_CHECKING:
     from docker.models.containers import Container
@@ -234,138 +242,141 @@ def _seconds(value: float) -> str:
 # -- injectors ----------------------------------------------------------------------------------------------------
 
 
-class ContainerKillInjector:
+class _ContainerFault:
+    """The life every container fault shares; a subclass says what it records, does and undoes.
+
+    ``prepare`` needs a running container (and a duration unless ``one_shot``), ``apply`` acts only on the
+    recorded container while it still runs, and ``heal`` undoes only on the recorded container (never on one
+    recreated under the same name) and not after an apply that changed nothing. One-shot faults (a signal, a
+    restart) cannot be taken back: they are journaled as irreversible and have neither heal nor revert.
+    """
+
+    name: ClassVar[str]
+    Params: ClassVar[type[BaseModel]]
+    summary: ClassVar[str]
+    revert_on_harness: ClassVar[bool] = True
+    one_shot: ClassVar[bool] = False
+    done: ClassVar[str]  # what apply does, as in "container X is paused since prepare; not <done>"
+
+    def check(self, ctx: InjectionContext, params: BaseModel) -> None:
+        check_running(ctx)
+
+    def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
+        duration = None if self.one_shot else require_duration(self.name, op)
+        params = op.params_as(self.Params)
+        applied, container = _record(ctx, op, self.name)
+        applied.reversible = not self.one_shot
+        what = self._plan(applied, params, container)
+        for_how_long = "" if duration is None else f" for {_seconds(duration)}"
+        applied.description = f"{what}{for_how_long}"
+        return applied
+
+    def _plan(self, applied: Applied, params: BaseModel, container: Container) -> str:
+        """Add this fault's own fields to ``applied.state``; return the description (without the duration)."""
+        raise NotImplementedError
+
+    def apply(self, ctx: InjectionContext, applied: Applied) -> None:
+        transport = docker_transport(ctx)
+        self._act(transport, _current(transport, applied, self.done), applied)
+
+    def _act(self, transport: DockerTransport, container: Container, applied: Applied) -> None:
+        raise NotImplementedError
+
+    def heal(self, ctx: InjectionContext, applied: Applied) -> None:
+        """Undo on the recorded container, if it still exists; nothing for a one-shot fault or a skipped apply."""
+        if self.one_shot or applied.state.get(SKIPPED):
+            return
+        transport = docker_transport(ctx)
+        container = _ours(transport, applied)
+        if container is not None:
+            self._undo(transport, container, applied)
+
+    def _undo(self, transport: DockerTransport, container: Container, applied: Applied) -> None:
+        """Nothing to undo unless a subclass says so."""
+
+    def revert_command(self, applied: Applied) -> list[str] | None:
+        return None
+
+
+class ContainerKillInjector(_ContainerFault):
     """Signal the container's main process once via the daemon (SIGKILL by default). Irreversible."""
 
     name: ClassVar[str] = "container_kill"
     Params: ClassVar[type[BaseModel]] = ContainerKillParams
     summary: ClassVar[str] = "send a signal (default SIGKILL) to a container's main process through the Docker API"
-    revert_on_harness: ClassVar[bool] = True
+    one_shot: ClassVar[bool] = True
+    done: ClassVar[str] = "killed"
 
-    def check(self, ctx: InjectionContext, params: BaseModel) -> None:
-        check_running(ctx)
+    def _plan(self, applied: Applied, params: BaseModel, container: Container) -> str:
+        signal = params_as(ContainerKillParams, params).signal
+        applied.state["signal"] = signal
+        return f"{signal} container {applied.state['container']}"
 
-    def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
-        params = params_of(ContainerKillParams, op)
-        applied, _ = _record(ctx, op, self.name)
-        applied.reversible = False
-        applied.state["signal"] = params.signal
-        applied.description = f"{params.signal} container {applied.state['container']}"
-        return applied
-
-    def apply(self, ctx: InjectionContext, applied: Applied) -> None:
-        transport = docker_transport(ctx)
+    def _act(self, transport: DockerTransport, container: Container, applied: Applied) -> None:
         signal = _text(applied, "signal")
-        container = _current(transport, applied, "killed")
         _call(f"sending {signal} to", transport.container_name, lambda: container.kill(signal=signal))
 
-    def heal(self, ctx: InjectionContext, applied: Applied) -> None:
-        """Nothing to undo: a signal cannot be taken back (the container's restart policy is under test)."""
 
-    def revert_command(self, applied: Applied) -> list[str] | None:
-        return None
-
-
-class ContainerStopInjector:
+class ContainerStopInjector(_ContainerFault):
     """``docker stop`` for the fault's duration; heal starts the recorded container again if it is still down."""
 
     name: ClassVar[str] = "container_stop"
     Params: ClassVar[type[BaseModel]] = ContainerStopParams
     summary: ClassVar[str] = "stop a container for the fault's duration, then start it again"
-    revert_on_harness: ClassVar[bool] = True
+    done: ClassVar[str] = "stopped"
 
-    def check(self, ctx: InjectionContext, params: BaseModel) -> None:
-        check_running(ctx)
+    def _plan(self, applied: Applied, params: BaseModel, container: Container) -> str:
+        applied.state["timeout_s"] = _whole_seconds(params_as(ContainerStopParams, params).timeout)
+        return f"stop container {applied.state['container']}"
 
-    def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
-        duration = require_duration(self.name, op)
-        params = params_of(ContainerStopParams, op)
-        applied, _ = _record(ctx, op, self.name)
-        applied.state["timeout_s"] = _whole_seconds(params.timeout)
-        applied.description = f"stop container {applied.state['container']} for {_seconds(duration)}"
-        return applied
-
-    def apply(self, ctx: InjectionContext, applied: Applied) -> None:
-        transport = docker_transport(ctx)
+    def _act(self, transport: DockerTransport, container: Container, applied: Applied) -> None:
         timeout = _int(applied, "timeout_s")
-        container = _current(transport, applied, "stopped")
         _call("stopping", transport.container_name, lambda: container.stop(timeout=timeout))
 
-    def heal(self, ctx: InjectionContext, applied: Applied) -> None:
-        """Start the recorded container unless it runs already, was recreated or removed (then: nothing)."""
-        if applied.state.get(SKIPPED):
-            return
-        transport = docker_transport(ctx)
-        container = _ours(transport, applied)
-        if container is None or container.status in ("running", "restarting", "paused", "removing"):
-            return
-        _call("starting", transport.container_name, container.start)
+    def _undo(self, transport: DockerTransport, container: Container, applied: Applied) -> None:
+        """Start the recorded container unless it runs already (or is on its way)."""
+        if container.status not in ("running", "restarting", "paused", "removing"):
+            _call("starting", transport.container_name, container.start)
 
     def revert_command(self, applied: Applied) -> list[str] | None:
         return docker_cli(applied, "start")
 
 
-class ContainerRestartInjector:
+class ContainerRestartInjector(_ContainerFault):
     """``docker restart`` once (stop with ``timeout`` grace, then start). Irreversible: nothing to heal."""
 
     name: ClassVar[str] = "container_restart"
     Params: ClassVar[type[BaseModel]] = ContainerRestartParams
     summary: ClassVar[str] = "restart a container once (stop with a grace timeout, then start)"
-    revert_on_harness: ClassVar[bool] = True
+    one_shot: ClassVar[bool] = True
+    done: ClassVar[str] = "restarted"
 
-    def check(self, ctx: InjectionContext, params: BaseModel) -> None:
-        check_running(ctx)
+    def _plan(self, applied: Applied, params: BaseModel, container: Container) -> str:
+        applied.state["timeout_s"] = _whole_seconds(params_as(ContainerRestartParams, params).timeout)
+        return f"restart container {applied.state['container']}"
 
-    def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
-        params = params_of(ContainerRestartParams, op)
-        applied, _ = _record(ctx, op, self.name)
-        applied.reversible = False
-        applied.state["timeout_s"] = _whole_seconds(params.timeout)
-        applied.description = f"restart container {applied.state['container']}"
-        return applied
-
-    def apply(self, ctx: InjectionContext, applied: Applied) -> None:
-        transport = docker_transport(ctx)
+    def _act(self, transport: DockerTransport, container: Container, applied: Applied) -> None:
         timeout = _int(applied, "timeout_s")
-        container = _current(transport, applied, "restarted")
         _call("restarting", transport.container_name, lambda: container.restart(timeout=timeout))
 
-    def heal(self, ctx: InjectionContext, applied: Applied) -> None:
-        """Nothing to undo: the container was started again by the restart itself."""
 
-    def revert_command(self, applied: Applied) -> list[str] | None:
-        return None
-
-
-class ContainerPauseInjector:
+class ContainerPauseInjector(_ContainerFault):
     """Freeze the container (cgroup freezer) for the fault's duration; heal unpauses it if it is still paused."""
 
     name: ClassVar[str] = "container_pause"
     Params: ClassVar[type[BaseModel]] = ContainerPauseParams
     summary: ClassVar[str] = "freeze every process of a container (docker pause) for the fault's duration"
-    revert_on_harness: ClassVar[bool] = True
+    done: ClassVar[str] = "paused"
 
-    def check(self, ctx: InjectionContext, params: BaseModel) -> None:
-        check_running(ctx)
+    def _plan(self, applied: Applied, params: BaseModel, container: Container) -> str:
+        return f"pause container {applied.state['container']}"
 
-    def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
-        duration = require_duration(self.name, op)
-        applied, _ = _record(ctx, op, self.name)
-        applied.description = f"pause container {applied.state['container']} for {_seconds(duration)}"
-        return applied
-
-    def apply(self, ctx: InjectionContext, applied: Applied) -> None:
-        transport = docker_transport(ctx)
-        container = _current(transport, applied, "paused")
+    def _act(self, transport: DockerTransport, container: Container, applied: Applied) -> None:
         _call("pausing", transport.container_name, container.pause)
 
-    def heal(self, ctx: InjectionContext, applied: Applied) -> None:
-        """Unpause the recorded container if paused; a restarted, recreated or removed one is left alone."""
-        if applied.state.get(SKIPPED):
-            return
-        transport = docker_transport(ctx)
-        container = _ours(transport, applied)
-        if container is None or container.status != "paused":
+    def _undo(self, transport: DockerTransport, container: Container, applied: Applied) -> None:
+        """Unpause the recorded container if paused; a restarted one is left alone."""
+        if container.status != "paused":
             return
         try:
             _call("unpausing", transport.container_name, container.unpause)
@@ -378,7 +389,7 @@ class ContainerPauseInjector:
         return docker_cli(applied, "unpause")
 
 
-class ContainerCpuInjector:
+class ContainerCpuInjector(_ContainerFault):
     """Cap the container's CPU for the fault's duration; heal restores exactly the recorded limits.
 
     A container limited with ``NanoCpus`` (``docker run --cpus``, compose ``cpus:``) is capped through
@@ -391,7 +402,7 @@ class ContainerCpuInjector:
     name: ClassVar[str] = "container_cpu"
     Params: ClassVar[type[BaseModel]] = ContainerCpuParams
     summary: ClassVar[str] = "cap a container at a number of CPUs (its CFS quota via docker update)"
-    revert_on_harness: ClassVar[bool] = True
+    done: ClassVar[str] = "throttled"
 
     def check(self, ctx: InjectionContext, params: BaseModel) -> None:
         transport = check_running(ctx)
@@ -402,11 +413,9 @@ class ContainerCpuInjector:
         if info.get("CpuCfsQuota") is False:
             raise Unsupported(f"the Docker daemon of {transport.host} has no CFS quota support (CpuCfsQuota: false)")
 
-    def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
+    def _plan(self, applied: Applied, params: BaseModel, container: Container) -> str:
         """Record the current CpuQuota/CpuPeriod/NanoCpus and the fault's value; InjectionError if out of range."""
-        duration = require_duration(self.name, op)
-        cpus = params_of(ContainerCpuParams, op).cpus
-        applied, container = _record(ctx, op, self.name)
+        cpus = params_as(ContainerCpuParams, params).cpus
         host_config = container.attrs.get("HostConfig") or {}
         quota, period, nano = (int(host_config.get(key) or 0) for key in ("CpuQuota", "CpuPeriod", "NanoCpus"))
         applied.state.update(previous_cpu_quota=quota, previous_cpu_period=period, previous_nano_cpus=nano, cpus=cpus)
@@ -420,24 +429,17 @@ class ContainerCpuInjector:
                     f" the kernel's smallest is {MIN_CFS_QUOTA_US}us"
                 )
             applied.state["fault_cpu_quota"] = fault_quota
-        applied.description = f"cap container {applied.state['container']} at {cpus:g} CPUs for {_seconds(duration)}"
-        return applied
+        return f"cap container {applied.state['container']} at {cpus:g} CPUs"
 
-    def apply(self, ctx: InjectionContext, applied: Applied) -> None:
-        transport = docker_transport(ctx)
-        container = _current(transport, applied, "throttled")
+    def _act(self, transport: DockerTransport, container: Container, applied: Applied) -> None:
         if "fault_nano_cpus" in applied.state:
             _update_nano_cpus(transport, container, _int(applied, "fault_nano_cpus"))
         else:
             quota = _int(applied, "fault_cpu_quota")
             _call("updating the CPU quota of", transport.container_name, lambda: container.update(cpu_quota=quota))
 
-    def heal(self, ctx: InjectionContext, applied: Applied) -> None:
+    def _undo(self, transport: DockerTransport, container: Container, applied: Applied) -> None:
         """Restore the recorded limit while the fault's is still in place; otherwise leave the container be."""
-        transport = docker_transport(ctx)
-        container = _ours(transport, applied)
-        if container is None:
-            return
         host_config = container.attrs.get("HostConfig") or {}
         if "fault_nano_cpus" in applied.state:
             if int(host_config.get("NanoCpus") or 0) == _int(applied, "fault_nano_cpus"):

@@ -39,21 +39,23 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
-from chaos.cluster.base import Transport, TransportError, host_python, read_host_file
+import injectors.storage.fuselayer as fuselayer
+from chaos.cluster.base import TransportError, host_python
 from chaos.cluster.local import LocalTransport
 from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
 from chaos.safety import deadman
-from chaos.safety.state import state_dir
 from chaos.spec.units import Duration
+from injectors import detached
+from injectors.hostfiles import HostFiles
 from injectors.process.faults import (
     ProcessHost,
     ProcessSelector,
-    params_of,
+    alive_targets,
     require_duration,
     resolve_processes,
     same_processes,
+    targets_state,
 )
-from injectors.storage import fuselayer
 
 MODULE = "injectors.node"
 _OUR_HELPERS = (MODULE, fuselayer.MODULE)  # never throttle our own daemons when a name regex matches them
@@ -130,15 +132,8 @@ class Hierarchy:
         return self.mount.rstrip("/") + cgroup[len(root) :] if cgroup[len(root) :] else self.mount
 
 
-class _HostFs:
+class _HostFs(HostFiles):
     """Reads and writes of small (pseudo-)files on the fault's host: local directly, remote through sh."""
-
-    def __init__(self, transport: Transport) -> None:
-        self.transport = transport
-        self.local = isinstance(transport, LocalTransport)
-
-    def read(self, path: str) -> str | None:
-        return read_host_file(self.transport, path)
 
     def write(self, path: str, value: str) -> None:
         """One write() of ``value`` (cgroup files take one value per write); InjectionError on failure."""
@@ -279,7 +274,7 @@ class CpuThrottleInjector:
         """Resolve targets and their current cgroups; InjectionError without a duration or for a pid whose
         cgroup lies outside the mounted hierarchy (it could not be moved back)."""
         duration = require_duration(self.name, op)
-        params = params_of(CpuThrottleParams, op)
+        params = op.params_as(CpuThrottleParams)
         host, fs = ProcessHost(ctx.transport), _HostFs(ctx.transport)
         pids, starts, label = resolve_processes(ctx, params)
         keep = [i for i, pid in enumerate(pids) if deadman.module_of(host.cmdline(pid) or []) not in _OUR_HELPERS]
@@ -297,9 +292,7 @@ class CpuThrottleInjector:
         period_us = round(params.period * 1e6)
         quota_us = max(1000, round(params.fraction * period_us))
         state: dict[str, JsonValue] = {
-            "pids": list(pids),
-            "start_times": list(starts),
-            "selector": label,
+            **targets_state(pids, starts, label),
             "version": hierarchy.version,
             "mount": hierarchy.mount,
             "root": hierarchy.root,
@@ -308,14 +301,8 @@ class CpuThrottleInjector:
             "period_us": period_us,
             "quota_us": quota_us,
         }
-        return Applied(
-            op_id=op.op_id,
-            fault=op.fault,
-            injector=self.name,
-            host=ctx.transport.host,
-            duration_s=duration,
-            state=state,
-            description=f"throttle {label} to {params.fraction:g} CPU for {duration:g}s",
+        return op.record(
+            self.name, ctx.transport.host, state, f"throttle {label} to {params.fraction:g} CPU for {duration:g}s"
         )
 
     def apply(self, ctx: InjectionContext, applied: Applied) -> None:
@@ -325,9 +312,7 @@ class CpuThrottleInjector:
         period_us, quota_us = applied.state.get("period_us"), applied.state.get("quota_us")
         if not isinstance(period_us, int) or not isinstance(quota_us, int):
             raise InjectionError("journal state lacks period_us/quota_us")
-        alive = same_processes(host, applied.state)
-        if not alive:
-            raise InjectionError(f"{applied.state.get('selector')} exited before it could be throttled")
+        alive = alive_targets(host, applied, "throttled")
         if hierarchy.version == 2:
             control = fs.read(f"{hierarchy.mount}/cgroup.subtree_control") or ""
             if "cpu" not in control.split():
@@ -416,57 +401,29 @@ class MemoryPressureInjector:
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
         """InjectionError without a duration or when more than MemAvailable is asked for."""
         duration = require_duration(self.name, op)
-        params = params_of(MemoryPressureParams, op)
+        params = op.params_as(MemoryPressureParams)
         available = _available_mb(_HostFs(ctx.transport))
         if available is not None and params.megabytes > available:
             raise InjectionError(
                 f"{params.megabytes} MiB asked, only {available} MiB available on {ctx.transport.host}"
             )
-        return Applied(
-            op_id=op.op_id,
-            fault=op.fault,
-            injector=self.name,
-            host=ctx.transport.host,
-            duration_s=duration,
-            state={"megabytes": params.megabytes},
-            description=f"hold {params.megabytes} MiB of memory for {duration:g}s",
-        )
+        description = f"hold {params.megabytes} MiB of memory for {duration:g}s"
+        return op.record(self.name, ctx.transport.host, {"megabytes": params.megabytes}, description)
 
     def apply(self, ctx: InjectionContext, applied: Applied) -> None:
         """Start the hog; records ``helper_pid``. It ends by itself at the op's deadline."""
         host = ProcessHost(ctx.transport)
-        until_ns = time.time_ns() - int(ctx.transport.clock_offset() * 1e9) + int((applied.duration_s or 0) * 1e9)
+        until_ns = detached.host_deadline_ns(ctx.transport, applied.duration_s or 0.0)
         argv = [
             host_python(ctx.transport), "-m", MODULE,
             "--op-id", applied.op_id, "--megabytes", str(applied.state.get("megabytes")), "--until-ns", str(until_ns),
         ]  # fmt: skip
-        env = None
-        if host.local:
-            (log_dir := state_dir()).mkdir(parents=True, exist_ok=True)
-            argv += ["--log", str(log_dir / "memhog.log")]
-            env = deadman.python_env()
-        try:
-            proc = ctx.transport.spawn(argv, env=env)
-            code = proc.wait(timeout=30)
-            output = proc.stdout.read().decode(errors="replace") if proc.stdout is not None else ""
-        except (TransportError, OSError) as exc:
-            raise InjectionError(f"cannot start the memory hog on {ctx.transport.host}: {exc}") from exc
-        helper = deadman.parse_pid(output)
-        if code != 0 or helper is None:
-            raise InjectionError(f"memory hog failed to start (exit {code}): {output.strip()[-300:]}")
-        applied.state["helper_pid"] = helper
+        log = "memhog.log" if host.local else None
+        applied.state["helper_pid"] = detached.launch(ctx.transport, argv, what="memory hog", log=log)
 
     def heal(self, ctx: InjectionContext, applied: Applied) -> None:
         """Stop the hog (verified by cmdline and op id; found by op id after a crash). Idempotent."""
-        host = ProcessHost(ctx.transport)
-        recorded = applied.state.get("helper_pid")
-        candidates = [recorded] if isinstance(recorded, int) else list(host.command_lines())
-        hogs = [pid for pid in candidates if host.is_helper(pid, MODULE, applied.op_id)]
-        host.signal("SIGTERM", hogs)
-        deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline and any(host.is_helper(pid, MODULE, applied.op_id) for pid in hogs):
-            time.sleep(0.02)
-        host.signal("SIGKILL", [pid for pid in hogs if host.is_helper(pid, MODULE, applied.op_id)])
+        ProcessHost(ctx.transport).stop_helpers(MODULE, applied.op_id, applied.state.get("helper_pid"))
 
     def revert_command(self, applied: Applied) -> list[str] | None:
         """None: the hog ends by itself at the op's deadline, before any dead-man would fire."""

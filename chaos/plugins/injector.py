@@ -15,7 +15,7 @@ Life of one fault op, driven by the runner so that no injector can get the order
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, JsonValue
 
@@ -32,6 +32,22 @@ class InjectionError(RuntimeError):
     """A fault could not be applied (its target vanished, a command failed)."""
 
 
+P = TypeVar("P", bound=BaseModel)
+
+
+def params_as(cls: type[P], params: BaseModel) -> P:
+    """``params`` typed as ``cls``, the injector's own ``Params`` model; InjectionError for any other model.
+
+    The scenario loader, the plan and the pytest fixture all validate a fault's params into its injector's
+    ``Params`` class, so anything else is a caller's bug: it is named here rather than re-validated.
+    """
+    if isinstance(params, cls):
+        return params
+    raise InjectionError(
+        f"expected {cls.__name__} params, got {type(params).__name__}: validate them with {cls.__name__}"
+    )
+
+
 class FaultOp(BaseModel):
     """One planned firing of a fault: which injector, with which params, for how long."""
 
@@ -42,6 +58,25 @@ class FaultOp(BaseModel):
     injector: str
     params: BaseModel
     duration_s: float | None = None
+
+    def params_as(self, cls: type[P]) -> P:
+        """This op's params as the injector's ``Params`` class ``cls`` (see :func:`params_as`)."""
+        return params_as(cls, self.params)
+
+    def record(
+        self, injector: str, host: str, state: dict[str, JsonValue], description: str, *, reversible: bool = True
+    ) -> Applied:
+        """The :class:`Applied` that ``prepare`` returns for this op on ``host``: what it will change and how."""
+        return Applied(
+            op_id=self.op_id,
+            fault=self.fault,
+            injector=injector,
+            host=host,
+            duration_s=self.duration_s,
+            reversible=reversible,
+            state=state,
+            description=description,
+        )
 
 
 class Applied(BaseModel):

@@ -20,20 +20,19 @@ Commands run as root; a non-root transport user with password-less sudo gets ``s
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, Field, JsonValue, model_validator
 
 from chaos.cluster.base import TransportError, host_python
-from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
+from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported, params_as
 from chaos.safety import deadman
-from chaos.safety.state import state_dir
 from chaos.spec.units import Duration
+from injectors import detached
 from injectors.network import flap_helper as netflap
 from injectors.network import iptables as netfilter
-from injectors.network.host import TIMEOUT_S, Host, Peers, params_as, probe_address, resolve_peers, shares_machine
+from injectors.network.host import TIMEOUT_S, Host, Peers, probe_address, resolve_peers, shares_machine
 from injectors.network.iptables import ChainSpec
 from injectors.network.tc import (
     BandwidthInjector,
@@ -44,6 +43,7 @@ from injectors.network.tc import (
     JitterParams,
     ShapeParams,
 )
+from injectors.process.faults import ProcessHost
 
 __all__ = [
     "BandwidthInjector",
@@ -168,8 +168,7 @@ class _FilterFault:
 
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
         """Choose chain names and rules; changes nothing. InjectionError without root/sudo or iptables."""
-        params = params_as(self.Params, op.params)
-        assert isinstance(params, FilterParams)
+        params = op.params_as(FilterParams)
         host = Host.open(ctx.transport, refuse=InjectionError)
         peers = resolve_peers(ctx, params.peers)
         directions = ["in", "out"] if params.direction == "both" else [params.direction]
@@ -186,15 +185,8 @@ class _FilterFault:
             "restore": netfilter.restore_backend(host.run) == backend,
             "peers": list(peers),
         }
-        return Applied(
-            op_id=op.op_id,
-            fault=op.fault,
-            injector=self.name,
-            host=ctx.transport.host,
-            duration_s=op.duration_s,
-            state=state,
-            description=f"{self._what(params)} {_between(local, peers, params.direction)}{_selection(params)}",
-        )
+        description = f"{self._what(params)} {_between(local, peers, params.direction)}{_selection(params)}"
+        return op.record(self.name, ctx.transport.host, state, description)
 
     @staticmethod
     def _host(ctx: InjectionContext, applied: Applied) -> Host:
@@ -251,12 +243,11 @@ class PacketLossInjector(_FilterFault):
     summary: ClassVar[str] = "drop a random share of the packets to/from peer addresses (iptables statistic)"
 
     def _extra(self, params: FilterParams) -> list[str]:
-        probability = params.probability if isinstance(params, PacketLossParams) else 0.0
+        probability = params_as(PacketLossParams, params).probability
         return ["-m", "statistic", "--mode", "random", "--probability", f"{probability:.6f}"]
 
     def _what(self, params: FilterParams) -> str:
-        probability = params.probability if isinstance(params, PacketLossParams) else 0.0
-        return f"drop {probability:.0%} of packets"
+        return f"drop {params_as(PacketLossParams, params).probability:.0%} of packets"
 
 
 class DropLargePacketsInjector(_FilterFault):
@@ -267,12 +258,10 @@ class DropLargePacketsInjector(_FilterFault):
     summary: ClassVar[str] = "drop packets of at least N bytes to/from peers (small probes pass, bulk stalls)"
 
     def _extra(self, params: FilterParams) -> list[str]:
-        size = params.min_size if isinstance(params, DropLargeParams) else 1024
-        return ["-m", "length", "--length", f"{size}:65535"]
+        return ["-m", "length", "--length", f"{params_as(DropLargeParams, params).min_size}:65535"]
 
     def _what(self, params: FilterParams) -> str:
-        size = params.min_size if isinstance(params, DropLargeParams) else 1024
-        return f"drop packets >= {size} bytes"
+        return f"drop packets >= {params_as(DropLargeParams, params).min_size} bytes"
 
 
 class FlapInjector(_FilterFault):
@@ -305,7 +294,7 @@ class FlapInjector(_FilterFault):
         if op.duration_s is None or op.duration_s <= 0:
             raise InjectionError("flap needs a duration (e.g. `duration: 30s`) so that it always ends")
         applied = super().prepare(ctx, op)
-        params = params_as(FlapParams, op.params)
+        params = op.params_as(FlapParams)
         applied.state["period_s"] = params.period
         applied.state["down_fraction"] = params.down_fraction
         applied.description = (
@@ -320,9 +309,7 @@ class FlapInjector(_FilterFault):
         host = self._host(ctx, applied)
         restore = self._restore(ctx, applied, host)
         netfilter.install(host.run, specs, _comment(applied), bypass=True, restore=restore)
-        # The deadline is on the HOST's clock, the one the helper reads.
-        until_ns = time.time_ns() - int(ctx.transport.clock_offset() * 1e9) + int((applied.duration_s or 0) * 1e9)
-        local = shares_machine(ctx.transport)
+        until_ns = detached.host_deadline_ns(ctx.transport, applied.duration_s or 0.0)
         argv = [
             *(["sudo", "-n"] if host.sudo else []),
             host_python(ctx.transport), "-m", netflap.MODULE,
@@ -332,27 +319,23 @@ class FlapInjector(_FilterFault):
             "--down-fraction", repr(applied.state.get("down_fraction")),
             "--until-ns", str(until_ns),
         ]  # fmt: skip
-        env = None
-        if local:
-            log_dir = state_dir()
-            log_dir.mkdir(parents=True, exist_ok=True)
-            argv += ["--log", str(log_dir / "netflap.log")]
-            env = deadman.python_env()
-        helper = deadman.spawn_helper(ctx.transport, argv, what="flap helper", env=env, timeout=TIMEOUT_S)
-        applied.state["helper_pid"] = helper
+        log = "netflap.log" if shares_machine(ctx.transport) else None
+        applied.state["helper_pid"] = detached.launch(
+            ctx.transport, argv, what="flap helper", log=log, timeout=TIMEOUT_S
+        )
 
     def heal(self, ctx: InjectionContext, applied: Applied) -> None:
         """Stop the helper (it removes the chains as it leaves), then remove whatever is still there."""
         host = self._host(ctx, applied)
         recorded = applied.state.get("helper_pid")
         pids = [recorded] if isinstance(recorded, int) else _find_helpers(host, applied.op_id)
-        pids = [pid for pid in pids if _is_helper(host, pid, applied.op_id)]
-        if pids:
-            _signal(host, "TERM", pids)
-            deadline = time.monotonic() + 10.0
-            while time.monotonic() < deadline and any(_is_helper(host, pid, applied.op_id) for pid in pids):
-                time.sleep(0.05)
-            _signal(host, "KILL", [pid for pid in pids if _is_helper(host, pid, applied.op_id)])
+        detached.stop(
+            pids,
+            lambda pid: _is_helper(host, pid, applied.op_id),
+            lambda name, stop: _signal(host, name, stop),
+            grace_s=10.0,
+            poll_s=0.05,
+        )
         # The helper removes the chains as it leaves, so look before deleting (no batch that would only fail).
         netfilter.remove(host.run, [spec.chain for spec in netfilter.chains_from_state(applied.state)])
 
@@ -370,21 +353,15 @@ def _is_helper(host: Host, pid: int, op_id: str) -> bool:
 def _find_helpers(host: Host, op_id: str) -> list[int]:
     """Flap helpers of ``op_id`` by command line, for a crash between spawn and the journaled pid."""
     try:
-        done = host.transport.run(["ps", "-ww", "-eo", "pid=,args="], timeout=TIMEOUT_S)
+        return detached.find(ProcessHost(host.transport).command_lines(), netflap.MODULE, op_id)
     except TransportError:
         return []
-    found = []
-    for line in done.stdout.splitlines():
-        pid, _, args = line.strip().partition(" ")
-        if pid.isdigit() and f"-m {netflap.MODULE} " in args and f"--op-id {op_id} " in f"{args} ":
-            found.append(int(pid))
-    return found
 
 
 def _signal(host: Host, name: str, pids: list[int]) -> None:
     if pids:
         try:
-            host.run(["kill", "-s", name, *map(str, pids)])
+            host.run(["kill", "-s", name.removeprefix("SIG"), *map(str, pids)])
         except TransportError:
             pass  # gone or unreachable: the chain removal that follows is what heals
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Sequence
-from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -19,7 +18,6 @@ from chaos.cluster.netns import NetnsTransport
 from chaos.plugins.injector import InjectionContext, InjectionError
 
 TIMEOUT_S = 30.0
-_P = TypeVar("_P", bound=BaseModel)
 
 
 _INVENTORY_PEER = re.compile(r"^(host|group):[A-Za-z0-9_.-]+$")
@@ -53,11 +51,6 @@ class Peers(BaseModel):
     @classmethod
     def _canonical(cls, value: list[str]) -> list[str]:
         return list(dict.fromkeys(peer_address(item) for item in value))
-
-
-def params_as(cls: type[_P], params: BaseModel) -> _P:
-    """``params`` as ``cls`` (the runner may hand over an equal model of another class, e.g. after a reload)."""
-    return params if isinstance(params, cls) else cls.model_validate(params.model_dump())
 
 
 def shares_machine(transport: Transport) -> bool:

@@ -29,9 +29,9 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import BaseModel, BeforeValidator, Field, JsonValue, field_validator, model_validator
 
 from chaos.cluster.base import Completed, TransportError
-from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
+from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported, params_as
 from chaos.spec.units import Duration
-from injectors.network.host import Host, Peers, ms, params_as, probe_address, resolve_peers
+from injectors.network.host import Host, Peers, ms, probe_address, resolve_peers
 from injectors.network.iptables import Run
 
 _INTERFACE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,14}$")
@@ -349,8 +349,7 @@ class _ShapeFault:
     def check(self, ctx: InjectionContext, params: BaseModel) -> None:
         """Unsupported without root/sudo or tc, for an interface that is missing or already has a configured
         root qdisc (we would clobber it), and, for netem faults, when the kernel lacks sch_netem."""
-        shape = params_as(self.Params, params)
-        assert isinstance(shape, ShapeParams)
+        shape = params_as(ShapeParams, params)
         host = Host.open(ctx.transport, refuse=Unsupported)
         try:
             tc = host.run(["tc", "-V"])
@@ -369,8 +368,7 @@ class _ShapeFault:
 
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
         """Choose interface, handles and tc commands; changes nothing."""
-        params = params_as(self.Params, op.params)
-        assert isinstance(params, ShapeParams)
+        params = op.params_as(ShapeParams)
         host = Host.open(ctx.transport, refuse=InjectionError)
         interface = self._interface(ctx, host, params, InjectionError)
         peers = resolve_peers(ctx, params.peers)
@@ -379,14 +377,11 @@ class _ShapeFault:
         local = (host.route(probe_address(peers[0]))[1] if peers else None) or ctx.transport.host
         where = f"{local} -> {', '.join(peers)}" if peers else f"everything {local} sends"
         command_state: list[JsonValue] = [list(argv) for argv in commands]
-        return Applied(
-            op_id=op.op_id,
-            fault=op.fault,
-            injector=self.name,
-            host=ctx.transport.host,
-            duration_s=op.duration_s,
-            state={"interface": interface, "handle": root, "kind": kind, "commands": command_state, "sudo": host.sudo},
-            description=f"{self._what(params)} {where} on {interface} (outgoing)",
+        state: dict[str, JsonValue] = {
+            "interface": interface, "handle": root, "kind": kind, "commands": command_state, "sudo": host.sudo,
+        }  # fmt: skip
+        return op.record(
+            self.name, ctx.transport.host, state, f"{self._what(params)} {where} on {interface} (outgoing)"
         )
 
     def _what(self, params: ShapeParams) -> str:
@@ -417,8 +412,7 @@ class BandwidthInjector(_ShapeFault):
     summary: ClassVar[str] = "limit the send rate towards peers or on an interface (tc tbf/htb)"
 
     def _what(self, params: ShapeParams) -> str:
-        rate = params.rate if isinstance(params, BandwidthParams) else 0
-        return f"limit to {_rate_text(rate)}:"
+        return f"limit to {_rate_text(params_as(BandwidthParams, params).rate)}:"
 
 
 class DelayInjector(_ShapeFault):
@@ -430,10 +424,9 @@ class DelayInjector(_ShapeFault):
     needs_netem: ClassVar[bool] = True
 
     def _what(self, params: ShapeParams) -> str:
-        if not isinstance(params, DelayParams):
-            return self.name
-        spread = f" ± {ms(params.jitter)}" if params.jitter else ""
-        return f"delay by {ms(params.delay)}{spread}:"
+        delay = params_as(DelayParams, params)
+        spread = f" ± {ms(delay.jitter)}" if delay.jitter else ""
+        return f"delay by {ms(delay.delay)}{spread}:"
 
 
 class JitterInjector(_ShapeFault):
@@ -445,7 +438,6 @@ class JitterInjector(_ShapeFault):
     needs_netem: ClassVar[bool] = True
 
     def _what(self, params: ShapeParams) -> str:
-        if not isinstance(params, JitterParams):
-            return self.name
-        mean = params.jitter if params.delay is None else params.delay
-        return f"jitter {ms(mean)} ± {ms(params.jitter)} ({params.distribution}):"
+        jitter = params_as(JitterParams, params)
+        mean = jitter.jitter if jitter.delay is None else jitter.delay
+        return f"jitter {ms(mean)} ± {ms(jitter.jitter)} ({jitter.distribution}):"

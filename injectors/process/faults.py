@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import os
 import re
-import time
-from typing import ClassVar, TypeVar
+from dataclasses import dataclass
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
@@ -21,12 +21,11 @@ from chaos.cluster.base import Transport, TransportError, host_python
 from chaos.cluster.local import LocalTransport, process_start_time, signal_number
 from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
 from chaos.safety import deadman
-from chaos.safety.state import state_dir
 from chaos.spec.units import Duration
+from injectors import detached
 from injectors.process import dutycycle
 
 _HELPER_MODULES = (deadman.MODULE, dutycycle.MODULE)
-_P = TypeVar("_P", bound=BaseModel)
 
 
 # -- parameters -------------------------------------------------------------------------------------------------
@@ -170,6 +169,22 @@ class ProcessHost:
         argv = self.cmdline(pid)
         return argv is not None and deadman.module_of(argv) == module and deadman.option(argv, "--op-id") == op_id
 
+    def helpers(self, module: str, op_id: str, recorded: JsonValue) -> list[int]:
+        """The op's live ``-m module`` helpers: the journaled pid ``recorded``, or (crash before that record)
+        a search by op id; each verified by its command line."""
+        found = [recorded] if isinstance(recorded, int) else detached.find(self.command_lines(), module, op_id)
+        return [pid for pid in found if self.is_helper(pid, module, op_id)]
+
+    def stop_helpers(self, module: str, op_id: str, recorded: JsonValue) -> None:
+        """SIGTERM the op's helpers, SIGKILL the ones still there after 5s."""
+        detached.stop(
+            self.helpers(module, op_id, recorded),
+            lambda pid: self.is_helper(pid, module, op_id),
+            self.signal,
+            grace_s=5.0,
+            poll_s=0.02,
+        )
+
 
 # -- shared steps --------------------------------------------------------------------------------------------------
 
@@ -183,12 +198,6 @@ def _signal_name(value: str | int) -> str:
         return signals.Signals(number).name
     except ValueError:
         raise ValueError(f"unknown signal {value!r}; use a name such as SIGKILL, SIGTERM or SIGSTOP") from None
-
-
-def params_of(cls: type[_P], op: FaultOp) -> _P:
-    if isinstance(op.params, cls):
-        return op.params
-    return cls.model_validate(op.params.model_dump())
 
 
 def _seconds(value: float) -> str:
@@ -235,12 +244,110 @@ def _ints(state: dict[str, JsonValue], key: str) -> list[int]:
     return [item for item in value if isinstance(item, int)]
 
 
+def _number(state: dict[str, JsonValue], key: str) -> float:
+    value = state.get(key)
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise InjectionError(f"journal state {key!r} is not a number: {value!r}")
+    return float(value)
+
+
+# -- journal state ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Targets:
+    """The processes a fault hit, as journaled: each pid with its kernel start time, and the selector's label.
+
+    The JSON keys (``pids``, ``start_times``, ``selector``) are those of every process-targeting fault's
+    journal state (node's ``cpu_throttle`` too); :meth:`from_json` validates them, so heal reads typed fields.
+    """
+
+    pids: tuple[int, ...]
+    start_times: tuple[int, ...]
+    selector: str
+
+    def to_json(self) -> dict[str, JsonValue]:
+        return {"pids": list(self.pids), "start_times": list(self.start_times), "selector": self.selector}
+
+    @classmethod
+    def from_json(cls, state: dict[str, JsonValue]) -> Targets:
+        """InjectionError when the pids or start times are not lists of integers of the same length."""
+        pids, starts = _ints(state, "pids"), _ints(state, "start_times")
+        if len(pids) != len(starts):
+            raise InjectionError("journal state has different numbers of pids and start times")
+        return cls(tuple(pids), tuple(starts), str(state.get("selector")))
+
+    def same(self, host: ProcessHost) -> list[int]:
+        """Recorded pids that are still the recorded processes (pid reuse guard)."""
+        return [pid for pid, start in zip(self.pids, self.start_times, strict=True) if host.start_time(pid) == start]
+
+    def alive(self, host: ProcessHost, verb: str) -> list[int]:
+        """For apply: :meth:`same`, or InjectionError when every target exited (so none could be ``verb``)."""
+        alive = self.same(host)
+        if not alive:
+            raise InjectionError(f"{self.selector} exited before it could be {verb}")
+        return alive
+
+
+@dataclass(frozen=True)
+class KillState:
+    """The journal state of ``kill``: the targets and the signal."""
+
+    targets: Targets
+    signal: str
+
+    def to_json(self) -> dict[str, JsonValue]:
+        return {**self.targets.to_json(), "signal": self.signal}
+
+    @classmethod
+    def from_json(cls, state: dict[str, JsonValue]) -> KillState:
+        signal = state.get("signal")
+        if not isinstance(signal, str):
+            raise InjectionError(f"journal state has no signal name: {signal!r}")
+        return cls(Targets.from_json(state), signal)
+
+
+@dataclass(frozen=True)
+class SlowState:
+    """The journal state of ``slow``: the targets, the duty cycle and (once applied) the helper's pid.
+
+    ``apply`` adds ``helper_pid`` and ``helper_start_time`` to the JSON; :meth:`to_json` writes what
+    ``prepare`` knows, so a state read back before apply round-trips unchanged.
+    """
+
+    targets: Targets
+    stopped_fraction: float
+    period_s: float
+    helper_pid: int | None = None
+
+    def to_json(self) -> dict[str, JsonValue]:
+        state = {**self.targets.to_json(), "stopped_fraction": self.stopped_fraction, "period_s": self.period_s}
+        return state if self.helper_pid is None else {**state, "helper_pid": self.helper_pid}
+
+    @classmethod
+    def from_json(cls, state: dict[str, JsonValue]) -> SlowState:
+        helper = state.get("helper_pid")
+        return cls(
+            Targets.from_json(state),
+            _number(state, "stopped_fraction"),
+            _number(state, "period_s"),
+            helper if isinstance(helper, int) and not isinstance(helper, bool) else None,
+        )
+
+
 def same_processes(host: ProcessHost, state: dict[str, JsonValue]) -> list[int]:
     """Recorded pids that are still the recorded processes (pid reuse guard)."""
-    pids, starts = _ints(state, "pids"), _ints(state, "start_times")
-    if len(pids) != len(starts):
-        raise InjectionError("journal state has different numbers of pids and start times")
-    return [pid for pid, start in zip(pids, starts, strict=False) if host.start_time(pid) == start]
+    return Targets.from_json(state).same(host)
+
+
+def targets_state(pids: list[int], starts: list[int], label: str) -> dict[str, JsonValue]:
+    """The journal state naming resolved targets, read back by :func:`same_processes`."""
+    return Targets(tuple(pids), tuple(starts), label).to_json()
+
+
+def alive_targets(host: ProcessHost, applied: Applied, verb: str) -> list[int]:
+    """For apply: the recorded targets still running; InjectionError when all of them exited (not ``verb``)."""
+    return Targets.from_json(applied.state).alive(host, verb)
 
 
 def require_duration(name: str, op: FaultOp) -> float:
@@ -273,44 +380,49 @@ def _check_kill(ctx: InjectionContext, params: BaseModel | None = None) -> None:
 
 
 def _continue_command(applied: Applied) -> list[str] | None:
-    pids = _ints(applied.state, "pids")
+    pids = Targets.from_json(applied.state).pids
     return ["kill", "-s", "CONT", *map(str, pids)] if pids else None
 
 
 # -- injectors ----------------------------------------------------------------------------------------------------
 
 
-class KillInjector:
+class _ProcessFault:
+    """What the process faults share: ``kill`` on the host (and the replica, when one is named) is checked
+    first, and the selected processes are resolved and journaled with their start times."""
+
+    name: ClassVar[str]
+    Params: ClassVar[type[BaseModel]]
+    summary: ClassVar[str]
+
+    def check(self, ctx: InjectionContext, params: BaseModel) -> None:
+        _check_kill(ctx, params)
+
+    @staticmethod
+    def _targets(ctx: InjectionContext, selector: ProcessSelector) -> Targets:
+        """The selected processes (changes nothing; InjectionError when nothing safe matches)."""
+        pids, starts, label = resolve_processes(ctx, selector)
+        return Targets(tuple(pids), tuple(starts), label)
+
+
+class KillInjector(_ProcessFault):
     """Signal the selected processes once (SIGKILL by default). Irreversible: heal has nothing to undo."""
 
     name: ClassVar[str] = "kill"
     Params: ClassVar[type[BaseModel]] = KillParams
     summary: ClassVar[str] = "send a signal (default SIGKILL) to a rank, pid or command-line match"
 
-    def check(self, ctx: InjectionContext, params: BaseModel) -> None:
-        _check_kill(ctx, params)
-
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
-        params = params_of(KillParams, op)
-        pids, starts, label = resolve_processes(ctx, params)
-        return Applied(
-            op_id=op.op_id,
-            fault=op.fault,
-            injector=self.name,
-            host=ctx.transport.host,
-            duration_s=op.duration_s,
-            reversible=False,
-            state={"pids": list(pids), "start_times": list(starts), "signal": params.signal, "selector": label},
-            description=f"{params.signal} {label}",
-        )
+        params = op.params_as(KillParams)
+        state = KillState(self._targets(ctx, params), params.signal)
+        description = f"{params.signal} {state.targets.selector}"
+        return op.record(self.name, ctx.transport.host, state.to_json(), description, reversible=False)
 
     def apply(self, ctx: InjectionContext, applied: Applied) -> None:
         """Signal the recorded processes still alive; ones that already exited are the goal, not an error."""
-        name = applied.state.get("signal")
-        if not isinstance(name, str):
-            raise InjectionError(f"journal state has no signal name: {name!r}")
+        state = KillState.from_json(applied.state)
         host = ProcessHost(ctx.transport)
-        host.signal(name, same_processes(host, applied.state))
+        host.signal(state.signal, state.targets.same(host))
 
     def heal(self, ctx: InjectionContext, applied: Applied) -> None:
         """Nothing to undo: a signal cannot be taken back (the target's own restart logic is under test)."""
@@ -319,47 +431,34 @@ class KillInjector:
         return None
 
 
-class FreezeInjector:
+class FreezeInjector(_ProcessFault):
     """SIGSTOP the selected processes for the op's duration; heal sends SIGCONT to the same processes."""
 
     name: ClassVar[str] = "freeze"
     Params: ClassVar[type[BaseModel]] = FreezeParams
     summary: ClassVar[str] = "SIGSTOP a rank, pid or command-line match for the fault's duration"
 
-    def check(self, ctx: InjectionContext, params: BaseModel) -> None:
-        _check_kill(ctx, params)
-
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
         """Resolve targets; InjectionError without a duration (a freeze must always end)."""
         duration = require_duration(self.name, op)
-        pids, starts, label = resolve_processes(ctx, params_of(FreezeParams, op))
-        return Applied(
-            op_id=op.op_id,
-            fault=op.fault,
-            injector=self.name,
-            host=ctx.transport.host,
-            duration_s=duration,
-            state={"pids": list(pids), "start_times": list(starts), "selector": label},
-            description=f"SIGSTOP {label} for {_seconds(duration)}",
-        )
+        targets = self._targets(ctx, op.params_as(FreezeParams))
+        description = f"SIGSTOP {targets.selector} for {_seconds(duration)}"
+        return op.record(self.name, ctx.transport.host, targets.to_json(), description)
 
     def apply(self, ctx: InjectionContext, applied: Applied) -> None:
         host = ProcessHost(ctx.transport)
-        alive = same_processes(host, applied.state)
-        if not alive:
-            raise InjectionError(f"{applied.state.get('selector')} exited before it could be frozen")
-        host.signal("SIGSTOP", alive)
+        host.signal("SIGSTOP", Targets.from_json(applied.state).alive(host, "frozen"))
 
     def heal(self, ctx: InjectionContext, applied: Applied) -> None:
         """SIGCONT every recorded process that is still the same process; idempotent, fine when all exited."""
         host = ProcessHost(ctx.transport)
-        host.signal("SIGCONT", same_processes(host, applied.state))
+        host.signal("SIGCONT", Targets.from_json(applied.state).same(host))
 
     def revert_command(self, applied: Applied) -> list[str] | None:
         return _continue_command(applied)
 
 
-class SlowInjector:
+class SlowInjector(_ProcessFault):
     """A SIGSTOP/SIGCONT duty cycle run by a detached helper on the host, so it survives the harness.
 
     The helper (:mod:`injectors.process.dutycycle`) ends by itself at the op's deadline and always continues the
@@ -373,7 +472,7 @@ class SlowInjector:
     summary: ClassVar[str] = "make a rank, pid or command-line match slow with a SIGSTOP/SIGCONT duty cycle"
 
     def check(self, ctx: InjectionContext, params: BaseModel) -> None:
-        _check_kill(ctx, params)
+        super().check(ctx, params)
         if isinstance(ctx.transport, LocalTransport):
             return
         try:
@@ -381,59 +480,40 @@ class SlowInjector:
         except TransportError as exc:
             raise Unsupported(f"cannot run python3 on {ctx.transport.host}: {exc}") from exc
         if not done.ok:
-            raise Unsupported(f"mlchaos is not importable by the host's python on {ctx.transport.host} (needed for slow)")
+            raise Unsupported(
+                f"mlchaos is not importable by the host's python on {ctx.transport.host} (needed for slow)"
+            )
 
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
         """Resolve targets; InjectionError without a duration (the helper must have a deadline)."""
         duration = require_duration(self.name, op)
-        params = params_of(SlowParams, op)
-        pids, starts, label = resolve_processes(ctx, params)
-        state: dict[str, JsonValue] = {
-            "pids": list(pids),
-            "start_times": list(starts),
-            "selector": label,
-            "stopped_fraction": params.stopped_fraction,
-            "period_s": params.period,
-        }
-        return Applied(
-            op_id=op.op_id,
-            fault=op.fault,
-            injector=self.name,
-            host=ctx.transport.host,
-            duration_s=duration,
-            state=state,
-            description=(
-                f"SIGSTOP/SIGCONT {label} {params.stopped_fraction:.0%} of every {_seconds(params.period)}"
-                f" for {_seconds(duration)}"
-            ),
+        params = op.params_as(SlowParams)
+        state = SlowState(self._targets(ctx, params), params.stopped_fraction, params.period)
+        return op.record(
+            self.name,
+            ctx.transport.host,
+            state.to_json(),
+            f"SIGSTOP/SIGCONT {state.targets.selector} {params.stopped_fraction:.0%} of every"
+            f" {_seconds(params.period)} for {_seconds(duration)}",
         )
 
     def apply(self, ctx: InjectionContext, applied: Applied) -> None:
         """Start the detached duty-cycle helper; records its pid and start time in ``applied.state``."""
-        host = ProcessHost(ctx.transport)
-        alive = same_processes(host, applied.state)
-        if not alive:
-            raise InjectionError(f"{applied.state.get('selector')} exited before it could be slowed")
-        duration = applied.duration_s or 0.0
-        # The deadline is on the HOST's clock, the one the helper reads.
-        until_ns = time.time_ns() - int(ctx.transport.clock_offset() * 1e9) + int(duration * 1e9)
+        host, state = ProcessHost(ctx.transport), SlowState.from_json(applied.state)
+        alive = state.targets.alive(host, "slowed")
+        until_ns = detached.host_deadline_ns(ctx.transport, applied.duration_s or 0.0)
         starts = {pid: host.start_time(pid) for pid in alive}
         argv = [
             host_python(ctx.transport), "-m", dutycycle.MODULE,
             "--op-id", applied.op_id,
             "--pids", ",".join(str(pid) for pid in starts),
             "--start-times", ",".join(str(start) for start in starts.values()),
-            "--stopped-fraction", repr(applied.state.get("stopped_fraction")),
-            "--period", repr(applied.state.get("period_s")),
+            "--stopped-fraction", repr(state.stopped_fraction),
+            "--period", repr(state.period_s),
             "--until-ns", str(until_ns),
         ]  # fmt: skip
-        env = None
-        if host.local:
-            log_dir = state_dir()
-            log_dir.mkdir(parents=True, exist_ok=True)
-            argv += ["--log", str(log_dir / "dutycycle.log")]
-            env = deadman.python_env()
-        helper = deadman.spawn_helper(ctx.transport, argv, what="duty-cycle helper", env=env, timeout=30)
+        log = "dutycycle.log" if host.local else None
+        helper = detached.launch(ctx.transport, argv, what="duty-cycle helper", log=log)
         applied.state["helper_pid"] = helper
         applied.state["helper_start_time"] = host.start_time(helper)
 
@@ -442,27 +522,9 @@ class SlowInjector:
 
         Order matters: a helper still running would stop the targets again right after our SIGCONT.
         """
-        host = ProcessHost(ctx.transport)
-        recorded = applied.state.get("helper_pid")
-        if isinstance(recorded, int):
-            helpers = [recorded]
-        else:  # crashed before the helper pid was journaled: find it by its op id
-            helpers = [
-                pid
-                for pid, args in host.command_lines().items()
-                if f"-m {dutycycle.MODULE} " in args and f"--op-id {applied.op_id} " in f"{args} "
-            ]
-        helpers = [pid for pid in helpers if host.is_helper(pid, dutycycle.MODULE, applied.op_id)]
-        if helpers:
-            host.signal("SIGTERM", helpers)
-            deadline = time.monotonic() + 5.0
-            while time.monotonic() < deadline and any(
-                host.is_helper(pid, dutycycle.MODULE, applied.op_id) for pid in helpers
-            ):
-                time.sleep(0.02)
-            stuck = [pid for pid in helpers if host.is_helper(pid, dutycycle.MODULE, applied.op_id)]
-            host.signal("SIGKILL", stuck)  # it did not leave in time; we continue the targets below anyway
-        host.signal("SIGCONT", same_processes(host, applied.state))
+        host, state = ProcessHost(ctx.transport), SlowState.from_json(applied.state)
+        host.stop_helpers(dutycycle.MODULE, applied.op_id, state.helper_pid)
+        host.signal("SIGCONT", state.targets.same(host))
 
     def revert_command(self, applied: Applied) -> list[str] | None:
         return _continue_command(applied)

@@ -41,9 +41,17 @@ from typing import Any
 
 from chaos.safety.deadman import detach
 
+# The mount-table helpers live in injectors.storage.mounts; re-exported here, where callers found them first.
+from injectors.storage.mounts import FSNAME_PREFIX as FSNAME_PREFIX
+from injectors.storage.mounts import SUBTYPE as SUBTYPE
+from injectors.storage.mounts import Mount as Mount
+from injectors.storage.mounts import chaos_mounts as chaos_mounts
+from injectors.storage.mounts import is_mounted as is_mounted
+from injectors.storage.mounts import parse_mounts as parse_mounts
+from injectors.storage.mounts import unescape as unescape
+from injectors.storage.mounts import unmount_argv as unmount_argv
+
 MODULE = "injectors.storage.fuselayer"
-FSNAME_PREFIX = "chaos-fuse"
-SUBTYPE = "chaos-fuse"  # the mount's type reads ``fuse.chaos-fuse`` in /proc/mounts
 MODES = ("off", "latency", "hang", "eio", "enospc", "fsync_stall", "readonly")
 OPS = (
     "getattr", "access", "readdir", "readlink", "statfs",
@@ -356,63 +364,12 @@ class Layer:
         return 0
 
 
-# -- mounts ---------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Mount:
-    """One line of /proc/mounts (octal escapes decoded)."""
-
-    source: str
-    target: str
-    fstype: str
-
-
-def unescape(text: str) -> str:
-    """A /proc/mounts or mountinfo field, decoded (space, tab, newline, backslash come as \\040 ...)."""
-    out, index = [], 0
-    while index < len(text):
-        chunk = text[index : index + 4]
-        if len(chunk) == 4 and chunk[0] == "\\" and chunk[1:].isdigit():
-            out.append(chr(int(chunk[1:], 8)))
-            index += 4
-        else:
-            out.append(text[index])
-            index += 1
-    return "".join(out)
-
-
-def parse_mounts(text: str) -> list[Mount]:
-    """The entries of a /proc/mounts text."""
-    found = []
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) >= 3:
-            found.append(Mount(unescape(parts[0]), unescape(parts[1]), parts[2]))
-    return found
-
-
-def chaos_mounts(text: str) -> list[Mount]:
-    """The entries made by this module (fsname ``chaos-fuse…``), e.g. for a leak check."""
-    return [m for m in parse_mounts(text) if m.source.startswith(FSNAME_PREFIX) or m.fstype == f"fuse.{SUBTYPE}"]
-
-
-def is_mounted(fsname: str, target: str, text: str) -> bool:
-    """Whether the mount named ``fsname`` sits on ``target`` in the given /proc/mounts text."""
-    return any(m.source == fsname and m.target == target for m in parse_mounts(text))
+# -- the daemon -----------------------------------------------------------------------------------------------
 
 
 def _own_mounts() -> str:
     with open("/proc/self/mounts", encoding="utf-8", errors="surrogateescape") as handle:
         return handle.read()
-
-
-def unmount_argv(path: str, *, lazy: bool) -> list[str]:
-    """The fusermount3 argv that unmounts ``path`` (``-z``: detach now, finish when the last user leaves)."""
-    return ["fusermount3", "-uz" if lazy else "-u", path]
-
-
-# -- the daemon -----------------------------------------------------------------------------------------------
 
 
 def _binding() -> Any:

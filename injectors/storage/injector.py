@@ -40,14 +40,16 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
-from chaos.cluster.base import Transport, TransportError, host_python, read_host_file
+import injectors.storage.fuselayer as fuselayer
+from chaos.cluster.base import Transport, TransportError, host_python
 from chaos.cluster.local import LocalTransport
 from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
 from chaos.safety import deadman
 from chaos.safety.state import state_dir
 from chaos.spec.units import Duration
-from injectors.process.faults import ProcessHost, params_of, require_duration
-from injectors.storage import fuselayer
+from injectors import detached
+from injectors.hostfiles import HostFiles
+from injectors.process.faults import ProcessHost, require_duration
 
 Mode = Literal["latency", "hang", "eio", "enospc", "fsync_stall", "readonly"]
 Op = Literal[
@@ -106,15 +108,8 @@ class StorageParams(BaseModel):
 # -- host access -------------------------------------------------------------------------------------------------
 
 
-class _Files:
+class _Files(HostFiles):
     """Small file reads and writes on the fault's host (local directly, remote through the transport)."""
-
-    def __init__(self, transport: Transport) -> None:
-        self.transport = transport
-        self.local = isinstance(transport, LocalTransport)
-
-    def read(self, path: str) -> str | None:
-        return read_host_file(self.transport, path)
 
     def mounts(self) -> str:
         text = self.read("/proc/self/mounts")
@@ -188,16 +183,7 @@ def _status(files: _Files, applied: Applied) -> dict[str, JsonValue]:
 
 def _daemons(host: ProcessHost, applied: Applied) -> list[int]:
     """The op's live daemon(s): the journaled pid, or (crash before that record) a search by op id."""
-    recorded = applied.state.get("helper_pid")
-    if isinstance(recorded, int):
-        candidates = [recorded]
-    else:
-        candidates = [
-            pid
-            for pid, args in host.command_lines().items()
-            if f"-m {fuselayer.MODULE} " in args and f"--op-id {applied.op_id} " in f"{args} "
-        ]
-    return [pid for pid in candidates if host.is_helper(pid, fuselayer.MODULE, applied.op_id)]
+    return host.helpers(fuselayer.MODULE, applied.op_id, applied.state.get("helper_pid"))
 
 
 def _write_fault(ctx: InjectionContext, applied: Applied, fault: fuselayer.Fault) -> None:
@@ -307,7 +293,9 @@ class StorageInjector:
                 raise Unsupported(problem)
             return
         files = _Files(ctx.transport)
-        probe = "import sys, injectors.storage.fuselayer as f; p = f.binding_problem(); print(p or ''); sys.exit(bool(p))"
+        probe = (
+            "import sys, injectors.storage.fuselayer as f; p = f.binding_problem(); print(p or ''); sys.exit(bool(p))"
+        )
         for argv, why in (
             (["test", "-c", "/dev/fuse"], "/dev/fuse does not exist"),
             (["fusermount3", "-V"], "fusermount3 is not installed (Debian package fuse3)"),
@@ -321,7 +309,7 @@ class StorageInjector:
         """Resolve the directory and name the mount; InjectionError without a duration, for a missing
         directory, or when a fault layer is already on (or still draining from) that path."""
         duration = require_duration(self.name, op)
-        params = params_of(StorageParams, op)
+        params = op.params_as(StorageParams)
         if (container := _docker(ctx.transport)) is not None:
             return self._prepare_in_container(ctx, op, container, params)
         files, host = _Files(ctx.transport), ProcessHost(ctx.transport)
@@ -355,15 +343,8 @@ class StorageInjector:
         }
         what = f"{params.mode} ({params.latency:g}s)" if params.mode in ("latency", "fsync_stall") else params.mode
         chance = "" if params.probability >= 1 else f" with p={params.probability:g}"
-        return Applied(
-            op_id=op.op_id,
-            fault=op.fault,
-            injector=self.name,
-            host=ctx.transport.host,
-            duration_s=duration,
-            state=state,
-            description=f"FUSE {what} on {','.join(ops)}{chance} over {path} for {duration:g}s",
-        )
+        description = f"FUSE {what} on {','.join(ops)}{chance} over {path} for {duration:g}s"
+        return op.record(self.name, ctx.transport.host, state, description)
 
     def _prepare_in_container(
         self, ctx: InjectionContext, op: FaultOp, container: Any, params: StorageParams
@@ -409,8 +390,7 @@ class StorageInjector:
         path, drain_s = _state_str(applied, "path"), _drain_s(applied)
         _write_fault(ctx, applied, _state_fault(applied, time.time_ns()))
         # The daemon's own deadline is a backstop behind heal and the dead-man, hence the grace.
-        until_ns = time.time_ns() - int(ctx.transport.clock_offset() * 1e9)
-        until_ns += int(((applied.duration_s or 0.0) + 30.0 + drain_s) * 1e9)
+        until_ns = detached.host_deadline_ns(ctx.transport, (applied.duration_s or 0.0) + 30.0 + drain_s)
         argv = [
             host_python(ctx.transport), "-m", fuselayer.MODULE,
             "--op-id", applied.op_id,

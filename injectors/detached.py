@@ -1,0 +1,64 @@
+"""The detached helpers some faults leave running on their host: start one, find one, stop one.
+
+``slow`` (:mod:`injectors.process.dutycycle`), ``flap`` (:mod:`injectors.network.flap_helper`),
+``memory_pressure`` (:mod:`injectors.node`) and ``storage`` (:mod:`injectors.storage.fuselayer`) each run a
+helper that detaches from the harness (so it survives it) and ends by itself at a deadline on the HOST's
+clock. Heal finds a helper by the pid ``apply`` journaled or, after a crash before that record, by the
+``-m MODULE`` and ``--op-id`` on its command line, and signals only processes whose command line still says
+so (a recycled pid is never touched).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+
+from chaos.cluster.base import Transport
+from chaos.safety import deadman
+from chaos.safety.state import state_dir
+
+
+def host_deadline_ns(transport: Transport, seconds: float) -> int:
+    """``time.time_ns()`` ``seconds`` from now on the HOST's clock, the one its helper reads."""
+    return time.time_ns() - int(transport.clock_offset() * 1e9) + int(seconds * 1e9)
+
+
+def launch(transport: Transport, argv: list[str], *, what: str, log: str | None, timeout: float = 30.0) -> int:
+    """Start the self-detaching helper ``argv`` on the transport's host and return its pid.
+
+    ``log`` (a file name) is given to a helper that runs on this machine: it then writes its log into our
+    state dir and imports mlchaos from this checkout (:func:`chaos.safety.deadman.python_env`). A remote
+    helper uses the host's own python environment and keeps no log here. InjectionError names ``what``.
+    """
+    env = None
+    if log is not None:
+        log_dir = state_dir()
+        log_dir.mkdir(parents=True, exist_ok=True)
+        argv = [*argv, "--log", str(log_dir / log)]
+        env = deadman.python_env()
+    return deadman.spawn_helper(transport, argv, what=what, env=env, timeout=timeout)
+
+
+def find(command_lines: Mapping[int, str], module: str, op_id: str) -> list[int]:
+    """Pids whose command line (argv joined with spaces) runs ``-m module`` for ``op_id``."""
+    return [pid for pid, args in command_lines.items() if f"-m {module} " in args and f"--op-id {op_id} " in f"{args} "]
+
+
+def stop(
+    pids: list[int],
+    alive: Callable[[int], bool],
+    signal: Callable[[str, list[int]], None],
+    *,
+    grace_s: float,
+    poll_s: float,
+) -> None:
+    """SIGTERM the helpers among ``pids`` (``alive`` verifies each by its command line), wait up to ``grace_s``
+    for them to leave, then SIGKILL whichever is still there. ``signal(name, pids)`` sends ``SIGTERM``/``SIGKILL``."""
+    helpers = [pid for pid in pids if alive(pid)]
+    if not helpers:
+        return
+    signal("SIGTERM", helpers)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(alive(pid) for pid in helpers):
+        time.sleep(poll_s)
+    signal("SIGKILL", [pid for pid in helpers if alive(pid)])  # did not leave in time
