@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from chaos.checks._evidence import attempt_of, events_of, fmt_seconds, seconds, step_events, step_of
-from chaos.checks.lineage import _committed  # the committed lineage exactly_once judges; one definition
+from chaos.checks.lineage import committed_lineage  # the lineage exactly_once judges; one definition
 from chaos.history.timeline import (
     TARGET_CHECKPOINT,
     TARGET_DIGEST,
@@ -315,7 +315,7 @@ def goodput(history: History) -> Goodput:
     note, when those are missing). Time is read from one rank's step reports, rank 0 or else the lowest
     (in a synchronous job every rank passes each step together). The interval between two consecutive steps
     of one attempt belongs to the later step: productive when that report is in the committed lineage of
-    :func:`chaos.checks.lineage._committed` (after restarts, only the copy the final model reflects
+    :func:`chaos.checks.lineage.committed_lineage` (after restarts, only the copy the final model reflects
     counts, once), recomputed otherwise. The gap between the last step of one attempt and the first of the
     next is restart downtime; it therefore also holds that first step's own compute, as does start-up for
     the first step of the run, since no report says when a first step began. A checkpoint whose event
@@ -333,7 +333,7 @@ def goodput(history: History) -> Goodput:
     notes: list[str] = []
     speaker = min({e.rank for e in steps}, key=lambda r: (r is None, r or 0))
     mine = [e for e in steps if e.rank == speaker]
-    kept = set(map(id, _committed(history, steps)[speaker].kept.values()))
+    kept = set(map(id, committed_lineage(history, steps)[speaker].kept.values()))
 
     starts = events_of(history, TARGET_START)
     ends = events_of(history, TARGET_EXIT) + events_of(history, TARGET_DIGEST)

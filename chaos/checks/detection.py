@@ -7,25 +7,23 @@ strictly after it, optionally only on one rank.
 
 from __future__ import annotations
 
-from functools import partial
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from chaos.checks._evidence import (
     applied_ops,
-    capped,
     cite,
     describe,
     events_of,
     fmt_offset,
     fmt_seconds,
-    label,
     missing_fault_reason,
     narrow,
     seconds,
 )
 from chaos.checks.base import CheckResult, register_check
+from chaos.checks.latency import Latencies, judge_latency, latency_verdict
 from chaos.history.timeline import Event, History
 from chaos.spec.units import Duration
 
@@ -78,84 +76,60 @@ def detected_within(history: History, params: BaseModel, scenario: Scenario) -> 
     when the fault was never applied (so a fault that silently failed to fire cannot pass).
     """
     p = narrow(params, DetectedWithinParams)
-    name = label(CHECK_DETECTED_WITHIN, p.fault)
-    bound = f"<= {fmt_seconds(p.within)}"
+    verdict = latency_verdict(CHECK_DETECTED_WITHIN, p.fault, p.within)
     ops = applied_ops(history, p.fault)
     if not ops:
-        return CheckResult(
-            check=CHECK_DETECTED_WITHIN,
-            name=name,
-            status="unknown",
-            bound=bound,
-            unit="s",
-            reason=missing_fault_reason(history, p.fault),
-        )
+        return verdict(status="unknown", reason=missing_fault_reason(history, p.fault))
 
     where = f"{p.event!r}" + ("" if p.rank is None else f" on rank {p.rank}")
     matching = events_of(history, p.event)
     candidates = [e for e in matching if p.rank is None or e.rank == p.rank]
     steps = events_of(history, "target.step")
-    evidence: list[str] = []
+    found = Latencies()
     undetected: list[Event] = []
-    problems: list[str] = []
-    worst: tuple[float, Event] | None = None
     for op in ops:
         # Strictly after: an event at the very same instant cannot have been caused by the fault.
         first = next((e for e in candidates if e.ts_ns > op.ts_ns), None)
         if first is None:
             undetected.append(op)
-            evidence.append(cite(history, op, f"no event matching {where} after it"))
+            found.evidence.append(cite(history, op, f"no event matching {where} after it"))
             continue
         latency = seconds(first.ts_ns - op.ts_ns)
-        evidence.append(cite(history, op))
-        evidence.append(cite(history, first, f"{fmt_seconds(latency)} after {describe(op) or op.kind}"))
+        found.evidence.append(cite(history, op))
+        found.evidence.append(cite(history, first, f"{fmt_seconds(latency)} after {describe(op) or op.kind}"))
         if p.exclusive and p.rank is not None:
             earliest = next(e for e in matching if e.ts_ns > op.ts_ns)
             if earliest.rank != p.rank:
-                evidence.append(cite(history, earliest, "first detection, on another rank"))
-                problems.append(f"the first {p.event!r} after {describe(op)} named rank {earliest.rank}, not {p.rank}")
+                found.evidence.append(cite(history, earliest, "first detection, on another rank"))
+                found.problems.append(
+                    f"the first {p.event!r} after {describe(op)} named rank {earliest.rank}, not {p.rank}"
+                )
         if p.within_steps is not None:
             at_fault = _highest_step(steps, op.ts_ns)
             at_detection = first.get_int("step")
             if at_detection is None:
                 at_detection = _highest_step(steps, first.ts_ns)
             taken = max(0, (at_detection or 0) - (at_fault or 0))
-            evidence.append(f"{taken} step(s) from the fault (step {at_fault}) to the detection (step {at_detection})")
+            found.evidence.append(
+                f"{taken} step(s) from the fault (step {at_fault}) to the detection (step {at_detection})"
+            )
             if taken > p.within_steps:
-                problems.append(f"detection of {describe(op)} came {taken} steps later, over {p.within_steps}")
-        if worst is None or latency > worst[0]:
-            worst = (latency, op)
+                found.problems.append(f"detection of {describe(op)} came {taken} steps later, over {p.within_steps}")
+        found.add(latency, op)
 
-    verdict = partial(
-        CheckResult,
-        check=CHECK_DETECTED_WITHIN,
-        name=name,
-        bound=bound,
-        unit="s",
-        evidence=capped(evidence),
-        measured=None if worst is None else worst[0],
-    )
     if undetected:
         first_missed = undetected[0]
-        return verdict(
-            status="fail",
-            reason=(
-                f"{len(undetected)} of {len(ops)} op(s) of {p.fault!r} were never detected: no event matching "
-                f"{where} after {describe(first_missed)} at {fmt_offset(history, first_missed.ts_ns)}"
-            ),
+        found.missed = (
+            f"{len(undetected)} of {len(ops)} op(s) of {p.fault!r} were never detected: no event matching "
+            f"{where} after {describe(first_missed)} at {fmt_offset(history, first_missed.ts_ns)}"
         )
-    assert worst is not None  # every op was detected, so a worst latency exists
-    if problems:
-        return verdict(status="fail", reason="; ".join(problems))
-    latency, op = worst
-    if latency > p.within:
-        return verdict(
-            status="fail",
-            reason=(f"detection of {describe(op)} took {fmt_seconds(latency)}, over the {fmt_seconds(p.within)} bound"),
-        )
-    return verdict(
-        status="pass",
-        reason=f"all {len(ops)} op(s) of {p.fault!r} detected; worst {fmt_seconds(latency)} ({describe(op)})",
+    return judge_latency(
+        verdict,
+        found,
+        p.within,
+        too_slow=lambda latency, op: f"detection of {describe(op)} took {fmt_seconds(latency)}",
+        passed=f"all {len(ops)} op(s) of {p.fault!r} detected",
+        worst_op=describe,
     )
 
 

@@ -130,12 +130,17 @@ def _id_order(key: int | str) -> tuple[int, int, str]:
     return (1, 0, key) if isinstance(key, str) else (0, key, "")
 
 
-class _Lineage:
-    """One rank's committed steps: step -> the event that the final model state reflects."""
+class Lineage:
+    """One rank's committed lineage (see :func:`committed_lineage`).
+
+    ``kept``: step -> the report of it that the final model state reflects; ``floor``: steps <= floor came
+    from a checkpoint older than this run (a run-initial resume), so they are not expected here; ``notes``:
+    evidence lines about how the lineage was traced.
+    """
 
     def __init__(self) -> None:
         self.kept: dict[int, Event] = {}
-        self.floor = 0  # steps <= floor came from a checkpoint older than this run; not expected here
+        self.floor = 0
         self.notes: list[str] = []
 
 
@@ -174,8 +179,12 @@ class _Resumes:
         return found[-1] if found else None
 
 
-def _committed(history: History, steps: list[Event]) -> dict[int | None, _Lineage]:
+def committed_lineage(history: History, steps: list[Event]) -> dict[int | None, Lineage]:
     """The committed lineage of every rank that reported steps, traced backwards from the final attempt.
+
+    ``steps`` are the history's :func:`~chaos.checks._evidence.step_events`; the result maps each rank (None
+    for rank-less reports) to its :class:`Lineage`. ``exactly_once`` judges it and the goodput analysis
+    (:func:`chaos.analysis.ettr.goodput`) counts its steps as productive.
 
     The final attempt (the highest with steps or a resume) contributes its steps in (R, its last step], R
     being its resume step. Steps <= R come from the attempt that wrote checkpoint R: the latest earlier
@@ -188,13 +197,13 @@ def _committed(history: History, steps: list[Event]) -> dict[int | None, _Lineag
     latest report of a step wins. A run-initial resume from R with no earlier steps starts the lineage at R.
     """
     resumes = _Resumes(history)
-    lineages: dict[int | None, _Lineage] = {}
+    lineages: dict[int | None, Lineage] = {}
     for rank in sorted({e.rank for e in steps}, key=_rank_key):
         by_attempt: dict[int, dict[int, Event]] = {}
         for event in steps:
             if event.rank == rank:  # time-ordered, so the latest report of a step wins
                 by_attempt.setdefault(attempt_of(event), {})[step_of(event) or 0] = event
-        lineage = lineages[rank] = _Lineage()
+        lineage = lineages[rank] = Lineage()
         current = max(set(by_attempt) | resumes.attempts(rank))
         # The final attempt's last step ends the lineage; one that resumed and died before stepping ends it
         # at its resume step.
@@ -230,7 +239,7 @@ def _committed(history: History, steps: list[Event]) -> dict[int | None, _Lineag
     summary="along the committed lineage every sample id is trained exactly once and no step is skipped",
 )
 def exactly_once(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
-    """Unique sample ids along the committed lineage (see :func:`_committed`).
+    """Unique sample ids along the committed lineage (see :func:`committed_lineage`).
 
     ``fail`` when a sample id appears more than once across all ranks' committed steps, or a rank's
     committed steps are not contiguous from 1 (or from the step a run-initial resume started at) to its
@@ -248,7 +257,7 @@ def exactly_once(history: History, params: BaseModel, scenario: Scenario) -> Che
             reason="no target.step event carries a samples list: the job does not report which samples it used",
         )
 
-    lineages = _committed(history, steps)
+    lineages = committed_lineage(history, steps)
     seen: dict[int | str, list[Event]] = {}
     unreported: list[Event] = []
     missing: list[str] = []

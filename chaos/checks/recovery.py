@@ -22,7 +22,6 @@ from chaos.checks._evidence import (
     events_of,
     fmt_offset,
     fmt_seconds,
-    label,
     missing_fault_reason,
     narrow,
     seconds,
@@ -30,6 +29,7 @@ from chaos.checks._evidence import (
     step_of,
 )
 from chaos.checks.base import CheckResult, Status, register_check
+from chaos.checks.latency import Latencies, judge_latency, latency_verdict
 from chaos.history.timeline import (
     FAULT_APPLIED,
     TARGET_EXIT,
@@ -79,93 +79,60 @@ def recovered_within(history: History, params: BaseModel, scenario: Scenario) ->
     ``unknown`` when the fault never applied, or an op came before any step (no S to pass).
     """
     p = narrow(params, RecoveredWithinParams)
-    name = label(CHECK_RECOVERED_WITHIN, p.fault)
-    bound = f"<= {fmt_seconds(p.within)}"
+    verdict = latency_verdict(CHECK_RECOVERED_WITHIN, p.fault, p.within)
     ops = applied_ops(history, p.fault)
     if not ops:
-        return CheckResult(
-            check=CHECK_RECOVERED_WITHIN,
-            name=name,
-            status="unknown",
-            bound=bound,
-            unit="s",
-            reason=missing_fault_reason(history, p.fault),
-        )
+        return verdict(status="unknown", reason=missing_fault_reason(history, p.fault))
 
     steps = step_events(history)
-    evidence: list[str] = []
+    found = Latencies()
     stuck: list[tuple[Event, int]] = []
     no_baseline: list[Event] = []
-    worst: tuple[float, Event] | None = None
     for op in ops:
         before = [e for e in steps if e.ts_ns <= op.ts_ns]
         if not before:
             no_baseline.append(op)
-            evidence.append(cite(history, op, "no target.step at or before it"))
+            found.evidence.append(cite(history, op, "no target.step at or before it"))
             continue
         high = max(before, key=lambda e: (step_of(e) or 0, e.ts_ns))
         high_step = step_of(high) or 0
         attempt_then = max(attempt_of(e) for e in before)
         after = [e for e in steps if e.ts_ns > op.ts_ns]
-        evidence.append(cite(history, op, f"highest step before it: {high_step}"))
+        found.evidence.append(cite(history, op, f"highest step before it: {high_step}"))
         restarted = next((e for e in after if attempt_of(e) > attempt_then), None)
         if restarted is not None:
             # Why a separate line: "time to first step after restart" separates restart cost from the
             # recomputation that follows, which is what a slow recovery usually needs explained.
-            evidence.append(
-                cite(
-                    history,
-                    restarted,
-                    f"first step after restart, {fmt_seconds(seconds(restarted.ts_ns - op.ts_ns))} after the fault",
-                )
-            )
+            since = fmt_seconds(seconds(restarted.ts_ns - op.ts_ns))
+            found.evidence.append(cite(history, restarted, f"first step after restart, {since} after the fault"))
         progressed = next((e for e in after if (step_of(e) or 0) > high_step), None)
         if progressed is None:
             stuck.append((op, high_step))
-            evidence.append(f"no target.step beyond step {high_step} after {describe(op)}")
+            found.evidence.append(f"no target.step beyond step {high_step} after {describe(op)}")
             continue
         latency = seconds(progressed.ts_ns - op.ts_ns)
-        evidence.append(cite(history, progressed, f"recovered {fmt_seconds(latency)} after the fault"))
-        if worst is None or latency > worst[0]:
-            worst = (latency, op)
+        found.evidence.append(cite(history, progressed, f"recovered {fmt_seconds(latency)} after the fault"))
+        found.add(latency, op)
 
-    verdict = partial(
-        CheckResult,
-        check=CHECK_RECOVERED_WITHIN,
-        name=name,
-        bound=bound,
-        unit="s",
-        evidence=capped(evidence),
-        measured=None if worst is None else worst[0],
-    )
-    # A definite failure outranks "cannot tell": report fail even when another op lacked a baseline.
     if stuck:
         op, high_step = stuck[0]
-        return verdict(
-            status="fail",
-            reason=(
-                f"{len(stuck)} of {len(ops)} op(s) of {p.fault!r} never recovered: no step beyond {high_step} "
-                f"after {describe(op)} at {fmt_offset(history, op.ts_ns)}"
-            ),
-        )
-    if worst is not None and worst[0] > p.within:
-        return verdict(
-            status="fail",
-            reason=f"recovery from {describe(worst[1])} took {fmt_seconds(worst[0])}, over the {fmt_seconds(p.within)} bound",
+        found.missed = (
+            f"{len(stuck)} of {len(ops)} op(s) of {p.fault!r} never recovered: no step beyond {high_step} "
+            f"after {describe(op)} at {fmt_offset(history, op.ts_ns)}"
         )
     if no_baseline:
         op = no_baseline[0]
-        return verdict(
-            status="unknown",
-            reason=(
-                f"{describe(op)} was applied at {fmt_offset(history, op.ts_ns)} before any target.step, "
-                "so there is no pre-fault step to progress past"
-            ),
+        found.undecided = (
+            f"{describe(op)} was applied at {fmt_offset(history, op.ts_ns)} before any target.step, "
+            "so there is no pre-fault step to progress past"
         )
-    assert worst is not None  # every op had a baseline and progressed, so a worst latency exists
-    return verdict(
-        status="pass",
-        reason=f"all {len(ops)} op(s) of {p.fault!r} recovered; worst {fmt_seconds(worst[0])} ({describe(worst[1])})",
+    return judge_latency(
+        verdict,
+        found,
+        p.within,
+        too_slow=lambda latency, op: f"recovery from {describe(op)} took {fmt_seconds(latency)}",
+        passed=f"all {len(ops)} op(s) of {p.fault!r} recovered",
+        worst_op=describe,
     )
 
 

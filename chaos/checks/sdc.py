@@ -75,7 +75,9 @@ def sdc_detected(history: History, params: BaseModel, scenario: Scenario) -> Che
         window = [
             d
             for d in detections
-            if d.ts_ns >= op.ts_ns and (s := step_of(d)) is not None and injected_step <= s <= injected_step + p.within_steps
+            if d.ts_ns >= op.ts_ns
+            and (s := step_of(d)) is not None
+            and injected_step <= s <= injected_step + p.within_steps
         ]
         if not window:
             problems.append(f"no {p.event} within {p.within_steps} step(s) of step {injected_step} (rank {op.rank})")
@@ -86,7 +88,9 @@ def sdc_detected(history: History, params: BaseModel, scenario: Scenario) -> Che
         if p.culprit:
             blamed = {_culprit(d) for d in window}
             if op.rank not in blamed:
-                problems.append(f"detections at step {injected_step} blame rank(s) {sorted(map(str, blamed))}, not {op.rank}")
+                problems.append(
+                    f"detections at step {injected_step} blame rank(s) {sorted(map(str, blamed))}, not {op.rank}"
+                )
     if problems:
         return verdict(status="fail", measured=float(worst), reason="; ".join(problems), evidence=capped(evidence))
     return verdict(
@@ -112,11 +116,16 @@ class StepBlockedParams(BaseModel):
     needs_golden=True,
 )
 def step_blocked(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
+    """``matches_golden``'s verdict, measure and bound, judged only once the fault fired: ``unknown`` when it
+    never applied (a clean final model proves nothing then), else pass/fail/unknown as ``matches_golden``.
+    Evidence adds the first applied op and every detection that took an action (``data.action`` set, e.g. a retry)."""
     p = narrow(params, StepBlockedParams)
     name = label("step_blocked", p.fault)
     ops = applied_ops(history, p.fault)
     if not ops:
-        return CheckResult(check="step_blocked", name=name, status="unknown", reason=missing_fault_reason(history, p.fault))
+        return CheckResult(
+            check="step_blocked", name=name, status="unknown", reason=missing_fault_reason(history, p.fault)
+        )
     golden = matches_golden(history, MatchesGoldenParams(), scenario)
     reason = golden.reason
     if golden.status == "pass":
@@ -149,6 +158,9 @@ class NoFalsePositivesParams(BaseModel):
     needs_golden=True,
 )
 def no_false_positives(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
+    """measured = alarms without a fault: detections matching ``event`` recorded by the golden run
+    (``runner.golden``'s ``detections``) plus those of this run before its first ``fault.applied`` (all of
+    them when none applied); ``fail`` when any, ``unknown`` when the golden run's detections were not recorded."""
     p = narrow(params, NoFalsePositivesParams)
     verdict = partial(CheckResult, check="no_false_positives", name="no_false_positives", bound="== 0")
     goldens = events_of(history, RUNNER_GOLDEN)
@@ -162,5 +174,7 @@ def no_false_positives(history: History, params: BaseModel, scenario: Scenario) 
     count = len(golden_alarms) + len(early)
     evidence = [f"golden run: {kind}" for kind in golden_alarms] + [cite(history, d, "before any fault") for d in early]
     if count:
-        return verdict(status="fail", measured=float(count), reason=f"{count} alarm(s) without a fault", evidence=capped(evidence))
+        return verdict(
+            status="fail", measured=float(count), reason=f"{count} alarm(s) without a fault", evidence=capped(evidence)
+        )
     return verdict(status="pass", measured=0.0, reason="no alarm without a fault")

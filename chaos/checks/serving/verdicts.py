@@ -18,7 +18,6 @@ share :class:`~chaos.checks.serving.windows.WindowParams`; a window without requ
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
 from math import ceil
 from typing import TYPE_CHECKING
@@ -35,30 +34,30 @@ from chaos.checks._evidence import (
     seconds,
 )
 from chaos.checks.base import CheckResult, register_check
-from chaos.checks.serving.windows import (
-    FailbackSince,
-    OpTime,
-    Window,
-    WindowParams,
+from chaos.checks.latency import Verdict, judge_op_times, latency_verdict
+from chaos.checks.serving.events import (
     applied_ops,
     backend_counts,
     backend_of,
-    backend_switches,
     describe_request,
     describe_serving,
-    early_failbacks,
     events_of,
-    failback_times,
-    failover_times,
     is_shed,
-    is_wrong_answer_detection,
     load_span,
     priority_of,
-    reference_target,
-    resolve_window,
-    served_between,
     status_counts,
 )
+from chaos.checks.serving.measures import (
+    FailbackSince,
+    backend_switches,
+    early_failbacks,
+    failback_times,
+    failover_times,
+    is_wrong_answer_detection,
+    reference_target,
+    served_between,
+)
+from chaos.checks.serving.windows import Window, WindowParams, resolve_window
 from chaos.history.timeline import FAULT_APPLIED, Event, History
 from chaos.load.summary import is_ok, latency_s, request_events, responded, scheduled_ns, status_of
 from chaos.spec.serving import PRIMARY
@@ -87,8 +86,6 @@ SERVING_CHECKS = (
 )
 SHOWN = 5  # example requests cited per problem
 
-Verdict = Callable[..., CheckResult]
-
 
 def _ratio(value: float) -> str:
     return f"{value:.4f}".rstrip("0").rstrip(".") if value else "0"
@@ -110,6 +107,19 @@ def _in_window(
             status="unknown", reason=f"no requests{of} scheduled in {window.text}", evidence=list(window.evidence)
         )
     return window, reqs
+
+
+def _bound_or_unknown(
+    history: History, fault: str, ops: list[Event], within: float | None, verdict: Verdict
+) -> float | CheckResult:
+    """The time bound ``within`` to judge the fault's ``ops`` against; ``unknown`` instead when the fault never
+    applied (no ``ops``) or no bound is known (not set, and the target is not the reference stack that would
+    supply a default)."""
+    if not ops:
+        return verdict(status="unknown", reason=missing_fault_reason(history, fault))
+    if within is None:
+        return verdict(status="unknown", reason="within is not set and the target is not the reference serving stack")
+    return within
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -244,44 +254,12 @@ def failover_within(history: History, params: BaseModel, scenario: Scenario) -> 
     p = narrow(params, FailoverParams)
     target = reference_target(scenario)
     within = p.within if p.within is not None else (None if target is None else target.failover_bound())
-    bound = "-" if within is None else f"<= {fmt_seconds(within)}"
-    verdict = partial(CheckResult, check=CHECK_FAILOVER, name=label(CHECK_FAILOVER, p.fault), bound=bound, unit="s")
-    ops = applied_ops(history, p.fault)
-    if not ops:
-        return verdict(status="unknown", reason=missing_fault_reason(history, p.fault))
-    if within is None:
-        return verdict(status="unknown", reason="within is not set and the target is not the reference serving stack")
-    times = failover_times(history, p.fault, primary=p.primary, to=p.to, horizon=within)
-    return _judge_times(history, "failover", times, within, p.fault, verdict)
-
-
-def _judge_times(
-    history: History, what: str, times: list[OpTime], within: float, fault: str, verdict: Verdict
-) -> CheckResult:
-    """The verdict on per-op transition times: a transition that never came or the worst one over ``within``
-    fails (a definite failure outranks "cannot tell"); else any op that cannot be judged makes it unknown."""
-    done = [t for t in times if t.seconds is not None]
-    worst = max(done, key=lambda t: t.seconds or 0.0, default=None)
-    evidence = capped([line for t in times for line in t.evidence])
-    verdict = partial(verdict, evidence=evidence, measured=None if worst is None else worst.seconds)
-    never = [t for t in times if t.outcome == "never"]
-    if never:
-        return verdict(
-            status="fail", reason=f"no {what} for {len(never)} of {len(times)} op(s) of {fault!r}: {never[0].note}"
-        )
-    if worst is not None and (worst.seconds or 0.0) > within:
-        return verdict(
-            status="fail",
-            reason=f"{what} took {fmt_seconds(worst.seconds or 0.0)} after the apply at "
-            f"{fmt_offset(history, worst.applied.ts_ns)}, over the {fmt_seconds(within)} bound",
-        )
-    unknown = [t.note for t in times if t.outcome == "unknown"]
-    if unknown or worst is None:
-        return verdict(status="unknown", reason="; ".join(unknown) or f"no op of {fault!r} to judge")
-    return verdict(
-        status="pass",
-        reason=f"{what} after all {len(times)} op(s) of {fault!r}; worst {fmt_seconds(worst.seconds or 0.0)}",
-    )
+    verdict = latency_verdict(CHECK_FAILOVER, p.fault, within)
+    bound = _bound_or_unknown(history, p.fault, applied_ops(history, p.fault), within, verdict)
+    if isinstance(bound, CheckResult):
+        return bound
+    times = failover_times(history, p.fault, primary=p.primary, to=p.to, horizon=bound)
+    return judge_op_times(history, "failover", times, bound, p.fault, verdict)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -384,14 +362,14 @@ def failback_within(history: History, params: BaseModel, scenario: Scenario) -> 
     traffic never comes back or is too slow; ``unknown`` when the fault never applied, R is missing (no heal,
     no replica_start ...), no requests came after R, or traffic never left the primary (nothing to fail back)."""
     p = narrow(params, FailbackParams)
-    bound = f"<= {fmt_seconds(p.within)}"
-    verdict = partial(CheckResult, check=CHECK_FAILBACK, name=label(CHECK_FAILBACK, p.fault), bound=bound, unit="s")
-    if not applied_ops(history, p.fault):
-        return verdict(status="unknown", reason=missing_fault_reason(history, p.fault))
+    verdict = latency_verdict(CHECK_FAILBACK, p.fault, p.within)
+    bound = _bound_or_unknown(history, p.fault, applied_ops(history, p.fault), p.within, verdict)
+    if isinstance(bound, CheckResult):
+        return bound
     times = failback_times(
         history, scenario, p.fault, since=p.since, primary=p.primary, confirm=p.confirm, min_share=p.min_share
     )
-    return _judge_times(history, "failback", times, p.within, p.fault, verdict)
+    return judge_op_times(history, "failback", times, p.within, p.fault, verdict)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -499,10 +477,9 @@ def wrong_answers_detected(history: History, params: BaseModel, scenario: Scenar
     name = label(CHECK_WRONG_ANSWERS, p.fault)
     verdict = partial(CheckResult, check=CHECK_WRONG_ANSWERS, name=name, bound=bound, unit=" answers")
     ops = applied_ops(history, p.fault)
-    if not ops:
-        return verdict(status="unknown", reason=missing_fault_reason(history, p.fault))
-    if within is None:
-        return verdict(status="unknown", reason="within is not set and the target is not the reference serving stack")
+    limit = _bound_or_unknown(history, p.fault, ops, within, verdict)
+    if isinstance(limit, CheckResult):
+        return limit
     detections = [e for e in events_of(history, "detect.*") if is_wrong_answer_detection(e, p.backend)]
     reqs = request_events(history.events)
     span = load_span(history.events)
@@ -519,8 +496,8 @@ def wrong_answers_detected(history: History, params: BaseModel, scenario: Scenar
         else:
             taken = seconds(found.ts_ns - op.ts_ns)
             evidence.append(describe_serving(history, found, f"{fmt_seconds(taken)} after the apply"))
-            if taken > within:
-                problems.append(f"detection took {fmt_seconds(taken)}, over the {fmt_seconds(within)} bound")
+            if taken > limit:
+                problems.append(f"detection took {fmt_seconds(taken)}, over the {fmt_seconds(limit)} bound")
         if span is not None:
             exposed = served_between(reqs, p.backend, op.ts_ns, span[1] if found is None else found.ts_ns)
             evidence.append(f"{len(exposed)} ok answer(s) from {p.backend} before the detection")
