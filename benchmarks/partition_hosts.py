@@ -23,7 +23,7 @@ from chaos.cluster.base import Completed  # noqa: E402
 from chaos.cluster.ssh import SshTransport  # noqa: E402
 from chaos.cluster.testbed import namespaces as tb  # noqa: E402
 from chaos.plugins.injector import FaultOp, InjectionContext  # noqa: E402
-from chaos.run.orchestrator import _Execution  # noqa: E402
+from chaos.run.faults import parallel  # noqa: E402
 from chaos.safety import remote_deadman  # noqa: E402
 from chaos.safety.journal import Journal  # noqa: E402
 from injectors.network.faults import PartitionInjector, PartitionParams  # noqa: E402
@@ -61,14 +61,14 @@ def _round(hosts: list[str], transports: dict[str, _Counted], inventory: object,
         injector.apply(ctx, applied)
         applied_list.append((ctx, applied, mark))
 
-    _Execution._parallel([lambda h=h: apply(h) for h in hosts])
+    parallel([lambda h=h: apply(h) for h in hosts])
 
     def heal(item: tuple[InjectionContext, object, str]) -> None:
         ctx, applied, mark = item
         injector.heal(ctx, applied)  # type: ignore[arg-type]
         remote_deadman.disarm(ctx.transport, mark)
 
-    _Execution._parallel([lambda i=i: heal(i) for i in applied_list])
+    parallel([lambda i=i: heal(i) for i in applied_list])
     return time.perf_counter() - start
 
 
@@ -87,7 +87,7 @@ def main() -> None:
             results = {}
             k = 0
             # Warm-up, not measured: every SSH connection (as a runner's earlier check() opens it) and first use.
-            _Execution._parallel([lambda t=t: t.run(["true"]) and None for t in transports.values()])
+            parallel([lambda t=t: t.run(["true"]) and None for t in transports.values()])
             _round(names[:1], transports, inventory, journal, k)
             for transport in transports.values():
                 transport.calls = 0

@@ -26,6 +26,7 @@ BUILTIN_INJECTOR_MODULES = (
 BUILTIN_CHECK_MODULES = (
     "chaos.checks.detection",
     "chaos.checks.recovery",
+    "chaos.checks.progress",
     "chaos.checks.lineage",
     "chaos.checks.sdc",
     "chaos.checks.serving.verdicts",

@@ -10,16 +10,15 @@ the orchestrator.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from chaos.history.timeline import TARGET_DIGEST, History
-from chaos.spec.scenario import Scenario, TorchrunTarget
+from chaos.spec.scenario import Scenario
+from chaos.targets.factory import entry_file
 
 # mlchaos's own code that runs inside the job (in-job agent, guards, reference targets, injectors).
 _OWN_PACKAGES = (Path(__file__).resolve().parents[1], Path(__file__).resolve().parents[2] / "injectors")
@@ -84,15 +83,10 @@ def code_fingerprint(scenario: Scenario) -> str:
     """Hash of the job's entry file and of mlchaos's own code (the in-job agent and guards run inside the job),
     so an edited trainer or guard invalidates the golden cache. Other code the job imports is not hashed:
     use ``--no-golden-cache`` after changing it."""
-    spec = scenario.target
     files: list[Path] = sorted(p for pkg in _OWN_PACKAGES for p in pkg.rglob("*.py"))
-    if isinstance(spec, TorchrunTarget):
-        entry = spec.script
-        if spec.module is not None:
-            found = importlib.util.find_spec(spec.module)
-            entry = found.origin if found is not None else None
-        if entry is not None and os.path.exists(entry):
-            files.append(Path(entry))
+    entry = entry_file(scenario)
+    if entry is not None:
+        files.append(entry)
     digest = hashlib.sha256()
     for path in files:
         digest.update(path.read_bytes())

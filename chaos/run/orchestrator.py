@@ -4,7 +4,9 @@ Guarantees:
 - Capabilities are checked for every fault before anything is applied (``Unsupported`` refuses the run).
 - Every fault is journaled (fsync) and, when it has a duration, covered by a detached dead-man reverter
   BEFORE the world changes; heal runs in ``finally`` in reverse order, also on SIGINT/SIGTERM.
-- A run that stops making progress is ended with a ``no progress`` verdict instead of hanging.
+- A run that stops making progress is ended (``runner.no_progress``) instead of hanging; the runner judges
+  nothing itself: the ``progress`` check (:mod:`chaos.checks.progress`) fails such a run from its history.
+- Targets are asked for optional abilities (:mod:`chaos.targets.base`), never for their type.
 """
 
 from __future__ import annotations
@@ -14,12 +16,12 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 from chaos.checks.base import CheckResult
+from chaos.checks.progress import CHECK_PROGRESS
 from chaos.cluster.base import TransportError
 from chaos.cluster.hosts import LOCAL, HostsError, HostSet
 from chaos.cluster.local import LocalTransport
@@ -34,21 +36,22 @@ from chaos.history.timeline import (
     History,
 )
 from chaos.load.driver import LoadDriver
-from chaos.plan.agent_plan import ENV_PLAN, InJobOp, write_plan
+from chaos.plan.agent_plan import ENV_PLAN
 from chaos.plan.build import Plan, PlannedOp, fault_op, make_plan
 from chaos.plugins import registry
-from chaos.plugins.injector import Applied, InjectionContext, InjectionError, Injector, Unsupported, is_in_job
+from chaos.plugins.injector import InjectionContext, InjectionError, Unsupported, is_in_job
 from chaos.report.files import write_reports
 from chaos.run.control import Order, RunControl
+from chaos.run.faults import ActiveFault, disarm, in_job_plan, parallel, rank_of, reverts_on_harness
 from chaos.run.golden import Golden, golden_outcome
 from chaos.run.result import EXIT_FAIL, EXIT_HARNESS, EXIT_INVALID, EXIT_PASS, RunResult, RunStatus, Verdict
 from chaos.safety import deadman, remote_deadman
 from chaos.safety.cleanup import heal_leftovers
 from chaos.safety.journal import Journal
 from chaos.safety.signals import signals_raise
-from chaos.spec.scenario import FaultSpec, HostSelector, Scenario, ScenarioError, TorchrunTarget
-from chaos.targets.factory import make_target
-from chaos.targets.torchrun_nodes import MultiNodeTorchrunJob
+from chaos.spec.scenario import FaultSpec, HostSelector, Scenario, ScenarioError
+from chaos.targets.base import AwaitsReady, Preflight, RankPlacement, Serves, TargetUnusable
+from chaos.targets.factory import TargetSpecError, make_target, on_nodes
 
 POLL_S = 0.05
 
@@ -83,46 +86,9 @@ def _quiet(_: object) -> None:
     pass
 
 
-def _in_job_plan(plan: Plan, run_dir: Path) -> tuple[list[PlannedOp], Path]:
-    """Split off the ops the job's agent fires itself and write them to the plan file it reads."""
-    in_job = [op for op in plan.ops if is_in_job(registry.injectors()[op.injector])]
-    path = run_dir / "chaos-plan.json"
-    write_plan(
-        path,
-        plan.seed,
-        [
-            InJobOp(
-                op_id=op.op_id,
-                fault=op.fault,
-                injector=op.injector,
-                params=op.params,
-                at_step=op.at_step if op.at_step is not None else -1,
-                rank=op.rank,
-            )
-            for op in in_job
-        ],
-    )
-    return in_job, path
-
-
-@dataclass
-class _ActiveFault:
-    """A fault applied on one host, with what it takes to heal it there."""
-
-    op: PlannedOp
-    injector: Injector
-    applied: Applied
-    ctx: InjectionContext
-    deadman_pid: int | None
-    remote_marker: str | None
-    heal_at: float | None = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.heal_at = time.monotonic() + self.op.duration_s if self.op.duration_s is not None else None
-
-
-class _Execution:
-    """State of one run in progress (one target, one journal, one history)."""
+class Execution:
+    """State of one run in progress (one target, one journal, one history). Public for tests and benchmarks
+    that drive a piece of a run (``heal_all``, :func:`parallel`); :func:`execute` is the way to run."""
 
     def __init__(
         self,
@@ -145,12 +111,12 @@ class _Execution:
         self.status = status
         self.transport = LocalTransport()
         self.journal = Journal.for_run(run_dir.name)
-        self.in_job, plan_file = _in_job_plan(plan, run_dir)
+        self.in_job, plan_file = in_job_plan(plan, run_dir)
         self.target = make_target(scenario, self.transport, run_dir, plan.seed, {ENV_PLAN: str(plan_file)}, hosts)
         self.ctx = InjectionContext(self.transport, history=history, target=self.target)
         self.load = LoadDriver(scenario.load, history, plan.seed) if scenario.load is not None else None
         self.pending: list[PlannedOp] = [op for op in plan.ops if op not in self.in_job]
-        self.active: list[_ActiveFault] = []
+        self.active: list[ActiveFault] = []
         self.fired = 0
         self.step: int | None = None
         self.event_counts: dict[str, int] = {}
@@ -161,12 +127,11 @@ class _Execution:
     def refuse_unsupported(self) -> None:
         """Probe every target node and every fault on every host it may hit, before anything starts;
         RunRefused says why not (an unreachable host or a missing container is named here, not mid-run)."""
-        if isinstance(self.target, MultiNodeTorchrunJob):
-            for node in self.target.nodes:
-                try:
-                    node.transport.run(["true"], timeout=30, check=True)
-                except TransportError as exc:
-                    raise RunRefused(f"target node {node.name!r} is not usable: {exc}") from None
+        if isinstance(self.target, Preflight):
+            try:
+                self.target.preflight()
+            except TargetUnusable as exc:
+                raise RunRefused(str(exc)) from None
         for fault in self.scenario.faults:
             injector = registry.injector(fault.type)
             if is_in_job(injector) and fault.trigger.at_step is None:
@@ -176,8 +141,8 @@ class _Execution:
                 )
             first_op = next((op for op in self.plan.ops if op.fault == fault.name), None)
             try:
-                if _rank_of(fault) is not None and isinstance(self.target, MultiNodeTorchrunJob):
-                    names = [node.name for node in self.target.nodes]  # the rank may land on any of them
+                if rank_of(fault) is not None and isinstance(self.target, RankPlacement):
+                    names = self.target.node_names()  # the rank may land on any of them
                     self.hosts.refuse_protected(fault, names)
                 else:
                     names = self.hosts.resolve(fault, first_op.op_id if first_op else fault.name, self.plan.seed)
@@ -190,9 +155,9 @@ class _Execution:
 
     def _hosts_of(self, fault: FaultSpec, op_id: str) -> list[str]:
         """Where an op lands now. A rank (``hosts: {rank: R}``, or a process fault's ``rank`` param without
-        ``hosts``) of a multi-node job means the host that runs that rank at this moment."""
-        rank = _rank_of(fault)
-        if rank is not None and isinstance(self.target, MultiNodeTorchrunJob):
+        ``hosts``) of a job spread over hosts means the host that runs that rank at this moment."""
+        rank = rank_of(fault)
+        if rank is not None and isinstance(self.target, RankPlacement):
             host = self.target.host_for_rank(rank)
             if host is None:
                 raise HostsError(f"rank {rank} has not reported a start yet, so its host is unknown")
@@ -215,7 +180,7 @@ class _Execution:
         run_began = time.monotonic()
         self.target.start()
         self.history.record("runner.target_started", target=self.target.describe())
-        ready_kind: str | None = getattr(self.target, "ready_event", None)
+        ready_kind = self.target.ready_event if isinstance(self.target, AwaitsReady) else None
         started: float | None = None if ready_kind else self._clock_start()
         last_progress = run_began
         while True:
@@ -260,7 +225,7 @@ class _Execution:
                 self._fire(op)
             due = [a for a in self.active if a.heal_at is not None and a.heal_at <= now]
             if due:
-                self._parallel([partial(self._heal, active) for active in due])
+                parallel([partial(self._heal, active) for active in due])
             if elapsed > safety.max_duration:
                 self._end(f"max_duration {safety.max_duration:g}s reached")
                 return
@@ -277,7 +242,7 @@ class _Execution:
     def _clock_start(self) -> float:
         """The fault clock starts now (``trigger.after`` counts from here); so does the load, if any."""
         if self.load is not None:
-            spec = self.load.start(getattr(self.target, "url", None))
+            spec = self.load.start(self.target.url if isinstance(self.target, Serves) else None)
             self.history.record("runner.load_started", url=spec.url, rate=spec.rate, duration_s=spec.duration)
             self.log(f"load: {spec.rate:g} req/s {spec.method} {spec.url} for {spec.duration:g}s")
         return time.monotonic()
@@ -294,7 +259,7 @@ class _Execution:
                 return False
             if order.command == "heal_all":
                 self.log(f"operator: heal all ({len(self.active)} active)")
-                self._parallel([partial(self._heal, active) for active in list(self.active)])
+                parallel([partial(self._heal, active) for active in list(self.active)])
             elif order.command == "inject_next":
                 upcoming = sorted(self.pending, key=lambda op: (op.at_s is None, op.at_s or 0.0))
                 if not upcoming:
@@ -348,19 +313,8 @@ class _Execution:
             self.log(f"fault {op.op_id} has no host: {exc}")
             return
         # One fault on many hosts is applied in parallel (bounded), so 16 hosts cost about what 1 costs.
-        self._parallel([partial(self._fire_on, op, h, op.op_id if h == LOCAL else f"{op.op_id}@{h}") for h in hosts])
+        parallel([partial(self._fire_on, op, h, op.op_id if h == LOCAL else f"{op.op_id}@{h}") for h in hosts])
 
-    @staticmethod
-    def _parallel(calls: list[Callable[[], None]]) -> None:
-        """Run ``calls`` on up to 8 threads (inline when there is one); the first exception propagates."""
-        if not calls:
-            return
-        if len(calls) == 1:
-            calls[0]()
-            return
-        with ThreadPoolExecutor(max_workers=min(8, len(calls)), thread_name_prefix="mlchaos-fault") as pool:
-            for future in [pool.submit(call) for call in calls]:
-                future.result()
 
     def _fire_on(self, op: PlannedOp, host: str, journal_id: str) -> None:
         injector = registry.injector(op.injector)
@@ -384,7 +338,7 @@ class _Execution:
             fires_in = op.duration_s + self.scenario.safety.heal_grace
             # Faults whose revert runs on this machine (e.g. `docker start` for a container fault) get the
             # local dead-man even on a remote host: one inside a stopped container could not fire.
-            if host == LOCAL or _reverts_on_harness(injector, applied):
+            if host == LOCAL or reverts_on_harness(injector, applied):
                 deadman_pid = deadman.arm(self.journal.path, journal_id, revert, fires_in)  # journals itself
             else:
                 remote_marker = remote_deadman.arm(ctx.transport, journal_id, revert, fires_in)
@@ -392,7 +346,7 @@ class _Execution:
             injector.apply(ctx, applied)
         except (InjectionError, ValueError, OSError, TransportError) as exc:
             self.journal.failed(journal_id, str(exc))
-            self._disarm(ctx, deadman_pid, remote_marker)
+            disarm(ctx, deadman_pid, remote_marker)
             injector.heal(ctx, applied)
             self.journal.healed(journal_id, "harness")
             self.history.record(
@@ -416,22 +370,15 @@ class _Execution:
         self.log(f"fault applied{where}: {applied.description or op.op_id}")
         if applied.reversible:
             with self._lock:
-                self.active.append(_ActiveFault(op, injector, applied, ctx, deadman_pid, remote_marker))
+                self.active.append(ActiveFault(op, injector, applied, ctx, deadman_pid, remote_marker))
         else:
             self.journal.healed(journal_id, "irreversible")
 
-    @staticmethod
-    def _disarm(ctx: InjectionContext, deadman_pid: int | None, remote_marker: str | None) -> None:
-        if deadman_pid is not None:
-            deadman.disarm(deadman_pid)
-        if remote_marker is not None:
-            remote_deadman.disarm(ctx.transport, remote_marker)
-
-    def _heal(self, active: _ActiveFault) -> None:
+    def _heal(self, active: ActiveFault) -> None:
         try:
             active.injector.heal(active.ctx, active.applied)
         finally:
-            self._disarm(active.ctx, active.deadman_pid, active.remote_marker)
+            disarm(active.ctx, active.deadman_pid, active.remote_marker)
             with self._lock:
                 self.active.remove(active)
         self.journal.healed(active.applied.op_id, "harness")
@@ -454,7 +401,7 @@ class _Execution:
             try:
                 ctx = self._ctx(applied.host)
                 registry.injector(applied.injector).heal(ctx, applied)
-                self._disarm(
+                disarm(
                     ctx,
                     self.journal.deadman_pid(applied.op_id),
                     None if applied.host == LOCAL else remote_deadman.marker(applied.op_id),
@@ -479,21 +426,6 @@ def _golden(scenario: Scenario, options: RunOptions, log: Listener) -> Golden | 
     return golden_outcome(
         scenario, options.report_root / ".golden", use_cache=options.golden_cache, run_fault_free=run_fault_free, log=log
     )
-
-
-def _reverts_on_harness(injector: object, applied: Applied) -> bool:
-    """Whether an op's dead-man must run on this machine: the injector's ``revert_on_harness`` flag, or its
-    ``revert_on_harness(applied)`` answer (e.g. a container's storage layer, mounted on the docker host)."""
-    flag = getattr(injector, "revert_on_harness", False)
-    return bool(flag(applied)) if callable(flag) else bool(flag)
-
-
-def _rank_of(fault: FaultSpec) -> int | None:
-    """The training rank that decides a fault's host: ``hosts.rank``, or (no ``hosts``) a ``rank`` param."""
-    if fault.hosts is not None:
-        return fault.hosts.rank
-    rank = getattr(fault.params, "rank", None)
-    return rank if isinstance(rank, int) else None
 
 
 def new_run_dir(root: Path, name: str) -> Path:
@@ -529,10 +461,10 @@ def execute(
     options = options or RunOptions()
     refusal = ""
     if options.nodes is not None:
-        if isinstance(scenario.target, TorchrunTarget):
-            scenario = scenario.model_copy(update={"target": scenario.target.model_copy(update={"nodes": options.nodes})})
-        else:
-            refusal = f"--nodes needs a torchrun target; {scenario.name!r} has a {scenario.target.type} target"
+        try:
+            scenario = on_nodes(scenario, options.nodes)
+        except TargetSpecError as exc:
+            refusal = str(exc)
     plan = make_plan(scenario, options.seed)
     run_dir = new_run_dir(options.report_root, scenario.name)
     history = History(run_dir / "history.jsonl")
@@ -548,7 +480,7 @@ def execute(
     for line in heal_leftovers(hosts.all_transports(), log=log):
         history.record("runner.leftover_healed", detail=line)
     try:
-        execution = _Execution(scenario, plan, run_dir, history, log, status, hosts, options.control)
+        execution = Execution(scenario, plan, run_dir, history, log, status, hosts, options.control)
     except HostsError as exc:
         hosts.close()
         return _refused(scenario, plan, run_dir, history, str(exc), options)
@@ -596,8 +528,6 @@ def execute(
                     RUNNER_GOLDEN, digest=outcome.digest, detections=list(outcome.detections), cached=outcome.cached
                 )
         results = evaluate(history, scenario)
-        if execution.ended_by.startswith("no progress"):
-            results.append(CheckResult(check="progress", name="progress", status="fail", reason=execution.ended_by))
         failed = [r for r in results if r.status == "fail" or (r.status == "unknown" and not scenario.allow_unknown)]
         exit_code = EXIT_FAIL if failed else EXIT_PASS
     verdict: Verdict = "pass" if exit_code == EXIT_PASS else "fail" if exit_code == EXIT_FAIL else "error"
@@ -611,10 +541,17 @@ def execute(
 
 
 def evaluate(history: History, scenario: Scenario) -> list[CheckResult]:
-    """Run every check of ``scenario`` over ``history`` (pure: no target access)."""
+    """Run every check of ``scenario`` over ``history`` (pure: no target access), then the ``progress`` check
+    when the scenario does not name it, kept only when it fails: a stalled run fails whatever was asked."""
     checks = registry.checks()
     results = []
     for spec in scenario.checks:
         result = checks[spec.type].evaluate(history, spec.params, scenario)
         results.append(result.model_copy(update={"name": spec.name or result.name}))
+    if not any(spec.type == CHECK_PROGRESS for spec in scenario.checks):
+        progress = checks[CHECK_PROGRESS]
+        implicit = progress.evaluate(history, progress.Params(), scenario)
+        results += [implicit] if implicit.status == "fail" else []
     return results
+
+

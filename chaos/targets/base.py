@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO, Protocol, runtime_checkable
 
 from pydantic import JsonValue
 
@@ -44,6 +44,52 @@ class Target(Protocol):
         ...
 
     def describe(self) -> str: ...
+
+
+# Optional abilities: the runner asks a target for one with ``isinstance(target, Ability)``, never for its type,
+# so a new kind of target adds a file (and a line in the factory), not a branch in the orchestrator.
+
+
+class TargetUnusable(Exception):
+    """A target cannot run here (a node does not answer); raised before anything was started or applied."""
+
+
+@runtime_checkable
+class Preflight(Protocol):
+    """A target that can tell, before the run starts, that it cannot run (e.g. a job node is unreachable)."""
+
+    def preflight(self) -> None:
+        """Raise :class:`TargetUnusable` naming what is not usable; return when everything answers."""
+        ...
+
+
+@runtime_checkable
+class AwaitsReady(Protocol):
+    """A target that is not ready when ``start`` returns (a serving stack, an endpoint someone else runs): the
+    runner holds the fault clock, the load and the progress watch until an event of kind ``ready_event``."""
+
+    ready_event: str
+
+
+@runtime_checkable
+class Serves(Protocol):
+    """A target that answers requests at ``url`` once ready (where the load goes unless it names a URL).
+    Only ask a started target that reported ready: ``url`` may not exist before then."""
+
+    @property
+    def url(self) -> str: ...
+
+
+@runtime_checkable
+class RankPlacement(Protocol):
+    """A job whose ranks run on several hosts (multi-node torchrun): a fault aimed at a rank lands on the host
+    that runs that rank when it fires, and may land on any of :meth:`node_names` (checked before the run)."""
+
+    def node_names(self) -> list[str]: ...
+
+    def host_for_rank(self, rank: int) -> str | None:
+        """The host running ``rank`` now; None before that rank reported its start."""
+        ...
 
 
 class SpawnedJob:

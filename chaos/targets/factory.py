@@ -1,12 +1,15 @@
-"""The job object for a scenario's ``target:`` spec (the one place that maps a target type to its class)."""
+"""The job object for a scenario's ``target:`` spec: the one place that maps a target type to its class, and
+answers the few questions the runner has about a target spec before any job exists."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from pathlib import Path
 
 from chaos.cluster.hosts import HostSet
 from chaos.cluster.local import LocalTransport
-from chaos.spec.scenario import Scenario, TorchrunTarget
+from chaos.spec.scenario import HostSelector, Scenario, TorchrunTarget
 from chaos.spec.serving import ServingTarget
 from chaos.spec.targets import HttpTarget
 from chaos.targets.base import Target
@@ -14,6 +17,10 @@ from chaos.targets.command import CommandJob
 from chaos.targets.http import HttpJob
 from chaos.targets.torchrun import TorchrunJob
 from chaos.targets.torchrun_nodes import MultiNodeTorchrunJob, Node
+
+
+class TargetSpecError(ValueError):
+    """A run option does not fit the scenario's target (e.g. ``--nodes`` for a target that is not torchrun)."""
 
 
 def make_target(
@@ -35,3 +42,24 @@ def make_target(
     if isinstance(spec, HttpTarget):
         return HttpJob(spec)
     return CommandJob(spec, transport, run_dir, seed, extra_env)
+
+
+def on_nodes(scenario: Scenario, nodes: HostSelector) -> Scenario:
+    """``scenario`` with its job spread over the inventory hosts ``nodes`` selects (``--nodes``);
+    :class:`TargetSpecError` when its target cannot be (only torchrun can)."""
+    if not isinstance(scenario.target, TorchrunTarget):
+        raise TargetSpecError(f"--nodes needs a torchrun target; {scenario.name!r} has a {scenario.target.type} target")
+    return scenario.model_copy(update={"target": scenario.target.model_copy(update={"nodes": nodes})})
+
+
+def entry_file(scenario: Scenario) -> Path | None:
+    """The file the job starts from (a torchrun script, or its module's source), when it is on this machine;
+    None for targets whose code is not a file here (commands, endpoints, the serving stack's own modules)."""
+    spec = scenario.target
+    if not isinstance(spec, TorchrunTarget):
+        return None
+    entry = spec.script
+    if spec.module is not None:
+        found = importlib.util.find_spec(spec.module)
+        entry = found.origin if found is not None else None
+    return Path(entry) if entry is not None and os.path.exists(entry) else None

@@ -90,7 +90,28 @@ def torchrun_matchers(spec: TorchrunTarget) -> list[LogMatcher]:
     return [*TORCHRUN_MATCHERS, *(LogMatcher(m.pattern, m.event) for m in spec.matchers)]
 
 
-class TorchrunJob:
+class RankLookup:
+    """The RankResolver half of a torchrun job, answered from its :class:`RankTable` (``self.table``)."""
+
+    table: RankTable
+
+    def pids_for_rank(self, rank: int) -> list[int]:
+        """The pid of ``rank`` in its latest attempt (on :meth:`host_for_rank`); empty before it reported."""
+        return self.table.pids_for_rank(rank)
+
+    def host_for_rank(self, rank: int) -> str | None:
+        return self.table.host_for_rank(rank)
+
+    def ranks(self) -> list[int]:
+        return self.table.ranks()
+
+
+def job_what(spec: TorchrunTarget) -> str:
+    """What a torchrun job runs, for :meth:`describe`: its module or script."""
+    return spec.module or spec.script or ""
+
+
+class TorchrunJob(RankLookup):
     """``python -m torch.distributed.run --standalone`` with the scenario's ranks and restarts."""
 
     def __init__(
@@ -130,16 +151,4 @@ class TorchrunJob:
                         break
 
     def describe(self) -> str:
-        what = self.spec.module or self.spec.script
-        return f"torchrun {self.spec.nproc_per_node} ranks: {what}"
-
-    # RankResolver
-    def pids_for_rank(self, rank: int) -> list[int]:
-        """The pid of ``rank`` in its latest attempt; empty when that rank has not reported yet."""
-        return self.table.pids_for_rank(rank)
-
-    def host_for_rank(self, rank: int) -> str | None:
-        return self.table.host_for_rank(rank)
-
-    def ranks(self) -> list[int]:
-        return self.table.ranks()
+        return f"torchrun {self.spec.nproc_per_node} ranks: {job_what(self.spec)}"

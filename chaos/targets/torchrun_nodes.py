@@ -28,8 +28,8 @@ from pathlib import Path
 from chaos.cluster.base import Transport, TransportError, host_python, kill_if_same, pid_start_time
 from chaos.history.timeline import TARGET_EXIT, TARGET_START, Event, now_ns
 from chaos.spec.scenario import TorchrunTarget
-from chaos.targets.base import SpawnedJob
-from chaos.targets.torchrun import RankTable, torchrun_env, torchrun_matchers, torchrun_tail
+from chaos.targets.base import SpawnedJob, TargetUnusable
+from chaos.targets.torchrun import RankLookup, RankTable, job_what, torchrun_env, torchrun_matchers, torchrun_tail
 
 NODE_EXIT = "target.node_exit"
 
@@ -94,8 +94,9 @@ class JobAttempts:
         return event.model_copy(update={"data": data})
 
 
-class MultiNodeTorchrunJob:
-    """``torchrun --nnodes N --rdzv-backend c10d`` on each of ``nodes``; RankResolver with hosts."""
+class MultiNodeTorchrunJob(RankLookup):
+    """``torchrun --nnodes N --rdzv-backend c10d`` on each of ``nodes``; RankResolver with hosts, RankPlacement
+    and Preflight (every node must answer before the run starts)."""
 
     def __init__(
         self,
@@ -214,18 +215,17 @@ class MultiNodeTorchrunJob:
                 kill_if_same(node.transport, workers)
 
     def describe(self) -> str:
-        what = self.spec.module or self.spec.script
-        hosts = ", ".join(node.name for node in self.nodes)
-        return f"torchrun {len(self.nodes)} nodes x {self.spec.nproc_per_node} ranks on {hosts}: {what}"
+        hosts = ", ".join(self.node_names())
+        return f"torchrun {len(self.nodes)} nodes x {self.spec.nproc_per_node} ranks on {hosts}: {job_what(self.spec)}"
 
-    # RankResolver
-    def pids_for_rank(self, rank: int) -> list[int]:
-        """The pid of ``rank`` in its latest attempt, on :meth:`host_for_rank`; empty before it reported."""
-        return self.table.pids_for_rank(rank)
+    def node_names(self) -> list[str]:
+        """Every host a rank may run on (RankPlacement)."""
+        return [node.name for node in self.nodes]
 
-    def host_for_rank(self, rank: int) -> str | None:
-        return self.table.host_for_rank(rank)
-
-    def ranks(self) -> list[int]:
-        return self.table.ranks()
-
+    def preflight(self) -> None:
+        """Run ``true`` on every node; :class:`TargetUnusable` names the first that cannot (Preflight)."""
+        for node in self.nodes:
+            try:
+                node.transport.run(["true"], timeout=30, check=True)
+            except TransportError as exc:
+                raise TargetUnusable(f"target node {node.name!r} is not usable: {exc}") from None
