@@ -31,5 +31,11 @@ bench: setup
 cleanup: setup
 	.venv/bin/mlchaos cleanup
 
+# Everything the project made in this folder: the venv, tool caches, build metadata, bytecode, and all of
+# reports/ but its .gitkeep (run folders, the golden-run cache reports/.golden, the run history, sdc-coverage).
+# Outside this folder it leaves the fault journal (<state dir>/journal, run `make cleanup` first if a run
+# died) and what scripts/setup.sh installed system-wide (Debian packages, dockerd and its log).
 clean:
-	rm -rf .venv .mypy_cache .pytest_cache reports/*-*
+	rm -rf .venv .mypy_cache .pytest_cache .ruff_cache .hypothesis build dist *.egg-info
+	find reports -mindepth 1 -maxdepth 1 ! -name .gitkeep -exec rm -rf {} +
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -19,7 +19,8 @@ from pydantic import BaseModel
 from rich.markup import escape
 from rich.table import Table
 
-from chaos.cli.console import stderr_console, stdout_console
+from chaos import __version__
+from chaos.cli.console import stderr_console, stdout_console, widen_help
 from chaos.cli.ettr import register as register_ettr
 from chaos.cli.gameday import register as register_gameday
 from chaos.cli.sdc import register as register_sdc_coverage
@@ -44,6 +45,23 @@ app = typer.Typer(
 )
 console = stdout_console()
 errors = stderr_console()
+widen_help()
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"mlchaos {__version__}")
+        raise typer.Exit(EXIT_PASS)
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_print_version, is_eager=True, help="print the version and exit")
+    ] = False,
+) -> None:
+    """Fault injection and chaos testing for distributed ML training and serving."""
+
 
 _STATUS_STYLE = {"pass": "bold green", "fail": "bold red", "unknown": "bold yellow"}
 
@@ -90,18 +108,18 @@ def _params_text(model: type[BaseModel]) -> str:
 @app.command("list")
 def list_plugins() -> None:
     """Show every injector and check with its parameters."""
-    table = Table(title="injectors (faults: type)")
-    for column in ("type", "what it does", "params"):
-        table.add_column(column)
-    for name, cls in registry.injectors().items():
-        table.add_row(name, escape(cls.summary), escape(_params_text(cls.Params)))
-    console.print(table)
-    table = Table(title="checks (checks: type)")
-    for column in ("type", "what it asserts", "params"):
-        table.add_column(column)
-    for name, spec in registry.checks().items():
-        table.add_row(name, escape(spec.summary), escape(_params_text(spec.Params)))
-    console.print(table)
+    injectors = {name: (cls.summary, cls.Params) for name, cls in registry.injectors().items()}
+    checks = {name: (spec.summary, spec.Params) for name, spec in registry.checks().items()}
+    for title, what, plugins in (
+        ("injectors (faults: type)", "what it does", injectors),
+        ("checks (checks: type)", "what it asserts", checks),
+    ):
+        table = Table(title=title)
+        for column in ("type", what, "params"):
+            table.add_column(column)
+        for name, (summary, params) in plugins.items():
+            table.add_row(name, escape(summary), escape(_params_text(params)))
+        console.print(table)
 
 
 @app.command()
@@ -252,7 +270,9 @@ def _print_pass_rates(scenario: Scenario, outcomes: list[RunResult]) -> None:
 
 @app.command()
 def report(
-    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="a run folder, as `mlchaos run` wrote it (holds run.json)")],
+    run_dir: Annotated[
+        Path, typer.Argument(metavar="RUN_DIR", help="a run folder, as `mlchaos run` wrote it (holds run.json)")
+    ],
     open_report: Annotated[bool, typer.Option("--open", help="also open the page in a web browser")] = False,
 ) -> None:
     """Write RUN_DIR/report.html from RUN_DIR/run.json (timeline, checks with evidence, plan, replay); print its path."""

@@ -20,7 +20,6 @@ what makes the generator open-loop.
 
 from __future__ import annotations
 
-import random
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -37,6 +36,7 @@ from pydantic import (
     model_validator,
 )
 
+from chaos.plan.seeds import derive_rng
 from chaos.spec.units import Duration, check_http_url
 
 LOAD_START = "load.start"
@@ -280,7 +280,7 @@ def schedule(spec: LoadSpec) -> Iterator[float]:
     r holds r*d requests, give or take one, and the first goes at 0). Poisson arrivals do the same with
     unit-rate exponential gaps in that integral, i.e. a Poisson process whose rate follows the pattern.
     """
-    rng = random.Random(f"{spec.seed}:arrivals")
+    rng = derive_rng(spec.seed, "arrivals")
     poisson = spec.arrivals == "poisson"
     target = rng.expovariate(1.0) if poisson else 0.0  # integral value of the next send
     area = 0.0  # integral of the rate up to the current piece's start
@@ -310,7 +310,7 @@ def priority_sequence(spec: LoadSpec) -> Iterator[str | None]:
     for name in names:
         total += spec.priorities[name]
         cum.append(total)
-    rng = random.Random(f"{spec.seed}:priority")
+    rng = derive_rng(spec.seed, "priority")
     while True:
         yield rng.choices(names, cum_weights=cum)[0]
 

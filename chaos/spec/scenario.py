@@ -9,16 +9,12 @@ injector never edits this file.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
-import types
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -35,6 +31,13 @@ from pydantic import (
 
 from chaos.plugins import registry
 from chaos.spec.load import ScenarioLoad
+from chaos.spec.problems import Path_ as Path_
+from chaos.spec.problems import Problem as Problem
+from chaos.spec.problems import ScenarioError as ScenarioError
+from chaos.spec.problems import nearest, position
+from chaos.spec.problems import problem_for as problem_for
+from chaos.spec.problems import read_yaml_mapping as read_yaml_mapping
+from chaos.spec.problems import yaml_positions as yaml_positions
 from chaos.spec.serving import ServingTarget
 from chaos.spec.targets import HttpTarget
 from chaos.spec.units import Duration
@@ -281,31 +284,29 @@ class Scenario(BaseModel):
 # Building the full model from the registry.
 
 
+def _tagged_union(prefix: str, base: type[BaseModel], plugins: dict[str, tuple[str, type[BaseModel], bool]]) -> Any:
+    """A union of one ``base`` subclass per plugin, told apart by ``type`` (its name), with its ``params``
+    model (optional when ``plugins[name][2]``, the params defaulting to the model's defaults)."""
+    models = [
+        create_model(
+            f"{prefix}_{name}",
+            __base__=base,
+            __doc__=summary,
+            type=(Literal[name], ...),  # type: ignore[arg-type]
+            params=(params, params()) if optional else (params, ...),
+        )
+        for name, (summary, params, optional) in plugins.items()
+    ]
+    return Annotated[Union[tuple(models)], Discriminator("type")]  # noqa: UP007
+
+
 @cache
 def scenario_model() -> type[Scenario]:
     """The Scenario model whose faults and checks are discriminated unions of every registered params model."""
-    fault_models = [
-        create_model(
-            f"Fault_{name}",
-            __base__=FaultSpec,
-            __doc__=cls.summary,
-            type=(Literal[name], ...),  # type: ignore[arg-type]
-            params=(cls.Params, ...),
-        )
-        for name, cls in registry.injectors().items()
-    ]
-    check_models = [
-        create_model(
-            f"Check_{name}",
-            __base__=CheckSpec,
-            __doc__=spec.summary,
-            type=(Literal[name], ...),  # type: ignore[arg-type]
-            params=(spec.Params, spec.Params()) if _all_optional(spec.Params) else (spec.Params, ...),
-        )
-        for name, spec in registry.checks().items()
-    ]
-    fault_union: Any = Annotated[Union[tuple(fault_models)], Discriminator("type")]  # noqa: UP007
-    check_union: Any = Annotated[Union[tuple(check_models)], Discriminator("type")]  # noqa: UP007
+    injectors = {name: (cls.summary, cls.Params, False) for name, cls in registry.injectors().items()}
+    checks = {name: (spec.summary, spec.Params, _all_optional(spec.Params)) for name, spec in registry.checks().items()}
+    fault_union: Any = _tagged_union("Fault", FaultSpec, injectors)
+    check_union: Any = _tagged_union("Check", CheckSpec, checks)
     return create_model(
         "Scenario",
         __base__=Scenario,
@@ -332,231 +333,77 @@ def json_schema() -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Loading with positions.
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with a scenario file, pinned to a position, with a fix when one is known."""
-
-    file: str
-    line: int
-    column: int
-    message: str
-    hint: str = ""
-
-    def __str__(self) -> str:
-        text = f"{self.file}:{self.line}:{self.column}: {self.message}"
-        return f"{text}\n    fix: {self.hint}" if self.hint else text
-
-
-class ScenarioError(Exception):
-    """A scenario could not be loaded; ``problems`` lists every error found, each with file:line:column."""
-
-    def __init__(self, problems: list[Problem]) -> None:
-        self.problems = problems
-        super().__init__("\n".join(str(p) for p in problems))
-
-
-Path_ = tuple[str | int, ...]
-
-
-def yaml_positions(
-    node: yaml.Node, path: Path_, out: dict[Path_, tuple[int, int]], dupes: list[Problem], file: str
-) -> None:
-    """Record (line, column), 1-based, of every mapping key and sequence item below ``node``."""
-    if isinstance(node, yaml.MappingNode):
-        seen: set[str] = set()
-        for key_node, value_node in node.value:
-            key = str(key_node.value)
-            here = (*path, key)
-            position = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
-            if key in seen:
-                dupes.append(Problem(file, *position, f"duplicate key {key!r}", "keep one of the two entries"))
-            seen.add(key)
-            out[here] = position
-            yaml_positions(value_node, here, out, dupes, file)
-    elif isinstance(node, yaml.SequenceNode):
-        for index, item in enumerate(node.value):
-            here = (*path, index)
-            out[here] = (item.start_mark.line + 1, item.start_mark.column + 1)
-            yaml_positions(item, here, out, dupes, file)
-
-
-def _raw_path(data: object, loc: tuple[str | int, ...]) -> Path_:
-    """Map a pydantic error location onto the YAML data, dropping union tags that are not real keys."""
-    path: list[str | int] = []
-    node = data
-    for index, part in enumerate(loc):
-        last = index == len(loc) - 1
-        if isinstance(node, dict) and part in node:
-            path.append(part)
-            node = node[part]
-        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
-            path.append(part)
-            node = node[part]
-        elif isinstance(node, dict) and isinstance(part, str) and not last:
-            continue  # a union tag such as ``kill`` or ``torchrun``: not a key in the file
-        else:
-            path.append(part)  # a missing key: named in the message, positioned at its parent
-            break
-    return tuple(path)
-
-
-def _unwrap(annotation: Any) -> list[Any]:
-    """The concrete types inside Optional/Union/Annotated/list/dict annotations."""
-    origin = get_origin(annotation)
-    if origin is Annotated:
-        return _unwrap(get_args(annotation)[0])
-    if origin in (Union, types.UnionType):
-        return [t for arg in get_args(annotation) for t in _unwrap(arg)]
-    return [annotation]
-
-
-def _model_at(root: type[BaseModel], loc: tuple[str | int, ...]) -> type[BaseModel] | None:
-    """Walk a model along a pydantic error location; returns the model owning the last key, if found."""
-    current: Any = root
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        candidates = _unwrap(current)
-        next_type: Any = None
-        for candidate in candidates:
-            if get_origin(candidate) in (list, dict):
-                candidate_args = get_args(candidate)
-                candidates.extend(_unwrap(candidate_args[-1]))
-                continue
-            if isinstance(candidate, type) and issubclass(candidate, BaseModel):
-                if part in candidate.model_fields:
-                    next_type = candidate.model_fields[part].annotation
-                    break
-                tag = candidate.model_fields.get("type")
-                if tag is not None and get_origin(tag.annotation) is Literal and part in get_args(tag.annotation):
-                    next_type = candidate
-                    break
-        if next_type is None:
-            owners = [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]
-            return owners[0] if len(owners) == 1 else None
-        current = next_type
-    owners = [c for c in _unwrap(current) if isinstance(c, type) and issubclass(c, BaseModel)]
-    return owners[0] if len(owners) == 1 else None
-
-
-def _suggest(word: str, options: list[str]) -> str:
-    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
-    return f"did you mean {close[0]!r}?" if close else ("valid keys: " + ", ".join(options) if options else "")
-
-
-def problem_for(
-    error: dict[str, Any], data: object, marks: dict[Path_, tuple[int, int]], file: str, model: type[BaseModel]
-) -> Problem:
-    loc: tuple[str | int, ...] = tuple(error["loc"])
-    path = _raw_path(data, loc)
-    # Position: the deepest part of the path that exists in the file.
-    line, column = 1, 1
-    for depth in range(len(path), -1, -1):
-        if path[:depth] in marks:
-            line, column = marks[path[:depth]]
-            break
-    where = ".".join(str(p) for p in path) or "(top level)"
-    kind = error["type"]
-    hint = ""
-    if kind == "extra_forbidden":
-        key = str(loc[-1])
-        owner = _model_at(model, loc[:-1])
-        options = sorted(owner.model_fields) if owner is not None else []
-        message = f"unknown key {key!r} in {'.'.join(str(p) for p in path[:-1]) or 'the scenario'}"
-        hint = _suggest(key, options)
-    elif kind == "missing":
-        message = f"missing required key {str(loc[-1])!r} (at {'.'.join(str(p) for p in path[:-1]) or 'top level'})"
-        hint = f"add {loc[-1]}: <value>"
-    elif kind in ("union_tag_invalid", "union_tag_not_found"):
-        expected = [t.strip(" '") for t in str(error.get("ctx", {}).get("expected_tags", "")).split(",") if t.strip()]
-        given = str(error.get("ctx", {}).get("tag", ""))
-        message = f"{where}: unknown type {given!r}" if given else f"{where}: missing 'type'"
-        hint = _suggest(given, expected) if given else "set type to one of: " + ", ".join(expected)
-        if given and not hint.startswith("did you mean"):
-            hint = "use one of: " + ", ".join(expected)
-    else:
-        message = f"{where}: {error['msg']}"
-    return Problem(file, line, column, message, hint)
-
-
-def read_yaml_mapping(
-    text: str, file: str, *, what: str, hint: str, error: type[ScenarioError] | None = None
-) -> tuple[dict[str, Any], dict[Path_, tuple[int, int]], list[Problem]]:
-    """Parse ``text`` as one YAML mapping with ``yaml.safe_load`` semantics; return it, the (line, column) of
-    every key and item, and the problems found so far (duplicate keys). A syntax error or a non-mapping raises
-    ``error`` (default ScenarioError) naming file:line:column; ``what``/``hint`` word the non-mapping case."""
-    raise_as = error or ScenarioError
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        data = loader.construct_document(node) if node is not None else None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line, column = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
-        raise raise_as(
-            [Problem(file, line, column, f"YAML syntax: {exc.problem or exc}", "check indentation and quoting here")]
-        ) from None
-    finally:
-        loader.dispose()
-    if not isinstance(data, dict) or node is None:
-        raise raise_as([Problem(file, 1, 1, f"{what} must be a YAML mapping", hint)])
-    marks: dict[Path_, tuple[int, int]] = {}
-    problems: list[Problem] = []
-    yaml_positions(node, (), marks, problems, file)
-    return data, marks, problems
+# Loading with positions (the wording of each problem lives in chaos.spec.problems).
 
 
 def parse_scenario(text: str, file: str = "<string>") -> Scenario:
-    """Validate YAML ``text`` into a Scenario; raise ScenarioError with every problem found."""
+    """Validate YAML ``text`` into a Scenario; raise ScenarioError with every problem found, in file order."""
     data, marks, problems = read_yaml_mapping(text, file, what="a scenario", hint="start with name: my-scenario")
     model = scenario_model()
+    # The cross-checks read the raw data, so one pass reports them next to the model's own errors.
+    problems.extend(_cross_check(data, marks, file))
     try:
         scenario = model.model_validate(data)
     except ValidationError as exc:
         problems.extend(problem_for(dict(e), data, marks, file, model) for e in exc.errors())
-        raise ScenarioError(problems) from None
     if problems:
-        raise ScenarioError(problems)
-    return _name_and_cross_check(scenario, marks, file)
+        raise ScenarioError(sorted(problems, key=lambda p: (p.line, p.column)))
+    return _named(scenario)
 
 
-def _name_and_cross_check(scenario: Scenario, marks: dict[Path_, tuple[int, int]], file: str) -> Scenario:
-    """Default fault/check names, then verify names are unique and checks refer to faults that exist."""
-    problems: list[Problem] = []
+def _items(data: dict[str, Any], key: str) -> list[tuple[int, dict[str, Any]]]:
+    """The mappings of the list ``data[key]`` with their indexes (what is not a mapping, the model reports)."""
+    entries = data.get(key)
+    return [(i, e) for i, e in enumerate(entries) if isinstance(e, dict)] if isinstance(entries, list) else []
+
+
+def _fault_names(faults: list[tuple[str, str]]) -> list[str]:
+    """The name of each (type, name) fault; an unnamed one is ``<type>-<n>``, n counting the faults of its type."""
     counts: dict[str, int] = {}
-    named_faults: list[FaultSpec] = []
-    for index, fault in enumerate(scenario.faults):
-        counts[fault.type] = counts.get(fault.type, 0) + 1
-        name = fault.name or f"{fault.type}-{counts[fault.type]}"
-        if any(f.name == name for f in named_faults):
-            problems.append(
-                Problem(
-                    file,
-                    *marks.get(("faults", index), (1, 1)),
-                    f"duplicate fault name {name!r}",
-                    "give each fault a unique name",
-                )
+    names = []
+    for kind, name in faults:
+        counts[kind] = counts.get(kind, 0) + 1
+        names.append(name or f"{kind}-{counts[kind]}")
+    return names
+
+
+def _cross_check(data: dict[str, Any], marks: dict[Path_, tuple[int, int]], file: str) -> list[Problem]:
+    """Fault names are unique, and a check's ``fault`` names a fault that exists."""
+    problems: list[Problem] = []
+    faults = _items(data, "faults")
+    names = _fault_names([(str(fault.get("type", "")), str(fault.get("name") or "")) for _, fault in faults])
+    fault_names: list[str] = []
+    for (index, _), name in zip(faults, names, strict=True):
+        if name in fault_names:
+            at = position(marks, ("faults", index))
+            problems.append(Problem(file, *at, f"duplicate fault name {name!r}", "give each fault a unique name"))
+        fault_names.append(name)
+    checks = registry.checks()
+    for index, check in _items(data, "checks"):
+        spec = checks.get(str(check.get("type")))
+        params = check.get("params")
+        referenced = params.get("fault") if isinstance(params, dict) else None
+        if spec is None or "fault" not in spec.Params.model_fields or not isinstance(referenced, str):
+            continue  # an unknown check type or a fault that is not a name: the model says what is wrong
+        if referenced not in fault_names:
+            line, column = position(marks, ("checks", index, "params", "fault"))
+            hint = nearest(referenced, fault_names) or (
+                "faults defined: " + ", ".join(fault_names) if fault_names else "add the fault under faults:"
             )
-        named_faults.append(fault.model_copy(update={"name": name}))
-    fault_names = [f.name for f in named_faults]
+            message = f"check {check['type']!r} names fault {referenced!r}, which is not defined"
+            problems.append(Problem(file, line, column, message, hint))
+    return problems
+
+
+def _named(scenario: Scenario) -> Scenario:
+    """Default fault names (``<type>-<n>``) and check labels (``<type>[<fault>]``), as the cross-check counted."""
+    names = _fault_names([(fault.type, fault.name) for fault in scenario.faults])
+    named_faults = [fault.model_copy(update={"name": name}) for fault, name in zip(scenario.faults, names, strict=True)]
     named_checks: list[CheckSpec] = []
-    for index, check in enumerate(scenario.checks):
+    for check in scenario.checks:
         referenced = getattr(check.params, "fault", None)
-        if isinstance(referenced, str) and referenced not in fault_names:
-            line, column = marks.get(("checks", index, "params", "fault"), marks.get(("checks", index), (1, 1)))
-            hint = _suggest(referenced, fault_names) if fault_names else "add the fault under faults:"
-            problems.append(
-                Problem(
-                    file, line, column, f"check {check.type!r} names fault {referenced!r}, which is not defined", hint
-                )
-            )
         label = check.name or (f"{check.type}[{referenced}]" if isinstance(referenced, str) else check.type)
         named_checks.append(check.model_copy(update={"name": label}))
-    if problems:
-        raise ScenarioError(problems)
     return scenario.model_copy(update={"faults": named_faults, "checks": named_checks})
 
 
