@@ -98,7 +98,7 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     ) -> importlib.machinery.ModuleSpec | None:
         if moved_to(fullname) is None:
             return None
-        return importlib.util.spec_from_loader(fullname, self, is_package=False)
+        return importlib.util.spec_from_loader(fullname, self, is_package=fullname in _MOVED_PACKAGES)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         new = moved_to(spec.name)
@@ -107,6 +107,8 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         real = importlib.import_module(new)
         proxy = types.ModuleType(spec.name, real.__doc__)
         proxy.__getattr__ = lambda name: getattr(real, name)  # type: ignore[method-assign]  # PEP 562
+        if spec.name in _MOVED_PACKAGES:
+            proxy.__path__ = []  # a package: its old submodule paths come back through this finder too
         proxy.__dict__["__all__"] = getattr(real, "__all__", [n for n in vars(real) if not n.startswith("_")])
         return proxy
 
@@ -121,11 +123,16 @@ def forward_moved_names(package: str, new_module: str) -> types.FunctionType:
     def __getattr__(name: str) -> object:
         if name.startswith("__"):
             raise AttributeError(name)
+        if importlib.util.find_spec(f"{package}.{name}") is not None:
+            # ``from chaos.plan import build``: a submodule of the new package, not a name of the old module
+            return importlib.import_module(f"{package}.{name}")
         real = importlib.import_module(new_module)
         if not hasattr(real, name):
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         _warn_moved(f"{package}.{name}", f"{new_module}.{name}")
-        return getattr(real, name)
+        value = getattr(real, name)
+        setattr(sys.modules[package], name, value)  # warn once: ``from ... import`` looks a name up twice
+        return value
 
     return __getattr__  # type: ignore[return-value]
 

@@ -42,6 +42,7 @@ from chaos.guards.anomaly import GradAnomalyGuard
 from chaos.guards.checksum import ChecksumConfig, ChecksumState, checksum_hook
 from chaos.injob.tensor_faults import ArmedFault, TensorFaultError, arm
 from chaos.plan.agent_plan import InJobOp, InJobPlan, load_plan
+from chaos.plan.seeds import derive_rng
 from injectors.gradient import GradCorruptParams, Site, corrupt_bucket
 from injectors.tensor import BitFlipParams
 
@@ -114,7 +115,7 @@ class Agent:
         # the same plan corrupts the same elements every replay.
         own = op.params.get("seed")
         base = own if isinstance(own, int) else self.plan.seed
-        return random.Random(f"{base}:{op.op_id}:{self.rank}")
+        return derive_rng(base, op.op_id, self.rank)
 
     def _already_fired(self, op: InJobOp) -> bool:
         return self._fired_dir is not None and (self._fired_dir / f"{op.op_id}.r{self.rank}").exists()

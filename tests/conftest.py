@@ -1,20 +1,37 @@
-"""Suite-wide fixtures: every test's journals live in a temporary state directory, never /var/lib/mlchaos;
-one report root for the end-to-end training runs (their golden runs are cached there once), and one real
-kill-rank run shared by the tests that only read its outcome."""
+"""Suite-wide fixtures, visible from tests/unit, tests/integration and tests/e2e alike: every test's journals
+live in a temporary state directory, never /var/lib/mlchaos (``isolated_state_dir`` gives one test a state
+directory of its own); one report root for the end-to-end training runs (their golden runs are cached there
+once), and one real kill-rank run shared by the tests that only read its outcome; the real testbeds.
+
+The testbeds are session-wide and built only when a test asks for them:
+
+- ``testbed``: 3 hosts of network namespaces + one sshd each (:mod:`chaos.cluster.testbed.namespaces`); skips,
+  with the reason, where one cannot be built (not root, no ``ip netns``, no sshd). ``testbed_transports``: one
+  connected SshTransport per host for one test.
+- ``docker_testbed``: 3 containers as hosts h1..h3 (``transport: docker``); skips where no Docker daemon can run
+  (``bash scripts/start-dockerd.sh`` fails). ``docker_transports``: one DockerTransport per host for one test.
+
+Both testbeds are torn down in ``finally``, even when ``up`` failed half way.
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from support import ROOT, docker_unavailable, transports_per_host
 
 if TYPE_CHECKING:
+    from chaos.cluster.docker import DockerTransport
+    from chaos.cluster.inventory import Inventory
+    from chaos.cluster.ssh import SshTransport
     from chaos.run.result import RunResult
 
-ROOT = Path(__file__).resolve().parents[1]
+TESTBED_HOSTS = 3
+DOCKER_HOSTS = 3
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -29,6 +46,13 @@ def _private_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pat
             os.environ.pop("MLCHAOS_STATE_DIR", None)
         else:
             os.environ["MLCHAOS_STATE_DIR"] = previous
+
+
+@pytest.fixture
+def isolated_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This test's own state directory (its journals and dead-man records), so tests never see each other's."""
+    monkeypatch.setenv("MLCHAOS_STATE_DIR", str(tmp_path))
+    return tmp_path
 
 
 @pytest.fixture(scope="session")
@@ -46,3 +70,52 @@ def kill_rank_run(e2e_report_root: Path) -> RunResult:
 
     source = ROOT / "scenarios" / "kill-rank.yaml"
     return execute(load_scenario(source), RunOptions(report_root=e2e_report_root, scenario_file=source))
+
+
+def _standing(reason: str | None, up: Callable[[], Inventory], down: Callable[[], object]) -> Iterator[Inventory]:
+    """A testbed's whole life for one session: skip with ``reason`` when it cannot be built, else ``up`` and,
+    whatever happened (a half-built one too), ``down``."""
+    if reason is not None:
+        pytest.skip(reason)
+    try:
+        yield up()
+    finally:
+        down()
+
+
+@pytest.fixture(scope="session")
+def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Inventory]:
+    from chaos.cluster.testbed import namespaces as tb
+
+    state = tmp_path_factory.mktemp("chaos-tb")
+    yield from _standing(tb.unsupported_reason(), lambda: tb.up(TESTBED_HOSTS, state), lambda: tb.down(state))
+
+
+@pytest.fixture
+def testbed_transports(testbed: Inventory) -> Iterator[dict[str, SshTransport]]:
+    from chaos.cluster.ssh import SshTransport
+
+    with transports_per_host(testbed, SshTransport.for_host) as transports:
+        yield transports
+
+
+@pytest.fixture(scope="session")
+def docker_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("chaos-dtb")
+
+
+@pytest.fixture(scope="session")
+def docker_testbed(docker_state_dir: Path) -> Iterator[Inventory]:
+    from chaos.cluster.testbed import containers as dtb
+
+    yield from _standing(
+        docker_unavailable(), lambda: dtb.up(DOCKER_HOSTS, docker_state_dir), lambda: dtb.down(docker_state_dir)
+    )
+
+
+@pytest.fixture
+def docker_transports(docker_testbed: Inventory) -> Iterator[dict[str, DockerTransport]]:
+    from chaos.cluster.docker import DockerTransport
+
+    with transports_per_host(docker_testbed, DockerTransport.for_host) as transports:
+        yield transports

@@ -3,7 +3,7 @@ IEEE-754 bit flip (:func:`chaos.injob.bitflip.flipped_value`) as the error funct
 value for the same (layer, element, bit).
 
 Use :mod:`injectors.tensor` for training runs; this exists for compatibility and comparison. What we measured
-with pytorchfi 0.6.0 (``tests/test_tensor_injector.py`` asserts each point, ``benchmarks/bitflip_vs_pytorchfi.py``
+with pytorchfi 0.6.0 (``tests/unit/test_tensor_injector.py`` asserts each point, ``benchmarks/bitflip_vs_pytorchfi.py``
 times them):
 
 - Every ``declare_weight_fi`` / ``declare_neuron_fi`` deep-copies the whole model and returns the copy: set-up

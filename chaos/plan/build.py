@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, JsonValue
 
+from chaos.plan.seeds import derive_rng
 from chaos.plugins.injector import FaultOp
 from chaos.spec.scenario import FaultSpec, Scenario
 
@@ -105,7 +106,7 @@ def _ops_for(fault: FaultSpec, rng: random.Random) -> list[PlannedOp]:
 def make_plan(scenario: Scenario, seed: int | None = None) -> Plan:
     """Expand the scenario's triggers with ``random.Random(seed)`` (default: the scenario's seed)."""
     used_seed = scenario.seed if seed is None else seed
-    rng = random.Random(used_seed)
+    rng = derive_rng(used_seed)
     ops = [op for fault in scenario.faults for op in _ops_for(fault, rng)]
     return Plan(scenario=scenario.name, seed=used_seed, ops=ops)
 

@@ -2,7 +2,7 @@
 
 Each context manager applies one REAL fault when entered and undoes it when left, in ``finally``, whatever
 the test did meanwhile. They go through the same code as a scenario run: the registered injector's
-``check``/``prepare``/``apply``/``heal``, journaled like :meth:`chaos.run.orchestrator._Execution._fire_on` (intent,
+``check``/``prepare``/``apply``/``heal``, journaled like :meth:`chaos.run.orchestrator.Execution._fire_on` (intent,
 dead-man, apply, applied; heal, healed), so ``mlchaos cleanup`` heals what a killed pytest left, and a fault
 given a ``duration`` is also reverted by a detached dead-man switch ``duration`` + 5 s after it was applied
 even if pytest is SIGKILLed. Leaving the ``with`` block earlier heals at once (and disarms the dead-man).

@@ -6,9 +6,6 @@ is refused before anything is applied."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 import threading
 import time
@@ -16,24 +13,16 @@ from pathlib import Path
 
 import docker
 import pytest
+from support import read_jsonl, run_scenario_file, write_inventory
 
 from chaos.cluster.docker import DockerTransport
-from chaos.cluster.inventory import Host, Inventory, dump_inventory
+from chaos.cluster.inventory import Host, Inventory
 from chaos.history.timeline import FAULT_APPLIED, FAULT_HEALED
 from chaos.run.orchestrator import RunOptions, execute
 from chaos.run.result import EXIT_INVALID, EXIT_PASS
 from chaos.spec.scenario import parse_scenario
 
-pytest_plugins = ["docker_fixture"]
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _run_cli(args: list[str], cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "chaos.cli.commands", "run", *args],
-        cwd=cwd, env={**os.environ, "COLUMNS": "200"}, capture_output=True, text=True, timeout=420,
-    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -44,16 +33,12 @@ def _run_cli(args: list[str], cwd: Path = ROOT) -> subprocess.CompletedProcess[s
 def test_scenario_file_runs_unchanged_on_containers(
     name: str, extra: list[str], docker_testbed: Inventory, tmp_path: Path
 ) -> None:
-    inventory_file = tmp_path / "inventory.yaml"
-    dump_inventory(docker_testbed, inventory_file)
+    inventory_file = write_inventory(docker_testbed, tmp_path)
     reports = tmp_path / "reports"
-    done = _run_cli(
-        [str(ROOT / "scenarios" / f"{name}.yaml"), "--inventory", str(inventory_file), "--report-dir", str(reports),
-         *extra]
-    )  # fmt: skip
+    done = run_scenario_file(name, "--inventory", inventory_file, "--report-dir", reports, *extra)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     [run_dir] = [p for p in reports.iterdir() if p.name.startswith(name)]
-    history = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    history = read_jsonl(run_dir / "history.jsonl")
     hosts = {e["data"]["host"] for e in history if e["kind"] == "target.start"}
     assert hosts == ({"h1"} if extra else {"h1", "h2", "h3"})
     [applied] = [e for e in history if e["kind"] == "fault.applied"]
@@ -105,8 +90,7 @@ def transport_output(transport: DockerTransport, argv: list[str]) -> str:
 def test_container_restarted_mid_partition_is_still_healed(docker_testbed: Inventory, tmp_path: Path) -> None:
     h1 = DockerTransport.for_host(docker_testbed, "h1")
     h2 = DockerTransport.for_host(docker_testbed, "h2")
-    inventory_file = tmp_path / "inventory.yaml"
-    dump_inventory(docker_testbed, inventory_file)
+    inventory_file = write_inventory(docker_testbed, tmp_path)
     address = docker_testbed.host("h2").address
     scenario = parse_scenario(PARTITION.format(python=sys.executable, duration=12, max_duration=25))
     restarted: list[str] = []
@@ -150,8 +134,7 @@ def test_container_restarted_mid_partition_is_still_healed(docker_testbed: Inven
 def test_missing_container_is_refused_before_any_fault(docker_testbed: Inventory, tmp_path: Path) -> None:
     ghost = Host(name="h4", address="10.214.0.99", transport="docker", container="chaos-no-such-container")
     inventory = docker_testbed.model_copy(update={"hosts": [*docker_testbed.hosts, ghost]})
-    inventory_file = tmp_path / "inventory.yaml"
-    dump_inventory(inventory, inventory_file)
+    inventory_file = write_inventory(inventory, tmp_path)
     text = PARTITION.format(python=sys.executable, duration=3, max_duration=20).replace("host: h2", "host: h4")
     result = execute(parse_scenario(text), RunOptions(report_root=tmp_path, inventory=inventory_file))
     assert result.exit_code == EXIT_INVALID

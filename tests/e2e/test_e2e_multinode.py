@@ -6,17 +6,14 @@ afterwards no rule, mount or process of the run may be left on any host."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from testbed_fixture import testbed  # noqa: F401  (pytest finds fixtures by name)
+from support import read_jsonl, run_scenario_file, write_inventory
 
-from chaos.cluster.inventory import Inventory, dump_inventory
+from chaos.cluster.inventory import Inventory
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 # (scenario, extra CLI args): the four multi-host scenarios, and the local kill-rank scenario file moved,
@@ -49,24 +46,19 @@ def _leftovers(inventory: Inventory, run_dir: Path) -> list[str]:
 def test_scenario_passes_on_the_testbed(
     name: str,
     extra: list[str],
-    testbed: Inventory,  # noqa: F811
+    testbed: Inventory,
     tmp_path: Path,
 ) -> None:
-    inventory_file = tmp_path / "inventory.yaml"
-    dump_inventory(testbed, inventory_file)
+    inventory_file = write_inventory(testbed, tmp_path)
     reports = tmp_path / "reports"
     # A RELATIVE report dir, as `mlchaos run` and `mlchaos suite run` default to: the job on the other hosts
     # must still find its run dir (they do not start in the harness's working directory).
-    done = subprocess.run(
-        [sys.executable, "-m", "chaos.cli.commands", "run", str(ROOT / "scenarios" / f"{name}.yaml"),
-         "--inventory", str(inventory_file), "--report-dir", "reports", *extra],
-        cwd=tmp_path, env={**os.environ, "COLUMNS": "200"}, capture_output=True, text=True, timeout=420,
-    )  # fmt: skip
+    done = run_scenario_file(name, "--inventory", inventory_file, "--report-dir", "reports", *extra, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     [run_dir] = [p for p in reports.iterdir() if p.name.startswith(name)]  # (the golden run is in .golden/)
     run = json.loads((run_dir / "run.json").read_text())
     assert run["verdict"] == "pass"
-    history = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    history = read_jsonl(run_dir / "history.jsonl")
     applied = [e for e in history if e["kind"] == "fault.applied"]
     healed = [e for e in history if e["kind"] == "fault.healed"]
     assert len(applied) == 1 and applied[0]["data"]["host"] in testbed.names()

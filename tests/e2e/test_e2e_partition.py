@@ -12,15 +12,14 @@ import time
 from pathlib import Path
 
 import pytest
-from testbed_fixture import testbed  # noqa: F401  (pytest finds fixtures by name)
+from support import mlchaos, spawn_harness, write_inventory
 
-from chaos.cluster.inventory import Inventory, dump_inventory
+from chaos.cluster.inventory import Inventory
 from chaos.history.timeline import FAULT_APPLIED, FAULT_HEALED
 from chaos.run.orchestrator import RunOptions, execute
 from chaos.run.result import EXIT_PASS
 from chaos.spec.scenario import parse_scenario
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 # Runs inside h1's namespace: a TCP connect to h2's sshd every 0.2 s; success = progress, failure = detection.
@@ -82,9 +81,8 @@ def _h2_has_our_rules(inventory: Inventory) -> bool:
     return "CHAOS-" in out or "mlchaos:" in out
 
 
-def test_partition_over_ssh_is_detected_and_healed(testbed: Inventory, tmp_path: Path) -> None:  # noqa: F811
-    inventory_file = tmp_path / "inventory.yaml"
-    dump_inventory(testbed, inventory_file)
+def test_partition_over_ssh_is_detected_and_healed(testbed: Inventory, tmp_path: Path) -> None:
+    inventory_file = write_inventory(testbed, tmp_path)
     scenario = parse_scenario(_scenario_text(testbed, duration=3, rounds=40))
     result = execute(scenario, RunOptions(report_root=tmp_path, inventory=inventory_file))
     assert result.exit_code == EXIT_PASS, (result.error, [r.model_dump() for r in result.results])
@@ -94,7 +92,7 @@ def test_partition_over_ssh_is_detected_and_healed(testbed: Inventory, tmp_path:
     assert not _h2_has_our_rules(testbed)
 
 
-def test_missing_inventory_is_refused_before_anything_runs(testbed: Inventory, tmp_path: Path) -> None:  # noqa: F811
+def test_missing_inventory_is_refused_before_anything_runs(testbed: Inventory, tmp_path: Path) -> None:
     scenario = parse_scenario(_scenario_text(testbed, duration=3, rounds=5))
     result = execute(scenario, RunOptions(report_root=tmp_path))
     assert result.exit_code == 2 and "no inventory was given" in result.error
@@ -102,19 +100,16 @@ def test_missing_inventory_is_refused_before_anything_runs(testbed: Inventory, t
 
 
 def test_sigkilled_harness_mid_partition_is_healed_by_the_hosts_dead_man(
-    testbed: Inventory,  # noqa: F811
+    testbed: Inventory,
     tmp_path: Path,
 ) -> None:
-    inventory_file = tmp_path / "inventory.yaml"
-    dump_inventory(testbed, inventory_file)
+    inventory_file = write_inventory(testbed, tmp_path)
     scenario_file = tmp_path / "s.yaml"
     duration, grace = 4.0, 2.0
     scenario_file.write_text(_scenario_text(testbed, duration=duration, rounds=200))
     env = {"MLCHAOS_STATE_DIR": str(tmp_path / "state"), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-    harness = subprocess.Popen(
-        [sys.executable, "-m", "chaos.cli.commands", "run", str(scenario_file), "--inventory", str(inventory_file),
-         "--report-dir", str(tmp_path / "reports")],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    harness = spawn_harness(
+        "run", scenario_file, "--inventory", inventory_file, "--report-dir", tmp_path / "reports", env=env
     )
     try:
         deadline = time.monotonic() + 60
@@ -132,8 +127,5 @@ def test_sigkilled_harness_mid_partition_is_healed_by_the_hosts_dead_man(
         if harness.poll() is None:
             harness.kill()
         # Whatever happened, leave h2 clean: cleanup heals from the journal over SSH.
-        subprocess.run(
-            [sys.executable, "-m", "chaos.cli.commands", "cleanup", "--inventory", str(inventory_file)],
-            cwd=ROOT, env=env, capture_output=True, timeout=60,
-        )
+        mlchaos("cleanup", "--inventory", inventory_file, env=env, timeout=60)
     assert not _h2_has_our_rules(testbed)

@@ -6,13 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support import ROOT
 
 from chaos.history.timeline import FAULT_APPLIED
 from chaos.run.orchestrator import RunOptions, execute
 from chaos.run.result import EXIT_FAIL, EXIT_PASS
 from chaos.spec.scenario import Scenario, load_scenario
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 

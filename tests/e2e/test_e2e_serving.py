@@ -6,7 +6,6 @@ before anything starts. Nothing of a run may be left running afterwards."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support import ROOT, read_jsonl, run_scenario_file
 
 from chaos.cluster.local import LocalTransport
 from chaos.history.timeline import Event
@@ -23,7 +23,6 @@ from chaos.spec.scenario import load_scenario, parse_scenario
 from chaos.spec.serving import ServingTarget
 from chaos.targets.reference.serving.job import ServingJob
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 SCENARIOS = [
@@ -55,10 +54,7 @@ def _nothing_left_behind() -> None:
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_serving_scenario_passes(name: str, tmp_path: Path) -> None:
     reports = tmp_path / "reports"
-    done = subprocess.run(
-        [sys.executable, "-m", "chaos.cli.commands", "run", str(ROOT / "scenarios" / f"{name}.yaml"), "--report-dir", str(reports)],
-        cwd=ROOT, env={**os.environ, "COLUMNS": "200"}, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    done = run_scenario_file(name, "--report-dir", reports, timeout=300)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     [run_dir] = list(reports.iterdir())
     run = json.loads((run_dir / "run.json").read_text())
@@ -184,7 +180,7 @@ def test_interrupted_serving_run_stops_the_stack_and_the_load(tmp_path: Path) ->
             proc.kill()
     assert proc.returncode == 3, out
     [run_dir] = list(tmp_path.iterdir())
-    history = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    history = read_jsonl(run_dir / "history.jsonl")
     assert [e for e in history if e["kind"] == "fault.healed"]
     ps = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True).stdout
     assert not [line for line in ps.splitlines() if "-m chaos.load --emit" in line]

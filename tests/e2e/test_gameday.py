@@ -1,6 +1,7 @@
-"""`mlchaos gameday`: the pure parts (command parsing, the line editor, the live state, the history tail,
-the blast radius) offline, and the real CLI in a pty (pexpect): a declined plan runs nothing; inject, note,
-heal all and abort from the keyboard land in the history and on the real process; Ctrl-C heals and exits 3."""
+"""`mlchaos gameday`: the blast radius against a real process, and the real CLI in a pty (pexpect): a declined
+plan runs nothing; inject, note, heal all and abort from the keyboard land in the history and on the real process;
+Ctrl-C heals and exits 3. The pure parts (command parsing, the line editor, the live state, the history tail) are
+in tests/unit/test_gameday_engine.py."""
 
 from __future__ import annotations
 
@@ -16,23 +17,18 @@ from typing import Any
 
 import pexpect
 import pytest
+from support import ROOT, pids_running, wait_for
 
 from chaos.cluster.hosts import LOCAL, HostSet
 from chaos.cluster.local import process_state
 from chaos.gameday.engine import (
-    GameState,
-    LineEditor,
     blast_radius,
-    find_run_dir,
-    parse_command,
 )
-from chaos.history.timeline import Event, EventFileTail, History
 from chaos.plan.build import make_plan
 from chaos.run.result import EXIT_HARNESS
 from chaos.safety.journal import all_journals
 from chaos.spec.scenario import parse_scenario
 
-ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 90  # generous: a busy 2-core machine starts python, the run and the target slowly
 
 SCENARIO = """\
@@ -52,74 +48,7 @@ safety: {{no_progress_timeout: null, max_duration: 3m}}
 """
 
 
-# -- offline ------------------------------------------------------------------------------------------------------
-
-
-def test_commands_parse_and_unknown_lines_are_not_commands() -> None:
-    assert parse_command("i").command == "inject_next"
-    assert parse_command(" heal ").command == "heal_all"
-    note = parse_command("n the loss spiked")
-    assert (note.command, note.text) == ("note", "the loss spiked")
-    assert parse_command("a enough").text == "enough" and parse_command("abort").command == "abort"
-    assert parse_command("?").help and parse_command("?").command is None
-    for line in ("n", "inject now please", "xyz", ""):
-        assert parse_command(line).command is None
-
-
-def test_line_editor_handles_backspace_word_erase_and_arrow_keys() -> None:
-    editor = LineEditor()
-    assert editor.feed("n helo\x7flo") == [] and editor.buffer == "n hello"
-    assert editor.feed("\x1b[A\x1bOB wor\x17world\r") == ["n hello world"]
-    assert editor.feed("x\x15i\n") == ["i"] and editor.buffer == ""
-
-
-def _event(kind: str, t: float, rank: int | None = None, **data: object) -> Event:
-    return Event.model_validate({"ts_ns": int(t * 1e9), "kind": kind, "rank": rank, "data": data})
-
-
-def test_game_state_folds_ranks_faults_steps_and_request_rate() -> None:
-    state = GameState(recent=3, window_s=5)
-    for event in [
-        _event("runner.start", 100, pid=1),
-        _event("target.start", 100.5, rank=0, pid=11, attempt=0),
-        _event("target.start", 100.5, rank=1, pid=12, attempt=0, host="n2"),
-        _event("target.step", 101, rank=0, step=7),
-        _event("fault.applied", 102, op="f#1", fault="f", host="local", duration_s=20.0, description="SIGSTOP rank 1"),
-        _event("fault.applied", 102, op="g#1", fault="g", host="n2", description="cut"),
-        _event("fault.healed", 103, op="g#1", fault="g", host="n2"),
-        _event("serving.replica_start", 103, replica="primary", pid=21, port=8001),
-        *[_event("load.request", 104 + i / 10, status=200 if i % 4 else 503) for i in range(20)],
-    ]:
-        state.observe(event)
-    assert state.step == 7 and state.fired == 2 and state.healed == 1
-    assert [v.op for v in state.applied.values()] == ["f#1"]
-    assert state.ranks[1].pid == 12 and state.ranks[1].host == "n2" and state.hosts == {LOCAL, "n2"}
-    assert state.replicas["primary"].pid == 21
-    assert [e.kind for e in state.recent] == ["fault.applied", "fault.healed", "serving.replica_start"]
-    rate = state.request_rate(int(106 * 1e9))
-    assert rate is not None and rate[0] == pytest.approx(4.0) and rate[1] == pytest.approx(0.25)
-    assert state.request_rate(int(200 * 1e9)) is None
-
-
-def test_history_tail_waits_for_whole_lines_and_finds_its_run_folder(tmp_path: Path) -> None:
-    run_dir = tmp_path / "demo-20250101-000000-abcd"
-    run_dir.mkdir()
-    (tmp_path / "demo-old").mkdir()
-    history = History(run_dir / "history.jsonl")
-    history.record("runner.start", scenario="demo", seed=1, pid=os.getpid())
-    tail = EventFileTail(run_dir / "history.jsonl")
-    assert [e.kind for e in tail.poll()] == ["runner.start"]
-    line = _event("runner.note", 1, text="hi").model_dump_json() + "\n"
-    with open(run_dir / "history.jsonl", "a") as handle:
-        handle.write(line[:10])
-        handle.flush()
-        assert tail.poll() == []
-        handle.write(line[10:])
-    assert [e.kind for e in tail.poll()] == ["runner.note"]
-    history.close()
-    assert find_run_dir(tmp_path, "demo", {tmp_path / "demo-old"}, os.getpid()) == run_dir
-    assert find_run_dir(tmp_path, "demo", {run_dir}, os.getpid()) is None
-    assert find_run_dir(tmp_path, "demo", set(), os.getpid() + 1) is None
+# -- offline: the blast radius (a real process stands inside it) ------------------------------------------------
 
 
 def test_blast_radius_names_hosts_processes_and_warns_about_existing_matches() -> None:
@@ -148,27 +77,6 @@ def test_blast_radius_names_hosts_processes_and_warns_about_existing_matches() -
 CLI = ["-m", "chaos.cli.commands", "gameday"]
 
 
-def _pids_of(argv: list[str]) -> list[int]:
-    wanted = ("\0".join(argv) + "\0").encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            if entry.isdigit() and Path(f"/proc/{entry}/cmdline").read_bytes() == wanted:
-                found.append(int(entry))
-        except OSError:
-            continue
-    return found
-
-
-def _wait(predicate: Callable[[], bool], timeout: float = TIMEOUT) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
-
-
 class Day:
     """One `mlchaos gameday` in a pty, with the sleeper it targets and its report and state folders."""
 
@@ -192,8 +100,8 @@ class Day:
         self.child.logfile_read = open(self.transcript, "w")  # noqa: SIM115 (closed in close())
 
     def sleeper(self) -> int:
-        assert _wait(lambda: len(_pids_of(["sleep", self.arg])) == 1), "the target never started"
-        return _pids_of(["sleep", self.arg])[0]
+        assert wait_for(lambda: len(pids_running(["sleep", self.arg])) == 1, TIMEOUT), "the target never started"
+        return pids_running(["sleep", self.arg])[0]
 
     def finish(self) -> int:
         self.child.expect(pexpect.EOF, timeout=TIMEOUT)
@@ -209,7 +117,7 @@ class Day:
             self.child.terminate(force=True)
         if self.child.logfile_read is not None:
             self.child.logfile_read.close()
-        for pid in _pids_of(["sleep", self.arg]):  # a failed test must not leave a stopped sleeper behind
+        for pid in pids_running(["sleep", self.arg]):  # a failed test must not leave a stopped sleeper behind
             os.kill(pid, 18)  # SIGCONT
             os.kill(pid, 9)
 
@@ -244,7 +152,7 @@ def test_a_declined_plan_runs_nothing(day_factory: Callable[..., Day]) -> None:
     day.child.sendline("no thanks")
     day.child.expect("nothing was run")
     assert day.finish() == 0
-    assert not day.reports.exists() and _pids_of(["sleep", day.arg]) == []
+    assert not day.reports.exists() and pids_running(["sleep", day.arg]) == []
 
 
 @pytest.mark.slow
@@ -254,10 +162,10 @@ def test_inject_note_heal_and_abort_from_the_keyboard(day_factory: Callable[...,
     day.child.sendline("y")
     pid = day.sleeper()
     day.child.sendline("i")
-    assert _wait(lambda: process_state(pid) == "T"), "inject did not freeze the target"
+    assert wait_for(lambda: process_state(pid) == "T", TIMEOUT), "inject did not freeze the target"
     day.child.sendline("n checking the dashboards")
     day.child.sendline("h")
-    assert _wait(lambda: process_state(pid) in ("S", "R")), "heal all did not thaw the target"
+    assert wait_for(lambda: process_state(pid) in ("S", "R"), TIMEOUT), "heal all did not thaw the target"
     day.child.sendline("what is this")
     day.child.sendline("a")
     assert day.finish() == 0
@@ -279,7 +187,7 @@ def test_ctrl_c_while_a_fault_is_active_heals_and_exits_3(day_factory: Callable[
     day = day_factory("--yes")
     pid = day.sleeper()
     day.child.sendline("i")
-    assert _wait(lambda: process_state(pid) == "T"), "inject did not freeze the target"
+    assert wait_for(lambda: process_state(pid) == "T", TIMEOUT), "inject did not freeze the target"
     day.child.sendintr()
     day.child.expect(r"interrupted: healed 1 fault\(s\)")
     assert day.finish() == EXIT_HARNESS
@@ -310,18 +218,18 @@ def test_without_a_terminal_the_view_is_plain_lines(tmp_path: Path) -> None:
     )
     assert harness.stdin is not None
     try:
-        assert _wait(lambda: len(_pids_of(["sleep", arg])) == 1), "the target never started"
-        [pid] = _pids_of(["sleep", arg])
+        assert wait_for(lambda: len(pids_running(["sleep", arg])) == 1, TIMEOUT), "the target never started"
+        [pid] = pids_running(["sleep", arg])
         harness.stdin.write("i\n")
         harness.stdin.flush()
-        assert _wait(lambda: process_state(pid) == "T"), "inject did not freeze the target"
+        assert wait_for(lambda: process_state(pid) == "T", TIMEOUT), "inject did not freeze the target"
         harness.stdin.write("a\n")
         harness.stdin.flush()
         output, _ = harness.communicate(timeout=TIMEOUT)
     finally:
         if harness.poll() is None:
             harness.kill()
-        for stray in _pids_of(["sleep", arg]):
+        for stray in pids_running(["sleep", arg]):
             os.kill(stray, 18)
             os.kill(stray, 9)
     assert harness.returncode == 0, output

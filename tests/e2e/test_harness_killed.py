@@ -12,10 +12,10 @@ import uuid
 from pathlib import Path
 
 import pytest
+from support import ROOT, mlchaos, pids_mentioning, spawn_harness, wait_for
 
 from chaos.cluster.local import process_state
 
-ROOT = Path(__file__).resolve().parents[1]
 FREEZE_S, GRACE_S = 4.0, 2.0
 
 SCENARIO = """\
@@ -34,27 +34,6 @@ faults:
     duration: {freeze}s
 safety: {{heal_grace: {grace}s, max_duration: 120s}}
 """
-
-
-def _wait_for(predicate, timeout: float, interval: float = 0.05) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return False
-
-
-def _pids_with(marker: str) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker.encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
-            except OSError:
-                pass
-    return found
 
 
 def _journal_records(state: Path) -> list[dict[str, object]]:
@@ -79,26 +58,20 @@ def test_sigkilled_harness_is_healed_by_dead_man_then_cleanup_has_nothing(tmp_pa
         scenario.write_text(
             SCENARIO.format(python=sys.executable, marker=marker, victim=victim.pid, freeze=FREEZE_S, grace=GRACE_S)
         )
-        harness = subprocess.Popen(
-            [sys.executable, "-m", "chaos.cli.commands", "run", str(scenario), "--report-dir", str(tmp_path / "reports")],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        assert _wait_for(lambda: process_state(victim.pid) == "T", 60), "the freeze never stopped the victim"
+        harness = spawn_harness("run", scenario, "--report-dir", tmp_path / "reports", env=env)
+        assert wait_for(lambda: process_state(victim.pid) == "T", 60), "the freeze never stopped the victim"
         frozen_seen = time.monotonic()
         harness.send_signal(signal.SIGKILL)
         harness.wait(timeout=10)
         # The harness is gone; only the dead-man can resume the victim, at duration + grace after the apply.
-        assert _wait_for(lambda: process_state(victim.pid) not in ("T", None), FREEZE_S + GRACE_S + 10)
+        assert wait_for(lambda: process_state(victim.pid) not in ("T", None), FREEZE_S + GRACE_S + 10)
         resumed_after = time.monotonic() - frozen_seen
         assert resumed_after <= FREEZE_S + GRACE_S + 10
         assert resumed_after >= FREEZE_S * 0.5, "resumed too early: something other than the dead-man healed"
-        assert _wait_for(lambda: _healed_by_deadman(tmp_path / "state"), 10), _journal_records(tmp_path / "state")
+        assert wait_for(lambda: _healed_by_deadman(tmp_path / "state"), 10), _journal_records(tmp_path / "state")
         # The harness's own target must not outlive it (it gets SIGTERM through PR_SET_PDEATHSIG).
-        assert _wait_for(lambda: [p for p in _pids_with(marker) if p != victim.pid] == [], 10), "target orphaned"
-        cleanup = subprocess.run(
-            [sys.executable, "-m", "chaos.cli.commands", "cleanup"], cwd=ROOT, env=env, capture_output=True, text=True,
-            timeout=60,
-        )
+        assert wait_for(lambda: [p for p in pids_mentioning(marker) if p != victim.pid] == [], 10), "target orphaned"
+        cleanup = mlchaos("cleanup", env=env, timeout=60)
         assert cleanup.returncode == 0, cleanup.stderr
         assert "nothing to heal" in cleanup.stdout
     finally:
@@ -107,7 +80,7 @@ def test_sigkilled_harness_is_healed_by_dead_man_then_cleanup_has_nothing(tmp_pa
         victim.send_signal(signal.SIGCONT)
         victim.kill()
         victim.wait(timeout=10)
-        for pid in _pids_with(marker):
+        for pid in pids_mentioning(marker):
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -129,10 +102,7 @@ def test_sigkilled_harness_frozen_torchrun_rank_is_resumed_by_dead_man(tmp_path:
     scenario = tmp_path / "freeze.yaml"
     scenario.write_text(text.replace("--steps, 60", "--steps, 400"))
     reports = tmp_path / "reports"
-    harness = subprocess.Popen(
-        [sys.executable, "-m", "chaos.cli.commands", "run", str(scenario), "--report-dir", str(reports), "--no-golden"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
+    harness = spawn_harness("run", scenario, "--report-dir", reports, "--no-golden", env=env)
     pids: list[int] = []
     try:
 
@@ -144,28 +114,25 @@ def test_sigkilled_harness_frozen_torchrun_rank_is_resumed_by_dead_man(tmp_path:
                         return int(record["data"]["pid"])
             return None
 
-        assert _wait_for(lambda: rank1_pid() is not None, 90)
+        assert wait_for(lambda: rank1_pid() is not None, 90)
         rank1 = rank1_pid()
         assert rank1 is not None
         pids.append(rank1)
-        assert _wait_for(lambda: process_state(rank1) == "T", 60), "rank 1 was never frozen"
+        assert wait_for(lambda: process_state(rank1) == "T", 60), "rank 1 was never frozen"
         frozen_seen = time.monotonic()
         harness.send_signal(signal.SIGKILL)
         harness.wait(timeout=10)
-        assert _wait_for(lambda: process_state(rank1) != "T", FREEZE_S + GRACE_S + 10)
+        assert wait_for(lambda: process_state(rank1) != "T", FREEZE_S + GRACE_S + 10)
         assert time.monotonic() - frozen_seen < 25, "only torchrun's 30 s SIGKILL ended the freeze"
-        assert _wait_for(lambda: _healed_by_deadman(tmp_path / "state"), 10), _journal_records(tmp_path / "state")
+        assert wait_for(lambda: _healed_by_deadman(tmp_path / "state"), 10), _journal_records(tmp_path / "state")
         # Nothing of the job outlives the harness: torchrun and both ranks end.
-        assert _wait_for(lambda: not _pids_with(str(reports)), 40), "job processes outlived the harness"
-        cleanup = subprocess.run(
-            [sys.executable, "-m", "chaos.cli.commands", "cleanup"], cwd=ROOT, env=env, capture_output=True, text=True,
-            timeout=60,
-        )
+        assert wait_for(lambda: not pids_mentioning(str(reports)), 40), "job processes outlived the harness"
+        cleanup = mlchaos("cleanup", env=env, timeout=60)
         assert "nothing to heal" in cleanup.stdout, cleanup.stdout + cleanup.stderr
     finally:
         if harness.poll() is None:
             harness.kill()
-        for pid in pids + _pids_with(str(reports)):
+        for pid in pids + pids_mentioning(str(reports)):
             for signum in (signal.SIGCONT, signal.SIGKILL):
                 try:
                     os.kill(pid, signum)

@@ -13,6 +13,7 @@ from typing import ClassVar
 
 import pytest
 from pydantic import BaseModel
+from support import ROOT, mlchaos, wait_for
 
 from chaos.cluster.local import process_state
 from chaos.history.timeline import FAULT_APPLIED, FAULT_HEALED
@@ -21,8 +22,6 @@ from chaos.plugins.injector import Applied, FaultOp, InjectionContext, Unsupport
 from chaos.run.orchestrator import RunOptions, execute
 from chaos.run.result import EXIT_FAIL, EXIT_HARNESS, EXIT_INVALID, EXIT_PASS
 from chaos.spec.scenario import parse_scenario
-
-ROOT = Path(__file__).resolve().parents[1]
 
 TICKER = """\
 name: {name}
@@ -48,15 +47,6 @@ def _ticker(
     )
 
 
-def _wait_for(predicate, timeout: float) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_sigterm_to_the_harness_heals_at_once_and_exits_3(tmp_path: Path) -> None:
     victim = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"])
     try:
@@ -71,7 +61,7 @@ def test_sigterm_to_the_harness_heals_at_once_and_exits_3(tmp_path: Path) -> Non
             stderr=subprocess.STDOUT,
             text=True,
         )
-        assert _wait_for(lambda: process_state(victim.pid) == "T", 60)
+        assert wait_for(lambda: process_state(victim.pid) == "T", 60)
         harness.send_signal(signal.SIGTERM)
         output, _ = harness.communicate(timeout=60)
         assert harness.returncode == EXIT_HARNESS, output
@@ -146,13 +136,7 @@ def test_an_unsupported_fault_is_refused_before_the_target_starts(
 def test_repeat_reports_a_pass_rate_per_check(tmp_path: Path) -> None:
     scenario = tmp_path / "s.yaml"
     scenario.write_text(_ticker("repeated", ticks=5, checks="  - type: completes"))
-    proc = subprocess.run(
-        [sys.executable, "-m", "chaos.cli.commands", "run", str(scenario), "--repeat", "2", "--report-dir", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = mlchaos("run", scenario, "--repeat", "2", "--report-dir", tmp_path, timeout=120)
     assert proc.returncode == EXIT_PASS, proc.stdout + proc.stderr
     assert "pass rate over 2 runs" in proc.stdout and "2/2 (100%)" in proc.stdout
     assert len(list(tmp_path.glob("repeated-*/run.json"))) == 2
@@ -183,7 +167,7 @@ def test_heal_all_also_heals_a_journaled_fault_that_never_became_active(tmp_path
     from chaos.history.timeline import History
     from chaos.plan.build import make_plan
     from chaos.plugins.injector import InjectionContext
-    from chaos.run.orchestrator import _Execution
+    from chaos.run.orchestrator import Execution
     from injectors.process.faults import FreezeInjector, FreezeParams
 
     victim = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"])
@@ -192,7 +176,7 @@ def test_heal_all_also_heals_a_journaled_fault_that_never_became_active(tmp_path
         run_dir = tmp_path / "run"
         run_dir.mkdir()
         history = History(run_dir / "history.jsonl")
-        execution = _Execution(
+        execution = Execution(
             scenario, make_plan(scenario), run_dir, history, lambda _: None, lambda _: None,
             HostSet(None, [], None),
         )
@@ -202,9 +186,9 @@ def test_heal_all_also_heals_a_journaled_fault_that_never_became_active(tmp_path
         applied = injector.prepare(ctx, op)
         execution.journal.intent(applied)
         injector.apply(ctx, applied)  # ...and the harness is "interrupted" before recording it as active
-        assert _wait_for(lambda: process_state(victim.pid) == "T", 10)
+        assert wait_for(lambda: process_state(victim.pid) == "T", 10)
         assert execution.heal_all() == []
-        assert _wait_for(lambda: process_state(victim.pid) not in ("T", None), 10)
+        assert wait_for(lambda: process_state(victim.pid) not in ("T", None), 10)
         assert execution.journal.unhealed() == []
         execution.journal.archive()
     finally:

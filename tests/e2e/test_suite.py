@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support import ROOT
 from typer.testing import CliRunner
 
 from chaos.cluster.local import process_state
@@ -24,7 +25,6 @@ from chaos.suite import metrics
 from chaos.suite.run_suite import PlannedRun, SuiteError, SuiteOptions, load_suite, parse_suite, plan_runs, run_suite
 from chaos.suite.store import RunStore
 
-ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 
 # A job that ticks (target.step) and raises an alarm (detect.alarm) every 0.1 s, while a separate victim
@@ -77,7 +77,7 @@ safety: {{max_duration: 120s, no_progress_timeout: null}}
 def _standalone_cli() -> list[str]:
     """``python -m chaos.cli.commands`` once it registers the suite commands; until then the same commands on an app
     of their own (what chaos.cli.commands's two lines do)."""
-    from chaos.cli.commands import main as cli
+    from chaos.cli import commands as cli
 
     if any(group.name == "suite" for group in cli.app.registered_groups):
         return [PY, "-m", "chaos.cli.commands"]

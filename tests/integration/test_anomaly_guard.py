@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from support import Recorder
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -21,14 +22,6 @@ from chaos.guards.checksum import ChecksumConfig, ChecksumState, checksum_hook
 from chaos.injob.bitflip import scale_block, set_values
 
 TIMEOUT_S = 180.0
-
-
-class Recorder:
-    def __init__(self) -> None:
-        self.events: list[tuple[str, int | None, dict[str, Any]]] = []
-
-    def __call__(self, kind: str, *, rank: int | None = None, **data: Any) -> None:
-        self.events.append((kind, rank, data))
 
 
 class LocalFault:

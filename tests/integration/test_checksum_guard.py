@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from support import Recorder
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -28,16 +29,6 @@ from chaos.guards.rounding import BlockLayout, abs_sum_bounds, sums_and_lower_bo
 from chaos.injob.bitflip import Flip, flip_bits
 
 TIMEOUT_S = 180.0
-
-
-class Recorder:
-    """An ``emit`` that keeps events in memory (picklable results come back from the ranks)."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, int | None, dict[str, Any]]] = []
-
-    def __call__(self, kind: str, *, rank: int | None = None, **data: Any) -> None:
-        self.events.append((kind, rank, data))
 
 
 class OneFlip:

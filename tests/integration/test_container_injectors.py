@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel, ValidationError
+from support import ROOT
 
 from chaos.cluster.inventory import Host
 from chaos.cluster.local import LocalTransport
@@ -40,7 +41,6 @@ docker = pytest.importorskip("docker")
 
 PID1 = ["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 3600 & wait $!; done"]
 PREFIX = "chaos-ctest-"
-ROOT = Path(__file__).resolve().parents[1]
 MakeContainer = Callable[..., Any]
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
+from support import ROOT
 
-REPO = Path(__file__).resolve().parents[1]
 STEPS = 60
 BATCH = 16
 WORLD = 2
@@ -99,7 +99,7 @@ def start_job(workdir: Path, *, seed: int = SEED, steps: int = STEPS, env: dict[
         {
             "CHAOS_EVENTS": str(events_path),
             "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         }
     )
     child_env.update(env or {})
@@ -111,7 +111,7 @@ def start_job(workdir: Path, *, seed: int = SEED, steps: int = STEPS, env: dict[
         "--pg-timeout", "30",
     ]  # fmt: skip
     log = open(log_path, "wb")  # noqa: SIM115 - closed by Job.cleanup
-    proc = subprocess.Popen(argv, cwd=REPO, env=child_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(argv, cwd=ROOT, env=child_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return Job(proc, events_path, checkpoint_dir, log_path, log)
 
 

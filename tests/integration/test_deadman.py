@@ -5,36 +5,28 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from support import sleeper, wait_for
 
 from chaos.cluster.local import process_state
 from chaos.plugins.injector import Applied
 from chaos.safety import deadman
 from chaos.safety.journal import Journal
 
-
-@pytest.fixture(autouse=True)
-def _state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("MLCHAOS_STATE_DIR", str(tmp_path))
-    return tmp_path
+pytestmark = pytest.mark.usefixtures("isolated_state_dir")  # each test journals into a state dir of its own
 
 
 @contextmanager
 def frozen_child() -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
+    with sleeper() as proc:
         os.kill(proc.pid, signal.SIGSTOP)
         assert wait_for(lambda: process_state(proc.pid) == "T", 5)
         yield proc
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 @contextmanager
@@ -42,15 +34,6 @@ def journal_for(pid: int, op_id: str = "op1") -> Iterator[Journal]:
     with Journal.for_run("run1") as journal:
         journal.intent(Applied(op_id=op_id, fault="hang", injector="freeze", state={"pids": [pid]}))
         yield journal
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 def cont(pid: int) -> list[str]:

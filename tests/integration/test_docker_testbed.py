@@ -19,7 +19,6 @@ from chaos.cluster.testbed.image import IMAGE, LABEL
 from chaos.cluster.testbed.shared_mounts import mount_points
 
 # Registered as a plugin (not imported), so every module shares ONE session testbed.
-pytest_plugins = ["docker_fixture"]
 
 
 def _leftovers(client: docker.DockerClient, tag: str) -> list[str]:

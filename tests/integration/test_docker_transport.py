@@ -20,7 +20,6 @@ from chaos.cluster.inventory import Host, Inventory
 from chaos.cluster.testbed import containers as dtb
 
 # Registered as a plugin (not imported), so every module shares ONE session testbed.
-pytest_plugins = ["docker_fixture"]
 
 
 def _gone(transport: DockerTransport, pid: int, within: float = 10.0) -> bool:

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from support import sleeper, wait_for
 
 from chaos.cluster.local import LocalTransport, process_state
 from chaos.plugins.injector import Applied, FaultOp, InjectionContext
@@ -20,30 +16,7 @@ from chaos.safety.journal import Journal, all_journals, journal_dir
 from chaos.safety.state import state_dir
 from injectors.process.faults import FreezeInjector, FreezeParams
 
-
-@pytest.fixture(autouse=True)
-def _state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("MLCHAOS_STATE_DIR", str(tmp_path))
-    return tmp_path
-
-
-@contextmanager
-def sleeper() -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        yield proc
-    finally:
-        proc.kill()  # SIGKILL also ends a stopped process
-        proc.wait()
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
+pytestmark = pytest.mark.usefixtures("isolated_state_dir")  # each test journals into a state dir of its own
 
 
 def applied(op_id: str, *, reversible: bool = True) -> Applied:

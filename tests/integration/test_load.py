@@ -18,6 +18,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import yaml
 from pydantic import ValidationError
+from support import ROOT
 
 from chaos.history.timeline import Event, History
 from chaos.load import (
@@ -38,8 +39,6 @@ from chaos.load import (
     summarize,
     windows,
 )
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 class _Handler(BaseHTTPRequestHandler):

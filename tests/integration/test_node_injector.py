@@ -11,13 +11,14 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import BaseModel, ValidationError
+from support import wait_for
 
 from chaos.cluster.local import LocalTransport
 from chaos.plugins import registry
@@ -107,15 +108,6 @@ def cpu_cgroup(pid: int) -> str:
             if "cpu" in controllers.split(",") or controllers == "":
                 return path
     raise AssertionError(f"no cpu cgroup line for {pid}")
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 @contextmanager
@@ -209,7 +201,7 @@ def test_heal_twice_and_from_the_journal_alone_also_moves_children_back() -> Non
         assert isinstance(cgroup, str)
         try:
             injector.apply(ctx, applied)
-            assert wait_for(lambda: len(Path(cgroup, "cgroup.procs").read_text().split()) == 2)
+            assert wait_for(lambda: len(Path(cgroup, "cgroup.procs").read_text().split()) == 2, timeout=10)
             born = [int(p) for p in Path(cgroup, "cgroup.procs").read_text().split() if int(p) != proc.pid]
             journaled = Applied.model_validate_json(applied.model_dump_json())
             CpuThrottleInjector().heal(_ctx(), journaled)  # a fresh injector, as `mlchaos cleanup` would
@@ -239,7 +231,7 @@ def test_name_selector_and_vanished_target() -> None:
     marker = f"chaos-throttle-{uuid.uuid4().hex[:8]}"
     with child(f"import time; time.sleep(60)  # {marker}") as proc:
         # Popen returns once exec began; the kernel fills /proc/<pid>/cmdline a moment later.
-        assert wait_for(lambda: marker in Path(f"/proc/{proc.pid}/cmdline").read_text(errors="replace"))
+        assert wait_for(lambda: marker in Path(f"/proc/{proc.pid}/cmdline").read_text(errors="replace"), timeout=10)
         with throttled(name=marker, fraction=0.5) as (_, _, applied):
             assert applied.state["pids"] == [proc.pid]
             proc.kill()
@@ -263,10 +255,10 @@ def test_memory_pressure_holds_memory_until_heal() -> None:
                     return int(line.split()[1]) // 1024
             return 0
 
-        assert wait_for(lambda: resident_mb() >= 60), f"hog holds only {resident_mb()} MiB"
+        assert wait_for(lambda: resident_mb() >= 60, timeout=10), f"hog holds only {resident_mb()} MiB"
         assert Path(f"/proc/{pid}/oom_score_adj").read_text().strip() == "1000"
         injector.heal(ctx, applied)
-        assert wait_for(lambda: not os.path.exists(f"/proc/{pid}/cmdline") or not resident_mb())
+        assert wait_for(lambda: not os.path.exists(f"/proc/{pid}/cmdline") or not resident_mb(), timeout=10)
         injector.heal(ctx, applied)
     finally:
         injector.heal(ctx, applied)

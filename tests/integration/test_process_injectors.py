@@ -5,15 +5,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 from pydantic import BaseModel, ValidationError
+from support import sleeper, wait_for
 
 from chaos.cluster.base import Completed, TransportError
 from chaos.cluster.local import LocalTransport, process_state
@@ -29,30 +26,7 @@ from injectors.process.faults import (
     SlowParams,
 )
 
-
-@pytest.fixture(autouse=True)
-def _state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("MLCHAOS_STATE_DIR", str(tmp_path))
-    return tmp_path
-
-
-@contextmanager
-def sleeper(marker: str = "") -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep(60)  # {marker}"])
-    try:
-        yield proc
-    finally:
-        proc.kill()  # SIGKILL also ends a stopped process
-        proc.wait()
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
+pytestmark = pytest.mark.usefixtures("isolated_state_dir")  # each test journals into a state dir of its own
 
 
 def running(pid: int) -> bool:

@@ -19,6 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from support import FakeClock, wait_for
 
 from chaos.cluster.local import LocalTransport
 from chaos.history.timeline import Event
@@ -167,25 +168,7 @@ def _kill(stack: Stack, replica: str) -> int:
     os.kill(pids[0], signal.SIGKILL)
     return pids[0]
 
-
-def _until(predicate: Callable[[], bool], timeout: float, every: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(every)
-    return predicate()
-
-
 # -- pure logic (fake clock) -------------------------------------------------------------------------------
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_breaker_opens_half_opens_and_closes() -> None:
@@ -274,7 +257,7 @@ def test_killed_primary_fails_over_restarts_and_fails_back(tmp_path: Path) -> No
             seen.append((time.monotonic() - killed_at, status, response.getheader("X-Backend") or ""))
             return seen[-1][2] == "primary" and bool(stack.of("serving.backend_up", backend="primary", after="health"))
 
-        assert _until(back_on_primary, timeout=40, every=0.02), seen[-5:]
+        assert wait_for(back_on_primary, timeout=40, interval=0.02), seen[-5:]
         assert all(status == 200 for _, status, _ in seen), [s for s in seen if s[1] != 200]
         assert seen[0][2] == "fallback", seen[:3]  # the ladder: the very next request is served
         down = stack.wait_for("detect.backend_down", after=mark, backend="primary", reason="health")
@@ -388,14 +371,14 @@ def test_priority_shedding_keeps_premium_traffic(tmp_path: Path) -> None:
         threads = [threading.Thread(target=send, args=("free",)) for _ in range(2)]
         for thread in threads:
             thread.start()
-        assert _until(in_flight(2), timeout=10)
+        assert wait_for(in_flight(2), timeout=10)
         status, response, answer = stack.post({"prompt": "x"}, {"X-Priority": "free"}, fresh=True)
         assert status == 503 and response.getheader("X-Shed") == "1" and answer == {"error": "shed", "priority": "free"}
         assert stack.post({"prompt": "x"}, fresh=True)[0] == 503  # no priority header: the lowest
         for _ in range(2):  # premium is admitted into the reserve, up to the capacity
             threads.append(threading.Thread(target=send, args=("premium",)))
             threads[-1].start()
-        assert _until(in_flight(4), timeout=10)
+        assert wait_for(in_flight(4), timeout=10)
         status, response, answer = stack.post({"prompt": "x"}, {"X-Priority": "premium"}, fresh=True)
         assert status == 503 and answer["priority"] == "premium"  # at capacity nobody gets in
         for thread in threads:

@@ -21,6 +21,7 @@ from typing import Any, get_args
 
 import pytest
 from pydantic import ValidationError
+from support import wait_for
 
 from chaos.cluster.local import LocalTransport
 from chaos.plugins import registry
@@ -89,15 +90,6 @@ def layer(path: Path, **params: Any) -> Iterator[tuple[StorageInjector, Injectio
 
 def _mounted(path: Path) -> bool:
     return any(m.target == str(path) for m in _chaos_mounts())
-
-
-def _wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
 
 
 def _daemons(ctx: InjectionContext, applied: Applied) -> list[int]:
@@ -309,7 +301,7 @@ def test_heal_with_a_file_held_open_keeps_it_working_through_the_drain(tmp_path:
             healer = threading.Thread(target=injector.heal, args=(ctx, applied), daemon=True)
             start = time.monotonic()
             healer.start()
-            assert _wait_for(lambda: not _mounted(ckpt)), "heal should detach the busy mount lazily"
+            assert wait_for(lambda: not _mounted(ckpt), timeout=10), "heal should detach the busy mount lazily"
             assert _go_on(proc) == "write ok\nclosed\nfd released\n"  # the layer still serves the open file
             healer.join(timeout=15)
             assert not healer.is_alive()
@@ -361,7 +353,7 @@ def test_revert_command_alone_ends_the_fault(tmp_path: Path) -> None:
         assert argv == ["fusermount3", "-uz", str(ckpt)]
         subprocess.run(argv, check=True)  # what the dead-man runs when the harness is gone
         assert not _mounted(ckpt)
-        assert _wait_for(lambda: not _daemons(ctx, applied))
+        assert wait_for(lambda: not _daemons(ctx, applied), timeout=10)
         assert (ckpt / "model.pt").read_bytes() == b"model"
 
 

@@ -11,11 +11,10 @@ import os
 import shlex
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
-from testbed_fixture import testbed, testbed_transports  # noqa: F401  (fixtures, found by name)
+from support import wait_for
 
 from chaos.cluster.base import TransportError
 from chaos.cluster.inventory import Inventory
@@ -28,17 +27,6 @@ Transports = dict[str, SshTransport]
 def _root_addresses() -> set[str]:
     out = subprocess.run(["ip", "-4", "-j", "addr"], capture_output=True, text=True, check=True).stdout
     return {info["local"] for entry in json.loads(out) for info in entry["addr_info"]} - {"127.0.0.1"}
-
-
-def _wait_for(condition: object, timeout: float) -> bool:
-    assert callable(condition)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.05)
-    return bool(condition())
-
 
 # --- pure: how commands reach the remote shell --------------------------------------------------------------
 
@@ -59,7 +47,7 @@ def test_remote_command_quotes_every_word() -> None:
 # --- the hosts ------------------------------------------------------------------------------------------------
 
 
-def test_each_host_is_its_own_namespace(testbed: Inventory, testbed_transports: Transports) -> None:  # noqa: F811
+def test_each_host_is_its_own_namespace(testbed: Inventory, testbed_transports: Transports) -> None:
     own_netns = os.readlink("/proc/self/ns/net")
     seen: set[str] = set()
     for host in testbed.hosts:
@@ -74,7 +62,7 @@ def test_each_host_is_its_own_namespace(testbed: Inventory, testbed_transports: 
     assert len(seen) == len(testbed.hosts)
 
 
-def test_run_reports_exit_codes_and_stderr(testbed_transports: Transports) -> None:  # noqa: F811
+def test_run_reports_exit_codes_and_stderr(testbed_transports: Transports) -> None:
     h1 = testbed_transports["h1"]
     done = h1.run(["sh", "-c", "echo out; echo err >&2; exit 3"])
     assert (done.returncode, done.stdout, done.stderr) == (3, "out\n", "err\n")
@@ -83,7 +71,7 @@ def test_run_reports_exit_codes_and_stderr(testbed_transports: Transports) -> No
     assert h1.run(["no-such-command-chaos"]).returncode == 127
 
 
-def test_run_timeout_kills_the_remote_command(testbed: Inventory, testbed_transports: Transports) -> None:  # noqa: F811
+def test_run_timeout_kills_the_remote_command(testbed: Inventory, testbed_transports: Transports) -> None:
     h2 = testbed_transports["h2"]
     marker = "chaos-tb-timeout-marker"
     with pytest.raises(TransportError, match="timed out after 1s on h2"):
@@ -94,10 +82,10 @@ def test_run_timeout_kills_the_remote_command(testbed: Inventory, testbed_transp
         pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout.split()
         return not any(marker.encode() in Path(f"/proc/{p}/cmdline").read_bytes() for p in pids if Path(f"/proc/{p}").exists())
 
-    assert _wait_for(gone, 5)
+    assert wait_for(gone, 5)
 
 
-def test_fan_out_reaches_every_host_in_parallel(testbed: Inventory, testbed_transports: Transports) -> None:  # noqa: F811
+def test_fan_out_reaches_every_host_in_parallel(testbed: Inventory, testbed_transports: Transports) -> None:
     transports = list(testbed_transports.values())
     names = fan_out(transports, lambda t: t.run(["hostname"], check=True).stdout.strip(), max_parallel=2)
     assert names == [t.host for t in transports]
@@ -105,7 +93,7 @@ def test_fan_out_reaches_every_host_in_parallel(testbed: Inventory, testbed_tran
         fan_out(transports, lambda t: t.run(["false"], check=True))
 
 
-def test_put_writes_atomically_and_reads_back(testbed_transports: Transports, tmp_path: Path) -> None:  # noqa: F811
+def test_put_writes_atomically_and_reads_back(testbed_transports: Transports, tmp_path: Path) -> None:
     h3 = testbed_transports["h3"]
     target = tmp_path / "chaos-tb-put.bin"
     payload = bytes(range(256)) * 64
@@ -119,7 +107,7 @@ def test_put_writes_atomically_and_reads_back(testbed_transports: Transports, tm
         h3.put(b"x", "/nonexistent-dir-chaos/f")
 
 
-def test_spawn_gives_pid_stream_and_signals(testbed_transports: Transports) -> None:  # noqa: F811
+def test_spawn_gives_pid_stream_and_signals(testbed_transports: Transports) -> None:
     h1 = testbed_transports["h1"]
     proc = h1.spawn(["sh", "-c", 'echo "started $$"; echo oops >&2; exec sleep 30'], env={"CHAOS_X": "1"})
     assert proc.stdout is not None
@@ -139,14 +127,14 @@ def test_spawn_gives_pid_stream_and_signals(testbed_transports: Transports) -> N
     assert done.stdout is not None and done.stdout.read() == b"v in /tmp\n"
 
 
-def test_kill_with_parent_fires_when_the_connection_drops(testbed: Inventory) -> None:  # noqa: F811
+def test_kill_with_parent_fires_when_the_connection_drops(testbed: Inventory) -> None:
     watcher = SshTransport.for_host(testbed, "h2")
     doomed = SshTransport.for_host(testbed, "h2")
     try:
         proc = doomed.spawn(["sleep", "60"], kill_with_parent=signal.SIGTERM)
         assert watcher.run(["kill", "-0", str(proc.pid)]).ok
         doomed.close()  # what a SIGKILLed harness looks like from the host: the connection ends
-        assert _wait_for(lambda: not watcher.run(["kill", "-0", str(proc.pid)]).ok, 10)
+        assert wait_for(lambda: not watcher.run(["kill", "-0", str(proc.pid)]).ok, 10)
 
         normal = watcher.spawn(["sh", "-c", "exit 0"], kill_with_parent=signal.SIGKILL)
         assert normal.wait(timeout=10) == 0  # ends normally; the watcher stands down
@@ -155,14 +143,14 @@ def test_kill_with_parent_fires_when_the_connection_drops(testbed: Inventory) ->
         doomed.close()
 
 
-def test_reconnects_after_a_dropped_connection(testbed_transports: Transports) -> None:  # noqa: F811
+def test_reconnects_after_a_dropped_connection(testbed_transports: Transports) -> None:
     h3 = testbed_transports["h3"]
     assert h3.run(["true"]).ok
     h3.connect().close()  # the session dies under the transport
     assert h3.run(["hostname"], check=True).stdout.strip() == "h3"
 
 
-def test_clock_offset_is_small_and_bounded(testbed_transports: Transports) -> None:  # noqa: F811
+def test_clock_offset_is_small_and_bounded(testbed_transports: Transports) -> None:
     h1 = testbed_transports["h1"]
     estimate = h1.clock_estimate()
     # Same kernel clock: the true offset is 0, so it must lie within the reported bound (plus slack).
@@ -174,7 +162,7 @@ def test_clock_offset_is_small_and_bounded(testbed_transports: Transports) -> No
 # --- host keys ------------------------------------------------------------------------------------------------
 
 
-def test_changed_host_key_is_refused_even_with_accept_unknown(testbed: Inventory, tmp_path: Path) -> None:  # noqa: F811
+def test_changed_host_key_is_refused_even_with_accept_unknown(testbed: Inventory, tmp_path: Path) -> None:
     assert testbed.known_hosts is not None
     keys = {line.split()[0]: line.split(maxsplit=1)[1] for line in testbed.known_hosts.read_text().splitlines()}
     h1, h2 = testbed.host("h1"), testbed.host("h2")
@@ -190,7 +178,7 @@ def test_changed_host_key_is_refused_even_with_accept_unknown(testbed: Inventory
         transport.close()
 
 
-def test_unknown_host_needs_accept_unknown(testbed: Inventory, tmp_path: Path) -> None:  # noqa: F811
+def test_unknown_host_needs_accept_unknown(testbed: Inventory, tmp_path: Path) -> None:
     empty = tmp_path / "known_hosts"
     empty.write_text("")
     h3 = testbed.host("h3")
@@ -222,7 +210,7 @@ def _leftovers(layout: tb.Layout) -> list[str]:
     return found
 
 
-def test_up_is_idempotent_repairs_and_down_leaves_nothing(testbed: Inventory, tmp_path: Path) -> None:  # noqa: F811
+def test_up_is_idempotent_repairs_and_down_leaves_nothing(testbed: Inventory, tmp_path: Path) -> None:
     state = tmp_path / "second"
     layout = tb.Layout.of(state)
     try:
@@ -269,7 +257,7 @@ def test_down_finishes_a_half_built_testbed(tmp_path: Path) -> None:
     assert _leftovers(layout) == []
 
 
-def test_cli_up_status_down(testbed: Inventory, tmp_path: Path) -> None:  # noqa: F811
+def test_cli_up_status_down(testbed: Inventory, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from chaos.cli.commands import app

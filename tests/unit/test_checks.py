@@ -439,3 +439,18 @@ def test_exactly_once_lists_duplicates_numerically_and_first() -> None:
     assert result.status == "fail" and "2 sample id(s) trained more than once: 9, 10" in result.reason
     assert result.evidence[0].startswith("sample 9 used 2 times: rank 0 step 1 attempt 0; rank 0 step 2")
     assert result.measured == 3.0
+
+
+def test_progress_fails_a_run_the_runner_ended_for_lack_of_progress() -> None:
+    """The violating history: steps stop, the runner records no_progress and ends the run."""
+    stalled = [*start(), *steps(1, 5, t0=1.0), ev(36.0, "runner.no_progress", seconds=30.0, step=5),
+               ev(36.1, "runner.end", reason="no progress: no target.step for 30s")]
+    result = judge("progress", stalled)
+    assert result.status == "fail"
+    assert result.reason == "no progress: no target.step for 30s" and result.measured == 30.0
+    assert any("runner.no_progress" in line for line in result.evidence)
+
+
+def test_progress_passes_a_run_that_kept_stepping() -> None:
+    result = judge("progress", [*start(), *steps(1, 5, t0=1.0), ev(7.0, "runner.end", reason="target exited")])
+    assert result.status == "pass"

@@ -73,58 +73,26 @@ def runs(draw: st.DrawFn, *, min_kills: int = 0) -> Run:
         t += rng.randint(1, 900) * MS
         return t
 
+    def reported(now: int, kind: str, rank: int, **data: Any) -> None:
+        """One line of the job's own (``source="target"``) at ``now``."""
+        events.append(Event(ts_ns=now, kind=kind, rank=rank, source="target", data=data))
+
     def attempt_start(attempt: int, resume: int | None) -> None:
         now = tick()
         if attempt:
-            events.append(Event(ts_ns=now, kind="target.restart", rank=0, source="target", data={"attempt": attempt}))
+            reported(now, "target.restart", 0, attempt=attempt)
         for rank in range(world):
-            events.append(
-                Event(
-                    ts_ns=now,
-                    kind="target.start",
-                    rank=rank,
-                    source="target",
-                    data={"pid": 100 * attempt + rank, "attempt": attempt, "world_size": world},
-                )
-            )
+            reported(now, "target.start", rank, pid=100 * attempt + rank, attempt=attempt, world_size=world)
             if resume is not None:
-                events.append(
-                    Event(
-                        ts_ns=now,
-                        kind="target.resume",
-                        rank=rank,
-                        source="target",
-                        data={"step": resume, "attempt": attempt, "path": f"/ckpt/{resume}"},
-                    )
-                )
+                reported(now, "target.resume", rank, step=resume, attempt=attempt, path=f"/ckpt/{resume}")
 
     def do_step(step: int, attempt: int) -> None:
         now = tick()
         for rank in range(world):
-            events.append(
-                Event(
-                    ts_ns=now,
-                    kind="target.step",
-                    rank=rank,
-                    source="target",
-                    data={
-                        "step": step,
-                        "loss": 1.0 / step,
-                        "attempt": attempt,
-                        "samples": cast(Any, samples_of(step, rank, world, batch)),
-                    },
-                )
-            )
+            samples = cast(Any, samples_of(step, rank, world, batch))
+            reported(now, "target.step", rank, step=step, loss=1.0 / step, attempt=attempt, samples=samples)
         if step % interval == 0:
-            events.append(
-                Event(
-                    ts_ns=now,
-                    kind="target.checkpoint",
-                    rank=0,
-                    source="target",
-                    data={"step": step, "path": f"/ckpt/{step}", "attempt": attempt},
-                )
-            )
+            reported(now, "target.checkpoint", 0, step=step, path=f"/ckpt/{step}", attempt=attempt)
 
     checkpoint, reached, position, attempt = 0, 0, 0, 0
     attempt_start(0, None)

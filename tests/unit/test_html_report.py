@@ -1,84 +1,22 @@
-"""The HTML run report and its timeline: a real kill-rank run (slow), hand-made training and serving run
-documents, hostile strings, and documents that are partly missing or malformed."""
+"""The HTML run report and its timeline: hand-made training and serving run documents, hostile strings, and
+documents that are partly missing or malformed. The report of a real kill-rank run is in
+tests/e2e/test_e2e_report.py."""
 
 from __future__ import annotations
 
-import base64
 import json
-import struct
-from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support import PNG_SIGNATURE, parsed, png_size, timeline_png
 
 from chaos.history.timeline import Event, History
 from chaos.report.html import REPORT_HTML, render_html, write_html_report
 from chaos.report.serving import serving_summary
 from chaos.report.timeline import fault_marks, plot_run_timeline
-from chaos.run.result import RunResult
 
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 T0 = 1_700_000_000_000_000_000
-VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
-
-
-class Page(HTMLParser):
-    """Parses a page, checking every opened element is closed in order; keeps images and visible text."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__(convert_charrefs=True)
-        self.stack: list[str] = []
-        self.problems: list[str] = []
-        self.images: list[dict[str, str | None]] = []
-        self.text: list[str] = []
-        self.tags: list[str] = []
-        self.feed(text)
-        self.close()
-        self.problems += [f"<{tag}> never closed" for tag in self.stack]
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self.tags.append(tag)
-        if tag == "img":
-            self.images.append(dict(attrs))
-        if tag not in VOID:
-            self.stack.append(tag)
-
-    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self.tags.append(tag)
-
-    def handle_endtag(self, tag: str) -> None:
-        if not self.stack or self.stack[-1] != tag:
-            self.problems.append(f"</{tag}> closes {self.stack[-1:] or 'nothing'}")
-            return
-        self.stack.pop()
-
-    def handle_data(self, data: str) -> None:
-        self.text.append(data)
-
-    @property
-    def all_text(self) -> str:
-        return "".join(self.text)
-
-
-def parsed(page: str) -> Page:
-    result = Page(page)
-    assert result.problems == [], result.problems[:5]
-    assert page.startswith("<!DOCTYPE html>")
-    return result
-
-
-def timeline_png(page: Page) -> bytes:
-    (src,) = [img["src"] for img in page.images if (img.get("src") or "").startswith("data:image/png;base64,")]
-    assert src is not None
-    png = base64.b64decode(src.removeprefix("data:image/png;base64,"), validate=True)
-    assert png.startswith(PNG_SIGNATURE)
-    return png
-
-
-def png_size(png: bytes) -> tuple[int, int]:
-    width, height = struct.unpack(">II", png[16:24])
-    return width, height
 
 
 def ev(t: float, kind: str, rank: int | None = None, source: str = "runner", **data: Any) -> Event:
@@ -339,23 +277,3 @@ def test_fault_and_detection_storms_still_plot() -> None:
         events += [ev(k * 0.2 + j * 1e-6, f"detect.kind{j}", rank=j) for j in range(4)]
     events += [ev(s * 0.02, "target.step", rank=0, source="target", step=s) for s in range(5000)]
     assert plot_run_timeline(events, title="storm").startswith(PNG_SIGNATURE)
-
-
-@pytest.mark.slow
-def test_report_of_a_real_kill_rank_run(kill_rank_run: RunResult) -> None:
-    result = kill_rank_run  # (shared with test_e2e_training, which checks the run itself)
-    run = json.loads((result.run_dir / "run.json").read_text(encoding="utf-8"))
-    path = write_html_report(result.run_dir)
-    page_text = path.read_text(encoding="utf-8")
-    page = parsed(page_text)
-    text = page.all_text
-    png = timeline_png(page)
-    assert png_size(png)[0] >= 1000
-    assert len(run["checks"]) >= 6
-    for c in run["checks"]:
-        assert c["name"] in text
-        for line in c["evidence"]:
-            assert line in text
-    assert run["replay"] in text and f"--seed {run['seed']}" in text and str(run["seed"]) in text
-    assert f'class="verdict {run["verdict"]}">{run["verdict"].upper()}</span>' in page_text
-    assert "kill-rank1#1" in text and "applied +" in text  # the plan op, and that it fired

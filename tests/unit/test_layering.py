@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # package, and of any package in a LOWER layer, nothing else. Two packages in one layer never import each other.
 LAYERS: list[tuple[str, ...]] = [
     # foundation: leaves that import nothing of mlchaos
-    ("chaos", "chaos.events", "chaos.safety.state", "chaos.spec.units", "chaos.injob.bitflip"),
+    ("chaos", "chaos.events", "chaos.safety.state", "chaos.spec.units", "chaos.injob.bitflip", "chaos.plan.seeds"),
     ("chaos.history", "chaos.cluster.base"),
     ("chaos.plugins",),  # the Injector and Check contracts, the entry-point registry
     ("chaos.spec",),  # the typed scenario
@@ -37,7 +37,7 @@ LAYERS: list[tuple[str, ...]] = [
 # What runs inside the user's process may import only these (it must stay importable with torch alone).
 IN_JOB = ("chaos.injob", "chaos.guards", "chaos.agent")
 IN_JOB_MAY_IMPORT = (
-    "chaos", "chaos.events", "chaos.injob", "chaos.guards", "chaos.plan.agent_plan",
+    "chaos", "chaos.events", "chaos.injob", "chaos.guards", "chaos.plan.agent_plan", "chaos.plan.seeds",
     "injectors.tensor", "injectors.gradient",  # the params of the faults the agent fires in-job
 )
 
@@ -175,3 +175,15 @@ def test_the_contract_catches_an_upward_import_and_a_circle() -> None:
     graph["chaos.history.timeline"] = graph["chaos.history.timeline"] | {"chaos.spec.scenario"}
     graph["chaos.spec.scenario"] = graph["chaos.spec.scenario"] | {"chaos.history.timeline"}
     assert any({"chaos.spec.scenario", "chaos.history.timeline"} <= set(c) for c in circles(graph))
+
+
+def render_layers() -> str:
+    """The layer table as ``docs/architecture.md`` draws it: highest first, one line per layer."""
+    return "\n".join(f"{index:>2}  {'  '.join(layer)}" for index, layer in reversed(list(enumerate(LAYERS))))
+
+
+def test_docs_architecture_draws_the_same_layers() -> None:
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    start = doc.index("<!-- layers:")
+    block = doc[start:doc.index("<!-- /layers -->")].split("```")[1].strip("\n")
+    assert block == render_layers(), "docs/architecture.md's layer block is stale; paste:\n" + render_layers()

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
+from support import ROOT
 from test_checks import ev, judge
 
 from chaos.cluster.base import Completed
@@ -125,7 +126,7 @@ def test_remote_events_arrive_in_the_output_shifted_and_tagged(tmp_path: Path) -
     job = SpawnedJob(
         ShiftedLocal(),
         [sys.executable, "-c", "from chaos.events import emit; print('hello'); emit('target.step', rank=1, step=4)"],
-        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        env={"PATH": os.environ["PATH"], "PYTHONPATH": str(ROOT)},
         run_dir=tmp_path,
         matchers=[],
         host="h2",
@@ -146,7 +147,7 @@ def test_remote_events_arrive_in_the_output_shifted_and_tagged(tmp_path: Path) -
 
 
 def test_multinode_target_without_inventory_is_refused(tmp_path: Path) -> None:
-    scenario = parse_scenario((Path(__file__).resolve().parents[1] / "scenarios/partition-node.yaml").read_text())
+    scenario = parse_scenario((ROOT / "scenarios/partition-node.yaml").read_text())
     result = execute(scenario, RunOptions(report_root=tmp_path))
     assert result.exit_code == EXIT_INVALID and "no inventory was given" in result.error
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import linecache
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from support import ROOT
 
 
 def _python_blocks() -> list[str]:

@@ -7,10 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import ROOT
 
 from chaos.spec.scenario import ScenarioError, json_schema, load_scenario, parse_scenario
-
-ROOT = Path(__file__).resolve().parents[1]
 
 GOOD = """\
 name: t

@@ -1,0 +1,222 @@
+"""What the tests share: the repository root, polling, throwaway processes, the CLI as a user runs it, per-host
+transports, small test doubles, and readers of a written HTML report. Importable as ``support`` from every test
+folder: tests/conftest.py sits in tests/ without an ``__init__.py``, so pytest puts tests/ on sys.path.
+
+Helpers return what they saw and the tests decide, except the HTML-report readers at the end, which fail a
+test whose page does not parse.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+# tests/support.py -> the repository root, whatever folder a test module sits in.
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = ROOT / "scenarios"
+# `mlchaos` as a user runs it, without relying on the console script being on PATH.
+CLI = [sys.executable, "-m", "chaos.cli.commands"]
+_START_DOCKERD = ROOT / "scripts" / "start-dockerd.sh"
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 15.0, interval: float = 0.05) -> bool:
+    """True as soon as ``predicate()`` is truthy, polling every ``interval`` s; after ``timeout`` s its last
+    answer (one more look, so a condition met right at the deadline still counts)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())
+
+
+@contextmanager
+def sleeper(marker: str = "") -> Iterator[subprocess.Popen[bytes]]:
+    """A real child process that sleeps 60 s (``marker`` makes its command line unique); killed on exit."""
+    proc = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep(60)  # {marker}"])
+    try:
+        yield proc
+    finally:
+        proc.kill()  # SIGKILL also ends a stopped process
+        proc.wait()
+
+
+def pids_where(match: Callable[[bytes], bool]) -> list[int]:
+    """Pids of the processes whose raw ``/proc/PID/cmdline`` (NUL-separated) ``match`` accepts."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and match(Path(f"/proc/{entry}/cmdline").read_bytes()):
+                found.append(int(entry))
+        except OSError:
+            continue  # gone while we looked
+    return found
+
+
+def pids_running(argv: list[str]) -> list[int]:
+    """Pids of the processes whose command line is exactly ``argv``."""
+    wanted = ("\0".join(argv) + "\0").encode()
+    return pids_where(lambda cmdline: cmdline == wanted)
+
+
+def pids_mentioning(marker: str) -> list[int]:
+    """Pids of the processes whose command line contains ``marker`` anywhere."""
+    return pids_where(lambda cmdline: marker.encode() in cmdline)
+
+
+def mlchaos(
+    *args: str | Path, cwd: Path = ROOT, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """``mlchaos ARGS`` run to its end, output captured as text."""
+    return subprocess.run(
+        [*CLI, *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def run_scenario_file(name: str, *args: str | Path, cwd: Path = ROOT, timeout: float = 420) -> subprocess.CompletedProcess[str]:
+    """``mlchaos run scenarios/NAME.yaml ARGS`` with a wide terminal (so the summary is not wrapped)."""
+    return mlchaos("run", SCENARIOS / f"{name}.yaml", *args, cwd=cwd, env={**os.environ, "COLUMNS": "200"}, timeout=timeout)
+
+
+def spawn_harness(*args: str | Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """``mlchaos ARGS`` started in the background, output discarded: a harness the test will signal."""
+    return subprocess.Popen(
+        [*CLI, *map(str, args)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+def write_inventory(inventory: Any, folder: Path) -> Path:
+    """``inventory`` written as ``FOLDER/inventory.yaml`` (what ``--inventory`` takes); its path."""
+    from chaos.cluster.inventory import dump_inventory
+
+    path = folder / "inventory.yaml"
+    dump_inventory(inventory, path)
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file (a run's ``history.jsonl``), in order."""
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def docker_unavailable() -> str | None:
+    """Why no Docker daemon can be used here (the start script's own words), or None when one answers."""
+    try:
+        done = subprocess.run(["bash", str(_START_DOCKERD)], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"cannot run {_START_DOCKERD.name}: {exc}"
+    if done.returncode != 0:
+        return f"no Docker daemon: {(done.stdout + done.stderr).strip() or f'{_START_DOCKERD.name} exited {done.returncode}'}"
+    return None
+
+
+class _Closable(Protocol):
+    def close(self) -> None: ...
+
+
+_T = TypeVar("_T", bound=_Closable)
+
+
+@contextmanager
+def transports_per_host(inventory: Any, connect: Callable[[Any, str], _T]) -> Iterator[dict[str, _T]]:
+    """One transport per host of ``inventory`` (``connect(inventory, name)``), all closed on exit."""
+    transports = {host.name: connect(inventory, host.name) for host in inventory.hosts}
+    try:
+        yield transports
+    finally:
+        for transport in transports.values():
+            transport.close()
+
+
+class FakeClock:
+    """A clock the test moves by hand: ``clock.now += 0.3``."""
+
+    def __init__(self, now: float = 0.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Recorder:
+    """An ``emit`` that keeps events in memory (picklable, so results come back from spawned ranks)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int | None, dict[str, Any]]] = []
+
+    def __call__(self, kind: str, *, rank: int | None = None, **data: Any) -> None:
+        self.events.append((kind, rank, data))
+
+
+# -- reading a written HTML report (these helpers assert: a page that does not parse is a failure) -------------
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
+
+
+class Page(HTMLParser):
+    """Parses a page, checking every opened element is closed in order; keeps images and visible text."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.stack: list[str] = []
+        self.problems: list[str] = []
+        self.images: list[dict[str, str | None]] = []
+        self.text: list[str] = []
+        self.tags: list[str] = []
+        self.feed(text)
+        self.close()
+        self.problems += [f"<{tag}> never closed" for tag in self.stack]
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append(tag)
+        if tag == "img":
+            self.images.append(dict(attrs))
+        if tag not in VOID:
+            self.stack.append(tag)
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        if not self.stack or self.stack[-1] != tag:
+            self.problems.append(f"</{tag}> closes {self.stack[-1:] or 'nothing'}")
+            return
+        self.stack.pop()
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+    @property
+    def all_text(self) -> str:
+        return "".join(self.text)
+
+
+def parsed(page: str) -> Page:
+    result = Page(page)
+    assert result.problems == [], result.problems[:5]
+    assert page.startswith("<!DOCTYPE html>")
+    return result
+
+
+def timeline_png(page: Page) -> bytes:
+    (src,) = [img["src"] for img in page.images if (img.get("src") or "").startswith("data:image/png;base64,")]
+    assert src is not None
+    png = base64.b64decode(src.removeprefix("data:image/png;base64,"), validate=True)
+    assert png.startswith(PNG_SIGNATURE)
+    return png
+
+
+def png_size(png: bytes) -> tuple[int, int]:
+    width, height = struct.unpack(">II", png[16:24])
+    return width, height
