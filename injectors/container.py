@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, ClassVar, TypeVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
@@ -317,21 +317,32 @@ class ContainerKillInjector(_ContainerFault):
         _call(f"sending {signal} to", transport.container_name, lambda: container.kill(signal=signal))
 
 
-class ContainerStopInjector(_ContainerFault):
+class _GraceFault(_ContainerFault):
+    """stop and restart: one daemon call (``container.<verb>``) with the params' ``timeout`` grace before SIGKILL,
+    recorded as whole seconds at prepare so the dead-man revert and the heal see the same value."""
+
+    verb: ClassVar[str]  # the docker-py Container method, and the word in the description
+    acting: ClassVar[str]  # the verb as a daemon error names the step: "stopping X failed: ..."
+
+    def _plan(self, applied: Applied, params: BaseModel, container: Container) -> str:
+        grace = params_as(cast("type[ContainerStopParams]", self.Params), params)  # restart's Params subclass it
+        applied.state["timeout_s"] = _whole_seconds(grace.timeout)
+        return f"{self.verb} container {applied.state['container']}"
+
+    def _act(self, transport: DockerTransport, container: Container, applied: Applied) -> None:
+        timeout = _int(applied, "timeout_s")
+        _call(self.acting, transport.container_name, lambda: getattr(container, self.verb)(timeout=timeout))
+
+
+class ContainerStopInjector(_GraceFault):
     """``docker stop`` for the fault's duration; heal starts the recorded container again if it is still down."""
 
     name: ClassVar[str] = "container_stop"
     Params: ClassVar[type[BaseModel]] = ContainerStopParams
     summary: ClassVar[str] = "stop a container for the fault's duration, then start it again"
     done: ClassVar[str] = "stopped"
-
-    def _plan(self, applied: Applied, params: BaseModel, container: Container) -> str:
-        applied.state["timeout_s"] = _whole_seconds(params_as(ContainerStopParams, params).timeout)
-        return f"stop container {applied.state['container']}"
-
-    def _act(self, transport: DockerTransport, container: Container, applied: Applied) -> None:
-        timeout = _int(applied, "timeout_s")
-        _call("stopping", transport.container_name, lambda: container.stop(timeout=timeout))
+    verb: ClassVar[str] = "stop"
+    acting: ClassVar[str] = "stopping"
 
     def _undo(self, transport: DockerTransport, container: Container, applied: Applied) -> None:
         """Start the recorded container unless it runs already (or is on its way)."""
@@ -342,7 +353,7 @@ class ContainerStopInjector(_ContainerFault):
         return docker_cli(applied, "start")
 
 
-class ContainerRestartInjector(_ContainerFault):
+class ContainerRestartInjector(_GraceFault):
     """``docker restart`` once (stop with ``timeout`` grace, then start). Irreversible: nothing to heal."""
 
     name: ClassVar[str] = "container_restart"
@@ -350,14 +361,8 @@ class ContainerRestartInjector(_ContainerFault):
     summary: ClassVar[str] = "restart a container once (stop with a grace timeout, then start)"
     one_shot: ClassVar[bool] = True
     done: ClassVar[str] = "restarted"
-
-    def _plan(self, applied: Applied, params: BaseModel, container: Container) -> str:
-        applied.state["timeout_s"] = _whole_seconds(params_as(ContainerRestartParams, params).timeout)
-        return f"restart container {applied.state['container']}"
-
-    def _act(self, transport: DockerTransport, container: Container, applied: Applied) -> None:
-        timeout = _int(applied, "timeout_s")
-        _call("restarting", transport.container_name, lambda: container.restart(timeout=timeout))
+    verb: ClassVar[str] = "restart"
+    acting: ClassVar[str] = "restarting"
 
 
 class ContainerPauseInjector(_ContainerFault):

@@ -83,9 +83,13 @@ def mlchaos(
     )
 
 
-def run_scenario_file(name: str, *args: str | Path, cwd: Path = ROOT, timeout: float = 420) -> subprocess.CompletedProcess[str]:
+def run_scenario_file(
+    name: str, *args: str | Path, cwd: Path = ROOT, timeout: float = 420
+) -> subprocess.CompletedProcess[str]:
     """``mlchaos run scenarios/NAME.yaml ARGS`` with a wide terminal (so the summary is not wrapped)."""
-    return mlchaos("run", SCENARIOS / f"{name}.yaml", *args, cwd=cwd, env={**os.environ, "COLUMNS": "200"}, timeout=timeout)
+    return mlchaos(
+        "run", SCENARIOS / f"{name}.yaml", *args, cwd=cwd, env={**os.environ, "COLUMNS": "200"}, timeout=timeout
+    )
 
 
 def spawn_harness(*args: str | Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -102,6 +106,52 @@ def write_inventory(inventory: Any, folder: Path) -> Path:
     path = folder / "inventory.yaml"
     dump_inventory(inventory, path)
     return path
+
+
+def scenario_yaml(
+    name: str,
+    seed: int,
+    target: dict[str, Any],
+    *,
+    safety: dict[str, Any],
+    faults: list[dict[str, Any]] | None = None,
+    checks: list[dict[str, Any]] | None = None,
+    cluster: dict[str, Any] | None = None,
+) -> str:
+    """A scenario file's text: one top-level key a line, each value written as JSON (which YAML reads as flow
+    style), so a value needs no YAML escaping and a test may still edit the text (``.replace("checks:", ...)``).
+    A section left None is left out, as a scenario without it would be written."""
+    sections = {"name": name, "seed": seed, "cluster": cluster, "target": target}
+    sections |= {"faults": faults, "checks": checks, "safety": safety}
+    return "".join(f"{key}: {json.dumps(value)}\n" for key, value in sections.items() if value is not None)
+
+
+def ticker(
+    ticks: int,
+    *,
+    say: str = "print('tick', i, flush=True)",
+    then: str = "",
+    step: str = r"tick (?P<step>\d+)",
+    matchers: tuple[dict[str, str], ...] = (),
+) -> dict[str, Any]:
+    """A command target that runs ``say`` (a line that names the step ``i``) every 0.1 s for ``ticks`` steps,
+    then the Python line ``then``; ``step`` is the regex that makes a line a ``target.step``."""
+    code = f"import time\nfor i in range({ticks}): {say}; time.sleep(0.1)" + (f"\n{then}" if then else "")
+    steps = {"pattern": step, "event": "target.step"}
+    return {"type": "command", "command": [sys.executable, "-c", code], "matchers": [steps, *matchers]}
+
+
+def cut_off(host: str, *, after: str, duration: float) -> dict[str, Any]:
+    """A partition fault named ``cut-<host>`` that cuts ``host`` from every other host for ``duration`` s."""
+    hosts, peers = {"host": host}, {"peers": ["group:all"]}
+    return {
+        "name": f"cut-{host}",
+        "type": "partition",
+        "hosts": hosts,
+        "params": peers,
+        "trigger": {"after": after},
+        "duration": f"{duration}s",
+    }
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from chaos.checks._evidence import (
     applied_ops,
@@ -23,9 +23,8 @@ from chaos.checks._evidence import (
     seconds,
 )
 from chaos.checks.base import CheckResult, register_check
-from chaos.checks.latency import Latencies, judge_latency, latency_verdict
+from chaos.checks.latency import FaultBound, Latencies, judge_latency, latency_verdict
 from chaos.history.timeline import Event, History
-from chaos.spec.units import Duration
 
 if TYPE_CHECKING:
     from chaos.spec.scenario import Scenario
@@ -33,15 +32,10 @@ if TYPE_CHECKING:
 CHECK_DETECTED_WITHIN = "detected_within"
 
 
-class DetectedWithinParams(BaseModel):
-    """Parameters of ``detected_within``."""
+class DetectedWithinParams(FaultBound):
+    """Parameters of ``detected_within``: ``within`` bounds the time from each fault.applied to the first
+    detection."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    fault: str = Field(description="name of the scenario fault whose every applied op must be detected")
-    within: Duration = Field(
-        description="largest allowed time from fault.applied to the first detection (e.g. 10s, 2m, 0.5)"
-    )
     event: str = Field(
         default="detect.*",
         min_length=1,

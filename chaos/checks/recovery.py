@@ -29,7 +29,7 @@ from chaos.checks._evidence import (
     step_of,
 )
 from chaos.checks.base import CheckResult, Status, register_check
-from chaos.checks.latency import Latencies, judge_latency, latency_verdict
+from chaos.checks.latency import FaultBound, Latencies, judge_latency, latency_verdict
 from chaos.history.timeline import (
     FAULT_APPLIED,
     TARGET_EXIT,
@@ -39,7 +39,6 @@ from chaos.history.timeline import (
     Event,
     History,
 )
-from chaos.spec.units import Duration
 
 if TYPE_CHECKING:
     from chaos.spec.scenario import Scenario
@@ -53,15 +52,9 @@ CHECK_COMPLETES = "completes"
 # recovered_within
 
 
-class RecoveredWithinParams(BaseModel):
-    """Parameters of ``recovered_within``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    fault: str = Field(description="name of the scenario fault after whose every applied op training must progress")
-    within: Duration = Field(
-        description="largest allowed time from fault.applied to the first step beyond the pre-fault high-water mark"
-    )
+class RecoveredWithinParams(FaultBound):
+    """Parameters of ``recovered_within``: ``within`` bounds the time from each fault.applied to the first step
+    beyond the pre-fault high-water mark."""
 
 
 @register_check(

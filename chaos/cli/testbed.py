@@ -8,8 +8,9 @@ Exit codes: 0 done / healthy, 1 failed / not healthy.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
 from rich.console import Console
@@ -18,8 +19,10 @@ from rich.table import Table
 
 from chaos.cluster.testbed import containers as docker_testbed
 from chaos.cluster.testbed import namespaces as testbed
+from chaos.cluster.testbed.system import TestbedError
 
 _err = Console(stderr=True)
+_State = TypeVar("_State")  # a testbed flavour's status
 
 Docker = Annotated[
     bool,
@@ -105,18 +108,14 @@ def status(state_dir: StateDir = None, docker: Docker = False) -> None:
     if docker:
         _docker_status(state_dir)
         return
-    try:
-        state = testbed.status(state_dir)
-    except testbed.TestbedError as exc:
-        _err.print(f"[red]testbed status failed:[/red] {escape(str(exc))}")
-        raise typer.Exit(1) from None
-    console = Console()
-    if not state.built:
-        console.print(f"no testbed is up for {escape(str(state.state_dir))}")
-        raise typer.Exit(1)
-    table = Table(title=f"testbed {state.tag} on {state.subnet or '?'}")
-    for column in ("host", "namespace", "address", "sshd pid", "reachable"):
-        table.add_column(column)
+    state = _read_status(testbed.status, state_dir)
+    table = _status_table(
+        "testbed",
+        state.built,
+        state.state_dir,
+        f"{state.tag} on {state.subnet or '?'}",
+        ("host", "namespace", "address", "sshd pid", "reachable"),
+    )
     for host in state.hosts:
         table.add_row(
             host.name,
@@ -129,10 +128,7 @@ def status(state_dir: StateDir = None, docker: Docker = False) -> None:
         f"root link: {'up' if state.root_link else 'MISSING'}, hub: {'up' if state.hub else 'MISSING'}; "
         f"inventory: {state.inventory or 'none'}"
     )
-    console.print(table)
-    if not state.healthy:
-        console.print("[red]not healthy[/red]: `mlchaos testbed up` repairs it")
-        raise typer.Exit(1)
+    _print_health(table, state.healthy, "mlchaos testbed up")
 
 
 def _docker_up(hosts: int, state_dir: Path | None, subnet: str | None, shares: list[Path] | None) -> None:
@@ -149,18 +145,14 @@ def _docker_up(hosts: int, state_dir: Path | None, subnet: str | None, shares: l
 
 
 def _docker_status(state_dir: Path | None) -> None:
-    try:
-        state = docker_testbed.status(state_dir)
-    except docker_testbed.TestbedError as exc:
-        _err.print(f"[red]testbed status failed:[/red] {escape(str(exc))}")
-        raise typer.Exit(1) from None
-    console = Console()
-    if not state.built:
-        console.print(f"no docker testbed is up for {escape(str(state.state_dir))}")
-        raise typer.Exit(1)
-    table = Table(title=f"docker testbed {state.tag} on {state.subnet or '?'}")
-    for column in ("host", "container", "state", "address", "exec"):
-        table.add_column(column)
+    state = _read_status(docker_testbed.status, state_dir)
+    table = _status_table(
+        "docker testbed",
+        state.built,
+        state.state_dir,
+        f"{state.tag} on {state.subnet or '?'}",
+        ("host", "container", "state", "address", "exec"),
+    )
     for host in state.hosts:
         table.add_row(
             host.name,
@@ -170,7 +162,33 @@ def _docker_status(state_dir: Path | None) -> None:
             "ok" if host.exec_ok else "[red]fails[/red]",
         )
     table.caption = f"network {state.network}: {'up' if state.network_exists else 'MISSING'}; inventory: {state.inventory or 'none'}"
+    _print_health(table, state.healthy, "mlchaos testbed up --docker")
+
+
+def _read_status(read: Callable[[Path | None], _State], state_dir: Path | None) -> _State:
+    """``read(state_dir)``, or exit 1 saying why the testbed's status could not be read."""
+    try:
+        return read(state_dir)
+    except TestbedError as exc:
+        _err.print(f"[red]testbed status failed:[/red] {escape(str(exc))}")
+        raise typer.Exit(1) from None
+
+
+def _status_table(what: str, built: bool, state_dir: Path, where: str, columns: tuple[str, ...]) -> Table:
+    """The empty per-host table of a built testbed; exit 1 when none is built for ``state_dir``."""
+    if not built:
+        Console().print(f"no {what} is up for {escape(str(state_dir))}")
+        raise typer.Exit(1)
+    table = Table(title=f"{what} {where}")
+    for column in columns:
+        table.add_column(column)
+    return table
+
+
+def _print_health(table: Table, healthy: bool, repair: str) -> None:
+    """Print the filled table; exit 1, naming the command that repairs it, unless the testbed is healthy."""
+    console = Console()
     console.print(table)
-    if not state.healthy:
-        console.print("[red]not healthy[/red]: `mlchaos testbed up --docker` repairs it")
+    if not healthy:
+        console.print(f"[red]not healthy[/red]: `{repair}` repairs it")
         raise typer.Exit(1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Protocol, runtime_checkable
+from typing import IO, Generic, Protocol, TypeVar, runtime_checkable
 
 
 class TransportError(RuntimeError):
@@ -72,6 +72,31 @@ class Transport(Protocol):
         ...
 
 
+_Proc = TypeVar("_Proc", covariant=True)
+
+
+class Spawner(Generic[_Proc]):
+    """The keyword surface of :meth:`Transport.spawn`, written once for the transports that implement it
+    (here and remote): each says only how it starts ``argv``, in :meth:`_spawn`."""
+
+    def spawn(
+        self,
+        argv: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        kill_with_parent: int | None = None,
+    ) -> _Proc:
+        """See :meth:`Transport.spawn`; the subclass's :meth:`_spawn` says what its process is."""
+        return self._spawn(argv, env, cwd, kill_with_parent)
+
+    def _spawn(
+        self, argv: list[str], env: dict[str, str] | None, cwd: Path | None, kill_with_parent: int | None
+    ) -> _Proc:
+        """Start ``argv`` as :meth:`spawn` promises, the transport's own way."""
+        raise NotImplementedError
+
+
 def signal_name(signum: int) -> str:
     """``15`` -> ``TERM``: names, not numbers, for a host's ``kill`` (numbers differ between architectures)."""
     return signal.Signals(signum).name.removeprefix("SIG")
@@ -111,7 +136,9 @@ def pid_start_time(transport: Transport, pid: int) -> int | None:
     return int(fields[19]) if len(fields) > 19 else None
 
 
-def kill_if_same(transport: Transport, pids: dict[int, int | None], signals: tuple[str, ...] = ("CONT", "KILL")) -> None:
+def kill_if_same(
+    transport: Transport, pids: dict[int, int | None], signals: tuple[str, ...] = ("CONT", "KILL")
+) -> None:
     """Send ``signals`` (in order) to each pid whose start time is still the recorded one; never raises."""
     alive = [str(pid) for pid, start in pids.items() if start is not None and pid_start_time(transport, pid) == start]
     for name in signals if alive else ():

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from chaos.cluster.base import Completed, TransportError
+from chaos.cluster.base import Completed, Spawner, TransportError
 
 _PR_SET_PDEATHSIG = 1
 
@@ -20,7 +20,7 @@ def _death_signal(signum: int) -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
 
 
-class HereTransport:
+class HereTransport(Spawner["subprocess.Popen[bytes]"]):
     """``run``/``spawn``/``put`` for transports whose commands are processes of this machine: this machine
     itself (:class:`LocalTransport`) or one of its network namespaces (:class:`~chaos.cluster.netns.NetnsTransport`).
 
@@ -62,13 +62,8 @@ class HereTransport:
             )
         return done
 
-    def spawn(
-        self,
-        argv: list[str],
-        *,
-        env: dict[str, str] | None = None,
-        cwd: Path | None = None,
-        kill_with_parent: int | None = None,
+    def _spawn(
+        self, argv: list[str], env: dict[str, str] | None, cwd: Path | None, kill_with_parent: int | None
     ) -> subprocess.Popen[bytes]:
         """Start ``argv`` in its own session, stdout+stderr piped; the returned process IS the command (its
         pid, its exit code, its signals: ``ip netns exec`` execs it in place), which ``kill_with_parent``

@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Generic, Protocol, Self, TypeVar
+from typing import IO, Protocol, Self, TypeVar
 
-from chaos.cluster.base import Completed, TransportError, signal_name
+from chaos.cluster.base import Completed, Spawner, TransportError, signal_name
 from chaos.cluster.inventory import Host
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -123,7 +123,7 @@ def estimate_clock(host: str, samples: int, ask: Callable[[], str]) -> ClockEsti
 P = TypeVar("P", bound="RemoteProcess")
 
 
-class RemoteTransport(Generic[P]):
+class RemoteTransport(Spawner[P]):
     """What the SSH and Docker transports share around their own connection code: the inventory host,
     its interpreter, the shell text of a spawn, the cached clock offset, the ``with`` block and the shape of
     a finished command. Subclasses provide ``run``, ``put``, ``close``, :meth:`_start` and
@@ -160,14 +160,7 @@ class RemoteTransport(Generic[P]):
         """Whether commands run through ``sudo -n`` on the host."""
         return False
 
-    def spawn(
-        self,
-        argv: list[str],
-        *,
-        env: dict[str, str] | None = None,
-        cwd: Path | None = None,
-        kill_with_parent: int | None = None,
-    ) -> P:
+    def _spawn(self, argv: list[str], env: dict[str, str] | None, cwd: Path | None, kill_with_parent: int | None) -> P:
         """Start ``argv`` on the host with stdout+stderr merged into the process's ``stdout``; stdin is /dev/null.
 
         ``env`` is ADDED to the host's (or container's) own environment: the harness's environment means
@@ -180,7 +173,7 @@ class RemoteTransport(Generic[P]):
         return self._start(command, list(argv), kill_with_parent is not None)
 
     def _start(self, command: str, argv: list[str], watched: bool) -> P:
-        """Run the shell text ``command`` (from :meth:`spawn`), read its pid line and return its process;
+        """Run the shell text ``command`` (from :meth:`_spawn`), read its pid line and return its process;
         TransportError "cannot start" when either fails."""
         raise NotImplementedError
 

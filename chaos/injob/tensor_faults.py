@@ -45,25 +45,6 @@ class TensorChange:
     record: FlipRecord
 
 
-def arm(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer | None,
-    params: BitFlipParams,
-    rng: random.Random,
-    *,
-    emit: Emit | None = None,
-    rank: int | None = None,
-) -> ArmedFault:
-    """Resolve the fault's target (seeded) and return it armed; nothing is changed until :meth:`fire`.
-
-    ``params.seed``, when set, replaces ``rng``. ``emit`` (shaped like :func:`chaos.events.emit`) receives one
-    ``fault.tensor`` event per application; nothing is emitted without it. Raises :class:`TensorFaultError`
-    when nothing matches ``params.layer`` or an optimizer is needed and missing.
-    """
-    rng = random.Random(params.seed) if params.seed is not None else rng
-    return ArmedFault(model, optimizer, params, rng, emit=emit, rank=rank)
-
-
 class ArmedFault:
     """A resolved tensor fault: :meth:`fire` at each step's phase, :meth:`heal` once (idempotent).
 
@@ -80,6 +61,13 @@ class ArmedFault:
         emit: Emit | None = None,
         rank: int | None = None,
     ) -> None:
+        """Resolve the fault's target (seeded); nothing is changed until :meth:`fire`.
+
+        ``params.seed``, when set, replaces ``rng``. ``emit`` (shaped like :func:`chaos.events.emit`) receives one
+        ``fault.tensor`` event per application; nothing is emitted without it. Raises :class:`TensorFaultError`
+        when nothing matches ``params.layer`` or an optimizer is needed and missing.
+        """
+        rng = random.Random(params.seed) if params.seed is not None else rng
         self.params = params
         self.records: list[TensorChange] = []
         self._rng = rng
@@ -307,6 +295,10 @@ class _Choice:
 
 
 # -- choosing targets ---------------------------------------------------------------------------------------
+
+
+# The public entry point: arming a fault IS building the resolved ArmedFault (the seed rule lives in __init__).
+arm = ArmedFault
 
 
 def _pick_param(

@@ -24,24 +24,19 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from chaos.checks._evidence import origin_ns
 from chaos.checks.base import CheckResult
-from chaos.checks.serving.windows import (
+from chaos.checks.serving.events import (
     BACKEND_UP,
     FaultSpan,
-    OpTime,
-    Window,
-    WindowKind,
-    WindowParams,
     applied_ops,
     backend_of,
     events_of,
-    failback_times,
-    failover_times,
     fault_spans,
     is_shed,
     load_span,
     priority_of,
-    resolve_window,
 )
+from chaos.checks.serving.measures import OpTime, failback_times, failover_times
+from chaos.checks.serving.windows import Window, WindowKind, WindowParams, resolve_window
 from chaos.history.timeline import FAULT_APPLIED, Event, History
 from chaos.load.summary import is_ok, latency_s, percentile, request_events, responded, scheduled_ns, status_of
 from chaos.spec.serving import PRIMARY

@@ -21,7 +21,7 @@ what makes the generator open-loop.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -132,8 +132,9 @@ class JsonMatch(JsonField):
     value: JsonValue = None
 
 
-def _tag(*keys: str) -> Callable[[object], str | None]:
-    """A union discriminator by the one key a mapping holds (a bare string is its own tag)."""
+def _by_key(error: str, message: str, *keys: str) -> Discriminator:
+    """A union discriminator by the one key of ``keys`` a mapping holds (a bare string is its own tag); a value
+    that names none, or several, fails as ``error`` with ``message``."""
 
     def pick(value: object) -> str | None:
         if isinstance(value, str):
@@ -145,33 +146,28 @@ def _tag(*keys: str) -> Callable[[object], str | None]:
             return found[0] if len(found) == 1 else None
         return None
 
-    return pick
+    return Discriminator(pick, custom_error_type=error, custom_error_message=message)
 
 
 Pattern = Annotated[
     Annotated[Literal["constant"], Tag("constant")]
     | Annotated[StepPattern, Tag("step")]
     | Annotated[BurstPattern, Tag("burst")],
-    Discriminator(
-        _tag("step", "burst"),
-        custom_error_type="pattern",
-        custom_error_message="pattern must be constant, {step: [{at, rate}, ...]} or {burst: {every, duration, rate}}",
+    _by_key(
+        "pattern",
+        "pattern must be constant, {step: [{at, rate}, ...]} or {burst: {every, duration, rate}}",
+        "step",
+        "burst",
     ),
 ]
 ServedBy = Annotated[
     Annotated[HeaderField, Tag("header")] | Annotated[JsonField, Tag("json")],
-    Discriminator(
-        _tag("header", "json"),
-        custom_error_type="served_by",
-        custom_error_message="served_by must be {header: NAME} or {json: dotted.path}",
-    ),
+    _by_key("served_by", "served_by must be {header: NAME} or {json: dotted.path}", "header", "json"),
 ]
 DegradedRule = Annotated[
     Annotated[HeaderMatch, Tag("header")] | Annotated[JsonMatch, Tag("json")],
-    Discriminator(
-        _tag("header", "json"),
-        custom_error_type="degraded",
-        custom_error_message="degraded must be {header: NAME, value: ...} or {json: dotted.path, value: ...}",
+    _by_key(
+        "degraded", "degraded must be {header: NAME, value: ...} or {json: dotted.path, value: ...}", "header", "json"
     ),
 ]
 
@@ -342,4 +338,6 @@ class ScenarioLoad(LoadSpec):
                 raise ValueError(f"load url {url!r} is a path, but this target has no address: give a full URL")
             url = base_url.rstrip("/") + url
         data = self.model_dump(by_alias=True, exclude={"url", "seed"})
-        return LoadSpec.model_validate({**data, "url": url, "seed": self.seed if "seed" in self.model_fields_set else seed})
+        return LoadSpec.model_validate(
+            {**data, "url": url, "seed": self.seed if "seed" in self.model_fields_set else seed}
+        )

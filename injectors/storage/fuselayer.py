@@ -35,6 +35,7 @@ import sys
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -300,9 +301,7 @@ class Layer:
         return 0
 
     def unlink(self, path: str) -> int:
-        self._gate("unlink")
-        os.unlink(_rel(path), dir_fd=self.root)
-        return 0
+        return self._remove("unlink", os.unlink, path)
 
     def mkdir(self, path: str, mode: int) -> int:
         self._gate("mkdir")
@@ -311,8 +310,12 @@ class Layer:
         return 0
 
     def rmdir(self, path: str) -> int:
-        self._gate("rmdir")
-        os.rmdir(_rel(path), dir_fd=self.root)
+        return self._remove("rmdir", os.rmdir, path)
+
+    def _remove(self, op: str, remove: Callable[..., None], path: str) -> int:
+        """unlink and rmdir: the same gate, then the same call shape relative to the backing root."""
+        self._gate(op)
+        remove(_rel(path), dir_fd=self.root)
         return 0
 
     def symlink(self, target: str, source: str) -> int:

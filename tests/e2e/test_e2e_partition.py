@@ -4,7 +4,6 @@ the host's own dead-man switch."""
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -12,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import mlchaos, spawn_harness, write_inventory
+from support import cut_off, mlchaos, scenario_yaml, spawn_harness, write_inventory
 
 from chaos.cluster.inventory import Inventory
 from chaos.history.timeline import FAULT_APPLIED, FAULT_HEALED
@@ -33,43 +32,31 @@ PROBE = (
     "    time.sleep(0.2)\n"
 )
 
-SCENARIO = """\
-name: partition-probe
-seed: 5
-cluster: {{transport: ssh}}
-target:
-  type: command
-  command: [ip, netns, exec, {h1_ns}, {python}, -c, {probe}, {h2_addr}, {rounds}]
-  matchers:
-    - {{pattern: '^ok (?P<step>\\d+)', event: target.step}}
-    - {{pattern: '^unreachable (?P<step>\\d+)', event: detect.unreachable}}
-faults:
-  - name: cut-h2
-    type: partition
-    hosts: {{host: h2}}
-    params: {{peers: ["group:all"]}}
-    trigger: {{after: 1.5s}}
-    duration: {duration}s
-checks:
-  - type: detected_within
-    params: {{fault: cut-h2, within: 5s, event: detect.unreachable}}
-  - type: recovered_within
-    params: {{fault: cut-h2, within: {recover}s}}
-safety: {{heal_grace: 2s, max_duration: 90s, no_progress_timeout: 30s}}
-"""
-
 
 def _scenario_text(inventory: Inventory, duration: float, rounds: int) -> str:
     h1 = next(h for h in inventory.hosts if h.name == "h1")
     h2 = next(h for h in inventory.hosts if h.name == "h2")
-    return SCENARIO.format(
-        h1_ns=h1.labels["netns"],
-        python=sys.executable,
-        probe=json.dumps(PROBE),
-        h2_addr=h2.address,
-        rounds=rounds,
-        duration=duration,
-        recover=duration + 10,
+    ns = h1.labels["netns"]
+    target = {
+        "type": "command",
+        "command": ["ip", "netns", "exec", ns, sys.executable, "-c", PROBE, h2.address, rounds],
+        "matchers": [
+            {"pattern": r"^ok (?P<step>\d+)", "event": "target.step"},
+            {"pattern": r"^unreachable (?P<step>\d+)", "event": "detect.unreachable"},
+        ],
+    }
+    detected = {"fault": "cut-h2", "within": "5s", "event": "detect.unreachable"}
+    return scenario_yaml(
+        "partition-probe",
+        5,
+        target,
+        cluster={"transport": "ssh"},
+        faults=[cut_off("h2", after="1.5s", duration=duration)],
+        checks=[
+            {"type": "detected_within", "params": detected},
+            {"type": "recovered_within", "params": {"fault": "cut-h2", "within": f"{duration + 10}s"}},
+        ],
+        safety={"heal_grace": "2s", "max_duration": "90s", "no_progress_timeout": "30s"},
     )
 
 

@@ -12,28 +12,23 @@ import uuid
 from pathlib import Path
 
 import pytest
-from support import ROOT, mlchaos, pids_mentioning, spawn_harness, wait_for
+from support import ROOT, mlchaos, pids_mentioning, scenario_yaml, spawn_harness, ticker, wait_for
 
 from chaos.cluster.local import process_state
 
 FREEZE_S, GRACE_S = 4.0, 2.0
 
-SCENARIO = """\
-name: harness-killed
-seed: 1
-target:
-  type: command
-  command: [{python}, -c, "import time\\nfor i in range(600): print('tick', i, '{marker}', flush=True); time.sleep(0.1)"]
-  matchers:
-    - {{pattern: 'tick (?P<step>\\d+)', event: target.step}}
-faults:
-  - name: freeze-victim
-    type: freeze
-    params: {{pid: {victim}}}
-    trigger: {{after: 1s}}
-    duration: {freeze}s
-safety: {{heal_grace: {grace}s, max_duration: 120s}}
-"""
+
+def _scenario(marker: str, victim: int) -> str:
+    """Ticks for a minute (its command line carries ``marker``) while ``victim`` is frozen for FREEZE_S."""
+    freeze = {"name": "freeze-victim", "type": "freeze", "params": {"pid": victim}, "trigger": {"after": "1s"}}
+    return scenario_yaml(
+        "harness-killed",
+        1,
+        ticker(600, say=f"print('tick', i, '{marker}', flush=True)"),
+        faults=[{**freeze, "duration": f"{FREEZE_S}s"}],
+        safety={"heal_grace": f"{GRACE_S}s", "max_duration": "120s"},
+    )
 
 
 def _journal_records(state: Path) -> list[dict[str, object]]:
@@ -55,9 +50,7 @@ def test_sigkilled_harness_is_healed_by_dead_man_then_cleanup_has_nothing(tmp_pa
     harness = None
     try:
         scenario = tmp_path / "s.yaml"
-        scenario.write_text(
-            SCENARIO.format(python=sys.executable, marker=marker, victim=victim.pid, freeze=FREEZE_S, grace=GRACE_S)
-        )
+        scenario.write_text(_scenario(marker, victim.pid))
         harness = spawn_harness("run", scenario, "--report-dir", tmp_path / "reports", env=env)
         assert wait_for(lambda: process_state(victim.pid) == "T", 60), "the freeze never stopped the victim"
         frozen_seen = time.monotonic()

@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
+import yaml
 from pydantic import BaseModel
-from support import ROOT, mlchaos, wait_for
+from support import ROOT, mlchaos, scenario_yaml, ticker, wait_for
 
 from chaos.cluster.local import process_state
 from chaos.history.timeline import FAULT_APPLIED, FAULT_HEALED
@@ -23,27 +24,18 @@ from chaos.run.orchestrator import RunOptions, execute
 from chaos.run.result import EXIT_FAIL, EXIT_HARNESS, EXIT_INVALID, EXIT_PASS
 from chaos.spec.scenario import parse_scenario
 
-TICKER = """\
-name: {name}
-seed: 3
-target:
-  type: command
-  command: [{python}, -c, "import time\\nfor i in range({ticks}): print('tick', i, flush=True); time.sleep(0.1)\\ntime.sleep({tail})"]
-  matchers:
-    - {{pattern: 'tick (?P<step>\\d+)', event: target.step}}
-faults:
-{faults}
-checks:
-{checks}
-safety: {{no_progress_timeout: {no_progress}, max_duration: 60s}}
-"""
-
 
 def _ticker(
-    name: str, faults: str = "  []", checks: str = "  []", ticks: int = 30, tail: float = 0, no_progress: str = "30s"
+    name: str, faults: str = "[]", checks: str = "[]", ticks: int = 30, tail: float = 0, no_progress: str = "30s"
 ) -> str:
-    return TICKER.format(
-        name=name, python=sys.executable, faults=faults, checks=checks, ticks=ticks, tail=tail, no_progress=no_progress
+    """A ticking scenario; ``faults`` and ``checks`` are YAML list text, as a scenario file spells them."""
+    return scenario_yaml(
+        name,
+        3,
+        ticker(ticks, then=f"time.sleep({tail})"),
+        faults=yaml.safe_load(faults),
+        checks=yaml.safe_load(checks),
+        safety={"no_progress_timeout": no_progress, "max_duration": "60s"},
     )
 
 
@@ -177,11 +169,18 @@ def test_heal_all_also_heals_a_journaled_fault_that_never_became_active(tmp_path
         run_dir.mkdir()
         history = History(run_dir / "history.jsonl")
         execution = Execution(
-            scenario, make_plan(scenario), run_dir, history, lambda _: None, lambda _: None,
+            scenario,
+            make_plan(scenario),
+            run_dir,
+            history,
+            lambda _: None,
+            lambda _: None,
             HostSet(None, [], None),
         )
         injector = FreezeInjector()
-        op = FaultOp(op_id="orphan#1", fault="orphan", injector="freeze", params=FreezeParams(pid=victim.pid), duration_s=60)
+        op = FaultOp(
+            op_id="orphan#1", fault="orphan", injector="freeze", params=FreezeParams(pid=victim.pid), duration_s=60
+        )
         ctx = InjectionContext(execution.transport)
         applied = injector.prepare(ctx, op)
         execution.journal.intent(applied)

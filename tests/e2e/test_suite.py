@@ -13,10 +13,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support import ROOT
+from support import ROOT, scenario_yaml, ticker
 from typer.testing import CliRunner
 
 from chaos.cluster.local import process_state
@@ -27,51 +28,49 @@ from chaos.suite.store import RunStore
 
 PY = sys.executable
 
+
 # A job that ticks (target.step) and raises an alarm (detect.alarm) every 0.1 s, while a separate victim
 # process is frozen for 0.4 s from the third tick on (an event trigger, not a time: a slow interpreter start on
 # a loaded machine must not fire the fault before the first step): detected_within and recovered_within
 # measure real, sub-second timings.
-STEADY = """\
-name: steady
-seed: 4
-target:
-  type: command
-  command: [{py}, -c, "import time\\nfor i in range(20): print('tick', i, flush=True); print('alarm', flush=True); time.sleep(0.1)"]
-  matchers:
-    - {{pattern: 'tick (?P<step>\\d+)', event: target.step}}
-    - {{pattern: '^alarm', event: detect.alarm}}
-faults:
-  - {{type: freeze, params: {{pid: {victim}}}, trigger: {{on_event: {{kind: target.step, nth: 3}}}}, duration: 0.4s}}
-checks:
-  - {{type: detected_within, params: {{fault: freeze-1, within: 20s}}}}
-  - {{type: recovered_within, params: {{fault: freeze-1, within: 20s}}}}
-  - type: completes
-safety: {{max_duration: 60s, no_progress_timeout: 30s}}
-"""
-SLEEPER = """\
-name: sleeper
-seed: 5
-target: {{type: command, command: [{py}, -c, "import time; time.sleep({seconds})"]}}
-checks: [{{type: completes}}]
-safety: {{max_duration: 120s, no_progress_timeout: null}}
-"""
-BROKEN = """\
-name: broken
-seed: 6
-target: {{type: command, command: [{py}, -c, "import sys; sys.exit(3)"]}}
-checks: [{{type: completes}}]
-safety: {{max_duration: 60s, no_progress_timeout: null}}
-"""
+def _steady(victim: int) -> str:
+    freeze = {"type": "freeze", "params": {"pid": victim}, "trigger": {"on_event": {"kind": "target.step", "nth": 3}}}
+    within = [
+        {"type": kind, "params": {"fault": "freeze-1", "within": "20s"}}
+        for kind in ("detected_within", "recovered_within")
+    ]
+    alarm = {"pattern": "^alarm", "event": "detect.alarm"}
+    return scenario_yaml(
+        "steady",
+        4,
+        ticker(20, say="print('tick', i, flush=True); print('alarm', flush=True)", matchers=(alarm,)),
+        faults=[{**freeze, "duration": "0.4s"}],
+        checks=[*within, {"type": "completes"}],
+        safety={"max_duration": "60s", "no_progress_timeout": "30s"},
+    )
+
+
+def _one_shot(
+    name: str, seed: int, code: str, *, faults: list[dict[str, Any]] | None = None, max_duration: str = "60s"
+) -> str:
+    """A scenario whose target runs the Python ``code`` once and must complete; no progress watch."""
+    target = {"type": "command", "command": [PY, "-c", code]}
+    safety = {"max_duration": max_duration, "no_progress_timeout": None}
+    return scenario_yaml(name, seed, target, faults=faults, checks=[{"type": "completes"}], safety=safety)
+
+
+def _sleeper(seconds: float) -> str:
+    return _one_shot("sleeper", 5, f"import time; time.sleep({seconds})", max_duration="120s")
+
+
+def _broken() -> str:
+    return _one_shot("broken", 6, "import sys; sys.exit(3)")
+
+
 # A long run with a long fault on the victim: interrupting it must heal the fault.
-FROZEN = """\
-name: frozen
-seed: 8
-target: {{type: command, command: [{py}, -c, "import time; time.sleep(60)"]}}
-faults:
-  - {{type: freeze, params: {{pid: {victim}}}, trigger: {{after: 0.2s}}, duration: 60s}}
-checks: [{{type: completes}}]
-safety: {{max_duration: 120s, no_progress_timeout: null}}
-"""
+def _frozen(victim: int) -> str:
+    freeze = {"type": "freeze", "params": {"pid": victim}, "trigger": {"after": "0.2s"}, "duration": "60s"}
+    return _one_shot("frozen", 8, "import time; time.sleep(60)", faults=[freeze], max_duration="120s")
 
 
 def _standalone_cli() -> list[str]:
@@ -162,16 +161,26 @@ def folder_run(tmp_path_factory: pytest.TempPathFactory, victim: int, pushgatewa
     shuffled with seed 5, metrics pushed to the test's HTTP server."""
     folder = tmp_path_factory.mktemp("nightly")
     reports = tmp_path_factory.mktemp("reports")
-    (folder / "steady.yaml").write_text(STEADY.format(py=PY, victim=victim))
-    (folder / "sleeper.yaml").write_text(SLEEPER.format(py=PY, seconds=1))
-    (folder / "broken.yaml").write_text(BROKEN.format(py=PY))
+    (folder / "steady.yaml").write_text(_steady(victim))
+    (folder / "sleeper.yaml").write_text(_sleeper(1))
+    (folder / "broken.yaml").write_text(_broken())
     (folder / "suite.yaml").write_text("name: other\nscenarios: [steady.yaml]\n")
     (folder / "values.yaml").write_text("replicas: 3\nimage: x\n")
     (folder / "manifest.yaml").write_text("kind: ConfigMap\n---\nkind: Secret\n")
     started = time.monotonic()
     proc = mlchaos(
-        "suite", "run", folder, "--repeat", "2", "--shuffle", "--seed", "5", "--report-dir", reports,
-        "--pushgateway", pushgateway.url,
+        "suite",
+        "run",
+        folder,
+        "--repeat",
+        "2",
+        "--shuffle",
+        "--seed",
+        "5",
+        "--report-dir",
+        reports,
+        "--pushgateway",
+        pushgateway.url,
     )
     return FolderRun(folder, reports, proc, time.monotonic() - started)
 
@@ -244,7 +253,9 @@ def test_the_textfile_parses_and_says_what_the_suite_did(folder_run: FolderRun) 
     assert _value(families, "mlchaos_scenario_last_verdict", scenario="broken", suite=suite) == 0
     assert _value(families, "mlchaos_scenario_pass_ratio", scenario="broken") == 0
     assert _value(families, "mlchaos_scenario_runs", scenario="sleeper") == 2
-    detection = _value(families, "mlchaos_detection_latency_seconds", scenario="steady", check="detected_within[freeze-1]")
+    detection = _value(
+        families, "mlchaos_detection_latency_seconds", scenario="steady", check="detected_within[freeze-1]"
+    )
     assert 0 < detection < 20
     assert 0 < _value(families, "mlchaos_recovery_seconds", scenario="steady", check="recovered_within[freeze-1]") < 20
     assert families["mlchaos_failover_seconds"] == []  # no serving check ran
@@ -281,7 +292,7 @@ def test_history_prints_trends_as_a_table_and_as_json(folder_run: FolderRun) -> 
 
 def test_a_suite_file_applies_entry_overrides_and_exits_0(tmp_path: Path) -> None:
     (tmp_path / "scenarios").mkdir()
-    (tmp_path / "scenarios" / "sleeper.yaml").write_text(SLEEPER.format(py=PY, seconds=0.2))
+    (tmp_path / "scenarios" / "sleeper.yaml").write_text(_sleeper(0.2))
     suite_file = tmp_path / "suites" / "smoke.yaml"
     suite_file.parent.mkdir()
     suite_file.write_text("name: smoke\nscenarios:\n  - {file: ../scenarios/*.yaml, seed: 42, repeat: 2}\n")
@@ -298,7 +309,7 @@ def test_a_suite_file_applies_entry_overrides_and_exits_0(tmp_path: Path) -> Non
 
 
 def test_an_invalid_suite_names_file_and_line_and_runs_nothing(tmp_path: Path) -> None:
-    (tmp_path / "broken.yaml").write_text(BROKEN.format(py=PY).replace("checks:", "chekcs:"))
+    (tmp_path / "broken.yaml").write_text(_broken().replace("checks:", "chekcs:"))
     suite_file = tmp_path / "suite.yaml"
     suite_file.write_text(
         "name: bad\nscenarios:\n  - missing.yaml\n  - {file: '*.yml'}\n  - {file: broken.yaml, seeed: 3}\n  - broken.yaml\n"
@@ -313,10 +324,17 @@ def test_an_invalid_suite_names_file_and_line_and_runs_nothing(tmp_path: Path) -
     proc = mlchaos("suite", "run", suite_file, "--report-dir", tmp_path / "reports")
     assert proc.returncode == EXIT_INVALID
     assert "nothing was run" in proc.stderr and "unknown key 'seeed'" in proc.stderr
-    fixed = suite_file.read_text().replace("seeed", "seed").replace("  - missing.yaml\n", "").replace("  - {file: '*.yml'}\n", "")
+    fixed = (
+        suite_file.read_text()
+        .replace("seeed", "seed")
+        .replace("  - missing.yaml\n", "")
+        .replace("  - {file: '*.yml'}\n", "")
+    )
     suite_file.write_text(fixed)
     proc = mlchaos("suite", "run", suite_file, "--report-dir", tmp_path / "reports")
-    assert proc.returncode == EXIT_INVALID and "broken.yaml:4:1: unknown key 'chekcs'" in proc.stderr  # the scenario's own
+    assert (
+        proc.returncode == EXIT_INVALID and "broken.yaml:4:1: unknown key 'chekcs'" in proc.stderr
+    )  # the scenario's own
     assert not (tmp_path / "reports").exists()
 
 
@@ -333,8 +351,8 @@ def test_sigterm_stops_the_suite_after_healing_and_records_what_ran(tmp_path: Pa
     try:
         folder = tmp_path / "suite"
         folder.mkdir()
-        (folder / "a-frozen.yaml").write_text(FROZEN.format(py=PY, victim=victim.pid))
-        (folder / "b-sleeper.yaml").write_text(SLEEPER.format(py=PY, seconds=0.1))
+        (folder / "a-frozen.yaml").write_text(_frozen(victim.pid))
+        (folder / "b-sleeper.yaml").write_text(_sleeper(0.1))
         reports = tmp_path / "reports"
         harness = subprocess.Popen(
             [*_standalone_cli(), "suite", "run", str(folder), "--report-dir", str(reports)],
@@ -381,11 +399,13 @@ class _Recorder:
 
 
 def test_fail_fast_stops_after_the_first_run_that_does_not_pass(tmp_path: Path) -> None:
-    (tmp_path / "broken.yaml").write_text(BROKEN.format(py=PY))
-    (tmp_path / "sleeper.yaml").write_text(SLEEPER.format(py=PY, seconds=0.1))
+    (tmp_path / "broken.yaml").write_text(_broken())
+    (tmp_path / "sleeper.yaml").write_text(_sleeper(0.1))
     (tmp_path / "suite.yaml").write_text("name: ff\nscenarios: [broken.yaml, sleeper.yaml]\n")
     recorder = _Recorder()
-    outcome = run_suite(load_suite(tmp_path / "suite.yaml"), SuiteOptions(report_dir=tmp_path / "r", fail_fast=True), recorder)
+    outcome = run_suite(
+        load_suite(tmp_path / "suite.yaml"), SuiteOptions(report_dir=tmp_path / "r", fail_fast=True), recorder
+    )
     assert recorder.lines == ["start 1/2 broken", "end 1/2 fail"]
     assert outcome.exit_code == EXIT_FAIL and outcome.stopped_early.startswith("--fail-fast: run 1/2 (broken)")
     assert len(outcome.completed) == 1 and outcome.completed[0].run_id is not None
@@ -393,7 +413,7 @@ def test_fail_fast_stops_after_the_first_run_that_does_not_pass(tmp_path: Path) 
 
 
 def test_a_pushgateway_that_refuses_makes_the_suite_a_harness_error(tmp_path: Path, pushgateway: Pushgateway) -> None:
-    (tmp_path / "broken.yaml").write_text(BROKEN.format(py=PY))
+    (tmp_path / "broken.yaml").write_text(_broken())
     suite = load_suite(tmp_path / "broken.yaml")  # one scenario file is a suite of one
     assert suite.name == "broken" and len(suite.items) == 1
     pushgateway.status = 500
@@ -412,7 +432,7 @@ def test_suite_plan_lists_the_order_without_running(tmp_path: Path) -> None:
     from chaos.cli.suite import register
 
     for name in ("a", "b", "c", "d"):
-        (tmp_path / f"{name}.yaml").write_text(SLEEPER.format(py=PY, seconds=0).replace("sleeper", name))
+        (tmp_path / f"{name}.yaml").write_text(_sleeper(0).replace("sleeper", name))
     app = Typer()
 
     @app.callback()
@@ -430,8 +450,8 @@ def test_suite_plan_lists_the_order_without_running(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_between_runs_stops_the_loop_and_keeps_what_ran(tmp_path: Path) -> None:
-    (tmp_path / "a.yaml").write_text(SLEEPER.format(py=PY, seconds=0).replace("sleeper", "a"))
-    (tmp_path / "b.yaml").write_text(SLEEPER.format(py=PY, seconds=0).replace("sleeper", "b"))
+    (tmp_path / "a.yaml").write_text(_sleeper(0).replace("sleeper", "a"))
+    (tmp_path / "b.yaml").write_text(_sleeper(0).replace("sleeper", "b"))
 
     class CtrlCBeforeRun2(_Recorder):
         def started(self, position: int, total: int, run: PlannedRun) -> None:

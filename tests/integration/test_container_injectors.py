@@ -182,6 +182,18 @@ def wait_status(client: Any, name: str, status: str, timeout: float = 15.0) -> A
     return container
 
 
+def new_container(make_container: MakeContainer) -> tuple[Any, InjectionContext]:
+    """A fresh running container and the injection context that targets it."""
+    container = make_container()
+    return container, docker_ctx(container.name)
+
+
+def healed_to_running(client: Any, injector: Any, ctx: InjectionContext, applied: Applied, name: str) -> None:
+    """Heal ``applied``; the container ``name`` must be running afterwards."""
+    injector.heal(ctx, applied)
+    assert fresh(client, name).status == "running"
+
+
 def fire(injector: Any, ctx: InjectionContext, params: BaseModel, duration_s: float | None = None) -> Applied:
     """The runner's order: check, prepare, (journal), apply."""
     injector.check(ctx, params)
@@ -206,8 +218,7 @@ def test_check_refuses_a_stopped_container(client: Any, make_container: MakeCont
 
 
 def test_kill_sends_the_signal_through_the_daemon(client: Any, make_container: MakeContainer) -> None:
-    container = make_container()
-    ctx = docker_ctx(container.name)
+    container, ctx = new_container(make_container)
     kill = ContainerKillInjector()
     applied = fire(kill, ctx, ContainerKillParams())
     assert applied.reversible is False and applied.state["signal"] == "SIGKILL"
@@ -224,27 +235,22 @@ def test_kill_sends_the_signal_through_the_daemon(client: Any, make_container: M
 
 
 def test_stop_then_heal_starts_it_again(client: Any, make_container: MakeContainer) -> None:
-    container = make_container()
-    ctx = docker_ctx(container.name)
+    container, ctx = new_container(make_container)
     stop = ContainerStopInjector()
     applied = fire(stop, ctx, ContainerStopParams(timeout="2s"), duration_s=30)
     assert applied.state["timeout_s"] == 2
     assert fresh(client, container.name).status == "exited"
-    stop.heal(ctx, applied)
-    assert fresh(client, container.name).status == "running"
-    stop.heal(ctx, applied)  # idempotent
-    assert fresh(client, container.name).status == "running"
+    healed_to_running(client, stop, ctx, applied, container.name)
+    healed_to_running(client, stop, ctx, applied, container.name)  # idempotent
 
     # Someone (the orchestration under test) already started it before the heal: heal changes nothing.
     applied = fire(stop, ctx, ContainerStopParams(timeout=1), duration_s=30)
     fresh(client, container.name).start()
-    stop.heal(ctx, applied)
-    assert fresh(client, container.name).status == "running"
+    healed_to_running(client, stop, ctx, applied, container.name)
 
 
 def test_stop_heal_leaves_a_recreated_or_removed_container_alone(client: Any, make_container: MakeContainer) -> None:
-    container = make_container()
-    ctx = docker_ctx(container.name)
+    container, ctx = new_container(make_container)
     stop = ContainerStopInjector()
     applied = fire(stop, ctx, ContainerStopParams(timeout=1), duration_s=30)
     fresh(client, container.name).remove(force=True)
@@ -273,22 +279,18 @@ def test_restart_is_one_shot(client: Any, make_container: MakeContainer) -> None
     after = wait_status(client, container.name, "running")
     assert after.attrs["State"]["StartedAt"] != before and after.id == container.id
     assert applied.reversible is False
-    restart.heal(ctx, applied)
-    assert fresh(client, container.name).status == "running"
+    healed_to_running(client, restart, ctx, applied, container.name)
 
 
 def test_pause_then_heal_unpauses(client: Any, make_container: MakeContainer) -> None:
-    container = make_container()
-    ctx = docker_ctx(container.name)
+    container, ctx = new_container(make_container)
     pause = ContainerPauseInjector()
     applied = fire(pause, ctx, ContainerPauseParams(), duration_s=30)
     paused = fresh(client, container.name)
     assert paused.status == "paused" and paused.attrs["State"]["Paused"] is True
     assert pause.revert_command(applied) == ["docker", "unpause", container.name]
-    pause.heal(ctx, applied)
-    assert fresh(client, container.name).status == "running"
-    pause.heal(ctx, applied)  # idempotent: unpausing a running container is fine
-    assert fresh(client, container.name).status == "running"
+    healed_to_running(client, pause, ctx, applied, container.name)
+    healed_to_running(client, pause, ctx, applied, container.name)  # idempotent: unpausing a running container is fine
 
     # The dead-man's revert, run as the harness machine would after a crash.
     applied = fire(pause, ctx, ContainerPauseParams(), duration_s=30)
@@ -298,13 +300,11 @@ def test_pause_then_heal_unpauses(client: Any, make_container: MakeContainer) ->
 
 
 def test_pause_heal_after_restart_or_recreate(client: Any, make_container: MakeContainer) -> None:
-    container = make_container()
-    ctx = docker_ctx(container.name)
+    container, ctx = new_container(make_container)
     pause = ContainerPauseInjector()
     applied = fire(pause, ctx, ContainerPauseParams(), duration_s=30)
     fresh(client, container.name).restart(timeout=1)  # a paused container restarted meanwhile
-    pause.heal(ctx, applied)
-    assert fresh(client, container.name).status == "running"
+    healed_to_running(client, pause, ctx, applied, container.name)
 
     applied = fire(pause, ctx, ContainerPauseParams(), duration_s=30)
     fresh(client, container.name).remove(force=True)
@@ -328,8 +328,7 @@ def cgroup_quota(container_id: str) -> int | None:
 
 
 def test_cpu_caps_and_heal_restores_unlimited(client: Any, make_container: MakeContainer) -> None:
-    container = make_container()
-    ctx = docker_ctx(container.name)
+    container, ctx = new_container(make_container)
     cpu = ContainerCpuInjector()
     applied = fire(cpu, ctx, ContainerCpuParams(cpus=0.2), duration_s=30)
     assert applied.state["previous_cpu_quota"] == 0 and applied.state["previous_nano_cpus"] == 0
@@ -375,8 +374,7 @@ def test_cpu_on_a_nano_cpus_container_and_a_recreated_one(client: Any, make_cont
 
 
 def test_apply_on_a_vanished_container_fails_clearly_and_heal_skips(client: Any, make_container: MakeContainer) -> None:
-    container = make_container()
-    ctx = docker_ctx(container.name)
+    container, ctx = new_container(make_container)
     pause = ContainerPauseInjector()
     applied = pause.prepare(ctx, op(pause.name, ContainerPauseParams(), 30))
     fresh(client, container.name).remove(force=True)
@@ -408,8 +406,7 @@ def test_harness_side_dead_man_restarts_a_stopped_container(
     from chaos.safety import deadman
     from chaos.safety.journal import Journal
 
-    container = make_container()
-    ctx = docker_ctx(container.name)
+    container, ctx = new_container(make_container)
     stop = ContainerStopInjector()
     applied = stop.prepare(ctx, op(stop.name, ContainerStopParams(timeout=1), duration_s=1))
     journal = Journal(tmp_path / "journal.jsonl")

@@ -17,7 +17,8 @@ from pydantic import ValidationError
 
 import chaos.checks.serving.verdicts as serving
 from chaos.checks.base import CHECKS, CheckResult
-from chaos.checks.serving.windows import Window, WindowParams, backend_switches, resolve_window
+from chaos.checks.serving.measures import backend_switches
+from chaos.checks.serving.windows import Window, WindowParams, resolve_window
 from chaos.history.timeline import Event, History
 from chaos.spec.scenario import ScenarioError, parse_scenario
 from chaos.spec.serving import ProbeSettings, ServingTarget

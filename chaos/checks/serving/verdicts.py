@@ -35,28 +35,8 @@ from chaos.checks._evidence import (
 )
 from chaos.checks.base import CheckResult, register_check
 from chaos.checks.latency import Verdict, judge_op_times, latency_verdict
-from chaos.checks.serving.events import (
-    applied_ops,
-    backend_counts,
-    backend_of,
-    describe_request,
-    describe_serving,
-    events_of,
-    is_shed,
-    load_span,
-    priority_of,
-    status_counts,
-)
-from chaos.checks.serving.measures import (
-    FailbackSince,
-    backend_switches,
-    early_failbacks,
-    failback_times,
-    failover_times,
-    is_wrong_answer_detection,
-    reference_target,
-    served_between,
-)
+from chaos.checks.serving import events as ev
+from chaos.checks.serving import measures
 from chaos.checks.serving.windows import Window, WindowParams, resolve_window
 from chaos.history.timeline import FAULT_APPLIED, Event, History
 from chaos.load.summary import is_ok, latency_s, request_events, responded, scheduled_ns, status_of
@@ -100,7 +80,7 @@ def _in_window(
         return verdict(status="unknown", reason=window.reason, evidence=list(window.evidence))
     reqs = window.select(request_events(history.events))
     if priority is not None:
-        reqs = [e for e in reqs if priority_of(e) == priority]
+        reqs = [e for e in reqs if ev.priority_of(e) == priority]
     if not reqs:
         of = "" if priority is None else f" of priority {priority!r}"
         return verdict(
@@ -148,8 +128,8 @@ def error_rate(history: History, params: BaseModel, scenario: Scenario) -> Check
     rate = len(bad) / len(reqs)
     evidence = [
         *window.evidence,
-        f"{len(reqs)} request(s) in {window.text}, {len(bad)} not ok; outcomes: {status_counts(reqs)}",
-        *(describe_request(history, e) for e in bad[:SHOWN]),
+        f"{len(reqs)} request(s) in {window.text}, {len(bad)} not ok; outcomes: {ev.status_counts(reqs)}",
+        *(ev.describe_request(history, e) for e in bad[:SHOWN]),
     ]
     ok = rate <= p.max
     return verdict(
@@ -198,7 +178,7 @@ def latency(history: History, params: BaseModel, scenario: Scenario) -> CheckRes
     if not timed:
         return verdict(
             status="unknown",
-            evidence=[*window.evidence, f"outcomes: {status_counts(reqs)}"],
+            evidence=[*window.evidence, f"outcomes: {ev.status_counts(reqs)}"],
             reason=f"none of the {len(reqs)} request(s) in {window.text} has a latency (no answer, no timeout)",
         )
     value, at = timed[max(1, ceil(p.q * len(timed))) - 1]
@@ -206,8 +186,8 @@ def latency(history: History, params: BaseModel, scenario: Scenario) -> CheckRes
     evidence = [
         *window.evidence,
         f"{len(timed)} latencies in {window.text} ({timeouts} timeouts at the timeout; {left_out} without latency)",
-        f"at the quantile: {describe_request(history, at)}, {fmt_seconds(value)}",
-        f"slowest: {describe_request(history, timed[-1][1])}, {fmt_seconds(timed[-1][0])}",
+        f"at the quantile: {ev.describe_request(history, at)}, {fmt_seconds(value)}",
+        f"slowest: {ev.describe_request(history, timed[-1][1])}, {fmt_seconds(timed[-1][0])}",
     ]
     ok = value <= p.max
     return verdict(
@@ -252,13 +232,13 @@ def failover_within(history: History, params: BaseModel, scenario: Scenario) -> 
     the clients got instead) or the worst time is over ``within``; ``unknown`` when the fault never applied,
     no requests were sent after it, or no bound is known."""
     p = narrow(params, FailoverParams)
-    target = reference_target(scenario)
+    target = measures.reference_target(scenario)
     within = p.within if p.within is not None else (None if target is None else target.failover_bound())
     verdict = latency_verdict(CHECK_FAILOVER, p.fault, within)
-    bound = _bound_or_unknown(history, p.fault, applied_ops(history, p.fault), within, verdict)
+    bound = _bound_or_unknown(history, p.fault, ev.applied_ops(history, p.fault), within, verdict)
     if isinstance(bound, CheckResult):
         return bound
-    times = failover_times(history, p.fault, primary=p.primary, to=p.to, horizon=bound)
+    times = measures.failover_times(history, p.fault, primary=p.primary, to=p.to, horizon=bound)
     return judge_op_times(history, "failover", times, bound, p.fault, verdict)
 
 
@@ -308,21 +288,21 @@ def fallback_share(history: History, params: BaseModel, scenario: Scenario) -> C
     if isinstance(got, CheckResult):
         return got
     window, reqs = got
-    served = [e for e in reqs if is_ok(e) and backend_of(e) is not None]
+    served = [e for e in reqs if is_ok(e) and ev.backend_of(e) is not None]
     if not served:
         return verdict(
             status="unknown",
-            evidence=[*window.evidence, f"outcomes: {status_counts(reqs)}"],
+            evidence=[*window.evidence, f"outcomes: {ev.status_counts(reqs)}"],
             reason=f"no ok request naming its backend in {window.text}",
         )
-    fallback = [e for e in served if backend_of(e) != p.primary and (p.to is None or backend_of(e) in p.to)]
+    fallback = [e for e in served if ev.backend_of(e) != p.primary and (p.to is None or ev.backend_of(e) in p.to)]
     share = len(fallback) / len(served)
     low = p.min is not None and share < p.min
     high = p.max is not None and share > p.max
     return verdict(
         status="fail" if low or high else "pass",
         measured=share,
-        evidence=[*window.evidence, f"{len(served)} ok request(s) in {window.text}: {backend_counts(served)}"],
+        evidence=[*window.evidence, f"{len(served)} ok request(s) in {window.text}: {ev.backend_counts(served)}"],
         reason=f"fallback share {_ratio(share)} ({len(fallback)}/{len(served)}) in {window.text}"
         + (f", under {p.min:g}" if low else "")
         + (f", over {p.max:g}" if high else ""),
@@ -340,7 +320,7 @@ class FailbackParams(BaseModel):
 
     fault: str = Field(description="the fault that took the primary out")
     within: Duration = Field(description="largest allowed time from the reference point until traffic is back")
-    since: FailbackSince | None = Field(
+    since: measures.FailbackSince | None = Field(
         default=None,
         description="reference point: end (the fault's heal or duration), replica_start or backend_up (the "
         "primary's first after the apply); null: end when known, else the primary's replica_start",
@@ -363,10 +343,10 @@ def failback_within(history: History, params: BaseModel, scenario: Scenario) -> 
     no replica_start ...), no requests came after R, or traffic never left the primary (nothing to fail back)."""
     p = narrow(params, FailbackParams)
     verdict = latency_verdict(CHECK_FAILBACK, p.fault, p.within)
-    bound = _bound_or_unknown(history, p.fault, applied_ops(history, p.fault), p.within, verdict)
+    bound = _bound_or_unknown(history, p.fault, ev.applied_ops(history, p.fault), p.within, verdict)
     if isinstance(bound, CheckResult):
         return bound
-    times = failback_times(
+    times = measures.failback_times(
         history, scenario, p.fault, since=p.since, primary=p.primary, confirm=p.confirm, min_share=p.min_share
     )
     return judge_op_times(history, "failback", times, p.within, p.fault, verdict)
@@ -402,7 +382,7 @@ def no_flapping(history: History, params: BaseModel, scenario: Scenario) -> Chec
     send lag) between the down and replica_start + (success_threshold - 1) x probe interval + failback_hold.
     ``unknown`` when the window holds fewer than two ok requests naming their backend."""
     p = narrow(params, NoFlappingParams)
-    applied = events_of(history, FAULT_APPLIED)
+    applied = ev.events_of(history, FAULT_APPLIED)
     limit = 2 * len(applied) if p.max_switches is None else p.max_switches
     name, bound = label(CHECK_NO_FLAPPING, p.fault), f"<= {limit} switches"
     verdict = partial(CheckResult, check=CHECK_NO_FLAPPING, name=name, bound=bound, unit=" switches")
@@ -410,20 +390,20 @@ def no_flapping(history: History, params: BaseModel, scenario: Scenario) -> Chec
     if isinstance(got, CheckResult):
         return got
     window, reqs = got
-    served = [e for e in reqs if is_ok(e) and backend_of(e) is not None]
+    served = [e for e in reqs if is_ok(e) and ev.backend_of(e) is not None]
     if len(served) < 2:
         return verdict(status="unknown", reason=f"fewer than 2 ok requests naming their backend in {window.text}")
-    switches = backend_switches(served, min_run=p.min_run)
+    switches = measures.backend_switches(served, min_run=p.min_run)
     evidence = [
         *window.evidence,
         f"{len(served)} ok request(s) in {window.text}; runs under {p.min_run} ignored",
-        *(f"{s.before} -> {s.after}: {describe_request(history, s.at)}" for s in switches),
+        *(f"{s.before} -> {s.after}: {ev.describe_request(history, s.at)}" for s in switches),
     ]
     problems = [] if len(switches) <= limit else [f"{len(switches)} backend switches, over the {limit} allowed"]
-    target = reference_target(scenario)
+    target = measures.reference_target(scenario)
     if target is not None:
         needed = (target.probes.success_threshold - 1) * target.probes.interval + target.failback_hold
-        early, lines = early_failbacks(history, served, p.primary, needed, p.slack)
+        early, lines = measures.early_failbacks(history, served, p.primary, needed, p.slack)
         problems += early
         evidence += lines
     return verdict(
@@ -467,7 +447,7 @@ def wrong_answers_detected(history: History, params: BaseModel, scenario: Scenar
     exposed to possibly wrong numbers; held to ``max_wrong`` when set. ``unknown`` when the fault never fired,
     no bound is known, or (with ``max_wrong``) no requests were recorded."""
     p = narrow(params, WrongAnswersParams)
-    target = reference_target(scenario)
+    target = measures.reference_target(scenario)
     within = p.within
     if within is None and target is not None:
         within = target.correctness.interval * 2 + target.probes.timeout
@@ -476,30 +456,30 @@ def wrong_answers_detected(history: History, params: BaseModel, scenario: Scenar
         bound += f", <= {p.max_wrong} answers exposed"
     name = label(CHECK_WRONG_ANSWERS, p.fault)
     verdict = partial(CheckResult, check=CHECK_WRONG_ANSWERS, name=name, bound=bound, unit=" answers")
-    ops = applied_ops(history, p.fault)
+    ops = ev.applied_ops(history, p.fault)
     limit = _bound_or_unknown(history, p.fault, ops, within, verdict)
     if isinstance(limit, CheckResult):
         return limit
-    detections = [e for e in events_of(history, "detect.*") if is_wrong_answer_detection(e, p.backend)]
+    detections = [e for e in ev.events_of(history, "detect.*") if measures.is_wrong_answer_detection(e, p.backend)]
     reqs = request_events(history.events)
-    span = load_span(history.events)
+    span = ev.load_span(history.events)
     evidence: list[str] = []
     problems: list[str] = []
     exposed_most: int | None = None
     for op in ops:
         found = next((e for e in detections if e.ts_ns > op.ts_ns), None)
-        evidence.append(describe_serving(history, op))
+        evidence.append(ev.describe_serving(history, op))
         if found is None:
             problems.append(
                 f"no wrong-answer detection of {p.backend} after the apply at {fmt_offset(history, op.ts_ns)}"
             )
         else:
             taken = seconds(found.ts_ns - op.ts_ns)
-            evidence.append(describe_serving(history, found, f"{fmt_seconds(taken)} after the apply"))
+            evidence.append(ev.describe_serving(history, found, f"{fmt_seconds(taken)} after the apply"))
             if taken > limit:
                 problems.append(f"detection took {fmt_seconds(taken)}, over the {fmt_seconds(limit)} bound")
         if span is not None:
-            exposed = served_between(reqs, p.backend, op.ts_ns, span[1] if found is None else found.ts_ns)
+            exposed = measures.served_between(reqs, p.backend, op.ts_ns, span[1] if found is None else found.ts_ns)
             evidence.append(f"{len(exposed)} ok answer(s) from {p.backend} before the detection")
             exposed_most = max(exposed_most or 0, len(exposed))
     if p.max_wrong is not None and exposed_most is not None and exposed_most > p.max_wrong:
@@ -549,21 +529,21 @@ def priority_preserved(history: History, params: BaseModel, scenario: Scenario) 
     if isinstance(got, CheckResult):
         return got
     window, reqs = got
-    mine = [e for e in reqs if priority_of(e) == p.priority]
-    others = [e for e in reqs if priority_of(e) != p.priority]
-    shed = [e for e in others if is_shed(e, p.shed_statuses)]
+    mine = [e for e in reqs if ev.priority_of(e) == p.priority]
+    others = [e for e in reqs if ev.priority_of(e) != p.priority]
+    shed = [e for e in others if ev.is_shed(e, p.shed_statuses)]
     evidence = [
         *window.evidence,
-        f"{len(others)} other request(s), {len(shed)} shed: {status_counts(others)}",
-        *(describe_request(history, e) for e in shed[:1]),
+        f"{len(others)} other request(s), {len(shed)} shed: {ev.status_counts(others)}",
+        *(ev.describe_request(history, e) for e in shed[:1]),
     ]
     if not mine:
         return verdict(status="unknown", evidence=evidence, reason=f"no {p.priority!r} requests in {window.text}")
     bad = [e for e in mine if not is_ok(e)]
     rate = len(bad) / len(mine)
     evidence += [
-        f"{len(mine)} {p.priority} request(s), {len(bad)} not ok: {status_counts(mine)}",
-        *(describe_request(history, e) for e in bad[:SHOWN]),
+        f"{len(mine)} {p.priority} request(s), {len(bad)} not ok: {ev.status_counts(mine)}",
+        *(ev.describe_request(history, e) for e in bad[:SHOWN]),
     ]
     verdict = partial(verdict, measured=rate, evidence=capped(evidence))
     what = f"{p.priority} error rate {_ratio(rate)} ({len(bad)}/{len(mine)}) in {window.text}"

@@ -16,7 +16,8 @@ clip them. An op's end is :func:`~chaos.checks.serving.events.fault_spans`'s; an
 window that needs it unresolved.
 
 The request fields and spans (:mod:`chaos.checks.serving.events`) and the request-level measures
-(:mod:`chaos.checks.serving.measures`) used to live here; their names are still importable from this module.
+(:mod:`chaos.checks.serving.measures`) used to live here (0.1's ``chaos.checks.serving_windows``); only that
+deprecated path still finds their names through this module (:func:`__getattr__`).
 """
 
 from __future__ import annotations
@@ -29,41 +30,7 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from chaos.checks._evidence import fmt_offset, fmt_seconds, missing_fault_reason
-from chaos.checks.serving.events import (
-    BACKEND_DOWN,
-    BACKEND_UP,
-    REPLICA_START,
-    SHED_BACKEND,
-    FaultSpan,
-    applied_ops,
-    backend_counts,
-    backend_of,
-    describe_request,
-    describe_serving,
-    events_of,
-    fault_spans,
-    is_shed,
-    load_span,
-    names_backend,
-    priority_of,
-    status_counts,
-)
-from chaos.checks.serving.measures import (
-    FailbackSince,
-    OpTime,
-    Switch,
-    backend_switches,
-    early_failbacks,
-    failback_reference,
-    failback_times,
-    failover_times,
-    first_failback,
-    first_failover,
-    is_wrong_answer_detection,
-    reference_target,
-    sent_ns,
-    served_between,
-)
+from chaos.checks.serving.events import describe_serving, fault_spans, load_span
 from chaos.history.timeline import Event, History
 from chaos.load.summary import scheduled_ns
 from chaos.spec.units import Duration
@@ -71,44 +38,7 @@ from chaos.spec.units import Duration
 if TYPE_CHECKING:
     from chaos.spec.scenario import Scenario
 
-__all__ = [
-    "BACKEND_DOWN",
-    "BACKEND_UP",
-    "REPLICA_START",
-    "SHED_BACKEND",
-    "FailbackSince",
-    "FaultSpan",
-    "OpTime",
-    "Switch",
-    "Unresolved",
-    "Window",
-    "WindowKind",
-    "WindowParams",
-    "applied_ops",
-    "backend_counts",
-    "backend_of",
-    "backend_switches",
-    "describe_request",
-    "describe_serving",
-    "early_failbacks",
-    "events_of",
-    "failback_reference",
-    "failback_times",
-    "failover_times",
-    "fault_spans",
-    "first_failback",
-    "first_failover",
-    "is_shed",
-    "is_wrong_answer_detection",
-    "load_span",
-    "names_backend",
-    "priority_of",
-    "reference_target",
-    "resolve_window",
-    "sent_ns",
-    "served_between",
-    "status_counts",
-]
+__all__ = ["Unresolved", "Window", "WindowKind", "WindowParams", "resolve_window"]
 
 WindowKind = Literal["before", "during", "after", "all"]
 
@@ -250,3 +180,16 @@ def _merge(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
         else:
             merged.append((a, b))
     return merged
+
+
+if not TYPE_CHECKING:  # hidden from mypy: typed code imports each name from the module that defines it
+
+    def __getattr__(name: str) -> object:
+        """PEP 562: 0.1's ``chaos.checks.serving_windows`` (now a deprecated proxy of this module) held the names
+        of :mod:`~chaos.checks.serving.events` and :mod:`~chaos.checks.serving.measures` too; it still finds them."""
+        from chaos.checks.serving import events, measures  # only the old path pays for them
+
+        for module in (events, measures):
+            if not name.startswith("_") and hasattr(module, name):
+                return getattr(module, name)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

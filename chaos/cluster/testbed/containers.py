@@ -34,20 +34,10 @@ from typing import TYPE_CHECKING, Any
 
 from chaos.cluster.base import TransportError
 from chaos.cluster.inventory import Host, Inventory, dump_inventory
+from chaos.cluster.testbed import base as tb
 from chaos.cluster.testbed import shared_mounts
 from chaos.cluster.testbed.base import HOST_OFFSET as HOST_OFFSET  # re-exported: part of this module's surface
 from chaos.cluster.testbed.base import MAX_HOSTS as MAX_HOSTS  # re-exported: part of this module's surface
-from chaos.cluster.testbed.base import (
-    Teardown,
-    TestbedLayout,
-    check_host_count,
-    choose_subnet,
-    host_address,
-    host_indices,
-    ignore,
-    remove_dir_if_empty,
-    remove_files,
-)
 from chaos.cluster.testbed.image import IMAGE, LABEL, ensure_image, python_binds
 from chaos.cluster.testbed.system import TestbedError, machine_lock, used_networks
 
@@ -82,7 +72,7 @@ def default_shares() -> list[Path]:
 
 
 @dataclass(frozen=True)
-class Layout(TestbedLayout):
+class Layout(tb.TestbedLayout):
     """Every name of the Docker testbed of one state dir (``Layout.of(state_dir)``)."""
 
     subdir = "docker-testbed"
@@ -91,8 +81,8 @@ class Layout(TestbedLayout):
     link_prefix = LINK_PREFIX
 
     # This testbed's words for the shared names: its hosts are containers, its link the network's bridge.
-    bridge = TestbedLayout.link
-    container = TestbedLayout.host_name
+    bridge = tb.TestbedLayout.link
+    container = tb.TestbedLayout.host_name
 
     @property
     def network(self) -> str:
@@ -168,7 +158,7 @@ def _choose_subnet(client: docker.DockerClient, tag: str) -> ipaddress.IPv4Netwo
         used = used_networks()  # addresses and routes of this machine's root namespace
     except (TestbedError, OSError, ValueError):
         used = []
-    return choose_subnet(SUBNET_PREFIX, tag, used + _docker_networks(client), "by a route or a docker network here")
+    return tb.choose_subnet(SUBNET_PREFIX, tag, used + _docker_networks(client), "by a route or a docker network here")
 
 
 def _binds(shares: Sequence[Path]) -> dict[str, Mapping[str, str]]:
@@ -232,7 +222,7 @@ def _ensure_container(
     import docker.errors
     import docker.types
 
-    name, address = layout.container(index), host_address(net, index)
+    name, address = layout.container(index), tb.host_address(net, index)
     image_id = str(client.images.get(IMAGE).id)
     config = _fingerprint(image_id, str(network.id), address, binds)
     try:
@@ -295,7 +285,7 @@ def up(
     state_dir: Path | None = None,
     *,
     shares: Sequence[Path] | None = None,
-    log: Callable[[str], None] = ignore,
+    log: Callable[[str], None] = tb.ignore,
 ) -> Inventory:
     """Build (or repair) an ``n``-host Docker testbed and return its inventory, also written to ``inventory.yaml``.
 
@@ -307,7 +297,7 @@ def up(
     import docker.errors
     import requests
 
-    check_host_count(n)
+    tb.check_host_count(n)
     layout = Layout.at(state_dir)
     wanted = [Path(p).expanduser().resolve() for p in (shares if shares is not None else default_shares())]
     started = time.monotonic()
@@ -343,7 +333,7 @@ def up(
                 hosts=[
                     Host(
                         name=f"h{index}",
-                        address=host_address(net, index),
+                        address=tb.host_address(net, index),
                         transport="docker",
                         container=layout.container(index),
                         groups=["testbed"],
@@ -390,7 +380,7 @@ def _check_exec(inventory: Inventory) -> None:
                 raise TestbedError(f"{host.container} does not run commands: {exc}") from None
 
 
-def down(state_dir: Path | None = None, *, log: Callable[[str], None] = ignore) -> list[str]:
+def down(state_dir: Path | None = None, *, log: Callable[[str], None] = tb.ignore) -> list[str]:
     """Remove everything the Docker testbed of ``state_dir`` made: its containers (with their processes), its
     network, its files, and the image when no other container uses it. Safe when half built or already down.
 
@@ -415,15 +405,15 @@ def down(state_dir: Path | None = None, *, log: Callable[[str], None] = ignore) 
             if bound not in in_use:
                 done.append(shared_mounts.release(Path(bound)))
                 log(done[-1])
-    removed = remove_files((layout.record, layout.inventory))
+    removed = tb.remove_files((layout.record, layout.inventory))
     if removed:
         done.append(f"removed {removed} testbed file(s) under {layout.state_dir}")
         log(done[-1])
-    remove_dir_if_empty(layout.state_dir)
+    tb.remove_dir_if_empty(layout.state_dir)
     return done
 
 
-def down_all(*, log: Callable[[str], None] = ignore) -> list[str]:
+def down_all(*, log: Callable[[str], None] = tb.ignore) -> list[str]:
     """Remove EVERY Docker testbed's containers and networks on this daemon (``chaos-dtb-*`` with our label),
     whoever made them, and the image. For recovery when a state dir was lost; files stay."""
     return _remove(None, log)
@@ -433,7 +423,7 @@ def _remove(layout: Layout | None, log: Callable[[str], None]) -> list[str]:
     import docker.errors
     import requests
 
-    steps = Teardown(log)
+    steps = tb.Teardown(log)
     say, fail = steps.say, steps.fail
     client = connect()
     try:
@@ -508,7 +498,7 @@ def status(state_dir: Path | None = None, *, check_exec: bool = True) -> Testbed
             configs = (network.attrs.get("IPAM") or {}).get("Config") or []
             subnet = str(configs[0]["Subnet"]) if configs else subnet
         found = {layout.index_of(c.name or ""): c for c in _ours(client, layout)}
-        hosts = [_host_status(layout, index, found.get(index), check_exec) for index in host_indices(record, found)]
+        hosts = [_host_status(layout, index, found.get(index), check_exec) for index in tb.host_indices(record, found)]
     finally:
         client.close()
     return TestbedStatus(

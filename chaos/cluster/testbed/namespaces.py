@@ -32,20 +32,10 @@ from functools import partial
 from pathlib import Path
 
 from chaos.cluster.inventory import Host, Inventory, dump_inventory
+from chaos.cluster.testbed import base as tb
 from chaos.cluster.testbed.base import HOST_OFFSET as HOST_OFFSET  # re-exported: part of this module's surface
 from chaos.cluster.testbed.base import INVENTORY as _INVENTORY
 from chaos.cluster.testbed.base import MAX_HOSTS as MAX_HOSTS  # re-exported: part of this module's surface
-from chaos.cluster.testbed.base import (
-    Teardown,
-    TestbedLayout,
-    check_host_count,
-    choose_subnet,
-    host_address,
-    host_indices,
-    ignore,
-    remove_dir_if_empty,
-    remove_files,
-)
 from chaos.cluster.testbed.system import TestbedError as TestbedError  # re-exported: callers catch it here
 from chaos.cluster.testbed.system import (
     in_namespace,
@@ -113,7 +103,7 @@ def _sshd() -> str | None:
 
 
 @dataclass(frozen=True)
-class Layout(TestbedLayout):
+class Layout(tb.TestbedLayout):
     """Every name and path of the testbed of one state dir (``Layout.of(state_dir)``)."""
 
     subdir = "testbed"
@@ -122,9 +112,9 @@ class Layout(TestbedLayout):
     link_prefix = LINK_PREFIX
 
     # This testbed's words for the shared names: its hosts are namespaces, its link a veth.
-    ns_prefix = TestbedLayout.name_prefix
-    root_link = TestbedLayout.link
-    host_ns = TestbedLayout.host_name
+    ns_prefix = tb.TestbedLayout.name_prefix
+    root_link = tb.TestbedLayout.link
+    host_ns = tb.TestbedLayout.host_name
 
     @property
     def hub(self) -> str:
@@ -227,7 +217,7 @@ def _sshd_pids(layout: Layout, index: int) -> list[int]:
 
 
 def up(
-    n: int, state_dir: Path | None = None, *, subnet: str | None = None, log: Callable[[str], None] = ignore
+    n: int, state_dir: Path | None = None, *, subnet: str | None = None, log: Callable[[str], None] = tb.ignore
 ) -> Inventory:
     """Build (or repair) an ``n``-host testbed and return its inventory, also written to ``inventory.yaml``.
 
@@ -239,7 +229,7 @@ def up(
     reason = unsupported_reason()
     if reason is not None:
         raise TestbedError(reason)
-    check_host_count(n)
+    tb.check_host_count(n)
     layout = Layout.at(state_dir)
     layout.state_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -269,13 +259,13 @@ def up(
         known = []
         for index in range(1, n + 1):
             kind, blob = layout.file(_HOST_KEY + ".pub", index).read_text().split()[:2]
-            known.append(f"{host_address(net, index)} {kind} {blob}\n")
+            known.append(f"{tb.host_address(net, index)} {kind} {blob}\n")
         layout.file(_KNOWN_HOSTS).write_text("".join(known))
         inventory = Inventory(
             hosts=[
                 Host(
                     name=f"h{index}",
-                    address=host_address(net, index),
+                    address=tb.host_address(net, index),
                     port=SSH_PORT,
                     user="root",
                     key_file=layout.file(_CLIENT_KEY),
@@ -303,7 +293,7 @@ def _subnet(layout: Layout, record: Mapping[str, object], explicit: str | None) 
         return net
     if isinstance(known, str):
         return ipaddress.IPv4Network(known)
-    return choose_subnet(SUBNET_PREFIX, layout.tag, used_networks(), "here; pass an explicit subnet")
+    return tb.choose_subnet(SUBNET_PREFIX, layout.tag, used_networks(), "here; pass an explicit subnet")
 
 
 def _ensure_hub(layout: Layout, net: ipaddress.IPv4Network, log: Callable[[str], None]) -> None:
@@ -325,7 +315,7 @@ def _ensure_hub(layout: Layout, net: ipaddress.IPv4Network, log: Callable[[str],
 
 def _ensure_host(layout: Layout, index: int, net: ipaddress.IPv4Network, sshd: str, log: Callable[[str], None]) -> None:
     ns, port = layout.host_ns(index), f"chtb-h{index}"
-    address = host_address(net, index)
+    address = tb.host_address(net, index)
     config = layout.file(_SSHD_CONFIG, index)
     pid = pid_of(layout.file(_PID_FILE, index), config)
     if pid is not None and not in_namespace(pid, ns):
@@ -384,7 +374,7 @@ def _remove_host(layout: Layout, index: int, log: Callable[[str], None]) -> None
     log(f"removed host h{index} (namespace {ns}, {killed} process(es))")
 
 
-def down(state_dir: Path | None = None, *, log: Callable[[str], None] = ignore) -> list[str]:
+def down(state_dir: Path | None = None, *, log: Callable[[str], None] = tb.ignore) -> list[str]:
     """Remove everything the testbed of ``state_dir`` made: processes in its namespaces (sshd and whatever
     ran over SSH), the namespaces, the root veth, its files; safe when half built or already down.
 
@@ -392,7 +382,7 @@ def down(state_dir: Path | None = None, *, log: Callable[[str], None] = ignore) 
     TestbedError lists the failures.
     """
     layout = Layout.at(state_dir)
-    steps = Teardown(log)
+    steps = tb.Teardown(log)
     say, fail = steps.say, steps.fail
     tag = layout.read_record().get("tag", layout.tag)
     if tag != layout.tag:
@@ -447,18 +437,18 @@ def _remove_privsep_dir() -> bool:
 
 
 def _remove_host_files(layout: Layout, index: int) -> int:
-    count = remove_files(layout.file(name, index) for name in _HOST_FILES)
-    remove_dir_if_empty(layout.file("", index))  # someone's own files there are theirs to keep
+    count = tb.remove_files(layout.file(name, index) for name in _HOST_FILES)
+    tb.remove_dir_if_empty(layout.file("", index))  # someone's own files there are theirs to keep
     return count
 
 
 def _remove_files(layout: Layout) -> int:
     """Delete the files the testbed wrote (never anything else in the folder); rmdir it if left empty."""
     names = (_STATE_FILE, _INVENTORY, _KNOWN_HOSTS, _CLIENT_KEY, _CLIENT_KEY + ".pub", _AUTHORIZED_KEYS)
-    count = remove_files(layout.file(name) for name in names)
+    count = tb.remove_files(layout.file(name) for name in names)
     for index in _host_dirs(layout):
         count += _remove_host_files(layout, index)
-    remove_dir_if_empty(layout.state_dir)
+    tb.remove_dir_if_empty(layout.state_dir)
     return count
 
 
@@ -468,7 +458,7 @@ def _host_dirs(layout: Layout) -> list[int]:
     return sorted(int(p.name[1:]) for p in layout.state_dir.glob("h[0-9]*") if p.is_dir() and p.name[1:].isdigit())
 
 
-def down_all(*, log: Callable[[str], None] = ignore) -> list[str]:
+def down_all(*, log: Callable[[str], None] = tb.ignore) -> list[str]:
     """Remove EVERY testbed's namespaces and root links on this machine (``chaos-tb-*``, ``chtb-*``),
     including other users' and other state dirs'. For recovery when a state dir was lost; files stay."""
     done: list[str] = []
@@ -499,8 +489,8 @@ def status(state_dir: Path | None = None) -> TestbedStatus:
     subnet = record.get("subnet")
     net = ipaddress.IPv4Network(subnet) if isinstance(subnet, str) else None
     hosts = []
-    for index in host_indices(record, (layout.index_of(ns) for ns in present)):
-        address = host_address(net, index) if net is not None else ""
+    for index in tb.host_indices(record, (layout.index_of(ns) for ns in present)):
+        address = tb.host_address(net, index) if net is not None else ""
         pid = pid_of(layout.file(_PID_FILE, index), layout.file(_SSHD_CONFIG, index))
         hosts.append(
             HostStatus(
