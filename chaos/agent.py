@@ -1,8 +1,8 @@
 """The in-job agent: the part of mlchaos that lives inside the training process.
 
-A training script opts in with one call and four one-line hooks in its loop::
+A training script opts in (``import chaos.agent``) with one call and four one-line hooks in its loop::
 
-    agent = chaos.attach(model, optimizer=optimizer, ddp=ddp_model, guard="checksum", anomaly=True)
+    agent = chaos.agent.attach(model, optimizer=optimizer, ddp=ddp_model, guard="checksum", anomaly=True)
     for step in range(start, steps + 1):
         agent.begin_step(step)                      # weight/activation faults due now fire here
         loss = loss_fn(ddp_model(x), y)

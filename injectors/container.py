@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, ClassVar, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
@@ -41,7 +42,13 @@ from chaos.plugins.injector import (
     InjectionError,
     Injector,
     Unsupported,
+    flag,
+    optional_int,
+    optional_text,
     params_as,
+    state_int,
+    state_number,
+    state_text,
 )
 from chaos.spec.units import Duration
 from injectors.process.faults import require_duration
@@ -55,6 +62,105 @@ NOT_DOCKER = "container faults need a docker host (transport: docker in the inve
 DEFAULT_CFS_PERIOD_US = 100_000  # the kernel's (and docker's) period when the container sets none
 MIN_CFS_QUOTA_US = 1_000  # the kernel's smallest quota; docker refuses less
 SKIPPED = "skipped"  # state key set by an apply that changed nothing, so the heal that follows leaves it alone
+
+
+@dataclass(frozen=True)
+class CpuCap:
+    """``container_cpu``'s record: the limits found at prepare and the one the fault sets (NanoCpus or quota).
+
+    Exactly one of ``fault_nano``/``fault_quota`` is set. Reading needs only what heal and the dead-man's revert
+    use (the previous NanoCpus for a NanoCpus cap, else the previous quota), the rest is kept for the report."""
+
+    previous_quota: int | None
+    previous_period: int | None
+    previous_nano: int | None
+    cpus: float | None
+    fault_nano: int | None = None  # set when the container is limited through NanoCpus
+    fault_quota: int | None = None  # set otherwise
+
+    KEYS: ClassVar[tuple[str, ...]] = ("previous_cpu_quota", "previous_nano_cpus", "fault_nano_cpus", "fault_cpu_quota")
+
+    def to_json(self) -> dict[str, JsonValue]:
+        record: dict[str, JsonValue] = {
+            "previous_cpu_quota": self.previous_quota,
+            "previous_cpu_period": self.previous_period,
+            "previous_nano_cpus": self.previous_nano,
+            "cpus": self.cpus,
+            "fault_nano_cpus": self.fault_nano,
+            "fault_cpu_quota": self.fault_quota,
+        }
+        return {key: value for key, value in record.items() if value is not None}
+
+    @classmethod
+    def from_json(cls, state: dict[str, JsonValue]) -> CpuCap:
+        nano = "fault_nano_cpus" in state
+        cpus = state.get("cpus")
+        return cls(
+            previous_quota=optional_int(state, "previous_cpu_quota")
+            if nano
+            else state_int(state, "previous_cpu_quota"),
+            previous_period=optional_int(state, "previous_cpu_period"),
+            previous_nano=state_int(state, "previous_nano_cpus") if nano else optional_int(state, "previous_nano_cpus"),
+            cpus=state_number(state, "cpus") if cpus is not None else None,
+            fault_nano=state_int(state, "fault_nano_cpus") if nano else None,
+            fault_quota=None if nano else state_int(state, "fault_cpu_quota"),
+        )
+
+    def quota_to_restore(self) -> int:
+        """The recorded CpuQuota, with "none" (0, which docker update reads as "unchanged") as -1 (unlimited)."""
+        previous = self.previous_quota or 0
+        return previous if previous > 0 else -1
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    """What every container fault records (the container's name, id and daemon URL) plus its own fields.
+
+    The journal's JSON keys are the ones 0.1 wrote, so a dead run's journal still heals."""
+
+    container: str
+    container_id: str | None  # None only in a hand-made record: then nothing matches it and heal leaves all be
+    docker_url: str | None
+    skipped: bool = False  # apply changed nothing (the container was recreated or stopped since prepare)
+    signal: str | None = None  # container_kill
+    timeout_s: int | None = None  # container_stop / container_restart
+    cpu: CpuCap | None = None  # container_cpu
+
+    def to_json(self) -> dict[str, JsonValue]:
+        record: dict[str, JsonValue] = {
+            "container": self.container,
+            "container_id": self.container_id,
+            "docker_url": self.docker_url,
+        }
+        if self.signal is not None:
+            record["signal"] = self.signal
+        if self.timeout_s is not None:
+            record["timeout_s"] = self.timeout_s
+        if self.cpu is not None:
+            record.update(self.cpu.to_json())
+        if self.skipped:
+            record[SKIPPED] = True
+        return record
+
+    @classmethod
+    def from_json(cls, state: dict[str, JsonValue]) -> ContainerState:
+        return cls(
+            container=state_text(state, "container"),
+            container_id=optional_text(state, "container_id"),
+            docker_url=optional_text(state, "docker_url"),
+            skipped=flag(state, SKIPPED),
+            signal=optional_text(state, "signal"),
+            timeout_s=optional_int(state, "timeout_s"),
+            cpu=CpuCap.from_json(state) if any(key in state for key in CpuCap.KEYS) else None,
+        )
+
+    def need(self, value: _T | None, key: str) -> _T:
+        """A fault-specific field apply or heal needs; InjectionError names it when the record lacks it."""
+        if value is None:
+            raise InjectionError(f"journal state of container {self.container!r} has no {key!r}")
+        return value
+
+
 _T = TypeVar("_T")
 
 
@@ -183,52 +289,44 @@ def _record(ctx: InjectionContext, op: FaultOp, injector: str) -> tuple[Applied,
         raise InjectionError(
             f"container {transport.container_name!r} on {transport.host} is {container.status}, not running"
         )
-    state: dict[str, JsonValue] = {
-        "container": transport.container_name,
-        "container_id": container.id,
-        "docker_url": transport.spec.docker_url,
-    }
+    if not container.id:
+        raise InjectionError(f"container {transport.container_name!r} on {transport.host} has no id")
+    state = ContainerState(
+        container=transport.container_name, container_id=container.id, docker_url=transport.spec.docker_url
+    )
     applied = Applied(
-        op_id=op.op_id, fault=op.fault, injector=injector, host=transport.host, duration_s=op.duration_s, state=state
+        op_id=op.op_id,
+        fault=op.fault,
+        injector=injector,
+        host=transport.host,
+        duration_s=op.duration_s,
+        state=state.to_json(),
     )
     return applied, container
 
 
-def _text(applied: Applied, key: str) -> str:
-    value = applied.state.get(key)
-    if not isinstance(value, str) or not value:
-        raise InjectionError(f"journal state of {applied.op_id} has no {key!r}: {value!r}")
-    return value
-
-
-def _int(applied: Applied, key: str) -> int:
-    value = applied.state.get(key)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise InjectionError(f"journal state of {applied.op_id} has no integer {key!r}: {value!r}")
-    return value
-
-
-def _ours(transport: DockerTransport, applied: Applied) -> Container | None:
+def _ours(transport: DockerTransport, state: ContainerState) -> Container | None:
     """The recorded container if it still exists under its name with the recorded id (None: gone/recreated)."""
     found = find_container(transport)
-    return found if found is not None and found.id == applied.state.get("container_id") else None
+    return found if found is not None and state.container_id is not None and found.id == state.container_id else None
 
 
 def _current(transport: DockerTransport, applied: Applied, verb: str) -> Container:
     """For apply: the recorded container, running; InjectionError (and the heal that follows skips) otherwise."""
     found = _require_container(transport)
-    if found.id != applied.state.get("container_id") or found.status != "running":
-        applied.state[SKIPPED] = True
-        change = "was recreated" if found.id != applied.state.get("container_id") else f"is {found.status}"
+    state = ContainerState.from_json(applied.state)
+    if found.id != state.container_id or found.status != "running":
+        applied.state = replace(state, skipped=True).to_json()
+        change = "was recreated" if found.id != state.container_id else f"is {found.status}"
         raise InjectionError(f"container {transport.container_name!r} {change} since prepare; not {verb}")
     return found
 
 
 def docker_cli(applied: Applied, *args: str) -> list[str]:
     """``docker [-H URL] ARGS... NAME``: the dead-man's revert, run on the harness's machine."""
-    url = applied.state.get("docker_url")
-    host = ["-H", url] if isinstance(url, str) and url else []
-    return ["docker", *host, *args, _text(applied, "container")]
+    state = ContainerState.from_json(applied.state)
+    host = ["-H", state.docker_url] if state.docker_url else []
+    return ["docker", *host, *args, state.container]
 
 
 def _whole_seconds(value: float) -> int:
@@ -266,32 +364,37 @@ class _ContainerFault:
         params = op.params_as(self.Params)
         applied, container = _record(ctx, op, self.name)
         applied.reversible = not self.one_shot
-        what = self._plan(applied, params, container)
+        state, what = self._plan(ContainerState.from_json(applied.state), params, container)
+        applied.state = state.to_json()
         for_how_long = "" if duration is None else f" for {_seconds(duration)}"
         applied.description = f"{what}{for_how_long}"
         return applied
 
-    def _plan(self, applied: Applied, params: BaseModel, container: Container) -> str:
-        """Add this fault's own fields to ``applied.state``; return the description (without the duration)."""
+    def _plan(self, state: ContainerState, params: BaseModel, container: Container) -> tuple[ContainerState, str]:
+        """The state with this fault's own fields added, and the description (without the duration)."""
         raise NotImplementedError
 
     def apply(self, ctx: InjectionContext, applied: Applied) -> None:
         transport = docker_transport(ctx)
-        self._act(transport, _current(transport, applied, self.done), applied)
+        container = _current(transport, applied, self.done)
+        self._act(transport, container, ContainerState.from_json(applied.state))
 
-    def _act(self, transport: DockerTransport, container: Container, applied: Applied) -> None:
+    def _act(self, transport: DockerTransport, container: Container, state: ContainerState) -> None:
         raise NotImplementedError
 
     def heal(self, ctx: InjectionContext, applied: Applied) -> None:
         """Undo on the recorded container, if it still exists; nothing for a one-shot fault or a skipped apply."""
-        if self.one_shot or applied.state.get(SKIPPED):
+        if self.one_shot:
+            return
+        state = ContainerState.from_json(applied.state)
+        if state.skipped:
             return
         transport = docker_transport(ctx)
-        container = _ours(transport, applied)
+        container = _ours(transport, state)
         if container is not None:
-            self._undo(transport, container, applied)
+            self._undo(transport, container, state)
 
-    def _undo(self, transport: DockerTransport, container: Container, applied: Applied) -> None:
+    def _undo(self, transport: DockerTransport, container: Container, state: ContainerState) -> None:
         """Nothing to undo unless a subclass says so."""
 
     def revert_command(self, applied: Applied) -> list[str] | None:
@@ -307,13 +410,12 @@ class ContainerKillInjector(_ContainerFault):
     one_shot: ClassVar[bool] = True
     done: ClassVar[str] = "killed"
 
-    def _plan(self, applied: Applied, params: BaseModel, container: Container) -> str:
+    def _plan(self, state: ContainerState, params: BaseModel, container: Container) -> tuple[ContainerState, str]:
         signal = params_as(ContainerKillParams, params).signal
-        applied.state["signal"] = signal
-        return f"{signal} container {applied.state['container']}"
+        return replace(state, signal=signal), f"{signal} container {state.container}"
 
-    def _act(self, transport: DockerTransport, container: Container, applied: Applied) -> None:
-        signal = _text(applied, "signal")
+    def _act(self, transport: DockerTransport, container: Container, state: ContainerState) -> None:
+        signal = state.need(state.signal, "signal")
         _call(f"sending {signal} to", transport.container_name, lambda: container.kill(signal=signal))
 
 
@@ -324,13 +426,12 @@ class _GraceFault(_ContainerFault):
     verb: ClassVar[str]  # the docker-py Container method, and the word in the description
     acting: ClassVar[str]  # the verb as a daemon error names the step: "stopping X failed: ..."
 
-    def _plan(self, applied: Applied, params: BaseModel, container: Container) -> str:
+    def _plan(self, state: ContainerState, params: BaseModel, container: Container) -> tuple[ContainerState, str]:
         grace = params_as(cast("type[ContainerStopParams]", self.Params), params)  # restart's Params subclass it
-        applied.state["timeout_s"] = _whole_seconds(grace.timeout)
-        return f"{self.verb} container {applied.state['container']}"
+        return replace(state, timeout_s=_whole_seconds(grace.timeout)), f"{self.verb} container {state.container}"
 
-    def _act(self, transport: DockerTransport, container: Container, applied: Applied) -> None:
-        timeout = _int(applied, "timeout_s")
+    def _act(self, transport: DockerTransport, container: Container, state: ContainerState) -> None:
+        timeout = state.need(state.timeout_s, "timeout_s")
         _call(self.acting, transport.container_name, lambda: getattr(container, self.verb)(timeout=timeout))
 
 
@@ -344,7 +445,7 @@ class ContainerStopInjector(_GraceFault):
     verb: ClassVar[str] = "stop"
     acting: ClassVar[str] = "stopping"
 
-    def _undo(self, transport: DockerTransport, container: Container, applied: Applied) -> None:
+    def _undo(self, transport: DockerTransport, container: Container, state: ContainerState) -> None:
         """Start the recorded container unless it runs already (or is on its way)."""
         if container.status not in ("running", "restarting", "paused", "removing"):
             _call("starting", transport.container_name, container.start)
@@ -373,20 +474,20 @@ class ContainerPauseInjector(_ContainerFault):
     summary: ClassVar[str] = "freeze every process of a container (docker pause) for the fault's duration"
     done: ClassVar[str] = "paused"
 
-    def _plan(self, applied: Applied, params: BaseModel, container: Container) -> str:
-        return f"pause container {applied.state['container']}"
+    def _plan(self, state: ContainerState, params: BaseModel, container: Container) -> tuple[ContainerState, str]:
+        return state, f"pause container {state.container}"
 
-    def _act(self, transport: DockerTransport, container: Container, applied: Applied) -> None:
+    def _act(self, transport: DockerTransport, container: Container, state: ContainerState) -> None:
         _call("pausing", transport.container_name, container.pause)
 
-    def _undo(self, transport: DockerTransport, container: Container, applied: Applied) -> None:
+    def _undo(self, transport: DockerTransport, container: Container, state: ContainerState) -> None:
         """Unpause the recorded container if paused; a restarted one is left alone."""
         if container.status != "paused":
             return
         try:
             _call("unpausing", transport.container_name, container.unpause)
         except InjectionError:
-            again = _ours(transport, applied)  # raced with someone else's unpause/restart: that is healed too
+            again = _ours(transport, state)  # raced with someone else's unpause/restart: that is healed too
             if again is not None and again.status == "paused":
                 raise
 
@@ -418,14 +519,14 @@ class ContainerCpuInjector(_ContainerFault):
         if info.get("CpuCfsQuota") is False:
             raise Unsupported(f"the Docker daemon of {transport.host} has no CFS quota support (CpuCfsQuota: false)")
 
-    def _plan(self, applied: Applied, params: BaseModel, container: Container) -> str:
+    def _plan(self, state: ContainerState, params: BaseModel, container: Container) -> tuple[ContainerState, str]:
         """Record the current CpuQuota/CpuPeriod/NanoCpus and the fault's value; InjectionError if out of range."""
         cpus = params_as(ContainerCpuParams, params).cpus
         host_config = container.attrs.get("HostConfig") or {}
         quota, period, nano = (int(host_config.get(key) or 0) for key in ("CpuQuota", "CpuPeriod", "NanoCpus"))
-        applied.state.update(previous_cpu_quota=quota, previous_cpu_period=period, previous_nano_cpus=nano, cpus=cpus)
+        cap = CpuCap(previous_quota=quota, previous_period=period, previous_nano=nano, cpus=cpus)
         if nano > 0:
-            applied.state["fault_nano_cpus"] = int(cpus * 1e9)
+            cap = replace(cap, fault_nano=int(cpus * 1e9))
         else:
             fault_quota = round(cpus * (period or DEFAULT_CFS_PERIOD_US))
             if fault_quota < MIN_CFS_QUOTA_US:
@@ -433,37 +534,37 @@ class ContainerCpuInjector(_ContainerFault):
                     f"cpus={cpus:g} is a quota of {fault_quota}us per {period or DEFAULT_CFS_PERIOD_US}us period;"
                     f" the kernel's smallest is {MIN_CFS_QUOTA_US}us"
                 )
-            applied.state["fault_cpu_quota"] = fault_quota
-        return f"cap container {applied.state['container']} at {cpus:g} CPUs"
+            cap = replace(cap, fault_quota=fault_quota)
+        return replace(state, cpu=cap), f"cap container {state.container} at {cpus:g} CPUs"
 
-    def _act(self, transport: DockerTransport, container: Container, applied: Applied) -> None:
-        if "fault_nano_cpus" in applied.state:
-            _update_nano_cpus(transport, container, _int(applied, "fault_nano_cpus"))
+    def _act(self, transport: DockerTransport, container: Container, state: ContainerState) -> None:
+        cap = state.need(state.cpu, "previous_cpu_quota")
+        if cap.fault_nano is not None:
+            _update_nano_cpus(transport, container, cap.fault_nano)
         else:
-            quota = _int(applied, "fault_cpu_quota")
+            quota = state.need(cap.fault_quota, "fault_cpu_quota")
             _call("updating the CPU quota of", transport.container_name, lambda: container.update(cpu_quota=quota))
 
-    def _undo(self, transport: DockerTransport, container: Container, applied: Applied) -> None:
+    def _undo(self, transport: DockerTransport, container: Container, state: ContainerState) -> None:
         """Restore the recorded limit while the fault's is still in place; otherwise leave the container be."""
+        cap = state.need(state.cpu, "previous_cpu_quota")
         host_config = container.attrs.get("HostConfig") or {}
-        if "fault_nano_cpus" in applied.state:
-            if int(host_config.get("NanoCpus") or 0) == _int(applied, "fault_nano_cpus"):
-                _update_nano_cpus(transport, container, _int(applied, "previous_nano_cpus"))
+        if cap.fault_nano is not None:
+            if int(host_config.get("NanoCpus") or 0) == cap.fault_nano:
+                _update_nano_cpus(transport, container, state.need(cap.previous_nano, "previous_nano_cpus"))
             return
-        if int(host_config.get("CpuQuota") or 0) == _int(applied, "fault_cpu_quota"):
-            restore = _quota_to_restore(applied)
+        if int(host_config.get("CpuQuota") or 0) == cap.fault_quota:
+            restore = cap.quota_to_restore()
             _call("restoring the CPU quota of", transport.container_name, lambda: container.update(cpu_quota=restore))
 
     def revert_command(self, applied: Applied) -> list[str] | None:
-        if "fault_nano_cpus" in applied.state:
-            return docker_cli(applied, "update", f"--cpus={_int(applied, 'previous_nano_cpus') / 1e9:g}")
-        return docker_cli(applied, "update", f"--cpu-quota={_quota_to_restore(applied)}")
-
-
-def _quota_to_restore(applied: Applied) -> int:
-    """The recorded CpuQuota, with "none" (0, which docker update reads as "unchanged") as -1 (unlimited)."""
-    previous = _int(applied, "previous_cpu_quota")
-    return previous if previous > 0 else -1
+        state = ContainerState.from_json(applied.state)
+        cap = state.need(state.cpu, "previous_cpu_quota")
+        if cap.fault_nano is not None:
+            return docker_cli(
+                applied, "update", f"--cpus={state.need(cap.previous_nano, 'previous_nano_cpus') / 1e9:g}"
+            )
+        return docker_cli(applied, "update", f"--cpu-quota={cap.quota_to_restore()}")
 
 
 def _update_nano_cpus(transport: DockerTransport, container: Container, nano_cpus: int) -> None:

@@ -33,7 +33,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -42,20 +42,20 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 import injectors.storage.fuselayer as fuselayer
 from chaos.cluster.base import TransportError, host_python
 from chaos.cluster.local import LocalTransport
-from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
+from chaos.plugins.injector import (
+    Applied,
+    FaultOp,
+    InjectionContext,
+    InjectionError,
+    Unsupported,
+    optional_int,
+    state_int,
+)
 from chaos.safety import deadman
 from chaos.spec.units import Duration
 from injectors import detached
 from injectors.hostfiles import HostFiles
-from injectors.process.faults import (
-    ProcessHost,
-    ProcessSelector,
-    alive_targets,
-    require_duration,
-    resolve_processes,
-    same_processes,
-    targets_state,
-)
+from injectors.process.faults import ProcessHost, ProcessSelector, Targets, require_duration, resolve_processes
 
 MODULE = "injectors.node"
 _OUR_HELPERS = (MODULE, fuselayer.MODULE)  # never throttle our own daemons when a name regex matches them
@@ -227,17 +227,55 @@ def _under(mount: str, path: str) -> bool:
     return (path == top or path.startswith(top + "/")) and "/../" not in f"{path}/"
 
 
-def _ours(applied: Applied) -> tuple[Hierarchy, str]:
-    """The hierarchy and cgroup recorded at prepare, validated so that no journal edit can aim us elsewhere."""
-    version, mount, root, cgroup = (applied.state.get(key) for key in ("version", "mount", "root", "cgroup"))
-    if not (
-        isinstance(version, int) and version in (1, 2)
-        and isinstance(mount, str) and isinstance(root, str) and isinstance(cgroup, str)
-    ):  # fmt: skip
-        raise InjectionError("journal state lacks the cgroup version/mount/root/cgroup of this throttle")
-    if os.path.dirname(cgroup) != mount.rstrip("/") or not _CGROUP_NAME.match(os.path.basename(cgroup)):
-        raise InjectionError(f"refusing to touch {cgroup!r}: not a chaos-<hex> cgroup directly under {mount!r}")
-    return Hierarchy(version, mount, root), cgroup
+@dataclass(frozen=True)
+class ThrottleState:
+    """The journal state of ``cpu_throttle``: the targets, our cgroup, each target's original cgroup, the quota.
+
+    :meth:`from_json` validates the hierarchy and cgroup so that no journal edit can aim us elsewhere; an
+    ``originals`` entry that is not a path is dropped (that pid is then moved to the fallback cgroup).
+    """
+
+    targets: Targets
+    hierarchy: Hierarchy
+    cgroup: str
+    originals: dict[str, str]
+    period_us: int
+    quota_us: int
+
+    def to_json(self) -> dict[str, JsonValue]:
+        originals: dict[str, JsonValue] = dict(self.originals)
+        return {
+            **self.targets.to_json(),
+            "version": self.hierarchy.version,
+            "mount": self.hierarchy.mount,
+            "root": self.hierarchy.root,
+            "cgroup": self.cgroup,
+            "originals": originals,
+            "period_us": self.period_us,
+            "quota_us": self.quota_us,
+        }
+
+    @classmethod
+    def from_json(cls, state: dict[str, JsonValue]) -> ThrottleState:
+        """InjectionError when a field is missing or the cgroup is not a chaos-<hex> one under the mount."""
+        version, mount, root, cgroup = state.get("version"), state.get("mount"), state.get("root"), state.get("cgroup")
+        if not (
+            isinstance(version, int) and version in (1, 2)
+            and isinstance(mount, str) and isinstance(root, str) and isinstance(cgroup, str)
+        ):  # fmt: skip
+            raise InjectionError("journal state lacks the cgroup version/mount/root/cgroup of this throttle")
+        if os.path.dirname(cgroup) != mount.rstrip("/") or not _CGROUP_NAME.match(os.path.basename(cgroup)):
+            raise InjectionError(f"refusing to touch {cgroup!r}: not a chaos-<hex> cgroup directly under {mount!r}")
+        raw = state.get("originals")
+        originals = {pid: path for pid, path in raw.items() if isinstance(path, str)} if isinstance(raw, dict) else {}
+        return cls(
+            Targets.from_json(state),
+            Hierarchy(version, mount, root),
+            cgroup,
+            originals,
+            state_int(state, "period_us"),
+            state_int(state, "quota_us"),
+        )
 
 
 # -- cpu_throttle ------------------------------------------------------------------------------------------------
@@ -282,7 +320,7 @@ class CpuThrottleInjector:
             raise InjectionError(f"{label} matches only mlchaos's own helpers")
         pids, starts = [pids[i] for i in keep], [starts[i] for i in keep]
         hierarchy = _hierarchy(fs)
-        originals: dict[str, JsonValue] = {}
+        originals: dict[str, str] = {}
         for pid in pids:
             where = _cgroup_of(fs, hierarchy, pid)
             if where is None:
@@ -291,28 +329,22 @@ class CpuThrottleInjector:
         digest = hashlib.sha1(f"{op.op_id}:{time.time_ns()}:{os.getpid()}".encode()).hexdigest()[:12]
         period_us = round(params.period * 1e6)
         quota_us = max(1000, round(params.fraction * period_us))
-        state: dict[str, JsonValue] = {
-            **targets_state(pids, starts, label),
-            "version": hierarchy.version,
-            "mount": hierarchy.mount,
-            "root": hierarchy.root,
-            "cgroup": f"{hierarchy.mount.rstrip('/')}/chaos-{digest}",
-            "originals": originals,
-            "period_us": period_us,
-            "quota_us": quota_us,
-        }
+        targets = Targets(tuple(pids), tuple(starts), label)
+        cgroup = f"{hierarchy.mount.rstrip('/')}/chaos-{digest}"
+        state = ThrottleState(targets, hierarchy, cgroup, originals, period_us, quota_us)
         return op.record(
-            self.name, ctx.transport.host, state, f"throttle {label} to {params.fraction:g} CPU for {duration:g}s"
+            self.name,
+            ctx.transport.host,
+            state.to_json(),
+            f"throttle {label} to {params.fraction:g} CPU for {duration:g}s",
         )
 
     def apply(self, ctx: InjectionContext, applied: Applied) -> None:
         """Create our cgroup, set its quota, move the targets in (all threads: cgroup.procs)."""
-        hierarchy, cgroup = _ours(applied)
+        state = ThrottleState.from_json(applied.state)
+        hierarchy, cgroup, period_us, quota_us = state.hierarchy, state.cgroup, state.period_us, state.quota_us
         host, fs = ProcessHost(ctx.transport), _HostFs(ctx.transport)
-        period_us, quota_us = applied.state.get("period_us"), applied.state.get("quota_us")
-        if not isinstance(period_us, int) or not isinstance(quota_us, int):
-            raise InjectionError("journal state lacks period_us/quota_us")
-        alive = alive_targets(host, applied, "throttled")
+        alive = state.targets.alive(host, "throttled")
         if hierarchy.version == 2:
             control = fs.read(f"{hierarchy.mount}/cgroup.subtree_control") or ""
             if "cpu" not in control.split():
@@ -332,7 +364,7 @@ class CpuThrottleInjector:
                 if host.start_time(pid) is not None:  # gone meanwhile is fine, anything else is not
                     raise
         if not moved:
-            raise InjectionError(f"{applied.state.get('selector')} exited before it could be throttled")
+            raise InjectionError(f"{state.targets.selector} exited before it could be throttled")
 
     def heal(self, ctx: InjectionContext, applied: Applied) -> None:
         """Run :meth:`revert_command` (lift quota, move everyone back, remove our cgroup), then verify.
@@ -340,9 +372,8 @@ class CpuThrottleInjector:
         Idempotent; works from ``applied.state`` alone. InjectionError when our cgroup is still there or a
         recorded target that is still alive is not back in its original cgroup.
         """
-        argv = self.revert_command(applied)
-        assert argv is not None  # _ours() inside raised otherwise
-        hierarchy, cgroup = _ours(applied)
+        state = ThrottleState.from_json(applied.state)
+        argv, hierarchy, cgroup = _revert_argv(state), state.hierarchy, state.cgroup
         fs, host = _HostFs(ctx.transport), ProcessHost(ctx.transport)
         try:
             done = ctx.transport.run(argv, timeout=60)
@@ -350,32 +381,48 @@ class CpuThrottleInjector:
             raise InjectionError(f"cannot run the cgroup revert on {ctx.transport.host}: {exc}") from exc
         if not done.ok or fs.exists(cgroup):
             raise InjectionError(f"cgroup {cgroup} could not be removed: {done.stderr.strip()[:300]}")
-        originals = applied.state.get("originals")
-        if not isinstance(originals, dict):
-            return
-        for pid in same_processes(host, applied.state):
-            now, want = _cgroup_of(fs, hierarchy, pid), originals.get(str(pid))
-            if isinstance(want, str) and fs.exists(want) and now != want:
+        for pid in state.targets.same(host):
+            now, want = _cgroup_of(fs, hierarchy, pid), state.originals.get(str(pid))
+            if want is not None and fs.exists(want) and now != want:
                 raise InjectionError(f"pid {pid} is in cgroup {now}, not back in {want}")
 
     def revert_command(self, applied: Applied) -> list[str] | None:
         """``sh -c REVERT_SCRIPT`` with our generated paths as arguments (no user input reaches the script)."""
-        hierarchy, cgroup = _ours(applied)
-        originals = applied.state.get("originals")
-        recorded = {
-            pid: path
-            for pid, path in (originals.items() if isinstance(originals, dict) else [])
-            if isinstance(path, str) and _under(hierarchy.mount, path)  # a journal edit cannot aim elsewhere
-        }
-        pairs = [f"{pid}={path}" for pid, path in recorded.items()]
-        fallback = next(iter(recorded.values()), hierarchy.mount)  # children go where the first target was
-        return [
-            "sh", "-c", REVERT_SCRIPT, "mlchaos-cpu-revert",
-            cgroup, hierarchy.limit_file, hierarchy.unlimited, fallback, hierarchy.mount, *pairs,
-        ]  # fmt: skip
+        return _revert_argv(ThrottleState.from_json(applied.state))
+
+
+def _revert_argv(state: ThrottleState) -> list[str]:
+    hierarchy = state.hierarchy
+    recorded = {
+        pid: path
+        for pid, path in state.originals.items()
+        if _under(hierarchy.mount, path)  # a journal edit cannot aim elsewhere
+    }
+    pairs = [f"{pid}={path}" for pid, path in recorded.items()]
+    fallback = next(iter(recorded.values()), hierarchy.mount)  # children go where the first target was
+    return [
+        "sh", "-c", REVERT_SCRIPT, "mlchaos-cpu-revert",
+        state.cgroup, hierarchy.limit_file, hierarchy.unlimited, fallback, hierarchy.mount, *pairs,
+    ]  # fmt: skip
 
 
 # -- memory_pressure ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MemoryState:
+    """The journal state of ``memory_pressure``: the size of the hog and (once applied) its pid."""
+
+    megabytes: int
+    helper_pid: int | None = None
+
+    def to_json(self) -> dict[str, JsonValue]:
+        state: dict[str, JsonValue] = {"megabytes": self.megabytes}
+        return state if self.helper_pid is None else {**state, "helper_pid": self.helper_pid}
+
+    @classmethod
+    def from_json(cls, state: dict[str, JsonValue]) -> MemoryState:
+        return cls(state_int(state, "megabytes"), optional_int(state, "helper_pid"))
 
 
 def _available_mb(fs: _HostFs) -> int | None:
@@ -408,22 +455,24 @@ class MemoryPressureInjector:
                 f"{params.megabytes} MiB asked, only {available} MiB available on {ctx.transport.host}"
             )
         description = f"hold {params.megabytes} MiB of memory for {duration:g}s"
-        return op.record(self.name, ctx.transport.host, {"megabytes": params.megabytes}, description)
+        return op.record(self.name, ctx.transport.host, MemoryState(params.megabytes).to_json(), description)
 
     def apply(self, ctx: InjectionContext, applied: Applied) -> None:
         """Start the hog; records ``helper_pid``. It ends by itself at the op's deadline."""
-        host = ProcessHost(ctx.transport)
+        host, state = ProcessHost(ctx.transport), MemoryState.from_json(applied.state)
         until_ns = detached.host_deadline_ns(ctx.transport, applied.duration_s or 0.0)
         argv = [
             host_python(ctx.transport), "-m", MODULE,
-            "--op-id", applied.op_id, "--megabytes", str(applied.state.get("megabytes")), "--until-ns", str(until_ns),
+            "--op-id", applied.op_id, "--megabytes", str(state.megabytes), "--until-ns", str(until_ns),
         ]  # fmt: skip
         log = "memhog.log" if host.local else None
-        applied.state["helper_pid"] = detached.launch(ctx.transport, argv, what="memory hog", log=log)
+        helper = detached.launch(ctx.transport, argv, what="memory hog", log=log)
+        applied.state.update(replace(state, helper_pid=helper).to_json())
 
     def heal(self, ctx: InjectionContext, applied: Applied) -> None:
         """Stop the hog (verified by cmdline and op id; found by op id after a crash). Idempotent."""
-        ProcessHost(ctx.transport).stop_helpers(MODULE, applied.op_id, applied.state.get("helper_pid"))
+        helper = MemoryState.from_json(applied.state).helper_pid
+        ProcessHost(ctx.transport).stop_helpers(MODULE, applied.op_id, helper)
 
     def revert_command(self, applied: Applied) -> list[str] | None:
         """None: the hog ends by itself at the op's deadline, before any dead-man would fire."""

@@ -14,6 +14,7 @@ Life of one fault op, driven by the runner so that no injector can get the order
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Protocol, TypeVar, runtime_checkable
 
@@ -92,6 +93,75 @@ class Applied(BaseModel):
     reversible: bool = True
     state: dict[str, JsonValue] = {}
     description: str = ""
+
+
+# -- reading journal state -------------------------------------------------------------------------------------
+# Each injector family keeps its journal state in a frozen dataclass with ``to_json``/``from_json``; the wire
+# form stays ``Applied.state`` (plain JSON), so journals of earlier runs still heal. These readers are what the
+# ``from_json`` methods are made of: one InjectionError message shape for every malformed record.
+
+T = TypeVar("T")
+
+
+def _state_field(state: dict[str, JsonValue], key: str, what: str, parse: Callable[[JsonValue], T | None]) -> T:
+    value = state.get(key)
+    parsed = parse(value)
+    if parsed is None:
+        raise InjectionError(f"journal state {key!r} is missing or not {what}: {value!r}")
+    return parsed
+
+
+def _as_text(value: JsonValue) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _as_int(value: JsonValue) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _as_number(value: JsonValue) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _as_texts(value: JsonValue) -> tuple[str, ...] | None:
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        return None
+    return tuple(item for item in value if isinstance(item, str))
+
+
+def state_text(state: dict[str, JsonValue], key: str) -> str:
+    """``state[key]`` as a non-empty string; InjectionError otherwise."""
+    return _state_field(state, key, "a non-empty string", _as_text)
+
+
+def state_int(state: dict[str, JsonValue], key: str) -> int:
+    """``state[key]`` as an integer (a bool is not one); InjectionError otherwise."""
+    return _state_field(state, key, "an integer", _as_int)
+
+
+def state_number(state: dict[str, JsonValue], key: str) -> float:
+    """``state[key]`` as a float (an integer is accepted); InjectionError otherwise."""
+    return _state_field(state, key, "a number", _as_number)
+
+
+def state_texts(state: dict[str, JsonValue], key: str) -> tuple[str, ...]:
+    """``state[key]`` as a list of strings; InjectionError otherwise."""
+    return _state_field(state, key, "a list of strings", _as_texts)
+
+
+def optional_int(state: dict[str, JsonValue], key: str) -> int | None:
+    """``state[key]`` when it is an integer, else None (a field written later, e.g. a helper's pid at apply)."""
+    return _as_int(state.get(key))
+
+
+def optional_text(state: dict[str, JsonValue], key: str) -> str | None:
+    """``state[key]`` when it is a non-empty string, else None."""
+    return _as_text(state.get(key))
+
+
+def flag(state: dict[str, JsonValue], key: str) -> bool:
+    """``state[key] is True``: a missing or malformed flag reads as False (the safe default, e.g. no sudo)."""
+    return state.get(key) is True
 
 
 @runtime_checkable

@@ -9,7 +9,7 @@ to addresses; everything below it (:func:`filter_specs`, :func:`injectors.networ
 iptables faults put their DROP rules only in per-op chains reached through tagged jumps, and tc faults add
 one root qdisc with a per-op handle; :mod:`injectors.network.iptables` and :mod:`injectors.network.tc` hold those
 disciplines (and why heal removes exactly ours). Where the host's ``iptables-restore`` uses the same backend
-as its ``iptables`` (decided in ``prepare``, journaled as ``state["restore"]``), apply and heal are one
+as its ``iptables`` (decided in ``prepare``, journaled as :attr:`FilterState.restore`), apply and heal are one
 ``iptables-restore --noflush`` each, fed through a temporary file (transports have no stdin).
 ``revert_command`` is a constant ``sh -c`` script that gets only validated, generated names as positional
 parameters: it needs nothing but sh, iptables/tc on the host, which is what a dead-man switch can rely on
@@ -21,12 +21,25 @@ Commands run as root; a non-root transport user with password-less sudo gets ``s
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, Field, JsonValue, model_validator
 
 from chaos.cluster.base import TransportError, host_python
-from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported, params_as
+from chaos.plugins.injector import (
+    Applied,
+    FaultOp,
+    InjectionContext,
+    InjectionError,
+    Unsupported,
+    flag,
+    optional_int,
+    optional_text,
+    params_as,
+    state_number,
+    state_texts,
+)
 from chaos.safety import deadman
 from chaos.spec.units import Duration
 from injectors import detached
@@ -146,6 +159,78 @@ def filter_specs(
     ]
 
 
+@dataclass(frozen=True)
+class FilterState:
+    """The journal state of an iptables fault: its chains, the tag on our jumps, and how to run iptables.
+
+    ``restore`` says whether ``iptables-restore`` shares ``backend`` with ``iptables`` (one-batch loading).
+    ``comment`` is None only in a malformed record: heal then removes jumps by chain name alone.
+    """
+
+    chains: tuple[ChainSpec, ...]
+    comment: str | None
+    sudo: bool
+    backend: str
+    restore: bool
+    peers: tuple[str, ...]
+
+    def to_json(self) -> dict[str, JsonValue]:
+        chains: list[JsonValue] = [spec.to_json() for spec in self.chains]
+        return {
+            "chains": chains,
+            "comment": self.comment,
+            "sudo": self.sudo,
+            "backend": self.backend,
+            "restore": self.restore,
+            "peers": list(self.peers),
+        }
+
+    @classmethod
+    def from_json(cls, state: dict[str, JsonValue]) -> FilterState:
+        """InjectionError when the chains are not ours or not what we write (see :class:`ChainSpec`)."""
+        return cls(
+            tuple(netfilter.chains_from_state(state)),
+            optional_text(state, "comment"),
+            flag(state, "sudo"),
+            optional_text(state, "backend") or "",
+            flag(state, "restore"),
+            state_texts(state, "peers") if "peers" in state else (),
+        )
+
+    @property
+    def chain_names(self) -> list[str]:
+        return [spec.chain for spec in self.chains]
+
+    def required_comment(self) -> str:
+        """The jump tag, for apply; InjectionError when the record has none."""
+        if self.comment is None:
+            raise InjectionError("journal state has no rule comment")
+        return self.comment
+
+
+@dataclass(frozen=True)
+class FlapState:
+    """The journal state of ``flap``: the partition's, the cycle, and (once applied) the helper's pid."""
+
+    filter: FilterState
+    period_s: float
+    down_fraction: float
+    helper_pid: int | None = None
+
+    def to_json(self) -> dict[str, JsonValue]:
+        state = {**self.filter.to_json(), "period_s": self.period_s, "down_fraction": self.down_fraction}
+        return state if self.helper_pid is None else {**state, "helper_pid": self.helper_pid}
+
+    @classmethod
+    def from_json(cls, state: dict[str, JsonValue]) -> FlapState:
+        return cls(
+            FilterState.from_json(state),
+            state_number(state, "period_s"),
+            state_number(state, "down_fraction"),
+            optional_int(state, "helper_pid"),
+        )
+
+
 class _FilterFault:
     """Shared life of the iptables faults; subclasses say which extra matches their DROP rules carry."""
 
@@ -168,6 +253,11 @@ class _FilterFault:
 
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
         """Choose chain names and rules; changes nothing. InjectionError without root/sudo or iptables."""
+        state, description = self._plan(ctx, op)
+        return op.record(self.name, ctx.transport.host, state.to_json(), description)
+
+    def _plan(self, ctx: InjectionContext, op: FaultOp) -> tuple[FilterState, str]:
+        """The journal state and description of ``op`` (what :meth:`prepare` records)."""
         params = op.params_as(FilterParams)
         host = Host.open(ctx.transport, refuse=InjectionError)
         peers = resolve_peers(ctx, params.peers)
@@ -175,56 +265,43 @@ class _FilterFault:
         chains = netfilter.chain_names(op.op_id, ctx.transport.host, directions)
         specs = filter_specs(chains, peers, params.protocol, params.ports, self._extra(params))
         local = host.route(probe_address(peers[0]))[1] or ctx.transport.host
-        chain_state: list[JsonValue] = [spec.to_json() for spec in specs]
         backend = netfilter.backend(host.run)
-        state: dict[str, JsonValue] = {
-            "chains": chain_state,
-            "comment": netfilter.comment_for(op.op_id),
-            "sudo": host.sudo,
-            "backend": backend,
-            "restore": netfilter.restore_backend(host.run) == backend,
-            "peers": list(peers),
-        }
-        description = f"{self._what(params)} {_between(local, peers, params.direction)}{_selection(params)}"
-        return op.record(self.name, ctx.transport.host, state, description)
+        state = FilterState(
+            tuple(specs),
+            netfilter.comment_for(op.op_id),
+            host.sudo,
+            backend,
+            netfilter.restore_backend(host.run) == backend,
+            tuple(peers),
+        )
+        return state, f"{self._what(params)} {_between(local, peers, params.direction)}{_selection(params)}"
 
     @staticmethod
-    def _host(ctx: InjectionContext, applied: Applied) -> Host:
-        return Host(ctx.transport, applied.state.get("sudo") is True)
-
-    @staticmethod
-    def _restore(ctx: InjectionContext, applied: Applied, host: Host) -> netfilter.Restore | None:
+    def _restore(ctx: InjectionContext, applied: Applied, state: FilterState, host: Host) -> netfilter.Restore | None:
         """One-batch loading for this op, or None when prepare found no usable ``iptables-restore``."""
-        if applied.state.get("restore") is not True:
+        if not state.restore:
             return None
         return netfilter.file_restore(host.run, ctx.transport.put, f"{applied.op_id}-{ctx.transport.host}")
 
     def apply(self, ctx: InjectionContext, applied: Applied) -> None:
         """Create and fill the op's chains, then jump to them; InjectionError on a failing command (the
         runner then heals, which removes whatever part was installed). Repeating it adds no second jump."""
-        host = self._host(ctx, applied)
-        specs = netfilter.chains_from_state(applied.state)
-        netfilter.install(host.run, specs, _comment(applied), restore=self._restore(ctx, applied, host))
+        state = FilterState.from_json(applied.state)
+        host = Host(ctx.transport, state.sudo)
+        restore = self._restore(ctx, applied, state, host)
+        netfilter.install(host.run, list(state.chains), state.required_comment(), restore=restore)
 
     def heal(self, ctx: InjectionContext, applied: Applied) -> None:
         """Remove every jump to the op's chains and the chains themselves; idempotent, needs only the state."""
-        host = self._host(ctx, applied)
-        specs = netfilter.chains_from_state(applied.state)
-        comment = applied.state.get("comment")
-        restore = self._restore(ctx, applied, host)
-        netfilter.uninstall(host.run, specs, comment if isinstance(comment, str) else None, restore=restore)
+        state = FilterState.from_json(applied.state)
+        host = Host(ctx.transport, state.sudo)
+        restore = self._restore(ctx, applied, state, host)
+        netfilter.uninstall(host.run, list(state.chains), state.comment, restore=restore)
 
     def revert_command(self, applied: Applied) -> list[str] | None:
         """``sh -c <constant script> mlchaos-netrevert CHAIN...``: see :data:`injectors.network.iptables.REVERT_SCRIPT`."""
-        chains = [spec.chain for spec in netfilter.chains_from_state(applied.state)]
-        return netfilter.revert_argv(chains, sudo=applied.state.get("sudo") is True)
-
-
-def _comment(applied: Applied) -> str:
-    comment = applied.state.get("comment")
-    if not isinstance(comment, str):
-        raise InjectionError("journal state has no rule comment")
-    return comment
+        state = FilterState.from_json(applied.state)
+        return netfilter.revert_argv(state.chain_names, sudo=state.sudo)
 
 
 class PartitionInjector(_FilterFault):
@@ -293,42 +370,42 @@ class FlapInjector(_FilterFault):
         """As partition, plus the cycle; InjectionError without a duration (the helper needs a deadline)."""
         if op.duration_s is None or op.duration_s <= 0:
             raise InjectionError("flap needs a duration (e.g. `duration: 30s`) so that it always ends")
-        applied = super().prepare(ctx, op)
+        partition, description = self._plan(ctx, op)
         params = op.params_as(FlapParams)
-        applied.state["period_s"] = params.period
-        applied.state["down_fraction"] = params.down_fraction
-        applied.description = (
-            f"flap {applied.description.removeprefix(self.name + ' ')}: down {params.down_fraction:.0%} of every "
+        state = FlapState(partition, params.period, params.down_fraction)
+        description = (
+            f"flap {description.removeprefix(self.name + ' ')}: down {params.down_fraction:.0%} of every "
             f"{params.period:g}s for {op.duration_s:g}s"
         )
-        return applied
+        return op.record(self.name, ctx.transport.host, state.to_json(), description)
 
     def apply(self, ctx: InjectionContext, applied: Applied) -> None:
         """Install the chains bypassed, then start the detached helper; records its pid in the state."""
-        specs = netfilter.chains_from_state(applied.state)
-        host = self._host(ctx, applied)
-        restore = self._restore(ctx, applied, host)
-        netfilter.install(host.run, specs, _comment(applied), bypass=True, restore=restore)
+        state = FlapState.from_json(applied.state)
+        host = Host(ctx.transport, state.filter.sudo)
+        restore = self._restore(ctx, applied, state.filter, host)
+        netfilter.install(
+            host.run, list(state.filter.chains), state.filter.required_comment(), bypass=True, restore=restore
+        )
         until_ns = detached.host_deadline_ns(ctx.transport, applied.duration_s or 0.0)
         argv = [
             *(["sudo", "-n"] if host.sudo else []),
             host_python(ctx.transport), "-m", netflap.MODULE,
             "--op-id", applied.op_id,
-            "--chains", ",".join(spec.chain for spec in specs),
-            "--period", repr(applied.state.get("period_s")),
-            "--down-fraction", repr(applied.state.get("down_fraction")),
+            "--chains", ",".join(state.filter.chain_names),
+            "--period", repr(state.period_s),
+            "--down-fraction", repr(state.down_fraction),
             "--until-ns", str(until_ns),
         ]  # fmt: skip
         log = "netflap.log" if shares_machine(ctx.transport) else None
-        applied.state["helper_pid"] = detached.launch(
-            ctx.transport, argv, what="flap helper", log=log, timeout=TIMEOUT_S
-        )
+        helper = detached.launch(ctx.transport, argv, what="flap helper", log=log, timeout=TIMEOUT_S)
+        applied.state.update(replace(state, helper_pid=helper).to_json())
 
     def heal(self, ctx: InjectionContext, applied: Applied) -> None:
         """Stop the helper (it removes the chains as it leaves), then remove whatever is still there."""
-        host = self._host(ctx, applied)
-        recorded = applied.state.get("helper_pid")
-        pids = [recorded] if isinstance(recorded, int) else _find_helpers(host, applied.op_id)
+        state = FlapState.from_json(applied.state)
+        host = Host(ctx.transport, state.filter.sudo)
+        pids = [state.helper_pid] if state.helper_pid is not None else _find_helpers(host, applied.op_id)
         detached.stop(
             pids,
             lambda pid: _is_helper(host, pid, applied.op_id),
@@ -337,7 +414,7 @@ class FlapInjector(_FilterFault):
             poll_s=0.05,
         )
         # The helper removes the chains as it leaves, so look before deleting (no batch that would only fail).
-        netfilter.remove(host.run, [spec.chain for spec in netfilter.chains_from_state(applied.state)])
+        netfilter.remove(host.run, state.filter.chain_names)
 
 
 def _is_helper(host: Host, pid: int, op_id: str) -> bool:

@@ -24,12 +24,13 @@ import hashlib
 import re
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field, JsonValue, field_validator, model_validator
 
 from chaos.cluster.base import Completed, TransportError
-from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported, params_as
+from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported, flag, params_as
 from chaos.spec.units import Duration
 from injectors.network.host import Host, Peers, ms, probe_address, resolve_peers
 from injectors.network.iptables import Run
@@ -329,6 +330,37 @@ def _netem_args(params: ShapeParams) -> list[str]:
     return args
 
 
+@dataclass(frozen=True)
+class ShapeState:
+    """The journal state of a tc fault: our root qdisc (interface, handle, kind), the commands that build it,
+    and whether they run behind ``sudo -n``.
+    """
+
+    interface: str
+    handle: str
+    kind: str
+    commands: tuple[tuple[str, ...], ...]
+    sudo: bool
+
+    def to_json(self) -> dict[str, JsonValue]:
+        commands: list[JsonValue] = [list(argv) for argv in self.commands]
+        return {
+            "interface": self.interface,
+            "handle": self.handle,
+            "kind": self.kind,
+            "commands": commands,
+            "sudo": self.sudo,
+        }
+
+    @classmethod
+    def from_json(cls, state: dict[str, JsonValue]) -> ShapeState:
+        """InjectionError when the interface or handle is not one we could have written (they reach the
+        dead-man's script) or the commands are not ``tc`` argv lists."""
+        interface, handle = checked_interface(state.get("interface")), checked_handle(state.get("handle"))
+        commands = tuple(tuple(argv) for argv in commands_from_state(state))
+        return cls(interface, handle, str(state.get("kind")), commands, flag(state, "sudo"))
+
+
 class _ShapeFault:
     """Shared life of the tc faults: one root qdisc with an op-derived handle on one interface."""
 
@@ -376,12 +408,9 @@ class _ShapeFault:
         kind, commands = shaping_plan(interface, root, leaf, peers, params)
         local = (host.route(probe_address(peers[0]))[1] if peers else None) or ctx.transport.host
         where = f"{local} -> {', '.join(peers)}" if peers else f"everything {local} sends"
-        command_state: list[JsonValue] = [list(argv) for argv in commands]
-        state: dict[str, JsonValue] = {
-            "interface": interface, "handle": root, "kind": kind, "commands": command_state, "sudo": host.sudo,
-        }  # fmt: skip
+        state = ShapeState(interface, root, kind, tuple(tuple(argv) for argv in commands), host.sudo)
         return op.record(
-            self.name, ctx.transport.host, state, f"{self._what(params)} {where} on {interface} (outgoing)"
+            self.name, ctx.transport.host, state.to_json(), f"{self._what(params)} {where} on {interface} (outgoing)"
         )
 
     def _what(self, params: ShapeParams) -> str:
@@ -389,19 +418,18 @@ class _ShapeFault:
 
     def apply(self, ctx: InjectionContext, applied: Applied) -> None:
         """Run the planned tc commands; InjectionError on a failing one (heal then deletes our root, if any)."""
-        host = Host(ctx.transport, applied.state.get("sudo") is True)
-        install(host.run, commands_from_state(applied.state))
+        state = ShapeState.from_json(applied.state)
+        install(Host(ctx.transport, state.sudo).run, state.commands)
 
     def heal(self, ctx: InjectionContext, applied: Applied) -> None:
         """Delete our root qdisc if it is still ours (handle and kind); idempotent, fine if the interface went."""
-        host = Host(ctx.transport, applied.state.get("sudo") is True)
-        interface, root, kind = (applied.state.get(key) for key in ("interface", "handle", "kind"))
-        remove(host.run, checked_interface(interface), checked_handle(root), str(kind))
+        state = ShapeState.from_json(applied.state)
+        remove(Host(ctx.transport, state.sudo).run, state.interface, state.handle, state.kind)
 
     def revert_command(self, applied: Applied) -> list[str] | None:
         """``sh -c <constant script> mlchaos-tcrevert IFACE HANDLE``: see :data:`REVERT_SCRIPT`."""
-        interface, root = applied.state.get("interface"), applied.state.get("handle")
-        return revert_argv(checked_interface(interface), checked_handle(root), sudo=applied.state.get("sudo") is True)
+        state = ShapeState.from_json(applied.state)
+        return revert_argv(state.interface, state.handle, sudo=state.sudo)
 
 
 class BandwidthInjector(_ShapeFault):

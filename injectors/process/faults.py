@@ -335,21 +335,6 @@ class SlowState:
         )
 
 
-def same_processes(host: ProcessHost, state: dict[str, JsonValue]) -> list[int]:
-    """Recorded pids that are still the recorded processes (pid reuse guard)."""
-    return Targets.from_json(state).same(host)
-
-
-def targets_state(pids: list[int], starts: list[int], label: str) -> dict[str, JsonValue]:
-    """The journal state naming resolved targets, read back by :func:`same_processes`."""
-    return Targets(tuple(pids), tuple(starts), label).to_json()
-
-
-def alive_targets(host: ProcessHost, applied: Applied, verb: str) -> list[int]:
-    """For apply: the recorded targets still running; InjectionError when all of them exited (not ``verb``)."""
-    return Targets.from_json(applied.state).alive(host, verb)
-
-
 def require_duration(name: str, op: FaultOp) -> float:
     if op.duration_s is None or op.duration_s <= 0:
         raise InjectionError(f"{name} needs a duration (e.g. `duration: 20s`) so that it always ends")

@@ -36,6 +36,7 @@ import re
 import shutil
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
@@ -43,7 +44,18 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, m
 import injectors.storage.fuselayer as fuselayer
 from chaos.cluster.base import Transport, TransportError, host_python
 from chaos.cluster.local import LocalTransport
-from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
+from chaos.plugins.injector import (
+    Applied,
+    FaultOp,
+    InjectionContext,
+    InjectionError,
+    Unsupported,
+    optional_int,
+    optional_text,
+    state_number,
+    state_text,
+    state_texts,
+)
 from chaos.safety import deadman
 from chaos.safety.state import state_dir
 from chaos.spec.units import Duration
@@ -125,11 +137,85 @@ class _Files(HostFiles):
         return done.ok, (done.stderr or done.stdout).strip()[:300]
 
 
-def _state_str(applied: Applied, key: str) -> str:
-    value = applied.state.get(key)
-    if not isinstance(value, str) or not value:
-        raise InjectionError(f"journal state {key!r} is missing or not a string: {value!r}")
-    return value
+@dataclass(frozen=True)
+class StorageState:
+    """The journal state of ``storage``: the mount, the daemon's files, the fault, and (once applied) the daemon.
+
+    ``via`` is ``docker-host`` for a directory inside a container (the layer is on this machine, over the bind
+    mount's source ``path``; ``container``/``container_path`` name what the job sees). ``drain_s`` reads as 5s
+    when missing.
+    """
+
+    path: str
+    fsname: str
+    control: str
+    status: str
+    log: str
+    mode: str
+    ops: tuple[str, ...]
+    latency_s: float
+    probability: float
+    drain_s: float
+    via: str | None = None
+    container: str | None = None
+    container_path: str | None = None
+    helper_pid: int | None = None
+    helper_start_time: int | None = None
+
+    def to_json(self) -> dict[str, JsonValue]:
+        state: dict[str, JsonValue] = {
+            "path": self.path,
+            "fsname": self.fsname,
+            "control": self.control,
+            "status": self.status,
+            "log": self.log,
+            "mode": self.mode,
+            "ops": list(self.ops),
+            "latency_s": self.latency_s,
+            "probability": self.probability,
+            "drain_s": self.drain_s,
+        }
+        if self.via is not None:
+            state.update(via=self.via, container=self.container, container_path=self.container_path)
+        if self.helper_pid is not None:
+            state.update(helper_pid=self.helper_pid, helper_start_time=self.helper_start_time)
+        return state
+
+    @classmethod
+    def from_json(cls, state: dict[str, JsonValue]) -> StorageState:
+        """InjectionError when a path, the mode, ops, latency or probability is missing or malformed."""
+        drain = state.get("drain_s")
+        return cls(
+            state_text(state, "path"),
+            state_text(state, "fsname"),
+            state_text(state, "control"),
+            state_text(state, "status"),
+            state_text(state, "log"),
+            state_text(state, "mode"),
+            state_texts(state, "ops"),
+            state_number(state, "latency_s"),
+            state_number(state, "probability"),
+            float(drain) if isinstance(drain, int | float) and not isinstance(drain, bool) else 5.0,
+            optional_text(state, "via"),
+            optional_text(state, "container"),
+            optional_text(state, "container_path"),
+            optional_int(state, "helper_pid"),
+            optional_int(state, "helper_start_time"),
+        )
+
+    @property
+    def on_docker_host(self) -> bool:
+        return self.via == _VIA_DOCKER_HOST
+
+    def fault(self, generation: int) -> fuselayer.Fault:
+        """The fault recorded at prepare, as the daemon's control file carries it."""
+        return fuselayer.Fault(
+            mode=self.mode,
+            ops=frozenset(self.ops),
+            latency_s=self.latency_s if self.mode in ("latency", "fsync_stall") else 0.0,
+            probability=self.probability,
+            generation=generation,
+        )
 
 
 def _tag(op_id: str) -> str:
@@ -150,30 +236,8 @@ def _fault(params: StorageParams | None, generation: int) -> fuselayer.Fault:
     )
 
 
-def _state_fault(applied: Applied, generation: int) -> fuselayer.Fault:
-    """The fault recorded at prepare, as the daemon's control file carries it."""
-    ops, latency, probability = (applied.state.get(key) for key in ("ops", "latency_s", "probability"))
-    mode = _state_str(applied, "mode")
-    if not isinstance(ops, list) or not all(isinstance(op, str) for op in ops):
-        raise InjectionError(f"journal state 'ops' is not a list of operation names: {ops!r}")
-    if not isinstance(latency, (int, float)) or not isinstance(probability, (int, float)):
-        raise InjectionError("journal state 'latency_s'/'probability' are not numbers")
-    return fuselayer.Fault(
-        mode=mode,
-        ops=frozenset(str(op) for op in ops),
-        latency_s=float(latency) if mode in ("latency", "fsync_stall") else 0.0,
-        probability=float(probability),
-        generation=generation,
-    )
-
-
-def _drain_s(applied: Applied) -> float:
-    drain = applied.state.get("drain_s")
-    return float(drain) if isinstance(drain, (int, float)) else 5.0
-
-
-def _status(files: _Files, applied: Applied) -> dict[str, JsonValue]:
-    text = files.read(_state_str(applied, "status"))
+def _status(files: _Files, state: StorageState) -> dict[str, JsonValue]:
+    text = files.read(state.status)
     try:
         found = json.loads(text) if text else {}
     except ValueError:  # caught between write and rename can't happen (atomic), but a truncated disk can
@@ -183,11 +247,11 @@ def _status(files: _Files, applied: Applied) -> dict[str, JsonValue]:
 
 def _daemons(host: ProcessHost, applied: Applied) -> list[int]:
     """The op's live daemon(s): the journaled pid, or (crash before that record) a search by op id."""
-    return host.helpers(fuselayer.MODULE, applied.op_id, applied.state.get("helper_pid"))
+    return host.helpers(fuselayer.MODULE, applied.op_id, StorageState.from_json(applied.state).helper_pid)
 
 
-def _write_fault(ctx: InjectionContext, applied: Applied, fault: fuselayer.Fault) -> None:
-    path = _state_str(applied, "control")
+def _write_fault(ctx: InjectionContext, state: StorageState, fault: fuselayer.Fault) -> None:
+    path = state.control
     try:
         ctx.transport.put(fault.to_json(), path)
     except (OSError, TransportError) as exc:
@@ -209,16 +273,15 @@ def change(ctx: InjectionContext, applied: Applied, params: StorageParams | None
     ``params.path`` must be the mounted path. Raises InjectionError when the daemon is gone or does not
     acknowledge within :data:`ACK_TIMEOUT_S`.
     """
-    if params is not None and params.path != applied.state.get("path"):
-        raise InjectionError(f"this fault is mounted on {applied.state.get('path')}, not {params.path}")
+    state = StorageState.from_json(applied.state)
+    if params is not None and params.path != state.path:
+        raise InjectionError(f"this fault is mounted on {state.path}, not {params.path}")
     host, files = ProcessHost(ctx.transport), _Files(ctx.transport)
     generation = time.time_ns()
-    _write_fault(ctx, applied, _fault(params, generation))
-    if not _wait(lambda: _status(files, applied).get("generation") == generation, ACK_TIMEOUT_S):
+    _write_fault(ctx, state, _fault(params, generation))
+    if not _wait(lambda: _status(files, state).get("generation") == generation, ACK_TIMEOUT_S):
         alive = "alive" if _daemons(host, applied) else "gone"
-        raise InjectionError(
-            f"the fault layer on {applied.state.get('path')} did not adopt the change (daemon {alive})"
-        )
+        raise InjectionError(f"the fault layer on {state.path} did not adopt the change (daemon {alive})")
 
 
 # -- containers: the layer goes on the docker host, over the bind mount's source ---------------------------------
@@ -329,22 +392,22 @@ class StorageInjector:
         tag = _tag(op.op_id)
         base = str(state_dir() / "fuse")
         ops = params.effective_ops()
-        state: dict[str, JsonValue] = {
-            "path": path,
-            "fsname": f"{fuselayer.FSNAME_PREFIX}:{tag}",
-            "control": f"{base}/{tag}.json",
-            "status": f"{base}/{tag}.status.json",
-            "log": f"{base}/{tag}.log",
-            "mode": params.mode,
-            "ops": list(ops),
-            "latency_s": params.latency,
-            "probability": params.probability,
-            "drain_s": params.drain,
-        }
+        state = StorageState(
+            path=path,
+            fsname=f"{fuselayer.FSNAME_PREFIX}:{tag}",
+            control=f"{base}/{tag}.json",
+            status=f"{base}/{tag}.status.json",
+            log=f"{base}/{tag}.log",
+            mode=params.mode,
+            ops=tuple(ops),
+            latency_s=params.latency,
+            probability=params.probability,
+            drain_s=params.drain,
+        )
         what = f"{params.mode} ({params.latency:g}s)" if params.mode in ("latency", "fsync_stall") else params.mode
         chance = "" if params.probability >= 1 else f" with p={params.probability:g}"
         description = f"FUSE {what} on {','.join(ops)}{chance} over {path} for {duration:g}s"
-        return op.record(self.name, ctx.transport.host, state, description)
+        return op.record(self.name, ctx.transport.host, state.to_json(), description)
 
     def _prepare_in_container(
         self, ctx: InjectionContext, op: FaultOp, container: Any, params: StorageParams
@@ -368,7 +431,8 @@ class StorageInjector:
             )
         local_op = op.model_copy(update={"params": params.model_copy(update={"path": source})})
         applied = self.prepare(_on_docker_host(ctx), local_op)
-        applied.state.update({"via": _VIA_DOCKER_HOST, "container": name, "container_path": params.path})
+        state = replace(StorageState.from_json(applied.state), via=_VIA_DOCKER_HOST, container=name)
+        applied.state = replace(state, container_path=params.path).to_json()
         return applied.model_copy(
             update={"host": ctx.transport.host, "description": f"{applied.description} (= {name}:{params.path})"}
         )
@@ -376,41 +440,41 @@ class StorageInjector:
     @staticmethod
     def revert_on_harness(applied: Applied) -> bool:
         """True for a container's layer: it is mounted on this machine, so its dead-man must run here."""
-        return applied.state.get("via") == _VIA_DOCKER_HOST
+        return StorageState.from_json(applied.state).on_docker_host
 
     def apply(self, ctx: InjectionContext, applied: Applied) -> None:
         """Write the fault, start the daemon and wait until its mount serves; adds ``helper_pid`` to state."""
-        if applied.state.get("via") == _VIA_DOCKER_HOST:
+        state = StorageState.from_json(applied.state)
+        if state.on_docker_host:
             ctx = _on_docker_host(ctx)
         files, host = _Files(ctx.transport), ProcessHost(ctx.transport)
-        control = _state_str(applied, "control")
+        control = state.control
         ok, detail = files.run(["mkdir", "-p", os.path.dirname(control)])
         if not ok:
             raise InjectionError(f"cannot create {os.path.dirname(control)}: {detail}")
-        path, drain_s = _state_str(applied, "path"), _drain_s(applied)
-        _write_fault(ctx, applied, _state_fault(applied, time.time_ns()))
+        path, drain_s = state.path, state.drain_s
+        _write_fault(ctx, state, state.fault(time.time_ns()))
         # The daemon's own deadline is a backstop behind heal and the dead-man, hence the grace.
         until_ns = detached.host_deadline_ns(ctx.transport, (applied.duration_s or 0.0) + 30.0 + drain_s)
         argv = [
             host_python(ctx.transport), "-m", fuselayer.MODULE,
             "--op-id", applied.op_id,
             "--path", path,
-            "--fsname", _state_str(applied, "fsname"),
+            "--fsname", state.fsname,
             "--control", control,
-            "--status", _state_str(applied, "status"),
+            "--status", state.status,
             "--until-ns", str(until_ns),
             "--drain", repr(drain_s),
-            "--log", _state_str(applied, "log"),
+            "--log", state.log,
         ]  # fmt: skip
         helper = deadman.spawn_helper(
             ctx.transport, argv, what="FUSE daemon", env=deadman.python_env() if files.local else None, timeout=30
         )
-        applied.state["helper_pid"] = helper
-        applied.state["helper_start_time"] = host.start_time(helper)
-        fsname = _state_str(applied, "fsname")
+        applied.state.update(replace(state, helper_pid=helper, helper_start_time=host.start_time(helper)).to_json())
+        fsname = state.fsname
 
         def serving() -> bool:
-            return _status(files, applied).get("phase") == "serving" and fuselayer.is_mounted(
+            return _status(files, state).get("phase") == "serving" and fuselayer.is_mounted(
                 fsname, path, files.mounts()
             )
 
@@ -418,7 +482,7 @@ class StorageInjector:
             return not host.is_helper(helper, fuselayer.MODULE, applied.op_id)
 
         if not _wait(lambda: serving() or failed(), READY_TIMEOUT_S) or not serving():
-            log = (files.read(_state_str(applied, "log")) or "").strip().splitlines()[-5:]
+            log = (files.read(state.log) or "").strip().splitlines()[-5:]
             raise InjectionError(f"the FUSE layer on {path} did not come up: {' | '.join(log) or 'no log'}")
 
     def heal(self, ctx: InjectionContext, applied: Applied) -> None:
@@ -427,13 +491,13 @@ class StorageInjector:
         Idempotent and works from ``applied.state`` alone (a fresh process after a crash). Raises
         InjectionError only when the mount is still there at the end.
         """
-        if applied.state.get("via") == _VIA_DOCKER_HOST:
+        state = StorageState.from_json(applied.state)
+        if state.on_docker_host:
             ctx = _on_docker_host(ctx)
         files, host = _Files(ctx.transport), ProcessHost(ctx.transport)
-        path, fsname = _state_str(applied, "path"), _state_str(applied, "fsname")
-        drain_s = _drain_s(applied)
+        path, fsname, drain_s = state.path, state.fsname, state.drain_s
         daemons = _daemons(host, applied)
-        if daemons and _status(files, applied).get("phase") == "serving":
+        if daemons and _status(files, state).get("phase") == "serving":
             try:  # release every operation held by hang or latency before taking the mount away
                 change(ctx, applied, None)
             except InjectionError:
@@ -453,13 +517,11 @@ class StorageInjector:
         if fuselayer.is_mounted(fsname, path, files.mounts()):
             raise InjectionError(f"the FUSE layer {fsname} is still mounted on {path}: {'; '.join(errors)}")
         if not _daemons(host, applied):  # healed: its control, status and log files have served their purpose
-            state_files = [applied.state.get(key) for key in ("control", "status", "log")]
-            files.run(["rm", "-f", *(f for f in state_files if isinstance(f, str) and f)])
+            files.run(["rm", "-f", state.control, state.status, state.log])
 
     def revert_command(self, applied: Applied) -> list[str] | None:
         """Lazy unmount; the daemon notices its mount is gone, clears the fault and stops after the drain."""
-        path = applied.state.get("path")
-        return fuselayer.unmount_argv(path, lazy=True) if isinstance(path, str) and path else None
+        return fuselayer.unmount_argv(StorageState.from_json(applied.state).path, lazy=True)
 
 
 INJECTORS = (StorageInjector,)
