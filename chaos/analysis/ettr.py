@@ -32,16 +32,8 @@ from dataclasses import dataclass, field, replace
 
 from chaos.checks._evidence import attempt_of, events_of, fmt_seconds, seconds, step_events, step_of
 from chaos.checks.lineage import committed_lineage  # the lineage exactly_once judges; one definition
-from chaos.history.timeline import (
-    TARGET_CHECKPOINT,
-    TARGET_DIGEST,
-    TARGET_EXIT,
-    TARGET_RESTART,
-    TARGET_RESUME,
-    TARGET_START,
-    Event,
-    History,
-)
+from chaos.history import timeline as kinds  # the event kinds goodput is read from
+from chaos.history.timeline import Event, History
 from chaos.spec.units import format_duration
 
 SECONDS_PER_DAY = 86_400.0
@@ -335,8 +327,8 @@ def goodput(history: History) -> Goodput:
     mine = [e for e in steps if e.rank == speaker]
     kept = set(map(id, committed_lineage(history, steps)[speaker].kept.values()))
 
-    starts = events_of(history, TARGET_START)
-    ends = events_of(history, TARGET_EXIT) + events_of(history, TARGET_DIGEST)
+    starts = events_of(history, kinds.TARGET_START)
+    ends = events_of(history, kinds.TARGET_EXIT) + events_of(history, kinds.TARGET_DIGEST)
     begin = starts[0].ts_ns if starts else mine[0].ts_ns
     finish = max(e.ts_ns for e in ends) if ends else mine[-1].ts_ns
     if not starts:
@@ -362,13 +354,13 @@ def goodput(history: History) -> Goodput:
             intervals += 1
             add(prev.ts_ns, event.ts_ns, "productive" if id(event) in kept else "recomputed")
     recomputed_steps = sum(1 for e in mine if id(e) not in kept)
-    lifecycle = [*steps, *events_of(history, TARGET_START), *events_of(history, TARGET_RESUME)]
-    lifecycle += events_of(history, TARGET_RESTART)
+    lifecycle = [*steps, *events_of(history, kinds.TARGET_START), *events_of(history, kinds.TARGET_RESUME)]
+    lifecycle += events_of(history, kinds.TARGET_RESTART)
     restarts = len({attempt_of(e) for e in lifecycle}) - 1
     add(mine[-1].ts_ns, finish, "other")
 
     checkpoints: dict[tuple[int, int], Event] = {}
-    for event in events_of(history, TARGET_CHECKPOINT):
+    for event in events_of(history, kinds.TARGET_CHECKPOINT):
         step = step_of(event)
         if step is None:
             continue

@@ -11,17 +11,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
-from chaos.checks._evidence import (
-    applied_ops,
-    cite,
-    describe,
-    events_of,
-    fmt_offset,
-    fmt_seconds,
-    missing_fault_reason,
-    narrow,
-    seconds,
-)
+from chaos.checks import _evidence as ev
 from chaos.checks.base import CheckResult, register_check
 from chaos.checks.latency import FaultBound, Latencies, judge_latency, latency_verdict
 from chaos.history.timeline import Event, History
@@ -69,16 +59,16 @@ def detected_within(history: History, params: BaseModel, scenario: Scenario) -> 
     and the worst latency is ``<= within``; ``fail`` when an op has none or one is too slow; ``unknown``
     when the fault was never applied (so a fault that silently failed to fire cannot pass).
     """
-    p = narrow(params, DetectedWithinParams)
+    p = ev.narrow(params, DetectedWithinParams)
     verdict = latency_verdict(CHECK_DETECTED_WITHIN, p.fault, p.within)
-    ops = applied_ops(history, p.fault)
+    ops = ev.applied_ops(history, p.fault)
     if not ops:
-        return verdict(status="unknown", reason=missing_fault_reason(history, p.fault))
+        return verdict(status="unknown", reason=ev.missing_fault_reason(history, p.fault))
 
     where = f"{p.event!r}" + ("" if p.rank is None else f" on rank {p.rank}")
-    matching = events_of(history, p.event)
+    matching = ev.events_of(history, p.event)
     candidates = [e for e in matching if p.rank is None or e.rank == p.rank]
-    steps = events_of(history, "target.step")
+    steps = ev.events_of(history, "target.step")
     found = Latencies()
     undetected: list[Event] = []
     for op in ops:
@@ -86,17 +76,17 @@ def detected_within(history: History, params: BaseModel, scenario: Scenario) -> 
         first = next((e for e in candidates if e.ts_ns > op.ts_ns), None)
         if first is None:
             undetected.append(op)
-            found.evidence.append(cite(history, op, f"no event matching {where} after it"))
+            found.evidence.append(ev.cite(history, op, f"no event matching {where} after it"))
             continue
-        latency = seconds(first.ts_ns - op.ts_ns)
-        found.evidence.append(cite(history, op))
-        found.evidence.append(cite(history, first, f"{fmt_seconds(latency)} after {describe(op) or op.kind}"))
+        latency = ev.seconds(first.ts_ns - op.ts_ns)
+        found.evidence.append(ev.cite(history, op))
+        found.evidence.append(ev.cite(history, first, f"{ev.fmt_seconds(latency)} after {ev.describe(op) or op.kind}"))
         if p.exclusive and p.rank is not None:
             earliest = next(e for e in matching if e.ts_ns > op.ts_ns)
             if earliest.rank != p.rank:
-                found.evidence.append(cite(history, earliest, "first detection, on another rank"))
+                found.evidence.append(ev.cite(history, earliest, "first detection, on another rank"))
                 found.problems.append(
-                    f"the first {p.event!r} after {describe(op)} named rank {earliest.rank}, not {p.rank}"
+                    f"the first {p.event!r} after {ev.describe(op)} named rank {earliest.rank}, not {p.rank}"
                 )
         if p.within_steps is not None:
             at_fault = _highest_step(steps, op.ts_ns)
@@ -108,22 +98,22 @@ def detected_within(history: History, params: BaseModel, scenario: Scenario) -> 
                 f"{taken} step(s) from the fault (step {at_fault}) to the detection (step {at_detection})"
             )
             if taken > p.within_steps:
-                found.problems.append(f"detection of {describe(op)} came {taken} steps later, over {p.within_steps}")
+                found.problems.append(f"detection of {ev.describe(op)} came {taken} steps later, over {p.within_steps}")
         found.add(latency, op)
 
     if undetected:
         first_missed = undetected[0]
         found.missed = (
             f"{len(undetected)} of {len(ops)} op(s) of {p.fault!r} were never detected: no event matching "
-            f"{where} after {describe(first_missed)} at {fmt_offset(history, first_missed.ts_ns)}"
+            f"{where} after {ev.describe(first_missed)} at {ev.fmt_offset(history, first_missed.ts_ns)}"
         )
     return judge_latency(
         verdict,
         found,
         p.within,
-        too_slow=lambda latency, op: f"detection of {describe(op)} took {fmt_seconds(latency)}",
+        too_slow=lambda latency, op: f"detection of {ev.describe(op)} took {ev.fmt_seconds(latency)}",
         passed=f"all {len(ops)} op(s) of {p.fault!r} detected",
-        worst_op=describe,
+        worst_op=ev.describe,
     )
 
 

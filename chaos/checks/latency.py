@@ -20,19 +20,17 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from chaos.checks._evidence import capped, fmt_offset, fmt_seconds, label
-from chaos.checks.base import CheckResult
+from chaos.checks.base import CheckParams, CheckResult
 from chaos.history.timeline import Event, History
 from chaos.spec.units import Duration
 
 
-class FaultBound(BaseModel):
+class FaultBound(CheckParams):
     """The parameters every "X within T of each fault op" check of the training job takes; a subclass's docstring
     says what it waits for after each op."""
-
-    model_config = ConfigDict(extra="forbid")
 
     fault: str = Field(description="name of the scenario fault whose every applied op is timed")
     within: Duration = Field(

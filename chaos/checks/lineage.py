@@ -11,7 +11,7 @@ import json
 from functools import partial
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, JsonValue
+from pydantic import BaseModel, JsonValue
 
 from chaos.checks._evidence import (
     attempt_of,
@@ -23,7 +23,7 @@ from chaos.checks._evidence import (
     step_events,
     step_of,
 )
-from chaos.checks.base import CheckResult, register_check
+from chaos.checks.base import CheckParams, CheckResult, register_check
 from chaos.history.timeline import RUNNER_GOLDEN, TARGET_CHECKPOINT, TARGET_DIGEST, TARGET_RESUME, Event, History
 
 if TYPE_CHECKING:
@@ -44,10 +44,8 @@ def _rank_key(rank: int | None) -> tuple[int, int]:
 # matches_golden
 
 
-class MatchesGoldenParams(BaseModel):
+class MatchesGoldenParams(CheckParams):
     """``matches_golden`` takes no parameters; the runner records the golden digest (``runner.golden``)."""
-
-    model_config = ConfigDict(extra="forbid")
 
 
 @register_check(
@@ -110,10 +108,8 @@ def matches_golden(history: History, params: BaseModel, scenario: Scenario) -> C
 # exactly_once
 
 
-class ExactlyOnceParams(BaseModel):
+class ExactlyOnceParams(CheckParams):
     """``exactly_once`` takes no parameters; it reads ``samples`` from ``target.step`` events."""
-
-    model_config = ConfigDict(extra="forbid")
 
 
 def _sample_key(value: JsonValue) -> int | str:

@@ -15,10 +15,10 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from chaos.checks._evidence import cite, events_of, narrow
-from chaos.checks.base import CheckResult, register_check
+from chaos.checks.base import CheckParams, CheckResult, register_check
 from chaos.history.timeline import History
 
 if TYPE_CHECKING:
@@ -29,10 +29,8 @@ RUNNER_NO_PROGRESS = "runner.no_progress"
 RUNNER_END = "runner.end"
 
 
-class ProgressParams(BaseModel):
+class ProgressParams(CheckParams):
     """``progress`` takes no parameters: its bound is the scenario's ``safety.no_progress_timeout``."""
-
-    model_config = ConfigDict(extra="forbid")
 
 
 @register_check(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from chaos.checks._evidence import (
     applied_ops,
@@ -28,7 +28,7 @@ from chaos.checks._evidence import (
     step_events,
     step_of,
 )
-from chaos.checks.base import CheckResult, Status, register_check
+from chaos.checks.base import CheckParams, CheckResult, Status, register_check
 from chaos.checks.latency import FaultBound, Latencies, judge_latency, latency_verdict
 from chaos.history.timeline import (
     FAULT_APPLIED,
@@ -133,10 +133,8 @@ def recovered_within(history: History, params: BaseModel, scenario: Scenario) ->
 # lost_work_at_most
 
 
-class LostWorkParams(BaseModel):
+class LostWorkParams(CheckParams):
     """Parameters of ``lost_work_at_most``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     steps: int = Field(
         ge=0, description="most steps any restart may recompute (highest step reached before it minus resume step)"
@@ -233,10 +231,8 @@ def lost_work_at_most(history: History, params: BaseModel, scenario: Scenario) -
 # completes
 
 
-class CompletesParams(BaseModel):
+class CompletesParams(CheckParams):
     """``completes`` takes no parameters."""
-
-    model_config = ConfigDict(extra="forbid")
 
 
 @register_check(CHECK_COMPLETES, CompletesParams, summary="the job's last target.exit has code 0")

@@ -13,7 +13,7 @@ import fnmatch
 from functools import partial
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from chaos.checks._evidence import (
     applied_ops,
@@ -25,7 +25,7 @@ from chaos.checks._evidence import (
     narrow,
     step_of,
 )
-from chaos.checks.base import CheckResult, register_check
+from chaos.checks.base import CheckParams, CheckResult, register_check
 from chaos.checks.lineage import MatchesGoldenParams, matches_golden
 from chaos.history.timeline import FAULT_APPLIED, RUNNER_GOLDEN, Event, History
 
@@ -33,10 +33,8 @@ if TYPE_CHECKING:
     from chaos.spec.scenario import Scenario
 
 
-class SdcDetectedParams(BaseModel):
+class SdcDetectedParams(CheckParams):
     """Which fault, how many steps late a detection may come, which events count, whether to check the culprit."""
-
-    model_config = ConfigDict(extra="forbid")
 
     fault: str
     within_steps: int = Field(default=0, ge=0, description="0: detected in the injected step itself")
@@ -101,10 +99,8 @@ def sdc_detected(history: History, params: BaseModel, scenario: Scenario) -> Che
     )
 
 
-class StepBlockedParams(BaseModel):
+class StepBlockedParams(CheckParams):
     """The fault whose corrupted gradient must never reach the optimizer."""
-
-    model_config = ConfigDict(extra="forbid")
 
     fault: str
 
@@ -143,10 +139,8 @@ def step_blocked(history: History, params: BaseModel, scenario: Scenario) -> Che
     )
 
 
-class NoFalsePositivesParams(BaseModel):
+class NoFalsePositivesParams(CheckParams):
     """Which detection events count as alarms (default: every ``detect.*``)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     event: str = "detect.sdc*"
 

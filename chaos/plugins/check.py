@@ -21,6 +21,12 @@ from chaos.history.timeline import History
 Status = Literal["pass", "fail", "unknown"]
 
 
+class CheckParams(BaseModel):
+    """Base of every check's params model: unknown keys are errors (a misspelt bound must not pass silently)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
 class CheckResult(BaseModel):
     """Verdict with the measured value, the bound it was held to, and the evidence behind it."""
 

@@ -22,7 +22,7 @@ from functools import partial
 from math import ceil
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from chaos.checks._evidence import (
     capped,
@@ -33,7 +33,7 @@ from chaos.checks._evidence import (
     narrow,
     seconds,
 )
-from chaos.checks.base import CheckResult, register_check
+from chaos.checks.base import CheckParams, CheckResult, register_check
 from chaos.checks.latency import Verdict, judge_op_times, latency_verdict
 from chaos.checks.serving import events as ev
 from chaos.checks.serving import measures
@@ -203,10 +203,8 @@ def latency(history: History, params: BaseModel, scenario: Scenario) -> CheckRes
 # failover_within
 
 
-class FailoverParams(BaseModel):
+class FailoverParams(CheckParams):
     """Parameters of ``failover_within``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     fault: str = Field(description="the fault that takes the primary out")
     within: Duration | None = Field(
@@ -313,10 +311,8 @@ def fallback_share(history: History, params: BaseModel, scenario: Scenario) -> C
 # failback_within
 
 
-class FailbackParams(BaseModel):
+class FailbackParams(CheckParams):
     """Parameters of ``failback_within``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     fault: str = Field(description="the fault that took the primary out")
     within: Duration = Field(description="largest allowed time from the reference point until traffic is back")
@@ -418,10 +414,8 @@ def no_flapping(history: History, params: BaseModel, scenario: Scenario) -> Chec
 # wrong_answers_detected
 
 
-class WrongAnswersParams(BaseModel):
+class WrongAnswersParams(CheckParams):
     """Parameters of ``wrong_answers_detected``."""
-
-    model_config = ConfigDict(extra="forbid")
 
     fault: str = Field(description="the in-job fault that corrupts a replica (e.g. a weight bitflip)")
     backend: str = Field(default=PRIMARY, description="the backend the fault corrupts")

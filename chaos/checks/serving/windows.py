@@ -27,9 +27,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from chaos.checks._evidence import fmt_offset, fmt_seconds, missing_fault_reason
+from chaos.checks.base import CheckParams
 from chaos.checks.serving.events import describe_serving, fault_spans, load_span
 from chaos.history.timeline import Event, History
 from chaos.load.summary import scheduled_ns
@@ -43,10 +44,8 @@ __all__ = ["Unresolved", "Window", "WindowKind", "WindowParams", "resolve_window
 WindowKind = Literal["before", "during", "after", "all"]
 
 
-class WindowParams(BaseModel):
+class WindowParams(CheckParams):
     """Where a windowed serving check looks: relative to a fault, or at offsets from the load's start."""
-
-    model_config = ConfigDict(extra="forbid")
 
     fault: str | None = Field(
         default=None, description="scenario fault the window is relative to (null: no fault; the whole load)"
