@@ -120,8 +120,10 @@ def scenario_yaml(
 ) -> str:
     """A scenario file's text: one top-level key a line, each value written as JSON (which YAML reads as flow
     style), so a value needs no YAML escaping and a test may still edit the text (``.replace("checks:", ...)``).
-    A section left None is left out, as a scenario without it would be written."""
-    sections = {"name": name, "seed": seed, "cluster": cluster, "target": target}
+    A section left None is left out, as a scenario without it would be written. A scenario with no checks says
+    ``allow_no_checks: true`` (without it, one that can only pass is refused)."""
+    sections = {"name": name, "seed": seed, "allow_no_checks": None if checks else True, "cluster": cluster}
+    sections |= {"target": target}
     sections |= {"faults": faults, "checks": checks, "safety": safety}
     return "".join(f"{key}: {json.dumps(value)}\n" for key, value in sections.items() if value is not None)
 

@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator
 from pydantic.fields import FieldInfo
 
-from chaos.spec.units import parse_duration
+from chaos.spec.units import NonFiniteDuration, parse_duration
 
 
 @dataclass(frozen=True)
@@ -256,6 +256,8 @@ def _invalid_value(error: dict[str, Any], where: str, field: FieldInfo | None) -
         options = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
         hint = nearest(given, options) if isinstance(given, str) else ""
         return f"{where}: expected one of {', '.join(options)} (got {_got(given)})", hint
+    if kind == "value_error" and isinstance(ctx.get("error"), NonFiniteDuration):
+        return f"{where}: {message}", ""  # the message says what is wrong with nan/inf; "not a duration" would not
     if kind == "value_error" and field is not None and _is_duration(field) and not _parses(parse_duration, given):
         return f"{where}: expected {DURATION_FORMS} (got {_got(given)}, not a duration)", ""
     if kind == "value_error" and where.rsplit(".", 1)[-1] == "signal" and isinstance(given, str):

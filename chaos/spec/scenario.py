@@ -24,10 +24,13 @@ from pydantic import (
     SerializeAsAny,
     ValidationError,
     ValidationInfo,
+    WithJsonSchema,
     create_model,
     field_validator,
     model_validator,
 )
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
+from pydantic_core import core_schema
 
 from chaos.plugins import registry
 from chaos.spec.load import ScenarioLoad
@@ -43,6 +46,10 @@ from chaos.spec.targets import HttpTarget
 from chaos.spec.units import Duration
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
+NO_CHECKS = (
+    "a scenario with no checks can only pass; add checks, or say `checks: []` together with "
+    "`allow_no_checks: true` to run one on purpose"
+)
 
 
 def _stringify(value: object) -> object:
@@ -52,7 +59,9 @@ def _stringify(value: object) -> object:
     return value
 
 
-Argv = Annotated[list[str], BeforeValidator(_stringify)]
+# In the JSON Schema an item is a string or a number, as YAML gives it before _stringify (`args: [--steps, 60]`).
+_ArgvItem = Annotated[str, WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "number"}]})]
+Argv = Annotated[list[_ArgvItem], BeforeValidator(_stringify)]
 
 
 class EveryTrigger(BaseModel):
@@ -249,9 +258,23 @@ class Scenario(BaseModel):
         default=None, description="HTTP load driven at the target while faults hit it (serving scenarios)"
     )
     faults: list[FaultSpec] = []
-    checks: list[CheckSpec] = []
+    # Declared before checks: the checks validator reads it (pydantic validates fields in declaration order).
+    allow_no_checks: bool = Field(
+        default=False,
+        description="run with checks: [] on purpose (a game day that only watches); without it a scenario "
+        "with no checks is refused, since it can only pass",
+    )
+    checks: list[CheckSpec] = Field(default=[], validate_default=True)
     safety: SafetySpec = SafetySpec()
     allow_unknown: bool = Field(default=False, description="treat unknown check verdicts as passing")
+
+    @field_validator("checks")
+    @classmethod
+    def _some_checks(cls, checks: list[CheckSpec], info: ValidationInfo) -> list[CheckSpec]:
+        # A run with nothing to judge it reports a pass whatever happened: a false pass unless asked for.
+        if not checks and not info.data.get("allow_no_checks", False):
+            raise ValueError(NO_CHECKS)
+        return checks
 
     @field_validator("load")
     @classmethod
@@ -311,7 +334,7 @@ def scenario_model() -> type[Scenario]:
         "Scenario",
         __base__=Scenario,
         faults=(list[fault_union], []),
-        checks=(list[check_union], []),
+        checks=(list[check_union], Field(default=[], validate_default=True)),
     )
 
 
@@ -327,9 +350,21 @@ def _all_optional(model: type[BaseModel]) -> bool:
     return True
 
 
+# A number as a string: YAML 1.1 reads 1.0e7 (no sign after the e) as a string, which pydantic's float takes.
+_NUMBER_TEXT = r"^ *[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)? *$"
+
+
+class _ScenarioJsonSchema(GenerateJsonSchema):
+    """Floats as the model reads them: a number, or a string holding one (``factor: 1.0e7`` in a scenario)."""
+
+    def float_schema(self, schema: core_schema.FloatSchema) -> JsonSchemaValue:
+        return {"anyOf": [super().float_schema(schema), {"type": "string", "pattern": _NUMBER_TEXT}]}
+
+
 def json_schema() -> dict[str, Any]:
-    """JSON Schema of a scenario file, for editors (``mlchaos schema``)."""
-    return scenario_model().model_json_schema()
+    """JSON Schema of a scenario file, for editors (``mlchaos schema``): every file ``parse_scenario`` takes
+    passes it (durations as ``30s`` strings, argv items as numbers)."""
+    return scenario_model().model_json_schema(schema_generator=_ScenarioJsonSchema)
 
 
 # ---------------------------------------------------------------------------------------------------------

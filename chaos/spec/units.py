@@ -5,14 +5,22 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated
 from urllib.parse import urlsplit
 
-from pydantic import BeforeValidator
+from pydantic import BeforeValidator, WithJsonSchema
 
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+
+
+NON_FINITE_DURATION = "a duration must be a finite number of seconds, like 30s, 2m"
+
+
+class NonFiniteDuration(ValueError):
+    """A duration that parsed to NaN or infinity: its own error, so the scenario problem keeps this wording."""
 
 
 def parse_duration(value: object) -> float:
@@ -38,6 +46,10 @@ def parse_duration(value: object) -> float:
                 ) from None
     else:
         raise ValueError(f"{value!r} is not a duration; write e.g. 500ms, 10s, 2m, 1h or 1m30s")
+    if not math.isfinite(seconds):
+        # float() reads "nan"/"inf" and YAML reads .nan/.inf; a NaN timeout compares False with everything, so a
+        # watch given one never fires and a run "passes" that should have been stopped.
+        raise NonFiniteDuration(f"{NON_FINITE_DURATION} (got {value!r})")
     if seconds < 0:
         raise ValueError(f"a duration must not be negative, got {value!r}")
     return seconds
@@ -53,7 +65,15 @@ def format_duration(seconds: float) -> str:
     return f"{int(minutes)}m{rest:04.1f}s"
 
 
-Duration = Annotated[float, BeforeValidator(parse_duration)]
+# What parse_duration reads, for editors checking a file against `mlchaos schema`: unit parts ("1m30s", "500 ms")
+# or a plain number written as a string. A float's own schema would call every "30s" in a scenario wrong.
+DURATION_PATTERN = r"^ *(?:(?:\d+(?:\.\d+)? *(?:ms|s|m|h|d) *)+|[+]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)? *)$"
+DURATION_JSON_SCHEMA = {
+    "anyOf": [{"type": "number", "minimum": 0}, {"type": "string", "pattern": DURATION_PATTERN}],
+    "description": "seconds, or a duration like 500ms, 30s, 2m, 1h, 1m30s",
+}
+
+Duration = Annotated[float, BeforeValidator(parse_duration), WithJsonSchema(DURATION_JSON_SCHEMA)]
 """A float number of seconds that YAML may spell as ``10s`` or ``2m``."""
 
 

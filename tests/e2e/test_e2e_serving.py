@@ -152,6 +152,7 @@ def test_replica_selector_on_a_target_without_replicas_is_refused(tmp_path: Path
     scenario = parse_scenario(
         """
 name: no-replicas
+allow_no_checks: true
 target: {type: command, command: [sleep, "30"]}
 faults: [{name: k, type: kill, params: {replica: primary}, trigger: {after: 1s}}]
 """

@@ -35,6 +35,7 @@ SCENARIO = """\
 name: {name}
 description: a sleeper frozen only when the operator says so
 seed: 5
+allow_no_checks: true  # the operator judges this one
 target:
   type: command
   command: [sleep, "{arg}"]

@@ -77,7 +77,7 @@ def test_a_bad_value_says_what_would_be_valid_and_what_it_got() -> None:
         .replace("kil\n", "kill\n")
     )
     assert "(got 'SIGTREM')" in typo and "did you mean 'SIGTERM'?" in typo
-    [literal] = _problems(BAD.replace("name: t\n", "name: t\ncluster: {transport: sshh}\n").split("faults:")[0])
+    [literal] = _problems(BAD.replace("name: t\n", "name: t\ncluster: {transport: sshh}\n").split("faults:")[0] + "allow_no_checks: true\n")
     assert literal.startswith("bad.yaml:2:11: cluster.transport: expected one of local, ssh (got 'sshh')")
     assert "did you mean 'ssh'?" in literal
 
@@ -88,6 +88,7 @@ def test_an_unknown_fault_type_points_at_its_type_key_and_suggests_names() -> No
     assert "did you mean 'kill'" in unknown
     [missing] = _problems(
         BAD.replace("    type: kil\n", "").split("checks:")[0].replace("SIGFOO", "SIGTERM").replace("soon", "1s")
+        + "allow_no_checks: true\n"
     )
     assert "missing 'type'" in missing and re.search(r"set type to one of: .*\bkill\b", missing), missing
 

@@ -66,6 +66,7 @@ def _job(tmp_path: Path, nodes: int = 3, **target: Any) -> MultiNodeTorchrunJob:
                 "target": {"type": "torchrun", "module": "m.train", "nodes": {"group": "all"}, **target},
                 "faults": [],
                 "checks": [],
+                "allow_no_checks": True,
             }
         )
     ).target
