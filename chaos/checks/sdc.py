@@ -43,9 +43,24 @@ class SdcDetectedParams(CheckParams):
 
 
 def _culprit(event: Event) -> int | None:
-    """The rank a detection blames: ``culprit_rank`` when the detector localized it, else the event's rank."""
-    blamed = event.get_int("culprit_rank")
-    return blamed if blamed is not None else event.rank
+    """The rank a detection blames: ``culprit_rank`` when the detector localizes (the key is there), None when
+    that localization named nobody (ambiguous, unexplained); a detector without localization (no key, e.g.
+    the anomaly guard, which reports on the rank it judged) blames the event's rank. An unlocalized checksum
+    detection must not borrow the rank that happened to report it: it would pass on the faulted rank."""
+    if "culprit_rank" in event.data:
+        return event.get_int("culprit_rank")
+    return event.rank
+
+
+def _blame_problem(window: list[Event], rank: int | None, step: int) -> str | None:
+    """Why the detections of one firing (``window``) do not name ``rank``, or None when they do: some must
+    blame it, and none of those that localize (carry ``culprit_rank``) may name nobody or another rank."""
+    blamed = [_culprit(d) for d in window]
+    localized = [b for d, b in zip(window, blamed, strict=True) if "culprit_rank" in d.data]
+    if rank in blamed and all(b == rank for b in localized):
+        return None
+    named = sorted({"nobody" if b is None else f"rank {b}" for b in blamed})
+    return f"detections at step {step} name {', '.join(named)}, not rank {rank}"
 
 
 @register_check(
@@ -83,12 +98,8 @@ def sdc_detected(history: History, params: BaseModel, scenario: Scenario) -> Che
         first = window[0]
         worst = max(worst, (step_of(first) or injected_step) - injected_step)
         evidence.append(cite(history, first, f"culprit {_culprit(first)}"))
-        if p.culprit:
-            blamed = {_culprit(d) for d in window}
-            if op.rank not in blamed:
-                problems.append(
-                    f"detections at step {injected_step} blame rank(s) {sorted(map(str, blamed))}, not {op.rank}"
-                )
+        if p.culprit and (problem := _blame_problem(window, op.rank, injected_step)) is not None:
+            problems.append(problem)
     if problems:
         return verdict(status="fail", measured=float(worst), reason="; ".join(problems), evidence=capped(evidence))
     return verdict(

@@ -85,8 +85,10 @@ class Switch:
 
 def backend_switches(reqs: Sequence[Event], *, min_run: int = 1) -> list[Switch]:
     """Switches in the backend sequence of the ok requests (known backend, by scheduled time), after dropping
-    runs shorter than ``min_run`` requests: at a transition, concurrent in-flight requests interleave the two
-    backends for a moment, which is noise and not flapping."""
+    runs shorter than ``min_run`` requests where they are transition noise: at a transition, concurrent
+    in-flight requests interleave the two backends for a moment, a few short runs in a row. More than
+    ``min_run`` short runs in a row (e.g. primary/fallback/primary/... request by request) is traffic going
+    back and forth, flapping: those runs are kept, each change a switch."""
     runs: list[tuple[str, list[Event]]] = []
     for e in reqs:
         backend = backend_of(e)
@@ -97,11 +99,16 @@ def backend_switches(reqs: Sequence[Event], *, min_run: int = 1) -> list[Switch]
         else:
             runs.append((backend, [e]))
     kept: list[tuple[str, Event]] = []  # (backend, first request) of the runs left, same-backend runs merged
-    for backend, members in runs:
-        if len(members) < min_run:
+    burst: list[tuple[str, list[Event]]] = []  # the short runs since the last long one
+    for backend, members in [*runs, ("", [])]:  # the empty sentinel closes the last burst
+        if 0 < len(members) < min_run:
+            burst.append((backend, members))
             continue
-        if not kept or kept[-1][0] != backend:
-            kept.append((backend, members[0]))
+        flapping = len(burst) > min_run
+        for run_backend, run_members in [*(burst if flapping else []), (backend, members)]:
+            if run_members and (not kept or kept[-1][0] != run_backend):
+                kept.append((run_backend, run_members[0]))
+        burst = []
     return [Switch(at, prev, backend) for (prev, _), (backend, at) in zip(kept, kept[1:], strict=False)]
 
 
@@ -155,6 +162,29 @@ class OpTime:
     evidence: tuple[str, ...] = ()
 
 
+PRE_FAULT_REQUESTS = 20  # ok requests just before an apply that show where the traffic went
+PRE_FAULT_PRIMARY_SHARE = 0.9  # share of them the primary must have served for a failover to be told
+
+
+def primary_before(reqs: Sequence[Event], applied_ns: int, primary: str = PRIMARY) -> str | None:
+    """Why a failover from ``primary`` cannot be told at ``applied_ns``, or None when it can: of the last
+    :data:`PRE_FAULT_REQUESTS` ok requests naming their backend scheduled before the apply (fewer when the
+    load started later), at least :data:`PRE_FAULT_PRIMARY_SHARE` must have been served by ``primary``. A load
+    balancer spreading requests over primary and fallback alike would otherwise "fail over" at once, with the
+    first request after the apply; 10% leaves room for a stray fallback answer (a probe blip, a retry)."""
+    served = [e for e in reqs if scheduled_ns(e) < applied_ns and is_ok(e) and backend_of(e) is not None]
+    last = served[-PRE_FAULT_REQUESTS:]
+    if not last:
+        return f"no ok request naming its backend before the apply: whether {primary} served the traffic is unknown"
+    share = sum(backend_of(e) == primary for e in last) / len(last)
+    if share >= PRE_FAULT_PRIMARY_SHARE:
+        return None
+    return (
+        f"only {share:.0%} of the last {len(last)} ok request(s) before the apply were served by {primary}; "
+        "failover cannot be told from normal spreading"
+    )
+
+
 def failover_times(
     history: History,
     fault: str,
@@ -165,7 +195,8 @@ def failover_times(
     reqs: Sequence[Event] | None = None,
 ) -> list[OpTime]:
     """Per applied op of ``fault`` (applied at T): the time from T to the first ok request scheduled at or
-    after T served by a backend other than ``primary`` (one of ``to`` when given), see :func:`first_failover`.
+    after T served by a backend other than ``primary`` (one of ``to`` when given), see :func:`first_failover`;
+    ``unknown`` unless the primary served the traffic just before T (:func:`primary_before`).
     When there is none, the evidence sums up what the requests of the ``horizon`` seconds after T (all
     later ones when None) got instead. ``reqs``: the history's :func:`request_events`, when known."""
     reqs = request_events(history.events) if reqs is None else reqs
@@ -177,7 +208,10 @@ def failover_times(
         line = describe_serving(history, op, f"{moved} of {len(before)} ok request(s) before it off {primary}")
         after = [e for e in reqs if scheduled_ns(e) >= op.ts_ns]
         found = first_failover(reqs, op.ts_ns, primary=primary, to=to)
-        if not after:
+        spread = primary_before(reqs, op.ts_ns, primary)
+        if spread is not None:
+            times.append(OpTime(op, "unknown", note=spread, evidence=(line,)))
+        elif not after:
             note = f"no request scheduled after the apply at {fmt_offset(history, op.ts_ns)}"
             times.append(OpTime(op, "unknown", note=note, evidence=(line,)))
         elif found is None:

@@ -228,7 +228,8 @@ def failover_within(history: History, params: BaseModel, scenario: Scenario) -> 
     first ok request scheduled at or after T that a backend other than ``primary`` (one of ``to`` when set)
     served, minus T. ``fail`` when some op has requests after it but no such answer (the evidence says what
     the clients got instead) or the worst time is over ``within``; ``unknown`` when the fault never applied,
-    no requests were sent after it, or no bound is known."""
+    no requests were sent after it, no bound is known, or the primary did not serve the traffic just before
+    an apply (under 90% of the last 20 ok requests, :func:`~chaos.checks.serving.measures.primary_before`)."""
     p = narrow(params, FailoverParams)
     target = measures.reference_target(scenario)
     within = p.within if p.within is not None else (None if target is None else target.failover_bound())
@@ -359,7 +360,10 @@ class NoFlappingParams(WindowParams):
         default=None, ge=0, description="most backend switches allowed (null: 2 per applied fault op, over and back)"
     )
     min_run: int = Field(
-        default=3, ge=1, description="runs of fewer ok requests on one backend are transition noise, not a switch"
+        default=3,
+        ge=1,
+        description="runs of fewer ok requests on one backend are transition noise, not a switch, unless more "
+        "than min_run of them come in a row (traffic going back and forth: flapping)",
     )
     primary: str = Field(default=PRIMARY, description="the backend whose failback hysteresis is checked")
     slack: Duration = Field(default=0.05, description="clock tolerance between the gateway's and the client's events")
@@ -372,7 +376,8 @@ class NoFlappingParams(WindowParams):
 )
 def no_flapping(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
     """Backend switches in the window: the backends of its ok requests in scheduled order, runs shorter than
-    ``min_run`` dropped (concurrent requests interleave at a transition), counted where the backend changes.
+    ``min_run`` dropped (concurrent requests interleave at a transition) unless more than ``min_run`` such
+    runs come in a row (alternating request by request is flapping), counted where the backend changes.
     On the reference stack, every ``serving.backend_up`` of the primary that follows its ``detect.backend_down``
     and a ``serving.replica_start`` is also held to the hysteresis: no ok primary answer sent (scheduled +
     send lag) between the down and replica_start + (success_threshold - 1) x probe interval + failback_hold.
