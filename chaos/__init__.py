@@ -27,7 +27,7 @@ __version__ = "0.2.0"
 MOVED_MODULES: dict[str, str] = {
     "chaos.agent_plan": "chaos.plan.agent_plan",
     "chaos.bitflip": "chaos.injob.bitflip",
-    "chaos.checks.serving_windows": "chaos.checks.serving.windows",
+    "chaos.checks.serving_windows": "chaos.checks.serving.windows",  # + SPLIT_MODULES
     "chaos.cli_console": "chaos.cli.console",
     "chaos.cli_ettr": "chaos.cli.ettr",
     "chaos.cli_gameday": "chaos.cli.gameday",
@@ -71,6 +71,11 @@ MOVED_MODULES: dict[str, str] = {
     "injectors.tensor_apply": "chaos.injob.tensor_faults",
 }
 _MOVED_PACKAGES = ("chaos.targets.serving",)  # old packages: their submodules moved with them
+# Old modules whose names now live in several modules: the proxy looks a name up in MOVED_MODULES' path first,
+# then in these, in order.
+SPLIT_MODULES: dict[str, tuple[str, ...]] = {
+    "chaos.checks.serving_windows": ("chaos.checks.serving.events", "chaos.checks.serving.measures"),
+}
 
 
 def moved_to(old: str) -> str | None:
@@ -105,8 +110,16 @@ class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         assert new is not None
         _warn_moved(spec.name, new)
         real = importlib.import_module(new)
+        homes = [real, *(importlib.import_module(extra) for extra in SPLIT_MODULES.get(spec.name, ()))]
+
+        def forward(name: str) -> object:  # PEP 562: the first new home that defines the name
+            for home in homes:
+                if not name.startswith("_") and hasattr(home, name):
+                    return getattr(home, name)
+            return getattr(real, name)  # raises the real module's AttributeError
+
         proxy = types.ModuleType(spec.name, real.__doc__)
-        proxy.__getattr__ = lambda name: getattr(real, name)  # type: ignore[method-assign]  # PEP 562
+        proxy.__getattr__ = forward  # type: ignore[method-assign]
         if spec.name in _MOVED_PACKAGES:
             proxy.__path__ = []  # a package: its old submodule paths come back through this finder too
         proxy.__dict__["__all__"] = getattr(real, "__all__", [n for n in vars(real) if not n.startswith("_")])

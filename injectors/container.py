@@ -280,10 +280,9 @@ def check_running(ctx: InjectionContext) -> DockerTransport:
     return transport
 
 
-def _record(ctx: InjectionContext, op: FaultOp, injector: str) -> tuple[Applied, Container]:
-    """The Applied every op here starts from (the container's name, id and daemon URL) and the container, which
+def _record(transport: DockerTransport) -> tuple[ContainerState, Container]:
+    """The state every op here starts from (the container's name, id and daemon URL) and the container, which
     must be running; changes nothing."""
-    transport = docker_transport(ctx)
     container = _require_container(transport)
     if container.status != "running":
         raise InjectionError(
@@ -294,15 +293,7 @@ def _record(ctx: InjectionContext, op: FaultOp, injector: str) -> tuple[Applied,
     state = ContainerState(
         container=transport.container_name, container_id=container.id, docker_url=transport.spec.docker_url
     )
-    applied = Applied(
-        op_id=op.op_id,
-        fault=op.fault,
-        injector=injector,
-        host=transport.host,
-        duration_s=op.duration_s,
-        state=state.to_json(),
-    )
-    return applied, container
+    return state, container
 
 
 def _ours(transport: DockerTransport, state: ContainerState) -> Container | None:
@@ -311,15 +302,16 @@ def _ours(transport: DockerTransport, state: ContainerState) -> Container | None
     return found if found is not None and state.container_id is not None and found.id == state.container_id else None
 
 
-def _current(transport: DockerTransport, applied: Applied, verb: str) -> Container:
-    """For apply: the recorded container, running; InjectionError (and the heal that follows skips) otherwise."""
+def _current(transport: DockerTransport, applied: Applied, verb: str) -> tuple[Container, ContainerState]:
+    """For apply: the recorded container, running, and its state; InjectionError (and the heal that follows
+    skips) otherwise."""
     found = _require_container(transport)
     state = ContainerState.from_json(applied.state)
     if found.id != state.container_id or found.status != "running":
         applied.state = replace(state, skipped=True).to_json()
         change = "was recreated" if found.id != state.container_id else f"is {found.status}"
         raise InjectionError(f"container {transport.container_name!r} {change} since prepare; not {verb}")
-    return found
+    return found, state
 
 
 def docker_cli(applied: Applied, *args: str) -> list[str]:
@@ -362,22 +354,20 @@ class _ContainerFault:
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
         duration = None if self.one_shot else require_duration(self.name, op)
         params = op.params_as(self.Params)
-        applied, container = _record(ctx, op, self.name)
-        applied.reversible = not self.one_shot
-        state, what = self._plan(ContainerState.from_json(applied.state), params, container)
-        applied.state = state.to_json()
+        transport = docker_transport(ctx)
+        state, what = self._plan(*_record(transport), params)
         for_how_long = "" if duration is None else f" for {_seconds(duration)}"
-        applied.description = f"{what}{for_how_long}"
-        return applied
+        return op.record(
+            self.name, transport.host, state.to_json(), f"{what}{for_how_long}", reversible=not self.one_shot
+        )
 
-    def _plan(self, state: ContainerState, params: BaseModel, container: Container) -> tuple[ContainerState, str]:
+    def _plan(self, state: ContainerState, container: Container, params: BaseModel) -> tuple[ContainerState, str]:
         """The state with this fault's own fields added, and the description (without the duration)."""
         raise NotImplementedError
 
     def apply(self, ctx: InjectionContext, applied: Applied) -> None:
         transport = docker_transport(ctx)
-        container = _current(transport, applied, self.done)
-        self._act(transport, container, ContainerState.from_json(applied.state))
+        self._act(transport, *_current(transport, applied, self.done))
 
     def _act(self, transport: DockerTransport, container: Container, state: ContainerState) -> None:
         raise NotImplementedError
@@ -410,7 +400,7 @@ class ContainerKillInjector(_ContainerFault):
     one_shot: ClassVar[bool] = True
     done: ClassVar[str] = "killed"
 
-    def _plan(self, state: ContainerState, params: BaseModel, container: Container) -> tuple[ContainerState, str]:
+    def _plan(self, state: ContainerState, container: Container, params: BaseModel) -> tuple[ContainerState, str]:
         signal = params_as(ContainerKillParams, params).signal
         return replace(state, signal=signal), f"{signal} container {state.container}"
 
@@ -426,7 +416,7 @@ class _GraceFault(_ContainerFault):
     verb: ClassVar[str]  # the docker-py Container method, and the word in the description
     acting: ClassVar[str]  # the verb as a daemon error names the step: "stopping X failed: ..."
 
-    def _plan(self, state: ContainerState, params: BaseModel, container: Container) -> tuple[ContainerState, str]:
+    def _plan(self, state: ContainerState, container: Container, params: BaseModel) -> tuple[ContainerState, str]:
         grace = params_as(cast("type[ContainerStopParams]", self.Params), params)  # restart's Params subclass it
         return replace(state, timeout_s=_whole_seconds(grace.timeout)), f"{self.verb} container {state.container}"
 
@@ -474,7 +464,7 @@ class ContainerPauseInjector(_ContainerFault):
     summary: ClassVar[str] = "freeze every process of a container (docker pause) for the fault's duration"
     done: ClassVar[str] = "paused"
 
-    def _plan(self, state: ContainerState, params: BaseModel, container: Container) -> tuple[ContainerState, str]:
+    def _plan(self, state: ContainerState, container: Container, params: BaseModel) -> tuple[ContainerState, str]:
         return state, f"pause container {state.container}"
 
     def _act(self, transport: DockerTransport, container: Container, state: ContainerState) -> None:
@@ -519,7 +509,7 @@ class ContainerCpuInjector(_ContainerFault):
         if info.get("CpuCfsQuota") is False:
             raise Unsupported(f"the Docker daemon of {transport.host} has no CFS quota support (CpuCfsQuota: false)")
 
-    def _plan(self, state: ContainerState, params: BaseModel, container: Container) -> tuple[ContainerState, str]:
+    def _plan(self, state: ContainerState, container: Container, params: BaseModel) -> tuple[ContainerState, str]:
         """Record the current CpuQuota/CpuPeriod/NanoCpus and the fault's value; InjectionError if out of range."""
         cpus = params_as(ContainerCpuParams, params).cpus
         host_config = container.attrs.get("HostConfig") or {}

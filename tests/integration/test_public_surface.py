@@ -163,6 +163,7 @@ def test_a_users_entry_point_plugin_is_found_and_validates(tmp_path: Path, new_p
         ("from chaos import bitflip; bitflip.flip_bits", "chaos.injob.bitflip"),
         ("from injectors.netfilter import ChainSpec", "injectors.network.iptables"),
         ("from chaos.targets.serving.gateway import main", "chaos.targets.reference.serving.gateway"),
+        ("from chaos.checks.serving_windows import backend_switches, resolve_window", "chaos.checks.serving.windows"),
     ],
 )
 def test_old_module_paths_import_with_a_deprecation_warning(statement: str, new_path: str) -> None:

@@ -16,8 +16,8 @@ clip them. An op's end is :func:`~chaos.checks.serving.events.fault_spans`'s; an
 window that needs it unresolved.
 
 The request fields and spans (:mod:`chaos.checks.serving.events`) and the request-level measures
-(:mod:`chaos.checks.serving.measures`) used to live here (0.1's ``chaos.checks.serving_windows``); only that
-deprecated path still finds their names through this module (:func:`__getattr__`).
+(:mod:`chaos.checks.serving.measures`) used to live here (0.1's ``chaos.checks.serving_windows``); that
+deprecated path still finds their names (``chaos.SPLIT_MODULES``).
 """
 
 from __future__ import annotations
@@ -179,16 +179,3 @@ def _merge(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
         else:
             merged.append((a, b))
     return merged
-
-
-if not TYPE_CHECKING:  # hidden from mypy: typed code imports each name from the module that defines it
-
-    def __getattr__(name: str) -> object:
-        """PEP 562: 0.1's ``chaos.checks.serving_windows`` (now a deprecated proxy of this module) held the names
-        of :mod:`~chaos.checks.serving.events` and :mod:`~chaos.checks.serving.measures` too; it still finds them."""
-        from chaos.checks.serving import events, measures  # only the old path pays for them
-
-        for module in (events, measures):
-            if not name.startswith("_") and hasattr(module, name):
-                return getattr(module, name)
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
