@@ -162,29 +162,6 @@ class OpTime:
     evidence: tuple[str, ...] = ()
 
 
-PRE_FAULT_REQUESTS = 20  # ok requests just before an apply that show where the traffic went
-PRE_FAULT_PRIMARY_SHARE = 0.9  # share of them the primary must have served for a failover to be told
-
-
-def primary_before(reqs: Sequence[Event], applied_ns: int, primary: str = PRIMARY) -> str | None:
-    """Why a failover from ``primary`` cannot be told at ``applied_ns``, or None when it can: of the last
-    :data:`PRE_FAULT_REQUESTS` ok requests naming their backend scheduled before the apply (fewer when the
-    load started later), at least :data:`PRE_FAULT_PRIMARY_SHARE` must have been served by ``primary``. A load
-    balancer spreading requests over primary and fallback alike would otherwise "fail over" at once, with the
-    first request after the apply; 10% leaves room for a stray fallback answer (a probe blip, a retry)."""
-    served = [e for e in reqs if scheduled_ns(e) < applied_ns and is_ok(e) and backend_of(e) is not None]
-    last = served[-PRE_FAULT_REQUESTS:]
-    if not last:
-        return f"no ok request naming its backend before the apply: whether {primary} served the traffic is unknown"
-    share = sum(backend_of(e) == primary for e in last) / len(last)
-    if share >= PRE_FAULT_PRIMARY_SHARE:
-        return None
-    return (
-        f"only {share:.0%} of the last {len(last)} ok request(s) before the apply were served by {primary}; "
-        "failover cannot be told from normal spreading"
-    )
-
-
 def failover_times(
     history: History,
     fault: str,
@@ -195,8 +172,7 @@ def failover_times(
     reqs: Sequence[Event] | None = None,
 ) -> list[OpTime]:
     """Per applied op of ``fault`` (applied at T): the time from T to the first ok request scheduled at or
-    after T served by a backend other than ``primary`` (one of ``to`` when given), see :func:`first_failover`;
-    ``unknown`` unless the primary served the traffic just before T (:func:`primary_before`).
+    after T served by a backend other than ``primary`` (one of ``to`` when given), see :func:`first_failover`.
     When there is none, the evidence sums up what the requests of the ``horizon`` seconds after T (all
     later ones when None) got instead. ``reqs``: the history's :func:`request_events`, when known."""
     reqs = request_events(history.events) if reqs is None else reqs
@@ -208,10 +184,7 @@ def failover_times(
         line = describe_serving(history, op, f"{moved} of {len(before)} ok request(s) before it off {primary}")
         after = [e for e in reqs if scheduled_ns(e) >= op.ts_ns]
         found = first_failover(reqs, op.ts_ns, primary=primary, to=to)
-        spread = primary_before(reqs, op.ts_ns, primary)
-        if spread is not None:
-            times.append(OpTime(op, "unknown", note=spread, evidence=(line,)))
-        elif not after:
+        if not after:
             note = f"no request scheduled after the apply at {fmt_offset(history, op.ts_ns)}"
             times.append(OpTime(op, "unknown", note=note, evidence=(line,)))
         elif found is None:
