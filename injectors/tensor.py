@@ -9,13 +9,16 @@ fault's phase of every following step and :meth:`ArmedFault.heal` when :meth:`Ar
 What each ``where`` corrupts and what heal means there:
 
 - ``weights``: a parameter's storage. A transient flip stays in memory until healed (training reads and
-  updates the corrupted value meanwhile); ``stuck`` forces the element back to its corrupted value at every
-  fire (the original bytes are restored, then the same flip re-applied, so it never toggles back or
-  accumulates). Heal writes back the bytes from before the FIRST fire, discarding whatever the optimizer
-  wrote to those few elements while the fault was live: heal removes the fault from them, exactly.
-- ``optimizer_state``: a float tensor in ``optimizer.state[param]`` (``exp_avg``, ``momentum_buffer`` …,
-  never the ``step`` counter), chosen by the rng at the first fire; same rules as weights. The state must
-  exist when the fault fires (after the first optimizer step).
+  updates the corrupted value meanwhile); ``stuck`` re-applies the same corruption at every fire to the value
+  training would hold without it (the previous application is undone first, so it never toggles back or
+  accumulates). Heal removes only the fault's change: an element nobody touched since gets its original bytes
+  back; one the optimizer updated becomes ``original + (current - corrupted)``, so the update is kept. A
+  one-ulp flip fired after backward under Adam and healed after the optimizer step therefore leaves the
+  fault-free weights, bit for bit, in the common case (see ``ArmedFault.heal`` for the exact rules).
+- ``optimizer_state``: a float tensor in ``optimizer.state[param]``: the one ``state`` names (``exp_avg``,
+  ``exp_avg_sq``, ``momentum_buffer`` …), else one chosen by the rng at the first fire and named in the
+  history; never the ``step`` counter. Same rules as weights. The state must exist when the fault fires
+  (after the first optimizer step).
 - ``gradients``: ``param.grad`` at the moment of the fire (the caller fires after backward). Gradients are
   rewritten every step, so a later fire or heal restores an element only if it still holds exactly the bytes
   written: anything else would write a stale gradient into a fresh one.
@@ -98,6 +101,14 @@ class BitFlipParams(BaseModel):
             "optimizer_step for optimizer_state"
         ),
     )
+    state: str | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "where=optimizer_state: the state tensor hit, e.g. exp_avg, exp_avg_sq (Adam), momentum_buffer (SGD); "
+            "null = chosen by the seeded rng among the parameter-sized float state tensors (named in the history)"
+        ),
+    )
     rank: int | None = Field(default=None, ge=0, description="the rank hit; null = the trigger's rank, else 0")
     seed: int | None = Field(default=None, description="own rng seed for this fault; null = the run's stream")
 
@@ -107,7 +118,7 @@ class BitFlipParams(BaseModel):
         # A plain `where: gradients` must not inherit the weights' "forward" (no gradient exists then).
         if isinstance(data, dict) and data.get("phase") is None:
             where = data.get("where", "weights")
-            if where in DEFAULT_PHASE:
+            if isinstance(where, str) and where in DEFAULT_PHASE:  # anything else: the field says what is wrong
                 return {**data, "phase": DEFAULT_PHASE[where]}
         return data
 
@@ -126,6 +137,13 @@ class BitFlipParams(BaseModel):
             raise ValueError("activations are corrupted during the forward pass: phase must be forward")
         if self.where == "gradients" and self.phase == "forward":
             raise ValueError("gradients do not exist before backward: phase must be backward or optimizer_step")
+        if self.state is not None and self.where != "optimizer_state":
+            raise ValueError(
+                f"state names an optimizer-state tensor ({self.state!r}): it needs where: optimizer_state, "
+                f"not where: {self.where}"
+            )
+        if self.state == "step":
+            raise ValueError("state: step is the optimizer's step counter, not a float tensor to corrupt")
         if self.steps is not None and self.persistence == "transient":
             raise ValueError("steps applies to stuck/intermittent faults; a transient fault fires once")
         if self.element is not None and self.count > 1:

@@ -3,7 +3,8 @@
 Pure tensor operations (torch only, nothing distributed), shared by the tensor and gradient injectors and
 the SDC coverage campaign. Every operation returns a :class:`FlipRecord` holding the raw bytes of every
 element it touched, and :func:`restore` writes those bytes back, so a heal is bit-exact (NaN payloads, -0.0
-and subnormals included).
+and subnormals included). When the tensor was updated in place after the change (an optimizer step on a
+corrupted weight), :func:`undo_change` removes only the change and keeps the update.
 
 Bits are numbered from 0 = least significant, IEEE style: for float32 bits 0-22 are the mantissa, 23-30 the
 exponent and 31 the sign. Flips go through an integer view of the SAME storage (int32 for float32, int16 for
@@ -262,6 +263,132 @@ def restore(tensor: torch.Tensor, record: FlipRecord) -> None:
         words.put(indices, torch.frombuffer(bytearray(record.original), dtype=words.ints.dtype))
 
 
+@dataclass(frozen=True)
+class UndoRecord:
+    """What :func:`undo_change` did to each element of a change (flat indices, each in exactly one field).
+
+    ``restored``: the original bytes were written back. ``delta_removed``: the element was changed after the
+    fault wrote it, so it became ``original + (current - corrupted)``, rounded once: the fault's change is gone,
+    the later changes stay. ``kept``: left as found, because what it holds is no longer the fault's doing.
+    """
+
+    restored: tuple[int, ...] = ()
+    delta_removed: tuple[int, ...] = ()
+    kept: tuple[int, ...] = ()
+
+    def summary(self) -> str:
+        """One line for the history, e.g. ``delta removed [12] (later updates kept); restored [3, 4]``."""
+        parts = [
+            f"{label} {_index_list(indices)}"
+            for label, indices in (
+                ("restored", self.restored),
+                ("delta removed", self.delta_removed),
+                ("kept", self.kept),
+            )
+            if indices
+        ]
+        return "; ".join(parts) if parts else "nothing to undo"
+
+
+def undo_change(
+    tensor: torch.Tensor, record: FlipRecord, written: bytes, *, keep_updates: bool, carry: float | None = 1.0
+) -> UndoRecord:
+    """Remove exactly the change ``record`` describes from ``tensor``, keeping what happened to it since.
+
+    ``written`` holds the bytes the change wrote (:func:`element_bytes` of ``record.indices`` right after it).
+    Per element, with ``o`` the original value, ``f`` the corrupted one and ``c`` the current one:
+
+    - ``c`` still has exactly the bytes written: nothing touched it, the original bytes go back (``restored``).
+    - ``keep_updates`` False (gradients, rewritten every step): anything else is someone else's value now and
+      is left alone (``kept``).
+    - ``o``, ``f``, ``c`` finite: ``o + (c - f)`` (``delta_removed``). The difference ``c - f`` is what was done
+      to the element after the fault (an optimizer step); it is added to the original instead of the corrupted
+      value. For an update ``u`` that does not read the element (Adam, SGD without weight decay)
+      ``c = fl(f - u)``, and the result is the fault-free ``fl(o - u)`` bit for bit whenever ``f - o`` is a
+      whole number of ulps of one grid that ``o``, ``f`` and both results share (a mantissa flip, the sign bit),
+      except where ``o - u`` is a rounding tie and ``f - o`` an odd number of ulps (a bit-0 flip: about
+      ``ulp(u) / ulp(o)`` of elements, ~1% for lr 1e-3 on weights ~0.1; round-half-even then goes the other
+      way) or a result crosses a power of two; there it is one ulp off. Both steps are computed in float32,
+      the precision optimizers compute updates in for all three dtypes (their opmath): ``fl32(c - f)`` is the
+      update itself, stripped of the corrupted value's own rounding when the fault moved the value far (a tiny
+      ``f`` after an exponent flip), and ``fl32(o + change)`` then rounded to the dtype is the optimizer's own
+      ``fl(w + u)``. (float64 gives the same bits for mantissa flips and is worse after exponent flips, as
+      measured in ``tests/unit/test_tensor_heal_exact.py``.) A result that overflows restores the original.
+    - ``o`` and ``f`` finite, ``c`` not: the update itself went non-finite (the fault's effect on the rest of
+      the step, e.g. an exploded gradient): ``kept``, since writing a finite value would hide that divergence.
+    - ``f`` (or ``o``) not finite, so the change has no finite delta: ``restored`` when ``c`` is not finite
+      either (arithmetic carried the Inf/NaN along; the original is the best value left), ``kept`` when ``f`` was
+      non-finite and ``c`` is finite: arithmetic does not turn Inf/NaN finite, so something overwrote the
+      element (a guard's repair, a reload from a healthy replica), and writing the stale original would
+      itself corrupt the recovered value.
+
+    ``carry`` is how the update since the fault carried the element's value along: ``c = carry * f + h``. 1 for
+    weights (the rule above). An optimizer's moment decays it (Adam's ``exp_avg``: ``beta1``, ``exp_avg_sq``:
+    ``beta2``, SGD's ``momentum_buffer``: ``momentum``): the fault-free value is ``c - carry * (f - o)``, computed
+    in float64; where ``c``'s own rounding (``|c| * eps``) swamps a thousandth of ``carry * |o|`` (an exponent flip
+    made ``f`` huge, so the update ``h`` drowned in it) the original is restored instead (``restored``: that
+    step's update of the element is lost, a small and sane error, where the arithmetic would give noise, even a
+    negative second moment). None: the way the value was carried is unknown, so a changed element gets its
+    original back (``restored``).
+
+    Raises ValueError for a record of another dtype, a ``written`` of the wrong length or indices out of range.
+    """
+    if str(tensor.dtype) != record.dtype:
+        raise ValueError(f"record is for {record.dtype}, tensor is {tensor.dtype}")
+    words = _Words(tensor)
+    indices = list(record.indices)
+    size = len(indices) * words.itemsize
+    if len(record.original) != size or len(written) != size:
+        raise ValueError("record is inconsistent: byte lengths do not match its indices")
+    for index in indices:
+        words.check(index)
+    if element_bytes(tensor, indices) == written:
+        # Nothing touched it (a served model, a skipped step): the common case of a stuck fault's every fire,
+        # kept to a byte compare and a restore (microseconds on the scalar path).
+        restore(tensor, record)
+        return UndoRecord(restored=tuple(indices))
+    int_dtype = words.ints.dtype
+    current = words.get(indices).cpu()
+    original = torch.frombuffer(bytearray(record.original), dtype=int_dtype)
+    wrote = torch.frombuffer(bytearray(written), dtype=int_dtype)
+    untouched = current == wrote
+    restore_mask = untouched.clone()
+    delta_mask = torch.zeros_like(untouched)
+    result = original.clone()
+    if keep_updates:
+        o, f, c = (t.view(tensor.dtype).to(torch.float32) for t in (original, wrote, current))
+        fin_o, fin_f, fin_c = o.isfinite(), f.isfinite(), c.isfinite()
+        changed = ~untouched
+        if carry == 1.0:
+            rebased = (o + (c - f)).to(tensor.dtype)  # c - f first: the update since the fault (see above)
+            usable = torch.ones_like(untouched)
+        elif carry is None:
+            rebased = o.to(tensor.dtype)
+            usable = torch.zeros_like(untouched)
+        else:
+            o64, f64, c64 = o.double(), f.double(), c.double()
+            rebased = (c64 - carry * (f64 - o64)).to(tensor.dtype)
+            usable = c64.abs() * torch.finfo(tensor.dtype).eps <= 1e-3 * carry * o64.abs()
+        fits = rebased.isfinite() & usable
+        delta_mask = changed & fin_o & fin_f & fin_c & fits
+        restore_mask |= changed & fin_o & fin_f & fin_c & ~fits
+        restore_mask |= changed & ~(fin_o & fin_f) & ~(~fin_f & fin_c)
+        result = torch.where(delta_mask, rebased.view(int_dtype), original)
+    write = restore_mask | delta_mask
+    if bool(write.any()):
+        chosen = [i for i, w in zip(indices, write.tolist(), strict=True) if w]
+        values = result[write]
+        if words.few(chosen):
+            words.put_ints(chosen, [int(v) for v in values.tolist()])
+        else:
+            words.put(chosen, values)
+
+    def pick(mask: torch.Tensor) -> tuple[int, ...]:
+        return tuple(i for i, m in zip(indices, mask.tolist(), strict=True) if m)
+
+    return UndoRecord(pick(restore_mask), pick(delta_mask), pick(~(restore_mask | delta_mask)))
+
+
 def element_bytes(tensor: torch.Tensor, indices: Sequence[int]) -> bytes:
     """The raw bytes of the given elements, in the given order (what a :class:`FlipRecord` stores)."""
     words = _Words(tensor)
@@ -348,6 +475,11 @@ class _Words:
         return [int.from_bytes(data[i : i + size], sys.byteorder, signed=True) for i in range(0, len(data), size)]
 
 
+def _index_list(indices: Sequence[int], limit: int = 8) -> str:
+    shown = ", ".join(str(i) for i in indices[:limit])
+    return f"[{shown}{', ...' if len(indices) > limit else ''}]"
+
+
 def _to_bytes(values: torch.Tensor) -> bytes:
     return values.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
 
@@ -358,6 +490,7 @@ __all__ = [
     "BitClass",
     "Flip",
     "FlipRecord",
+    "UndoRecord",
     "bit_class",
     "bit_layout",
     "bits_in_class",
@@ -368,4 +501,5 @@ __all__ = [
     "restore",
     "scale_block",
     "set_values",
+    "undo_change",
 ]

@@ -19,12 +19,13 @@ from chaos.injob.bitflip import (
     SUPPORTED,
     Flip,
     FlipRecord,
+    UndoRecord,
     choose_flips,
     element_bytes,
     flip_bits,
-    restore,
     scale_block,
     set_values,
+    undo_change,
 )
 from injectors.tensor import BitFlipParams, Kind
 
@@ -48,7 +49,9 @@ class TensorChange:
 class ArmedFault:
     """A resolved tensor fault: :meth:`fire` at each step's phase, :meth:`heal` once (idempotent).
 
-    ``records`` lists every application in order. ``target`` names the parameter or module hit.
+    ``records`` lists every application in order. ``target`` names the parameter or module hit;
+    ``state_key`` the optimizer-state tensor hit (``where: optimizer_state``, known from the first fire);
+    ``healing`` what the heal did per element (see :meth:`heal`, :meth:`describe_heal`).
     """
 
     def __init__(
@@ -79,7 +82,9 @@ class ArmedFault:
         self._hook: torch.utils.hooks.RemovableHandle | None = None
         self._state_key: str | None = None
         self._choice: _Choice | None = None
-        self._live: tuple[torch.Tensor, FlipRecord, bytes] | None = None  # last application still in memory
+        # The last application still in memory: the tensor, its record, and the bytes it wrote.
+        self._live: tuple[torch.Tensor, FlipRecord, bytes] | None = None
+        self.healing: UndoRecord | None = None  # set by heal() when something was still applied
         self._start: int | None = None  # the first step fire() was called
         self._last_step: int | None = None
         self._fired_steps: list[int] = []
@@ -139,7 +144,36 @@ class ArmedFault:
         return self.params.steps is not None and step >= self._start + self.params.steps - 1
 
     def heal(self) -> None:
-        """Remove the hook and put back the exact original bytes of what is still corrupted. Idempotent."""
+        """Remove exactly the fault's change from what it still corrupts, keeping every later update. Idempotent.
+
+        Per element of the last application (the one still in memory), as :func:`chaos.injob.bitflip.undo_change`
+        does it; :attr:`healing` records the outcome, :meth:`describe_heal` says it in one line:
+
+        - **Untouched since the fault** (a transient flip healed before any optimizer step, a stuck value on a
+          skipped step, any fault in a model nobody trains): the exact original bytes go back. An update too
+          small to change a huge corrupted value (an exponent flip to ~1e38) leaves the same bytes too, so that
+          step's update to the element is lost: no arithmetic on values can recover an update that left no trace.
+        - **Weights and optimizer state updated since** (healed at the end of the step, after
+          ``optimizer.step()``): the element becomes ``original + (current - corrupted)``, in float32 as the
+          optimizer computes. The optimizer's update is kept and only the fault's write is removed. For weights
+          under an update that does not read the weight (Adam, SGD without weight decay) fired after backward,
+          this is the fault-free value bit for bit in the common case: for any mantissa or sign flip, except
+          where the fault-free result crosses a power of two or, for an odd number of ulps (bit 0), is a
+          rounding tie that round-half-even breaks the other way (about ulp(update) / ulp(weight) of elements,
+          ~1% at lr 1e-3 on weights ~0.1); those end one ulp off. For optimizer state it removes
+          the write, not the optimizer's arithmetic on it: Adam's ``exp_avg <- b1*exp_avg + (1-b1)*g`` had
+          already shrunk the fault's delta ``d`` to ``b1*d``, so ``-(1-b1)*d`` remains, below one ulp for a
+          one-ulp flip (the result is the fault-free state or one ulp from it; for ``exp_avg_sq``, ``b2 =
+          0.999``, nearly always the former). What the corrupted state did to that step's weight update is real
+          training history and stays.
+        - **Non-finite values** (nan/inf kinds, exponent flips to Inf): the original bytes when the element is
+          still non-finite; left alone when it became finite, since only an overwrite (a repair, a reload) does
+          that and the stale original would corrupt it; left alone too when finite values went non-finite in
+          the update itself (the divergence is the job's to show, not the heal's to hide).
+        - **Gradients** (rewritten every step): the original bytes only where the gradient still holds exactly
+          what the fault wrote; anything else is a fresh gradient and is left alone.
+        - **Activations**: the forward hook is removed; outputs are recomputed every forward.
+        """
         if self._healed:
             return
         self._healed = True
@@ -147,7 +181,13 @@ class ArmedFault:
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
-        self._undo_live()
+        self.healing = self._undo_live()
+
+    @property
+    def state_key(self) -> str | None:
+        """The optimizer-state key hit (``exp_avg``, ``momentum_buffer`` …); None before the first fire and for
+        other ``where``s. ``params.state`` when given, else the seeded draw among the eligible keys."""
+        return self._state_key
 
     @property
     def fired(self) -> int:
@@ -172,14 +212,32 @@ class ArmedFault:
             line += f"; {last.dtype.removeprefix('torch.')} {last.detail}"
         return line
 
+    def describe_heal(self) -> str:
+        """One line for the history's ``fault.healed``: what the heal did per element (see :meth:`heal`).
+
+        E.g. ``delta removed [37] in weights of 2.bias (later updates kept)``; before :meth:`heal` it says so.
+        """
+        if not self._healed:
+            return "not healed yet"
+        if self.params.where == "activations":
+            return f"forward hook on {self.target} removed (activations are recomputed every forward)"
+        where = self.params.where + (f"[{self._state_key}]" if self._state_key else "")
+        if self.healing is None:
+            return f"nothing applied in {where} of {self.target}: nothing to undo"
+        line = f"{self.healing.summary()} in {where} of {self.target}"
+        if self.healing.delta_removed:
+            line += " (later updates kept)"
+        return line
+
     # -- applying --------------------------------------------------------------------------------------
     def _apply(self, step: int) -> FlipRecord:
         tensor = self._current_tensor()
-        self._undo_live()  # restore first: a stuck value is re-forced, never toggled back or compounded
+        # Undo the previous application first (keeping the updates made since): a stuck fault re-applies the
+        # same corruption to the value training would hold without it, never toggled back or compounded.
+        self._undo_live()
         record = self._corrupt(tensor)
-        # What we wrote matters only for the compare-and-restore of gradients; skip the read elsewhere.
-        written = element_bytes(tensor, record.indices) if self.params.where == "gradients" else b""
-        self._live = (tensor, record, written)
+        # The bytes written: an element still holding them is untouched, and they give the fault's delta.
+        self._live = (tensor, record, element_bytes(tensor, record.indices))
         self._note(step, record)
         return record
 
@@ -202,17 +260,39 @@ class ArmedFault:
                 corruption=record.kind,  # not "kind": that is emit's own first parameter
                 indices=list(record.indices[:16]),
                 detail=record.detail,
+                **({"state": self._state_key} if self._state_key else {}),
             )
 
-    def _undo_live(self) -> None:
+    def _undo_live(self) -> UndoRecord | None:
         if self._live is None:
-            return
+            return None
         tensor, record, written = self._live
         self._live = None
-        # Weights and optimizer state keep their identity across steps: restore unconditionally. A gradient
-        # is rewritten every step: restore only if it still holds our bytes, else it is someone else's now.
-        if self.params.where != "gradients" or element_bytes(tensor, record.indices) == written:
-            restore(tensor, record)
+        # Weights and optimizer state keep their identity across steps and are updated in place: remove the
+        # fault's delta and keep the updates. A gradient is rewritten every step: restore only if it still
+        # holds our bytes, else it is someone else's now.
+        return undo_change(tensor, record, written, keep_updates=self.params.where != "gradients", carry=self._carry())
+
+    def _carry(self) -> float | None:
+        """How the optimizer carries the hit value into its update (see :func:`undo_change`): 1 for weights; for
+        optimizer state the decay of that moment in the parameter's group (Adam/AdamW ``betas``, SGD
+        ``momentum``), None when this optimizer's rule for the key is unknown (heal then restores the original)."""
+        if self.params.where != "optimizer_state":
+            return 1.0
+        group = (
+            next((g for g in self._optimizer.param_groups if any(t is self._param for t in g["params"])), None)
+            if self._optimizer is not None
+            else None
+        )
+        if group is None:
+            return None
+        betas = group.get("betas")
+        if isinstance(betas, tuple | list) and len(betas) == 2 and self._state_key in ("exp_avg", "exp_avg_sq"):
+            return float(betas[0] if self._state_key == "exp_avg" else betas[1])
+        momentum = group.get("momentum")
+        if self._state_key == "momentum_buffer" and isinstance(momentum, int | float) and momentum > 0:
+            return float(momentum)
+        return None
 
     def _current_tensor(self) -> torch.Tensor:
         param = self._param
@@ -235,7 +315,17 @@ class ArmedFault:
                 f"optimizer state of {self.target} has no float tensor yet (fire after the first optimizer step)"
             )
         if self._state_key not in keys:
-            self._state_key = self._rng.choice(keys)
+            # Drawn even when `state:` names the key, so naming the key the draw would pick corrupts the same
+            # elements as leaving it out (the element draw comes next from the same stream).
+            drawn = self._rng.choice(keys)
+            wanted = self.params.state
+            if wanted is not None and wanted not in keys:
+                others = sorted(set(map(str, state)) - set(keys))
+                ineligible = f" (not float tensors the size of the parameter: {', '.join(others)})" if others else ""
+                raise TensorFaultError(
+                    f"optimizer state of {self.target} has no {wanted!r}: available {', '.join(keys)}{ineligible}"
+                )
+            self._state_key = wanted or drawn
         tensor = state[self._state_key]
         assert isinstance(tensor, torch.Tensor)
         return tensor

@@ -25,6 +25,7 @@ from chaos.injob.bitflip import (
     restore,
     scale_block,
     set_values,
+    undo_change,
 )
 
 DTYPES = pytest.mark.parametrize("dtype", SUPPORTED, ids=str)
@@ -234,6 +235,90 @@ def test_scale_block_32_consecutive_by_1e7(dtype: torch.dtype) -> None:
     assert raw(t) == before
     with pytest.raises(ValueError, match="does not fit"):
         scale_block(t, 90, 32, 1e7)
+
+
+# -- undo: remove the change, keep what happened since -------------------------------------------------------
+
+
+def ulp(x: float, dtype: torch.dtype) -> float:
+    one = torch.tensor([x], dtype=dtype)
+    return float(torch.nextafter(one, torch.tensor([math.inf], dtype=dtype)).item() - one.item())
+
+
+@DTYPES
+def test_undo_change_follows_its_decision_table(dtype: torch.dtype) -> None:
+    """One element per row of undo_change's table; each row would be wrong under any other row's rule."""
+    info = torch.finfo(dtype)
+    t = torch.tensor([1.0, 1.0, info.max, 1.0, 1.0, 1.0, math.inf, 2.0], dtype=dtype)
+    original = raw(t)
+    record = flip_bits(t, [Flip(0, 0), Flip(1, 0), Flip(2, 0), Flip(3, 0), Flip(7, 0)])  # one ulp each
+    record_set = set_values(t, [4, 5], math.nan)
+    record_inf = flip_bits(t, [Flip(6, bit_layout(dtype)[2])])  # lowest exponent bit of +Inf: a finite value
+    assert math.isfinite(t[6].item())
+    # one record over all eight elements, as a stuck fault's application would hold it
+    indices = list(range(8))
+    merged = type(record)(tuple(indices), original, str(dtype), "bitflip", "test")
+    written = element_bytes(t, indices)
+    assert record_set.indices == (4, 5) and record_inf.indices == (6,)
+    step = 0.25
+    with torch.no_grad():
+        # 0: untouched. 1: updated by a representable step. 2: updated so original + change overflows.
+        t[1] -= step
+        t[2] = torch.tensor(info.max, dtype=dtype)  # the corrupted max - ulp moved up one ulp
+        t[3] = math.nan  # 3: the update went non-finite
+        # 4: NaN stayed NaN (arithmetic carried it). 5: NaN replaced by a finite value (a repair/reload).
+        t[5] = 0.5
+        t[6] += 4 * ulp(t[6].item(), dtype)  # 6: original +Inf, corrupted finite, then updated
+        t[7] = t[7] * 1.0  # 7: rewritten with its own bytes: indistinguishable from untouched
+    result = undo_change(t, merged, written, keep_updates=True)
+    assert result.restored == (0, 2, 4, 6, 7)
+    assert result.delta_removed == (1,)
+    assert result.kept == (3, 5)
+    assert t[1].item() == 1.0 - step  # the fault's ulp removed, the update kept
+    assert raw(t[[0, 2, 4, 6, 7]]) == raw(torch.tensor([1.0, info.max, 1.0, math.inf, 2.0], dtype=dtype))
+    assert math.isnan(t[3].item()) and t[5].item() == 0.5
+    assert "restored [0, 2, 4, 6, 7]" in result.summary() and "delta removed [1]" in result.summary()
+
+
+def test_undo_change_without_updates_restores_only_untouched_elements() -> None:
+    """The gradient rule: an element no longer holding the bytes written is a fresh value and is kept."""
+    t = torch.tensor([1.0, 2.0, 3.0])
+    record = flip_bits(t, [Flip(0, 31), Flip(1, 31), Flip(2, 31)])
+    written = element_bytes(t, record.indices)
+    t[1] = 9.0
+    result = undo_change(t, record, written, keep_updates=False)
+    assert (result.restored, result.delta_removed, result.kept) == ((0, 2), (), (1,))
+    assert t.tolist() == [1.0, 9.0, 3.0]
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_undo_change_scalar_and_vector_paths_agree(data: st.DataObject) -> None:
+    dtype = data.draw(cs.dtypes())
+    t = data.draw(cs.float_tensors(dtype, (4, 5), allow_nan=True, allow_infinity=True))
+    strided = t.t().contiguous().t()  # same logical values, non-contiguous: the vector path
+    flips = data.draw(cs.flips(t.numel(), dtype, min_size=1, max_size=12))
+    delta = data.draw(cs.float_tensors(dtype, (4, 5), allow_nan=False, allow_infinity=False))
+    results = []
+    for tensor in (t, strided):
+        record = flip_bits(tensor, flips)
+        written = element_bytes(tensor, record.indices)
+        with torch.no_grad():
+            tensor.add_(delta * 0.001)
+        results.append((undo_change(tensor, record, written, keep_updates=True), raw(tensor)))
+    assert results[0] == results[1]
+
+
+def test_undo_change_refuses_inconsistent_input() -> None:
+    t = torch.ones(4)
+    record = flip_bits(t, [Flip(1, 3)])
+    written = element_bytes(t, record.indices)
+    with pytest.raises(ValueError, match="record is for"):
+        undo_change(torch.ones(4, dtype=torch.float16), record, written, keep_updates=True)
+    with pytest.raises(ValueError, match="byte lengths"):
+        undo_change(t, record, written + b"\0", keep_updates=True)
+    with pytest.raises(ValueError, match="out of range"):
+        undo_change(torch.ones(1), record, written, keep_updates=True)
 
 
 # -- choosing ----------------------------------------------------------------------------------------------------

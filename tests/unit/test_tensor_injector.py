@@ -16,7 +16,7 @@ from pytorchfi import core  # type: ignore[import-untyped]
 from torch import nn
 
 from chaos import strategies as cs
-from chaos.injob.bitflip import SUPPORTED, bit_class, flipped_value
+from chaos.injob.bitflip import SUPPORTED, Flip, bit_class, flip_bits, flipped_value
 from chaos.injob.pfi import pfi_injector, pfi_layers, pfi_neuron_flip, pfi_weight_flip
 from chaos.injob.tensor_faults import ArmedFault, TensorFaultError, arm
 from injectors.tensor import BitFlipParams
@@ -88,6 +88,10 @@ def test_params_defaults_and_phase_follow_where() -> None:
         ({"probability": 1.5}, "probability"),
         ({"element": 1, "bit": 4, "count": 2}, "distinct bits"),
         ({"kind": "inf", "element": 1, "count": 2}, "count must be 1"),
+        ({"state": "exp_avg"}, "needs where: optimizer_state, not where: weights"),
+        ({"where": "gradients", "state": "exp_avg"}, "needs where: optimizer_state"),
+        ({"where": "optimizer_state", "state": "step"}, "step counter"),
+        ({"where": "optimizer_state", "state": ""}, "at least 1 character"),
     ],
 )
 def test_params_reject_nonsense(fields: dict[str, Any], message: str) -> None:
@@ -125,11 +129,12 @@ def test_weight_flip_changes_one_bit_and_heal_restores_raw_bytes(dtype: torch.dt
 
 
 def test_stuck_weight_is_forced_back_every_step_then_healed_exactly() -> None:
+    """Nobody updates the weight (a frozen or served model): the same corrupted value at every fire, never
+    toggled back or compounded, and heal writes back the exact original bytes."""
     model = mlp()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
     before = snapshot(model)
     fault = arm(
-        model, opt, BitFlipParams(layer="0.weight", element=5, bit=30, persistence="stuck", steps=3), random.Random(0)
+        model, None, BitFlipParams(layer="0.weight", element=5, bit=30, persistence="stuck", steps=3), random.Random(0)
     )
     corrupted: list[bytes] = []
     for step in range(10, 15):
@@ -137,13 +142,37 @@ def test_stuck_weight_is_forced_back_every_step_then_healed_exactly() -> None:
         assert (fired is not None) == (step < 13)
         assert fault.expired(step) == (step >= 12)
         corrupted.append(raw(model.get_parameter("0.weight").view(-1)[5]))
-        train_step(model, opt)
+        with torch.no_grad():
+            model(torch.ones(2, 8))
     assert corrupted[0] == corrupted[1] == corrupted[2]  # stuck at one value, not toggled or compounded
     assert corrupted[0] != before["0.weight"][20:24]
     fault.heal()
-    assert (
-        raw(model.get_parameter("0.weight").view(-1)[5]) == before["0.weight"][20:24]
-    )  # the bytes from before the first fire
+    assert snapshot(model) == before
+    assert fault.healing is not None and fault.healing.restored == (5,)
+
+
+def test_stuck_weight_under_training_reapplies_the_flip_to_the_updated_value() -> None:
+    """Under SGD each fire first removes the previous application (keeping the update, as heal does), then flips
+    the same bit again: the element always shows exactly that bit flipped relative to what it was undone to."""
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    fault = arm(
+        model, opt, BitFlipParams(layer="2.bias", element=3, bit=4, persistence="stuck", steps=3), random.Random(0)
+    )
+    shown: list[tuple[bytes, bytes]] = []
+    for step in range(3):
+        fault.fire(step)
+        record = fault.records[-1].record
+        now = raw(model.get_parameter("2.bias")[3])
+        shown.append((record.original, now))
+        train_step(model, opt)
+    for original, now in shown:
+        flipped = torch.frombuffer(bytearray(original), dtype=torch.float32).clone()
+        flip_bits(flipped, [Flip(0, 4)])
+        assert raw(flipped) == now  # one bit off the undone value: never toggled back, never compounded
+    assert len({original for original, _ in shown}) == 3  # the updates were kept underneath
+    fault.heal()
+    assert fault.healing is not None and fault.healing.delta_removed == (3,)
 
 
 @pytest.mark.parametrize(("kind", "check"), [("nan", math.isnan), ("inf", math.isinf)])
@@ -299,6 +328,62 @@ def test_optimizer_state_flip_and_exact_heal(make_opt: Any) -> None:
     assert events[0][1]["where"] == "optimizer_state" and events[0][1]["step"] == 1
     fault.heal()
     assert snapshot(model, opt) == before
+
+
+def test_state_names_the_optimizer_tensor_hit() -> None:
+    model = mlp()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    train_step(model, opt)
+    before = snapshot(model, opt)
+    params = BitFlipParams(where="optimizer_state", layer="0.weight", state="exp_avg_sq", bit="exponent", count=4)
+    fault = arm(model, opt, params, random.Random(0))
+    assert fault.state_key is None  # known from the first fire (the state may not exist before)
+    fault.fire(1)
+    after = snapshot(model, opt)
+    assert [k for k in before if before[k] != after[k]] == ["0.weight.state.exp_avg_sq"]
+    assert fault.state_key == "exp_avg_sq" and "optimizer_state[exp_avg_sq] of 0.weight" in fault.describe()
+    fault.heal()
+    assert snapshot(model, opt) == before
+    assert "optimizer_state[exp_avg_sq]" in fault.describe_heal()
+
+
+def test_a_missing_state_key_fails_with_the_available_keys() -> None:
+    model = mlp()
+    adam = torch.optim.Adam(model.parameters(), lr=1e-3)
+    train_step(model, adam)
+    before = snapshot(model, adam)
+    fault = arm(model, adam, BitFlipParams(where="optimizer_state", layer="2.bias", state="nope"), random.Random(0))
+    with pytest.raises(TensorFaultError, match=r"has no 'nope': available exp_avg, exp_avg_sq \(.*: step\)"):
+        fault.fire(1)
+    assert snapshot(model, adam) == before and fault.fired == 0
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    train_step(model, sgd)
+    with pytest.raises(TensorFaultError, match="available momentum_buffer"):
+        arm(model, sgd, BitFlipParams(where="optimizer_state", state="exp_avg"), random.Random(0)).fire(1)
+    momentum = arm(model, sgd, BitFlipParams(where="optimizer_state", state="momentum_buffer"), random.Random(0))
+    momentum.fire(1)
+    assert momentum.state_key == "momentum_buffer"
+    momentum.heal()
+
+
+def test_without_state_the_seeded_choice_is_stated_and_naming_it_changes_nothing() -> None:
+    def fire(seed: int, state: str | None) -> tuple[str | None, tuple[int, ...], str]:
+        model = mlp()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        train_step(model, opt)
+        params = BitFlipParams(where="optimizer_state", layer="0.weight", state=state)
+        events: list[dict[str, Any]] = []
+        fault = arm(model, opt, params, random.Random(seed), emit=lambda _kind, **data: events.append(data))
+        fault.fire(1)
+        assert events[0]["state"] == fault.state_key
+        return fault.state_key, fault.records[0].record.indices, fault.describe()
+
+    drawn = {seed: fire(seed, None) for seed in range(12)}
+    assert {key for key, _i, _d in drawn.values()} == {"exp_avg", "exp_avg_sq"}  # both happen: a real draw
+    for seed, (key, indices, line) in drawn.items():
+        assert fire(seed, None) == (key, indices, line)  # deterministic
+        assert f"[{key}]" in line
+        assert fire(seed, key)[:2] == (key, indices)  # naming the drawn key hits the same elements
 
 
 # -- the acceptance property: heal restores every flipped bit, whatever the fault -----------------------------

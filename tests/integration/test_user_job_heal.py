@@ -1,0 +1,101 @@
+"""Issue 15's acceptance on a job we did not write: a 1-ULP one-step weight flip, healed, leaves every rank of
+``tests/jobs/user_ddp_adam.py`` (DDP, Adam, 2 gloo ranks, the one-line agent) bitwise equal to the golden run.
+
+Three real torchrun launches: golden (no plan), the flip fired after backward (healed at the end of its step,
+after the optimizer step), and the same flip fired before the forward as a control: the forward reads the
+corrupted bias, so that run must differ, which shows the digest comparison can see a one-ulp fault at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import ROOT
+
+JOB = ROOT / "tests" / "jobs" / "user_ddp_adam.py"
+STEPS = 8
+FAULT_STEP = 3
+TIMEOUT_S = 180
+
+
+def run_job(workdir: Path, phase: str | None) -> list[dict[str, Any]]:
+    """One torchrun launch (2 ranks); with ``phase``, a plan flips bit 0 of ``4.bias[1]`` on rank 1 at FAULT_STEP."""
+    workdir.mkdir(parents=True)
+    events = workdir / "events.jsonl"
+    env = {k: v for k, v in os.environ.items() if k not in ("CHAOS_PLAN", "CHAOS_RUN_DIR", "RANK", "WORLD_SIZE")}
+    env.update(
+        CHAOS_EVENTS=str(events),
+        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    )
+    if phase is not None:
+        params = {"where": "weights", "layer": "4.bias", "element": 1, "bit": 0, "phase": phase, "rank": 1}
+        op = {
+            "op_id": "op1",
+            "fault": "flip",
+            "injector": "bitflip",
+            "at_step": FAULT_STEP,
+            "rank": 1,
+            "params": params,
+        }
+        (workdir / "plan.json").write_text(json.dumps({"seed": 5, "ops": [op]}))
+        env["CHAOS_PLAN"] = str(workdir / "plan.json")
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(JOB),
+            "--steps", str(STEPS)]  # fmt: skip
+    with open(workdir / "torchrun.log", "wb") as log:
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            rc = None
+        finally:
+            _kill_leftovers(proc, events)
+    assert rc == 0, (workdir / "torchrun.log").read_text(errors="replace")[-3000:]
+    return [json.loads(line) for line in events.read_text().splitlines()]
+
+
+def _kill_leftovers(proc: subprocess.Popen[bytes], events: Path) -> None:
+    """torchrun and any worker of THIS launch (recognised by its CHAOS_EVENTS path) still alive."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    mark = f"CHAOS_EVENTS={events}\0".encode()  # unique to this launch: never kills anyone else's process
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if mark in Path(f"/proc/{entry}/environ").read_bytes():
+                os.kill(int(entry), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            continue
+
+
+def digests(events: list[dict[str, Any]]) -> dict[int, str]:
+    return {e["rank"]: e["data"]["digest"] for e in events if e["kind"] == "target.digest"}
+
+
+@pytest.mark.slow
+def test_one_ulp_weight_flip_healed_after_the_step_leaves_every_rank_golden(tmp_path: Path) -> None:
+    golden = run_job(tmp_path / "golden", None)
+    assert len(set(digests(golden).values())) == 1 and set(digests(golden)) == {0, 1}
+    assert [e["data"]["step"] for e in golden if e["kind"] == "target.step" and e["rank"] == 0] == list(
+        range(1, STEPS + 1)
+    )
+
+    healed = run_job(tmp_path / "healed", "backward")
+    applied = [e for e in healed if e["kind"] == "fault.applied"]
+    assert [(e["rank"], e["data"]["step"]) for e in applied] == [(1, FAULT_STEP)]
+    assert "4.bias" in applied[0]["data"]["description"] and "[1] bit 0" in applied[0]["data"]["description"]
+    assert [(e["rank"], e["data"]["step"]) for e in healed if e["kind"] == "fault.healed"] == [(1, FAULT_STEP)]
+    assert digests(healed) == digests(golden)
+
+    control = run_job(tmp_path / "control", "forward")
+    assert any(e["kind"] == "fault.applied" for e in control)
+    assert set(digests(control).values()).isdisjoint(digests(golden).values())
