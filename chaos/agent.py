@@ -11,7 +11,7 @@ A training script opts in (``import chaos.agent``) with one call and four one-li
         if agent.allow_optimizer_step():            # False when the guards agreed to skip this step
             optimizer.step()
         agent.end_step()
-    agent.close()                                   # heals every in-job fault, exactly
+    agent.close()                                   # heals every in-job fault (undoes only its change)
 
 The harness hands the agent its faults in a JSON plan (env ``CHAOS_PLAN``) and reads what happened from the
 event file (env ``CHAOS_EVENTS``). Without ``CHAOS_PLAN`` no fault is armed, but the guards still run, so a
@@ -21,6 +21,17 @@ golden run and a faulted run execute the same numerics. Faults fire at exact (ra
 
 A fault fires once per run even across torchrun restarts: the agent leaves a marker in ``CHAOS_RUN_DIR`` so a
 recomputed step after a restart does not re-inject a transient fault.
+
+The cross-rank consistency guard (:mod:`chaos.guards.consistency`) is on by default in a distributed job of
+more than one rank: every ``consistency_every`` steps (10; 0 turns it off) ``end_step`` hashes the parameters
+and compares the digests across the ranks (``detect.divergence``, ``detect.nonfinite``; the verdict arrives one
+``end_step`` later, or at ``close``). It is a collective at the steps divisible by N and at ``close``, so every
+rank must call ``end_step`` for the same steps and then ``close`` (lockstep data parallel); a loop whose ranks
+run different numbers of steps (uneven inputs) must pass ``consistency_every=0``.
+
+Misuse is refused at attach with a ``ValueError`` that says what to pass: ``guard="checksum"`` without ``ddp=``,
+or a plan with a ``grad_corrupt`` fault without ``ddp=`` (both live in DDP's gradient all-reduce, and would
+otherwise silently do nothing).
 """
 
 from __future__ import annotations
@@ -40,6 +51,7 @@ from torch._C._distributed_c10d import GradBucket
 from chaos import events
 from chaos.guards.anomaly import GradAnomalyGuard
 from chaos.guards.checksum import ChecksumConfig, ChecksumState, checksum_hook
+from chaos.guards.consistency import DEFAULT_EVERY, ConsistencyGuard
 from chaos.injob.tensor_faults import ArmedFault, TensorFaultError, arm
 from chaos.plan.agent_plan import InJobOp, InJobPlan, load_plan
 from chaos.plan.seeds import derive_rng
@@ -76,6 +88,8 @@ class Agent:
         guard: Literal["checksum", "none"] = "none",
         checksum: ChecksumConfig | None = None,
         anomaly: bool = False,
+        consistency_every: int = DEFAULT_EVERY,
+        consistency_optimizer: bool = False,
         plan: InJobPlan | None = None,
         emit: Emit = events.emit,
     ) -> None:
@@ -84,6 +98,9 @@ class Agent:
         self.rank, self.world_size = _rank_and_world()
         self.emit = emit
         self.plan = plan if plan is not None else load_plan()
+        _refuse_misuse(self.plan, ddp=ddp, guard=guard, consistency_every=consistency_every)
+        if consistency_optimizer and optimizer is None:
+            raise ValueError("consistency_optimizer=True hashes the optimizer's state: pass optimizer= too")
         self.step = 0
         self._skip = False
         self._fired_dir = Path(os.environ["CHAOS_RUN_DIR"]) / "agent" if os.environ.get("CHAOS_RUN_DIR") else None
@@ -101,6 +118,19 @@ class Agent:
             if self.checksum_state is not None and self.anomaly_guard is not None:
                 # The anomaly guard must see each rank's LOCAL gradients, i.e. inside the hook, pre-reduction.
                 self.checksum_state.observe = self.anomaly_guard.observe
+        # Decided from the job's shape, never from the plan: a golden run hashes (reads) exactly as a faulted one.
+        distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        self.consistency = (
+            ConsistencyGuard(
+                model,
+                optimizer=optimizer,
+                optimizer_state=consistency_optimizer,
+                every=consistency_every,
+                emit=emit,
+            )
+            if consistency_every > 0 and distributed
+            else None
+        )
 
     # -- plan bookkeeping -------------------------------------------------------------------------------
     def _targets_me(self, op: InJobOp) -> bool:
@@ -207,13 +237,21 @@ class Agent:
         return not self._skip
 
     def end_step(self) -> None:
-        """Call at the end of each step: heals tensor faults whose persistence ran out."""
+        """Call at the end of each step (after the optimizer step): heals tensor faults whose persistence ran
+        out, then, at every ``consistency_every``-th step, compares the ranks' parameters (a collective)."""
         for op_id, armed in list(self._armed.items()):
             if armed.expired(self.step):
                 self._heal(op_id)
+        if self.consistency is not None:
+            # After the heal: what the ranks carry into the next step is what must agree. Pipelined: this
+            # takes the verdict of the previous check and starts this step's exchange (see the guard).
+            self.consistency.maybe_check(self.step)
 
     def close(self) -> None:
-        """Heal every in-job fault still applied (exact original bits); idempotent."""
+        """Take the last consistency verdict (a collective when a check is in flight: every rank calls close),
+        then heal every in-job fault still applied (only the fault's own change is undone); idempotent."""
+        if self.consistency is not None:
+            self.consistency.finish()
         for op_id in list(self._armed):
             self._heal(op_id)
 
@@ -239,13 +277,54 @@ class Agent:
             if first:
                 self._armed[op.op_id] = armed
                 self._mark_fired(op)
-                self._applied(op, armed.describe(), where=params.where, persistence=params.persistence)
+                extra: dict[str, JsonValue] = {} if armed.state_key is None else {"state": armed.state_key}
+                self._applied(op, armed.describe(), where=params.where, persistence=params.persistence, **extra)
 
     def _heal(self, op_id: str) -> None:
         armed = self._armed.pop(op_id)
         armed.heal()
         op = next(o for o, _ in self._tensor_ops if o.op_id == op_id)
-        self.emit("fault.healed", rank=self.rank, fault=op.fault, op=op_id, injector=op.injector, step=self.step)
+        # What the heal did per element: bytes restored (untouched since), the fault's delta removed from a
+        # value the optimizer updated since (its updates kept), or left alone (see ArmedFault.heal).
+        healing = armed.healing
+        extra: dict[str, JsonValue] = {}
+        if healing is not None:
+            extra = {
+                "heal": armed.describe_heal(),
+                "restored": list(healing.restored[:16]),
+                "delta_removed": list(healing.delta_removed[:16]),
+                "kept": list(healing.kept[:16]),
+            }
+        self.emit(
+            "fault.healed", rank=self.rank, fault=op.fault, op=op_id, injector=op.injector, step=self.step, **extra
+        )
+
+
+def _refuse_misuse(
+    plan: InJobPlan, *, ddp: nn.parallel.DistributedDataParallel | None, guard: str, consistency_every: int
+) -> None:
+    """Raise ValueError, saying what to pass, for settings that would otherwise silently do nothing."""
+    if guard not in ("checksum", "none"):
+        raise ValueError(f"guard={guard!r} is not a guard: pass guard='checksum' (with ddp=) or guard='none'")
+    if consistency_every < 0:
+        raise ValueError(
+            f"consistency_every={consistency_every}: pass N >= 1 to compare the ranks every N steps, 0 for off"
+        )
+    if ddp is not None:
+        return
+    if guard == "checksum":
+        raise ValueError(
+            "guard='checksum' checks DDP's gradient all-reduce, so it needs the DDP-wrapped model: "
+            "attach(model, optimizer=optimizer, ddp=ddp_model, guard='checksum') with "
+            "ddp_model = DistributedDataParallel(model); or pass guard='none'"
+        )
+    grad = sorted({op.fault for op in plan.ops if op.injector == "grad_corrupt"})
+    if grad:
+        raise ValueError(
+            f"the plan has grad_corrupt fault(s) {', '.join(grad)}: they corrupt a gradient bucket inside DDP's "
+            "all-reduce, so attach needs the DDP-wrapped model: attach(model, optimizer=optimizer, ddp=ddp_model) "
+            "with ddp_model = DistributedDataParallel(model); without it they would never fire"
+        )
 
 
 def _plain_hook(agent: Agent, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -277,9 +356,26 @@ def attach(
     guard: Literal["checksum", "none"] = "none",
     anomaly: bool = False,
     checksum: ChecksumConfig | None = None,
+    consistency_every: int = DEFAULT_EVERY,
+    consistency_optimizer: bool = False,
 ) -> Agent:
-    """Opt a training loop into mlchaos: arms this rank's planned faults and the chosen guards."""
-    return Agent(model, optimizer=optimizer, ddp=ddp, guard=guard, anomaly=anomaly, checksum=checksum)
+    """Opt a training loop into mlchaos: arms this rank's planned faults and the chosen guards.
+
+    ``consistency_every``: compare the ranks' parameters every N steps (on in a distributed job of more than
+    one rank; 0 turns it off, and must be passed when the ranks do not run the same steps);
+    ``consistency_optimizer``: hash the optimizer's state tensors too. Raises ValueError for ``guard="checksum"``
+    or a planned ``grad_corrupt`` fault without ``ddp=``.
+    """
+    return Agent(
+        model,
+        optimizer=optimizer,
+        ddp=ddp,
+        guard=guard,
+        anomaly=anomaly,
+        checksum=checksum,
+        consistency_every=consistency_every,
+        consistency_optimizer=consistency_optimizer,
+    )
 
 
 __all__ = ["Agent", "attach"]

@@ -346,6 +346,7 @@ class _ContainerFault:
     summary: ClassVar[str]
     revert_on_harness: ClassVar[bool] = True
     one_shot: ClassVar[bool] = False
+    needs_duration: ClassVar[bool] = True  # a held fault ends at its deadline; one-shot faults set False
     done: ClassVar[str]  # what apply does, as in "container X is paused since prepare; not <done>"
 
     def check(self, ctx: InjectionContext, params: BaseModel) -> None:
@@ -398,6 +399,7 @@ class ContainerKillInjector(_ContainerFault):
     Params: ClassVar[type[BaseModel]] = ContainerKillParams
     summary: ClassVar[str] = "send a signal (default SIGKILL) to a container's main process through the Docker API"
     one_shot: ClassVar[bool] = True
+    needs_duration: ClassVar[bool] = False
     done: ClassVar[str] = "killed"
 
     def _plan(self, state: ContainerState, container: Container, params: BaseModel) -> tuple[ContainerState, str]:
@@ -451,6 +453,7 @@ class ContainerRestartInjector(_GraceFault):
     Params: ClassVar[type[BaseModel]] = ContainerRestartParams
     summary: ClassVar[str] = "restart a container once (stop with a grace timeout, then start)"
     one_shot: ClassVar[bool] = True
+    needs_duration: ClassVar[bool] = False
     done: ClassVar[str] = "restarted"
     verb: ClassVar[str] = "restart"
     acting: ClassVar[str] = "restarting"

@@ -285,6 +285,7 @@ class CpuThrottleInjector:
     """Throttle processes with a CFS quota in a cgroup of our own; see the module docstring."""
 
     name: ClassVar[str] = "cpu_throttle"
+    needs_duration: ClassVar[bool] = True
     Params: ClassVar[type[BaseModel]] = CpuThrottleParams
     summary: ClassVar[str] = "cap a rank, pid or command-line match at a fraction of a CPU (cgroup cpu quota)"
 
@@ -436,6 +437,7 @@ class MemoryPressureInjector:
     """A detached helper that holds ``megabytes`` of touched memory until heal or its deadline."""
 
     name: ClassVar[str] = "memory_pressure"
+    needs_duration: ClassVar[bool] = True
     Params: ClassVar[type[BaseModel]] = MemoryPressureParams
     summary: ClassVar[str] = "hold N MiB of resident memory on the host (the hog is the OOM killer's first pick)"
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 from pydantic import BaseModel
 
-from chaos.history.timeline import FAULT_APPLIED, FAULT_FAILED, TARGET_STEP, Event, History
+from chaos.history.timeline import FAULT_APPLIED, FAULT_FAILED, TARGET_START, TARGET_STEP, Event, History
+from chaos.spec.serving import REPLICA_RANKS, ServingTarget
 
 P = TypeVar("P", bound=BaseModel)
 
@@ -151,3 +153,125 @@ def missing_fault_reason(history: History, fault: str) -> str:
 def step_events(history: History) -> list[Event]:
     """All ``target.step`` events that carry an integer step, in time order."""
     return [e for e in events_of(history, TARGET_STEP) if step_of(e) is not None]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# What a fault op hit: the subject that evidence about it must name.
+
+LOCAL_HOST = "local"
+"""The harness's own host: the ``host`` of a fault applied here, and of every event that carries no ``host``
+(only events from remote hosts are tagged with one)."""
+
+
+def host_of(event: Event) -> str:
+    """``data.host``, or :data:`LOCAL_HOST` when the event carries none."""
+    return event.get_str("host") or LOCAL_HOST
+
+
+@dataclass(frozen=True)
+class FaultTarget:
+    """What one applied op of a fault hit, as far as its ``fault.applied`` event and the scenario tell.
+
+    ``ranks``: training ranks hit (a process fault's rank, an in-job fault's rank, or every rank that ran on a
+    host hit as a whole); ``processes``: (host, pid) of those ranks when the op was applied, from their latest
+    ``target.start``; ``replicas``: serving replicas hit; ``hosts``: hosts hit AS A WHOLE (a network, storage,
+    node or container fault, or processes selected by command line), empty for a fault aimed at a process.
+    """
+
+    ranks: frozenset[int] = frozenset()
+    processes: frozenset[tuple[str, int]] = frozenset()
+    replicas: frozenset[str] = frozenset()
+    hosts: frozenset[str] = frozenset()
+
+    def describe(self) -> str:
+        """E.g. ``rank 1``, ``host h3 (rank 2)``, ``replica primary (rank 0)``, ``pid 42 on local``; ``nothing
+        known`` when empty."""
+        ranks = ", ".join(str(r) for r in sorted(self.ranks))
+        rank_text = f"rank{'s' if len(self.ranks) > 1 else ''} {ranks}" if self.ranks else ""
+        if self.hosts:
+            where = f"host{'s' if len(self.hosts) > 1 else ''} {', '.join(sorted(self.hosts))}"
+        elif self.replicas:
+            where = f"replica{'s' if len(self.replicas) > 1 else ''} {', '.join(sorted(self.replicas))}"
+        elif rank_text:
+            return rank_text
+        elif self.processes:
+            return "pid " + ", ".join(f"{pid} on {host}" for host, pid in sorted(self.processes))
+        else:
+            return "nothing known"
+        return f"{where} ({rank_text})" if rank_text else where
+
+
+def fault_params(scenario: object, fault: str) -> BaseModel | None:
+    """The params model of the scenario's fault named ``fault``; None when there is no scenario (offline tests
+    pass None or a stand-in), no such fault, or the entry carries no params."""
+    for spec in getattr(scenario, "faults", None) or ():
+        if getattr(spec, "name", None) == fault:
+            params = getattr(spec, "params", None)
+            return params if isinstance(params, BaseModel) else None
+    return None
+
+
+def _int_field(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def fault_target(history: History, op: Event, scenario: object) -> FaultTarget:
+    """What ``op`` (a ``fault.applied`` event) hit.
+
+    Read, in order: the op's own rank (an in-job fault reports where it fired) and any ``rank``/``ranks``/
+    ``replica``/``pid`` it carries; then the scenario's params of the fault (``rank``, ``replica``, ``pid`` of a
+    process selector, a tensor or gradient fault); on the reference serving stack a replica and its rank
+    (``REPLICA_RANKS``) name each other. When none of these names a process the fault hit the op's
+    host as a whole (``data.host``, else :data:`LOCAL_HOST`): its ranks are those whose latest ``target.start``
+    at or before the op ran there. A rank's process is its latest ``target.start`` pid at or before the op.
+    """
+    ranks: set[int] = set()
+    replicas: set[str] = set()
+    pids: set[int] = set()
+    host = host_of(op)
+    if op.rank is not None:
+        ranks.add(op.rank)
+    if (rank := op.get_int("rank")) is not None:
+        ranks.add(rank)
+    listed = op.data.get("ranks")
+    if isinstance(listed, list):
+        ranks.update(r for item in listed if (r := _int_field(item)) is not None)
+    if (replica := op.get_str("replica")) is not None:
+        replicas.add(replica)
+    if (pid := op.get_int("pid")) is not None:
+        pids.add(pid)
+    params = fault_params(scenario, op.get_str("fault") or "")
+    if params is not None:
+        if (rank := _int_field(getattr(params, "rank", None))) is not None:
+            ranks.add(rank)
+        replica_param = getattr(params, "replica", None)
+        if isinstance(replica_param, str):
+            replicas.add(replica_param)
+        if (pid := _int_field(getattr(params, "pid", None))) is not None:
+            pids.add(pid)
+    if isinstance(getattr(scenario, "target", None), ServingTarget):
+        # The reference serving stack runs each replica's model server as a rank: an in-job fault on rank 0
+        # hit the primary, and a fault on the primary hit rank 0.
+        replicas |= {name for name, rank in REPLICA_RANKS.items() if rank in ranks}
+        ranks |= {REPLICA_RANKS[name] for name in replicas if name in REPLICA_RANKS}
+    starts = [e for e in events_of(history, TARGET_START) if e.rank is not None and e.ts_ns <= op.ts_ns]
+    latest: dict[int, Event] = {}
+    for start in starts:  # time-ordered: the latest start of each rank wins
+        if start.rank is not None:
+            latest[start.rank] = start
+    whole_host = not ranks and not replicas and not pids
+    if whole_host:
+        ranks = {rank for rank, start in latest.items() if host_of(start) == host}
+    else:  # a fault aimed at a pid hit a rank when that pid was the rank's process
+        ranks |= {rank for rank, start in latest.items() if host_of(start) == host and start.get_int("pid") in pids}
+    processes = {(host, pid) for pid in pids}
+    for rank in ranks:
+        began = latest.get(rank)
+        if began is not None and (pid := began.get_int("pid")) is not None:
+            processes.add((host_of(began), pid))
+    return FaultTarget(
+        ranks=frozenset(ranks),
+        processes=frozenset(processes),
+        replicas=frozenset(replicas),
+        hosts=frozenset({host}) if whole_host else frozenset(),
+    )

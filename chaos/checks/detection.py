@@ -1,15 +1,54 @@
 """Detection checks: did something notice each fault, and how fast.
 
-``detected_within`` holds every applied op of one fault to a latency bound: the time from its
-``fault.applied`` event to the first event matching a kind glob (``detect.*`` by default) that comes
-strictly after it, optionally only on one rank.
+``detected_within`` holds every applied op of one fault to a latency bound: the time from its ``fault.applied``
+event to the first detection that is evidence about THAT op, never merely the next detection of any kind.
+
+Which events count (the evidence rule). A detection is an event whose kind matches ``by`` (default
+``detect.*``) strictly after the op's ``fault.applied`` (an event at the same instant cannot have been caused by
+it) and no later than the fault's next op, if any (a detection after that may be about the next op, so it
+never stands in for an earlier op that went undetected); one after the ``within`` bound makes the op too slow.
+What the op hit is :func:`chaos.checks._evidence.fault_target`: its rank(s) and their processes, its replica,
+or the host it hit as a whole. A detection counts when:
+
+1. it localizes (carries ``culprit_rank``) and the culprit is a rank the op hit; with no single culprit
+   (null) it counts when the ranks it lists (``odd_ranks`` or ``ranks``, e.g. a divergence with several odd
+   ranks) include one the op hit. A localization that names nobody or only other ranks never counts; when
+   it is the FIRST detection after the op the check fails, since whoever acts on it acts on the wrong rank;
+2. else it names what the op hit: a subject rank (``ranks``, ``odd_ranks``, ``peer`` when it is a rank
+   number, or the event's own rank, except for group-level kinds below, whose rank is the reporter), the hit
+   process (its ``host`` and ``pid``), the hit replica (``backend`` or ``replica``), or, for a fault that hit
+   a whole host, that host (a detection naming no rank, whose ``host`` is the hit host; events without
+   ``host`` come from the harness's host);
+3. else it comes from the process group the op hit: its kind is group-level (``group_kinds``) and the op hit
+   at least one training rank of the job;
+4. else, in a job without ranks (no ``target.*`` event carries a rank: a command target, a serving stack), it
+   names no subject at all (no rank, ``culprit_rank``, ``ranks``, ``peer``, ``pid``, ``backend``, ``replica``):
+   such a job is one group, and a detection that names no part of it speaks for the whole job. The check
+   cannot tell such an alarm about something else from one about the fault; give detectors a subject to
+   make it able to.
+
+Group-level kinds (the ``group_kinds`` default), from reading the detectors: the process group's own failure
+detection, which the reference trainer reports on each SURVIVING rank when a collective fails
+(``detect.collective_timeout`` / ``detect.collective_error``, detector ``gloo``) or the error says a peer is
+gone (``detect.peer_lost``, detector ``pg_timeout`` or ``gloo``, with a ``peer`` address that names no rank).
+Their rank is the reporter, not the culprit: a survivor's timeout is how a killed, frozen or cut-off rank is
+seen by a group without a watchdog. Every other built-in detector names its subject, so it must name the
+fault's: ``detect.straggler`` (rank = the straggler; rank 0 reports it), ``detect.grad_anomaly`` (the
+anomalous rank itself), ``detect.sdc`` and ``detect.divergence`` (``culprit_rank``; the divergence also
+lists ``odd_ranks``), ``detect.nonfinite`` (the rank itself), ``detect.worker_exit`` (torchrun: the dead worker's
+rank, or its ``host`` and ``pid`` on a multi-node run), ``detect.backend_down`` / ``detect.wrong_answer`` /
+``serving.breaker`` (the ``backend``).
+
+``rank:`` replaces rules 2 to 4 with "reported on that rank" (rule 1 still applies): the scenario then states
+the evidence itself.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import replace
+from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from chaos.checks import _evidence as ev
 from chaos.checks.base import CheckResult, register_check
@@ -20,19 +59,37 @@ if TYPE_CHECKING:
     from chaos.spec.scenario import Scenario
 
 CHECK_DETECTED_WITHIN = "detected_within"
+DEFAULT_KINDS = "detect.*"
+GROUP_KINDS = ("detect.collective_*", "detect.peer_lost")
+"""Detection kinds raised for the whole process group (see the module docstring)."""
+IGNORED_SHOWN = 3  # detections cited per op that were not evidence about it
+
+Relation = Literal["names", "group", "job", "wrong", "unrelated"]
+COUNTED: tuple[Relation, ...] = ("names", "group", "job")
 
 
 class DetectedWithinParams(FaultBound):
     """Parameters of ``detected_within``: ``within`` bounds the time from each fault.applied to the first
-    detection."""
+    detection that is evidence about it (the rule is in :mod:`chaos.checks.detection`)."""
 
-    event: str = Field(
-        default="detect.*",
+    by: str | None = Field(
+        default=None,
         min_length=1,
-        description="glob over event kinds that count as a detection (e.g. detect.collective_*)",
+        description="glob over event kinds that count as a detection (e.g. detect.peer_lost); null: detect.*",
+    )
+    event: str | None = Field(
+        default=None, min_length=1, description="the former name of by, still accepted; give one of the two"
+    )
+    group_kinds: list[str] = Field(
+        default_factory=lambda: list(GROUP_KINDS),
+        description="globs of detection kinds a detector raises for the whole process group (a survivor's "
+        "collective timeout): they count for any fault that hit a rank of the job, whichever rank reports them",
     )
     rank: int | None = Field(
-        default=None, ge=0, description="count only detections reported on this rank; null means any rank"
+        default=None,
+        ge=0,
+        description="count only detections reported on this rank (instead of those naming what the fault hit); "
+        "null: the default evidence rule",
     )
     exclusive: bool = Field(
         default=False,
@@ -45,19 +102,105 @@ class DetectedWithinParams(FaultBound):
         "at the fault vs the detection's own step, else the highest step at the detection)",
     )
 
+    @model_validator(mode="after")
+    def _one_glob(self) -> DetectedWithinParams:
+        if self.by is not None and self.event is not None:
+            raise ValueError(f"give by or its former name event, not both (by: {self.by!r}, event: {self.event!r})")
+        return self
+
+    @property
+    def kinds(self) -> str:
+        """The detection glob in force: ``by``, else ``event``, else ``detect.*``."""
+        return self.by or self.event or DEFAULT_KINDS
+
+
+def _listed_ranks(event: Event) -> set[int]:
+    """The ranks a detection lists (``ranks``, ``odd_ranks``)."""
+    ranks: set[int] = set()
+    for key in ("ranks", "odd_ranks"):
+        listed = event.data.get(key)
+        if isinstance(listed, list):
+            ranks.update(item for item in listed if isinstance(item, int) and not isinstance(item, bool))
+    return ranks
+
+
+def _subject_ranks(event: Event, group: bool) -> set[int]:
+    """The ranks a detection says it is about (not counting ``culprit_rank``, judged apart)."""
+    ranks = _listed_ranks(event)
+    if event.rank is not None and not group:  # a group-level detection's rank is its reporter
+        ranks.add(event.rank)
+    peer = event.get_int("peer")  # the trainer's peer is an address (a string); a rank number names a rank
+    if peer is not None:
+        ranks.add(peer)
+    return ranks
+
+
+def _names_a_subject(event: Event) -> bool:
+    """True when ``event`` says which part of a job it is about (rule 4 of the module docstring)."""
+    keys = ("culprit_rank", "ranks", "odd_ranks", "peer", "pid", "backend", "replica")
+    return event.rank is not None or any(event.data.get(key) is not None for key in keys)
+
+
+def ranked_job(history: History) -> bool:
+    """True when some ``target.*`` event carries a rank: the job has ranks, so rule 4 does not apply."""
+    return any(e.rank is not None for e in history.of("target.*"))
+
+
+def relation(
+    event: Event, target: ev.FaultTarget, group_kinds: list[str], *, ranked: bool = True
+) -> tuple[Relation, str]:
+    """How ``event`` (a detection after the op) relates to the op that hit ``target``, with a note for evidence:
+    ``names`` (rules 1-2 of the module docstring), ``group`` (rule 3), ``job`` (rule 4, only when not
+    ``ranked``), ``wrong`` (a localization naming nobody or another rank) or ``unrelated``."""
+    if "culprit_rank" in event.data:
+        culprit = event.get_int("culprit_rank")
+        if culprit is not None:
+            if culprit in target.ranks:
+                return "names", f"localized to rank {culprit}"
+            return "wrong", f"localized to rank {culprit}, not {target.describe()}"
+        among = _listed_ranks(event)
+        if among & target.ranks:
+            return "names", f"no single culprit, but it lists rank {min(among & target.ranks)}"
+        blamed = "nobody" if not among else "ranks " + ", ".join(str(r) for r in sorted(among))
+        return "wrong", f"localized to {blamed}, not {target.describe()}"
+    group = any(event.matches(pattern) for pattern in group_kinds)
+    named = _subject_ranks(event, group)
+    if named & target.ranks:
+        return "names", f"names rank {min(named & target.ranks)}"
+    pid = event.get_int("pid")
+    if pid is not None and (ev.host_of(event), pid) in target.processes:
+        return "names", f"names pid {pid} on {ev.host_of(event)}"
+    for key in ("replica", "backend"):
+        replica = event.get_str(key)
+        if replica is not None and replica in target.replicas:
+            return "names", f"names replica {replica}"
+    if target.hosts and not named and ev.host_of(event) in target.hosts:
+        return "names", f"from host {ev.host_of(event)}, which the fault hit"
+    if group and target.ranks:
+        return "group", "group-level detection from the job the fault hit"
+    if not ranked and not _names_a_subject(event):
+        return "job", "names no part of a job without ranks: speaks for the whole job"
+    said = [f"rank {r}" for r in sorted(named)]
+    said += [f"{key} {value}" for key in ("replica", "backend") if (value := event.get_str(key)) is not None]
+    if not said and event.rank is not None:
+        said.append(f"reported on rank {event.rank}")
+    return "unrelated", f"names {', '.join(said) or 'nothing the fault hit'}, not {target.describe()}"
+
 
 @register_check(
     CHECK_DETECTED_WITHIN,
     DetectedWithinParams,
-    summary="every applied op of a fault is followed by a matching detection event within a time bound",
+    summary="every applied op of a fault is followed, within a time bound, by a detection naming what it hit",
 )
 def detected_within(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
     """Worst detection latency over the fault's applied ops, in seconds.
 
-    For each ``fault.applied`` of ``fault``: latency = first event matching ``event`` (and ``rank`` when
-    set) strictly after the applied timestamp, minus that timestamp. ``pass`` when every op has a detection
-    and the worst latency is ``<= within``; ``fail`` when an op has none or one is too slow; ``unknown``
-    when the fault was never applied (so a fault that silently failed to fire cannot pass).
+    For each ``fault.applied`` of ``fault``: latency = the first detection that counts as evidence about it
+    (module docstring; with ``rank``: the first matching detection reported on that rank) minus the applied
+    timestamp. ``pass`` when every op has one and the worst latency is ``<= within``; ``fail`` when an op has
+    none (the evidence cites later detections that were about something else), one is too slow, the first
+    detection after an op localized it to nobody or the wrong rank, or ``exclusive``/``within_steps`` fail;
+    ``unknown`` when the fault was never applied (a fault that silently failed to fire cannot pass).
     """
     p = ev.narrow(params, DetectedWithinParams)
     verdict = latency_verdict(CHECK_DETECTED_WITHIN, p.fault, p.within)
@@ -65,28 +208,60 @@ def detected_within(history: History, params: BaseModel, scenario: Scenario) -> 
     if not ops:
         return verdict(status="unknown", reason=ev.missing_fault_reason(history, p.fault))
 
-    where = f"{p.event!r}" + ("" if p.rank is None else f" on rank {p.rank}")
-    matching = ev.events_of(history, p.event)
-    candidates = [e for e in matching if p.rank is None or e.rank == p.rank]
+    matching = ev.events_of(history, p.kinds)
     steps = ev.events_of(history, "target.step")
+    ranked = ranked_job(history)
     found = Latencies()
-    undetected: list[Event] = []
-    for op in ops:
+    undetected: list[tuple[Event, str, list[tuple[Event, str]]]] = []
+    for index, op in enumerate(ops):
+        target = ev.fault_target(history, op, scenario)
+        # The window closes at the fault's next op: a detection after it may be about that op, so it never
+        # stands in for an earlier op that went undetected.
+        closes = ops[index + 1].ts_ns if index + 1 < len(ops) else None
+        if p.rank is not None and not target.ranks:
+            # The scenario names the rank: a localization is judged against it when nothing else is known.
+            target = replace(target, ranks=frozenset({p.rank}))
+        if p.rank is not None:
+            where = f"{p.kinds!r} on rank {p.rank}"
+        else:
+            group = " or comes from its process group" if target.ranks else ""
+            where = f"{p.kinds!r} that names {target.describe()}{group}"
+        if closes is not None:
+            where += f" before the next op at {ev.fmt_offset(history, closes)}"
         # Strictly after: an event at the very same instant cannot have been caused by the fault.
-        first = next((e for e in candidates if e.ts_ns > op.ts_ns), None)
+        after = [e for e in matching if op.ts_ns < e.ts_ns and (closes is None or e.ts_ns <= closes)]
+        related = [(e, *relation(e, target, p.group_kinds, ranked=ranked)) for e in after]
+        if p.rank is not None:
+            tied = [e for e, rel, _ in related if e.rank == p.rank and rel != "wrong"]
+        else:
+            tied = [e for e, rel, _ in related if rel in COUNTED]
+        first = tied[0] if tied else None
+        counted = {id(e) for e in tied}
+        ignored = [
+            (e, note) for e, _, note in related if id(e) not in counted and (first is None or e.ts_ns < first.ts_ns)
+        ]
+        if related and related[0][1] == "wrong":
+            earliest, _, note = related[0]
+            found.evidence.append(ev.cite(history, earliest, f"first detection after the fault, {note}"))
+            found.problems.append(f"the first {p.kinds!r} after {ev.describe(op)} {note}")
         if first is None:
-            undetected.append(op)
+            undetected.append((op, where, ignored))
             found.evidence.append(ev.cite(history, op, f"no event matching {where} after it"))
+            found.evidence.extend(ev.cite(history, e, f"ignored: {note}") for e, note in ignored[:IGNORED_SHOWN])
             continue
         latency = ev.seconds(first.ts_ns - op.ts_ns)
         found.evidence.append(ev.cite(history, op))
-        found.evidence.append(ev.cite(history, first, f"{ev.fmt_seconds(latency)} after {ev.describe(op) or op.kind}"))
+        found.evidence.extend(ev.cite(history, e, f"ignored: {note}") for e, note in ignored[:IGNORED_SHOWN])
+        why = next(note for e, _, note in related if e is first)
+        found.evidence.append(
+            ev.cite(history, first, f"{ev.fmt_seconds(latency)} after {ev.describe(op) or op.kind}; {why}")
+        )
         if p.exclusive and p.rank is not None:
-            earliest = next(e for e in matching if e.ts_ns > op.ts_ns)
+            earliest = after[0]
             if earliest.rank != p.rank:
                 found.evidence.append(ev.cite(history, earliest, "first detection, on another rank"))
                 found.problems.append(
-                    f"the first {p.event!r} after {ev.describe(op)} named rank {earliest.rank}, not {p.rank}"
+                    f"the first {p.kinds!r} after {ev.describe(op)} named rank {earliest.rank}, not {p.rank}"
                 )
         if p.within_steps is not None:
             at_fault = _highest_step(steps, op.ts_ns)
@@ -102,11 +277,17 @@ def detected_within(history: History, params: BaseModel, scenario: Scenario) -> 
         found.add(latency, op)
 
     if undetected:
-        first_missed = undetected[0]
+        missed_op, where, ignored = undetected[0]
         found.missed = (
             f"{len(undetected)} of {len(ops)} op(s) of {p.fault!r} were never detected: no event matching "
-            f"{where} after {ev.describe(first_missed)} at {ev.fmt_offset(history, first_missed.ts_ns)}"
+            f"{where} after {ev.describe(missed_op)} at {ev.fmt_offset(history, missed_op.ts_ns)}"
         )
+        if ignored:
+            first_ignored, note = ignored[0]
+            found.missed += (
+                f"; {len(ignored)} later detection(s) were about something else, e.g. {first_ignored.kind} "
+                f"at {ev.fmt_offset(history, first_ignored.ts_ns)} ({note})"
+            )
     return judge_latency(
         verdict,
         found,

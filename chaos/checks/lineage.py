@@ -1,6 +1,6 @@
 """Lineage checks: is what training committed the same as a fault-free run, and was each sample used once.
 
-- ``matches_golden``: the run's final model digest equals the golden (fault-free) run's digest.
+- ``matches_golden``: every rank's final model digest equals the golden (fault-free) run's digest of that rank.
 - ``exactly_once``: along the committed lineage (what the final model state actually reflects, after
   restarts rolled back uncheckpointed steps) every sample id was trained exactly once and no step is missing.
 """
@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -43,65 +44,215 @@ def _rank_key(rank: int | None) -> tuple[int, int]:
 # ---------------------------------------------------------------------------------------------------------
 # matches_golden
 
+RANKLESS_KEY = "none"
+"""The key of rank-less digests (a job run without torchrun, no ``RANK``) in ``runner.golden``'s ``digests``."""
+
+
+def rank_key(rank: int | None) -> str:
+    """``rank`` as a key of ``runner.golden``'s ``digests`` map (JSON object keys are strings)."""
+    return RANKLESS_KEY if rank is None else str(rank)
+
+
+def _parse_rank_key(key: str) -> tuple[bool, int | None]:
+    # (valid, rank): "3" -> rank 3, "none" -> rank-less; anything else is not a rank key.
+    if key == RANKLESS_KEY:
+        return True, None
+    try:
+        return True, int(key)
+    except ValueError:
+        return False, None
+
+
+def final_digests(history: History) -> dict[int | None, Event]:
+    """Each rank's final ``target.digest`` that carries a digest string: from its highest attempt, the latest
+    on ties (None keys rank-less reports). Both the run and the golden run are read this way."""
+    finals: dict[int | None, tuple[int, int, Event]] = {}
+    # events_of is time-ordered, so (attempt, position) orders "highest attempt, latest ts on ties".
+    for index, event in enumerate(events_of(history, TARGET_DIGEST)):
+        if not event.get_str("digest"):
+            continue
+        current = finals.get(event.rank)
+        if current is None or (attempt_of(event), index) >= current[:2]:
+            finals[event.rank] = (attempt_of(event), index, event)
+    return {rank: finals[rank][2] for rank in sorted(finals, key=_rank_key)}
+
+
+def golden_rank_digests(golden: Event) -> dict[int | None, str] | None:
+    """The per-rank final digests a ``runner.golden`` event carries (``digests``: rank key -> digest), or None
+    when it carries none (a history recorded before the golden run kept every rank's digest)."""
+    recorded = golden.data.get("digests")
+    if not isinstance(recorded, dict) or not recorded:
+        return None
+    digests: dict[int | None, str] = {}
+    for key, value in recorded.items():
+        valid, rank = _parse_rank_key(key)
+        if valid and isinstance(value, str) and value:
+            digests[rank] = value
+    return digests or None
+
+
+@dataclass(frozen=True)
+class GoldenComparison:
+    """Every rank's final digest against the golden run's digest of the same rank.
+
+    ``expected``: rank -> golden digest (the golden's one ``digest`` for every reporting rank when
+    ``per_rank`` is False: an older history); ``differ``: ranks whose final digest is not their golden one;
+    ``silent``: ranks the golden run reported that reported no final digest here although they ran (some
+    event of theirs is in this run); ``unseen``: such ranks that never appear in this run; ``extra``: ranks
+    that reported a digest here but not in the golden run.
+    """
+
+    golden: Event
+    per_rank: bool
+    finals: dict[int | None, Event]
+    expected: dict[int | None, str]
+    differ: list[int | None]
+    silent: list[int | None]
+    unseen: list[int | None]
+    extra: list[int | None]
+
+    @property
+    def all_equal(self) -> bool:
+        """Every rank of the golden run reported a final digest here and each equals its golden digest."""
+        return bool(self.finals) and not (self.differ or self.silent or self.unseen or self.extra)
+
+
+def compare_with_golden(history: History) -> GoldenComparison | None:
+    """Compare every rank's final digest (:func:`final_digests`) with the last ``runner.golden`` event's digest
+    of the same rank (:func:`golden_rank_digests`); None when there is no ``runner.golden`` with a digest."""
+    goldens = [e for e in events_of(history, RUNNER_GOLDEN) if e.get_str("digest")]
+    if not goldens:
+        return None
+    golden = goldens[-1]
+    finals = final_digests(history)
+    per_rank = golden_rank_digests(golden)
+    expected = per_rank if per_rank is not None else dict.fromkeys(finals, golden.get_str("digest") or "")
+    seen = {e.rank for e in history.events if e.source == "target"}
+    missing = sorted((r for r in expected if r not in finals), key=_rank_key)
+    return GoldenComparison(
+        golden=golden,
+        per_rank=per_rank is not None,
+        finals=finals,
+        expected=expected,
+        differ=[r for r, e in finals.items() if r in expected and e.get_str("digest") != expected[r]],
+        silent=[r for r in missing if r in seen],
+        unseen=[r for r in missing if r not in seen],
+        extra=[r for r in finals if r not in expected],
+    )
+
+
+def _who(rank: int | None) -> str:
+    return "the rank-less job" if rank is None else f"rank {rank}"
+
+
+def _ranks(ranks: list[int | None]) -> str:
+    listed = ", ".join(RANKLESS_KEY if r is None else str(r) for r in ranks[:MAX_LISTED])
+    return listed + (f" (+{len(ranks) - MAX_LISTED} more)" if len(ranks) > MAX_LISTED else "")
+
 
 class MatchesGoldenParams(CheckParams):
-    """``matches_golden`` takes no parameters; the runner records the golden digest (``runner.golden``)."""
+    """``matches_golden`` takes no parameters; the runner records the golden digests (``runner.golden``)."""
 
 
 @register_check(
     CHECK_MATCHES_GOLDEN,
     MatchesGoldenParams,
-    summary="the run's final model digest equals the golden (fault-free) run's digest",
+    summary="every rank's final model digest equals the golden (fault-free) run's digest of that rank",
     needs_golden=True,
 )
 def matches_golden(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
-    """Compare the final ``target.digest`` with the last ``runner.golden`` digest (full strings).
+    """Compare every rank's final ``target.digest`` with the golden run's digest of the same rank (full strings).
 
-    The run's digest is taken from rank 0 (else the lowest rank present, else rank-less events), from its
-    highest attempt, latest on ties. measured = its first 12 characters; bound = ``== golden <12 chars>``.
-    ``unknown`` names whichever of the two digests is missing; ``fail`` when they differ.
+    A rank's final digest is its highest attempt's, latest on ties; the golden digests are the last
+    ``runner.golden`` event's ``digests`` (rank key -> digest). A history whose ``runner.golden`` carries
+    only ``digest`` (recorded before per-rank digests) compares every rank with that one digest, and says so.
+    ``fail`` names every rank whose digest differs, and every rank the golden run reported that ran here
+    (some event of its own is in the history) but reported no final digest: the job did not finish on it.
+    ``unknown`` when either side is missing altogether, or (absent a failure) a golden rank never appears
+    here or a rank reports a digest the golden run had no rank for: nothing to compare.
+    measured = the judged rank's digest, first 12 characters (the first differing rank on a failure, else
+    the lowest rank); bound = ``== golden <12 chars>`` of that rank.
     """
     narrow(params, MatchesGoldenParams)
     verdict = partial(CheckResult, check=CHECK_MATCHES_GOLDEN, name=CHECK_MATCHES_GOLDEN)
     digests = [e for e in events_of(history, TARGET_DIGEST) if e.get_str("digest")]
-    goldens = [e for e in events_of(history, RUNNER_GOLDEN) if e.get_str("digest")]
+    comparison = compare_with_golden(history)
     missing: list[str] = []
     if not digests:
         missing.append("no target.digest event with a digest: the job never reported its final model digest")
-    if not goldens:
+    if comparison is None:
         missing.append("no runner.golden event with a digest: the golden run's digest was not recorded")
-    golden = goldens[-1] if goldens else None
-    golden_digest = golden.get_str("digest") if golden is not None else None
+    golden_digest = None if comparison is None else comparison.golden.get_str("digest")
     bound = None if golden_digest is None else f"== golden {golden_digest[:SHORT_DIGEST]}"
     if missing:
+        golden_events = [] if comparison is None else [comparison.golden]
         return verdict(
             status="unknown",
             bound=bound,
             reason="; ".join(missing),
-            evidence=[cite(history, e) for e in (digests[-1:] + goldens[-1:])],
+            evidence=[cite(history, e) for e in (digests[-1:] + golden_events)],
         )
-    assert golden is not None and golden_digest is not None  # both lists are non-empty past the guard
+    assert comparison is not None and golden_digest is not None  # both sides are present past the guard
 
-    speaker = min((e.rank for e in digests), key=_rank_key)
-    # events_of is time-ordered, so max over (attempt, position) is "highest attempt, latest ts on ties".
-    final = max(
-        ((attempt_of(e), index, e) for index, e in enumerate(digests) if e.rank == speaker),
-        key=lambda item: (item[0], item[1]),
-    )[2]
-    run_digest = final.get_str("digest") or ""
-    evidence = [
-        cite(history, final, f"digest {run_digest[:SHORT_DIGEST]}"),
-        cite(history, golden, f"golden {golden_digest[:SHORT_DIGEST]}"),
-    ]
-    verdict = partial(verdict, measured=run_digest[:SHORT_DIGEST], bound=bound, evidence=evidence)
-    if run_digest == golden_digest:
-        return verdict(status="pass", reason="final digest equals the golden digest")
-    reason = f"final digest {run_digest[:SHORT_DIGEST]} ({describe(final)}) differs from golden {golden_digest[:SHORT_DIGEST]}"
-    run_step, golden_step = step_of(final), step_of(golden)
-    if run_step is not None and golden_step is not None and run_step != golden_step:
-        # Different end steps explain a mismatch without any corruption: say so, it changes the diagnosis.
-        reason += f"; the run ended at step {run_step} but the golden run at step {golden_step}"
-    return verdict(status="fail", reason=reason)
+    golden, finals, expected = comparison.golden, comparison.finals, comparison.expected
+    evidence: list[str] = []
+    if not comparison.per_rank:
+        evidence.append(
+            "the golden run recorded one digest, not one per rank (an older history): every rank is compared "
+            f"with it ({golden_digest[:SHORT_DIGEST]})"
+        )
+    for rank, event in finals.items():
+        run_digest = event.get_str("digest") or ""
+        want = expected.get(rank)
+        note = f"digest {run_digest[:SHORT_DIGEST]}" + (
+            "; no golden digest for this rank" if want is None else f"; golden {want[:SHORT_DIGEST]}"
+        )
+        evidence.append(cite(history, event, note))
+    evidence.append(cite(history, golden, f"golden {golden_digest[:SHORT_DIGEST]}"))
+
+    judged = comparison.differ[0] if comparison.differ else next(iter(finals))
+    judged_digest = finals[judged].get_str("digest") or ""
+    judged_golden = expected.get(judged, golden_digest)
+    verdict = partial(
+        verdict,
+        measured=judged_digest[:SHORT_DIGEST],
+        bound=f"== golden {judged_golden[:SHORT_DIGEST]}",
+        evidence=capped(evidence),
+    )
+    failures: list[str] = []
+    for rank in comparison.differ[:MAX_LISTED]:
+        final, want = finals[rank], expected[rank]
+        got = final.get_str("digest") or ""
+        line = (
+            f"{_who(rank)} differs from golden {want[:SHORT_DIGEST]}: "
+            f"final digest {got[:SHORT_DIGEST]} ({describe(final)})"
+        )
+        run_step, golden_step = step_of(final), step_of(golden)
+        if run_step is not None and golden_step is not None and run_step != golden_step:
+            # Different end steps explain a mismatch without any corruption: say so, it changes the diagnosis.
+            line += f"; the run ended at step {run_step} but the golden run at step {golden_step}"
+        failures.append(line)
+    if len(comparison.differ) > MAX_LISTED:
+        failures.append(f"rank(s) {_ranks(comparison.differ[MAX_LISTED:])} differ from golden too")
+    if comparison.silent:
+        failures.append(
+            f"rank(s) {_ranks(comparison.silent)} ran but reported no final digest, which the golden run did: "
+            "the job did not finish on them"
+        )
+    unknowns: list[str] = []
+    if comparison.unseen:
+        unknowns.append(
+            f"rank(s) {_ranks(comparison.unseen)} of the golden run never appear in this run: nothing to compare"
+        )
+    if comparison.extra:
+        unknowns.append(f"rank(s) {_ranks(comparison.extra)} reported a digest but the golden run had none for them")
+    if failures:
+        return verdict(status="fail", reason="; ".join(failures + unknowns))
+    if unknowns:
+        return verdict(status="unknown", reason="; ".join(unknowns))
+    return verdict(
+        status="pass", reason=f"every rank's final digest equals the golden digest (rank(s) {_ranks(list(finals))})"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -8,6 +8,11 @@ run passes is this check's call, over those events only.
 The orchestrator applies this check to every run whose scenario does not name it and reports it only when it
 fails: a stalled run fails whatever else the scenario asked, and a run that never stalled reports exactly the
 checks its scenario names.
+
+The runner's word is not the only evidence: two consecutive ``target.step`` events (or the last one and the
+job's ``target.exit``) further apart than the timeout (plus :data:`GAP_SLACK_S`) are a stall too, recorded or
+not (a history judged again under a tighter timeout, or written by a runner whose watch missed it), so a
+missing ``runner.no_progress`` cannot pass it.
 """
 
 from __future__ import annotations
@@ -17,9 +22,9 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
-from chaos.checks._evidence import cite, events_of, narrow
+from chaos.checks._evidence import cite, events_of, fmt_offset, fmt_seconds, narrow, seconds, step_events
 from chaos.checks.base import CheckParams, CheckResult, register_check
-from chaos.history.timeline import History
+from chaos.history.timeline import TARGET_EXIT, Event, History
 
 if TYPE_CHECKING:
     from chaos.spec.scenario import Scenario
@@ -27,6 +32,16 @@ if TYPE_CHECKING:
 CHECK_PROGRESS = "progress"
 RUNNER_NO_PROGRESS = "runner.no_progress"
 RUNNER_END = "runner.end"
+GAP_SLACK_S = 2.0
+"""Tolerance on a gap between steps: the runner times the ARRIVAL of events (tailed every 50 ms, with a
+per-host clock offset on a multi-node run), the history their own timestamps, so a gap the watch accepted can
+read a little longer in the history."""
+
+
+def longest_gap(steps: list[Event]) -> tuple[float, Event, Event] | None:
+    """The longest time between two consecutive ``steps`` (time-ordered), with the steps around it."""
+    gaps = [(seconds(b.ts_ns - a.ts_ns), a, b) for a, b in zip(steps, steps[1:], strict=False)]
+    return max(gaps, key=lambda gap: gap[0], default=None)
 
 
 class ProgressParams(CheckParams):
@@ -40,8 +55,10 @@ class ProgressParams(CheckParams):
 )
 def progress(history: History, params: BaseModel, scenario: Scenario | None) -> CheckResult:
     """``fail`` when the history holds a ``runner.no_progress`` event (reason: the ``runner.end`` reason that
-    follows it, which says what was awaited); ``unknown`` when the scenario switched the watch off
-    (``no_progress_timeout: null``), since then nothing could have been seen; ``pass`` otherwise."""
+    follows it, which says what was awaited), or two consecutive ``target.step`` events (or the last one and
+    the ``target.exit`` after it) lie more than the timeout plus :data:`GAP_SLACK_S` apart; ``unknown`` when
+    the scenario switched the watch off (``no_progress_timeout: null``), since then nothing could have been
+    seen; ``pass`` otherwise."""
     narrow(params, ProgressParams)
     verdict = partial(CheckResult, check=CHECK_PROGRESS, name=CHECK_PROGRESS)
     stalls = events_of(history, RUNNER_NO_PROGRESS)
@@ -57,6 +74,23 @@ def progress(history: History, params: BaseModel, scenario: Scenario | None) -> 
             unit="s",
             evidence=[cite(history, stall)],
         )
-    if scenario is not None and scenario.safety.no_progress_timeout is None:
+    timeout = None if scenario is None else scenario.safety.no_progress_timeout
+    if scenario is not None and timeout is None:
         return verdict(status="unknown", reason="safety.no_progress_timeout is null: nobody watched for progress")
+    steps = step_events(history)
+    # The watch runs until the job exits: a stall after the last step, before the exit, counts as well.
+    exits = [e for e in events_of(history, TARGET_EXIT) if steps and e.ts_ns > steps[-1].ts_ns][:1]
+    gap = longest_gap([*steps, *exits])
+    if timeout is not None and gap is not None and gap[0] > timeout + GAP_SLACK_S:
+        taken, before, after = gap
+        return verdict(
+            status="fail",
+            reason=f"no target.step for {fmt_seconds(taken)} (from {fmt_offset(history, before.ts_ns)} to "
+            f"{fmt_offset(history, after.ts_ns)}), over safety.no_progress_timeout {fmt_seconds(timeout)}, "
+            "though no runner.no_progress was recorded",
+            measured=taken,
+            unit="s",
+            bound=f"<= {fmt_seconds(timeout)}",
+            evidence=[cite(history, before, "last step before the gap"), cite(history, after, "what ended it")],
+        )
     return verdict(status="pass", reason="the run was never ended for lack of progress")

@@ -3,11 +3,12 @@
 - ``recovered_within``: time from each applied op of a fault to the first step beyond the highest step
   reached before it.
 - ``lost_work_at_most``: steps recomputed because a restarted attempt resumed from an older checkpoint.
-- ``completes``: the job's final exit code is 0.
+- ``completes``: the job ended by itself (not stopped by the harness) with exit code 0.
 """
 
 from __future__ import annotations
 
+import signal
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -158,7 +159,8 @@ def lost_work_at_most(history: History, params: BaseModel, scenario: Scenario) -
     ``restart`` events. For restarted attempt A resuming from step R (its rank-0, else lowest-rank,
     ``target.resume``): recomputed = max(0, highest step reached in attempts < A - R). An attempt without a
     ``target.resume`` but with steps is taken to resume from (its first step - 1), so a silent restart from
-    scratch still counts; one with neither recomputed nothing itself and is skipped.
+    scratch still counts, and so is one whose first step lies at or below its claimed R (the steps it ran
+    outrank the claim); one with neither recomputed nothing itself and is skipped.
     ``pass`` with 0 when faults fired but nothing restarted; ``unknown`` when no fault was applied at all
     (nothing could lose work) or no step was recorded.
     """
@@ -190,11 +192,16 @@ def lost_work_at_most(history: History, params: BaseModel, scenario: Scenario) -
         earlier = [step_of(e) or 0 for e in steps if attempt_of(e) < attempt]
         reached = max(earlier, default=0)
         own = sorted((e for e in resumes if attempt_of(e) == attempt), key=_lowest_rank_first)
+        mine = [step_of(e) or 0 for e in steps if attempt_of(e) == attempt]
         if own:
             resumed_at = step_of(own[0]) or 0
             source = cite(history, own[0])
+            if mine and min(mine) - 1 < resumed_at:
+                # The steps it ran outrank its claim: an attempt that says "resumed at 20" but trains step 3
+                # recomputed from step 3, whatever checkpoint it named.
+                resumed_at = min(mine) - 1
+                source += f"; but its first step is {min(mine)}, so it resumed from {resumed_at}"
         else:
-            mine = [step_of(e) or 0 for e in steps if attempt_of(e) == attempt]
             if not mine:
                 evidence.append(f"attempt {attempt}: no target.resume and no steps, nothing recomputed in it")
                 continue
@@ -235,26 +242,96 @@ class CompletesParams(CheckParams):
     """``completes`` takes no parameters."""
 
 
-@register_check(CHECK_COMPLETES, CompletesParams, summary="the job's last target.exit has code 0")
+RUNNER_STOP = "runner.stop"
+"""The harness stopped a job that was still running (data ``reason``: what ended the run, e.g. max_duration, no
+progress, an operator's abort, an interrupt), recorded just before the job is signalled."""
+
+
+@register_check(
+    CHECK_COMPLETES,
+    CompletesParams,
+    summary="the job ended by itself with code 0 (not stopped by the harness at a limit)",
+)
 def completes(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
-    """The exit code of the last ``target.exit``: ``pass`` when 0, ``fail`` otherwise, ``unknown`` when the
-    history holds no ``target.exit`` (the run was cut off) or the last one carries no integer code."""
+    """Whether the job finished on its own, judged on the last ``target.exit``.
+
+    ``pass`` when its code is 0 and the harness did not stop the job. ``fail`` when the harness stopped it
+    (a ``runner.stop`` before that exit: the run hit max_duration, no progress, an abort or an interrupt; the
+    reason names which, and ``measured`` is empty because the code is the harness's signal, not the job's
+    verdict), or when the job's own code is not 0 (``measured`` is the code; the reason tells a job killed
+    by a fault's signal, or that died of some other signal, or that failed after faults were applied, from
+    one that failed with no fault in play). ``unknown`` when no ``target.exit`` was recorded or the last one
+    carries no integer code.
+    """
     narrow(params, CompletesParams)
     verdict = partial(CheckResult, check=CHECK_COMPLETES, name=CHECK_COMPLETES, bound="== 0")
     exits = events_of(history, TARGET_EXIT)
+    stops = events_of(history, RUNNER_STOP)
     if not exits:
+        if stops:
+            return verdict(
+                status="unknown",
+                evidence=[cite(history, stops[-1], _stop_reason(stops[-1]))],
+                reason=f"the harness stopped the job ({_stop_reason(stops[-1])}) and its exit was never recorded",
+            )
         return verdict(status="unknown", reason="no target.exit event: the job's end was never recorded")
     last = exits[-1]
     code = last.get_int("code")
+    stop = next((e for e in reversed(stops) if e.ts_ns <= last.ts_ns), None)
+    if stop is not None:
+        after = f"; it then exited with code {code}" if code is not None else ""
+        return verdict(
+            status="fail",
+            evidence=[cite(history, stop, _stop_reason(stop)), cite(history, last, f"code {code}")],
+            reason=f"the harness stopped the job ({_stop_reason(stop)}) before it finished{after}",
+        )
     if code is None:
         return verdict(
             status="unknown",
             evidence=[cite(history, last)],
             reason=f"the last target.exit (at {fmt_offset(history, last.ts_ns)}) carries no integer code",
         )
+    if code == 0:
+        return verdict(status="pass", measured=0.0, evidence=[cite(history, last)], reason="job exited with code 0")
+    faults = [e for e in events_of(history, FAULT_APPLIED) if e.ts_ns <= last.ts_ns]
+    evidence = [*(cite(history, e) for e in faults[-3:]), cite(history, last, f"code {code}")]
     return verdict(
-        status="pass" if code == 0 else "fail",
-        measured=float(code),
-        evidence=[cite(history, last)],
-        reason="job exited with code 0" if code == 0 else f"job exited with code {code}",
+        status="fail", measured=float(code), evidence=evidence, reason=_failure(history, scenario, code, faults)
     )
+
+
+def _stop_reason(stop: Event) -> str:
+    return stop.get_str("reason") or "no reason recorded"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _fault_signal(scenario: Scenario, fault: str | None) -> int | None:
+    """The signal number a fault sends (its params' ``signal``, e.g. a ``kill``), None when it sends none."""
+    spec = next((f for f in getattr(scenario, "faults", ()) if f.name == fault), None)  # None: judged offline
+    name = getattr(spec.params, "signal", None) if spec is not None else None
+    if isinstance(name, str) and name in signal.Signals.__members__:
+        return int(signal.Signals[name])
+    return None
+
+
+def _failure(history: History, scenario: Scenario, code: int, faults: list[Event]) -> str:
+    """Why a job that ended by itself with ``code`` != 0 failed, as far as the history shows."""
+    names = ", ".join(dict.fromkeys(f"{e.get_str('fault')} ({fmt_offset(history, e.ts_ns)})" for e in faults))
+    if code < 0:  # a local process killed by a signal reports minus its number
+        killer = next((e for e in reversed(faults) if _fault_signal(scenario, e.get_str("fault")) == -code), None)
+        if killer is not None:
+            return (
+                f"the job was killed by fault {killer.get_str('fault')!r}: it died of {_signal_name(-code)} "
+                f"(code {code}), the signal that fault sent at {fmt_offset(history, killer.ts_ns)}"
+            )
+        cause = f"the job died of {_signal_name(-code)} (code {code})"
+        return cause + (f", after fault(s) {names} were applied" if faults else ", with no fault applied before it")
+    if faults:
+        return f"the job failed with code {code} after fault(s) {names} were applied: it did not recover from them"
+    return f"the job itself failed with code {code}, with no fault applied before it"

@@ -23,6 +23,7 @@ from chaos import __version__
 from chaos.cli.console import stderr_console, stdout_console, widen_help
 from chaos.cli.ettr import register as register_ettr
 from chaos.cli.gameday import register as register_gameday
+from chaos.cli.preflight import check_files
 from chaos.cli.sdc import register as register_sdc_coverage
 from chaos.cli.suite import register as register_suite
 from chaos.cli.testbed import register as register_testbed
@@ -35,7 +36,8 @@ from chaos.report.html import REPORT_HTML
 from chaos.run.orchestrator import RunOptions, execute
 from chaos.run.result import EXIT_INVALID, EXIT_PASS, RunResult, RunStatus
 from chaos.safety.cleanup import heal_leftovers
-from chaos.spec.scenario import Scenario, ScenarioError, json_schema, load_scenario
+from chaos.spec.problems import Problem
+from chaos.spec.scenario import HostSelector, Scenario, ScenarioError, json_schema, load_scenario
 
 app = typer.Typer(
     name="mlchaos",
@@ -73,22 +75,57 @@ def _load_all(files: list[Path]) -> list[tuple[Path, Scenario]]:
             loaded.append((file, load_scenario(file)))
         except ScenarioError as exc:
             problems.extend(exc.problems)
+    _refuse(problems)
+    return loaded
+
+
+def _refuse(problems: list[Problem]) -> None:
+    """Print every problem and exit 2 (nothing was run); return when there is none."""
     if problems:
         for problem in problems:
             errors.print(f"[red]error[/red] {escape(str(problem))}")
         errors.print(f"{len(problems)} problem(s); nothing was run.")
         raise typer.Exit(EXIT_INVALID)
-    return loaded
+
+
+def _node_selector(nodes: str | None) -> HostSelector | None:
+    try:
+        return parse_node_selector(nodes) if nodes is not None else None
+    except ValueError as exc:
+        errors.print(f"[red]{escape(str(exc))}[/red]")
+        raise typer.Exit(EXIT_INVALID) from None
+
+
+_INVENTORY_HELP = "inventory (SSH hosts or Docker containers, e.g. from `mlchaos testbed up`)"
+_NODES_HELP = "run the scenario's torchrun job across inventory hosts: all, group:NAME[:COUNT] or host:NAME"
 
 
 @app.command()
-def validate(files: Annotated[list[Path], typer.Argument(help="scenario YAML files")]) -> None:
-    """Check scenario files without running anything; errors name file:line:column and a fix."""
-    for file, scenario in _load_all(files):
+def validate(
+    files: Annotated[list[Path], typer.Argument(help="scenario YAML files")],
+    inventory: Annotated[
+        Path | None, typer.Option(help=_INVENTORY_HELP + "; checks the host selections as `run` would")
+    ] = None,
+    nodes: Annotated[str | None, typer.Option(help=_NODES_HELP + " (as `run --nodes`)")] = None,
+    probe: Annotated[
+        bool,
+        typer.Option(
+            help="also check that this machine supports the faults that land on it (--no-probe: the files only)"
+        ),
+    ] = True,
+) -> None:
+    """Check scenario files without running anything: the model, everything `run` would refuse before it
+    starts (the same preflight), the inventory's hosts, and what this machine's kernel must support for the
+    faults that land on it. Errors name file:line:column and a fix."""
+    checked = check_files(files, nodes=_node_selector(nodes), inventory=inventory, hosts=True, probe=probe)
+    _refuse(checked.problems)
+    for file, scenario in checked.scenarios:
         console.print(
             f"[green]ok[/green] {file}: {scenario.name} "
             f"({len(scenario.faults)} fault(s), {len(scenario.checks)} check(s))"
         )
+    for note in checked.notes:
+        console.print(f"[yellow]note[/yellow] {escape(note)}")
 
 
 @app.command()
@@ -186,25 +223,16 @@ def run(
     golden: Annotated[bool, typer.Option(help="do the fault-free golden run when a check needs it")] = True,
     golden_cache: Annotated[bool, typer.Option(help="reuse a cached golden digest for the same job")] = True,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="only the verdict table")] = False,
-    inventory: Annotated[
-        Path | None,
-        typer.Option(help="inventory (SSH hosts or Docker containers, e.g. from `mlchaos testbed up`)"),
-    ] = None,
-    nodes: Annotated[
-        str | None,
-        typer.Option(
-            help="run the scenario's torchrun job across inventory hosts: all, group:NAME[:COUNT] or host:NAME"
-        ),
-    ] = None,
+    inventory: Annotated[Path | None, typer.Option(help=_INVENTORY_HELP)] = None,
+    nodes: Annotated[str | None, typer.Option(help=_NODES_HELP)] = None,
 ) -> None:
     """Run scenarios against their targets, inject the faults, heal, judge and write reports."""
-    scenarios = _load_all(files)
+    node_selector = _node_selector(nodes)
+    # The preflight `validate` runs, on every file before the first run starts (the orchestrator repeats it).
+    checked = check_files(files, nodes=node_selector)
+    _refuse(checked.problems)
+    scenarios = checked.scenarios
     worst = EXIT_PASS
-    try:
-        node_selector = parse_node_selector(nodes) if nodes is not None else None
-    except ValueError as exc:
-        errors.print(f"[red]{escape(str(exc))}[/red]")
-        raise typer.Exit(EXIT_INVALID) from None
     options = RunOptions(
         report_root=report_dir,
         seed=seed,

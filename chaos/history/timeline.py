@@ -7,6 +7,8 @@ check can be exercised offline on recorded or hand-made histories.
 Event kinds used across the project (``detect.*`` and ``runner.*`` are open families):
 
 - ``fault.applied`` / ``fault.healed`` / ``fault.failed``: data ``fault`` (name), ``op`` (plan op id), ``injector``
+- ``fault.overlap``: a fault applied on (``phase: apply``) or healed from (``phase: heal``) a process that other
+  faults (``with``: their op ids) also hold; ``pids``, and ``stays_stopped``: the pids its heal left stopped
 - ``target.start`` (a rank process started: ``pid``, ``attempt``), ``target.step`` (``step``, ``loss``,
   ``samples``, ``attempt``), ``target.checkpoint`` (``step``, ``path``), ``target.resume`` (``step``),
   ``target.restart``, ``target.exit`` (``code``), ``target.digest`` (``digest``, ``step``)
@@ -30,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, JsonValue
 FAULT_APPLIED = "fault.applied"
 FAULT_HEALED = "fault.healed"
 FAULT_FAILED = "fault.failed"
+FAULT_OVERLAP = "fault.overlap"
 TARGET_START = "target.start"
 TARGET_STEP = "target.step"
 TARGET_CHECKPOINT = "target.checkpoint"

@@ -252,6 +252,13 @@ class InJobInjector:
         return None
 
 
+def needs_duration(injector: object) -> bool:
+    """True for a fault that must be given a ``duration`` (it holds something until a deadline: a freeze, a
+    duty cycle, a mount); the preflight refuses such a fault without one before anything is applied. Declared by
+    the injector class as ``needs_duration: ClassVar[bool] = True`` (absent: False)."""
+    return bool(getattr(injector, "needs_duration", False))
+
+
 def is_in_job(injector: object) -> bool:
     """True for injectors whose faults the job's own agent applies."""
     return bool(getattr(injector, "in_job", False))

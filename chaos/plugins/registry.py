@@ -29,6 +29,7 @@ BUILTIN_CHECK_MODULES = (
     "chaos.checks.progress",
     "chaos.checks.lineage",
     "chaos.checks.sdc",
+    "chaos.checks.consistency",
     "chaos.checks.serving.verdicts",
 )
 INJECTOR_GROUP = "mlchaos.injectors"

@@ -5,10 +5,11 @@ the test did meanwhile. They go through the same code as a scenario run: the reg
 ``check``/``prepare``/``apply``/``heal``, journaled like :meth:`chaos.run.orchestrator.Execution._fire_on` (intent,
 dead-man, apply, applied; heal, healed), so ``mlchaos cleanup`` heals what a killed pytest left, and a fault
 given a ``duration`` is also reverted by a detached dead-man switch ``duration`` + 5 s after it was applied
-even if pytest is SIGKILLed. Leaving the ``with`` block earlier heals at once (and disarms the dead-man).
+even if pytest is SIGKILLed; a fault without one gets a switch at :data:`OPEN_WINDOW_S` + 5 s that a thread of
+this process pushes on while the block is open, so it fires only once pytest is gone. Leaving the ``with`` block earlier heals at once (and disarms the dead-man).
 
 Tensor faults (``bitflip``, ``grad_corrupt``) change memory of this very process: nothing to journal, the
-exact original bytes are written back on exit.
+fault's own change is undone on exit (original bytes where nothing touched them since; see ArmedFault.heal).
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ from __future__ import annotations
 import random
 import re
 import secrets
+import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
@@ -29,6 +32,33 @@ if TYPE_CHECKING:
     from chaos.safety.journal import Journal
 
 HEAL_GRACE_S = 5.0  # as the scenario default safety.heal_grace: the dead-man fires this long after duration
+# A duration-less fault's switch: fires this long (+ grace) after the last renewal; renewed every half of it.
+OPEN_WINDOW_S = 60.0
+
+
+class _Renewal:
+    """Pushes a duration-less fault's dead-man switch a whole window on every half window, from a daemon thread,
+    until :meth:`stop`: the switch fires only when this process has stopped renewing it (killed, hung)."""
+
+    def __init__(self, journal_path: Path, op_id: str, pid: int, window_s: float) -> None:
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(journal_path, op_id, pid, window_s), name=f"deadman-renew:{op_id}", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, journal_path: Path, op_id: str, pid: int, window_s: float) -> None:
+        from chaos.safety import deadman
+
+        while not self._stopped.wait(window_s / 2):
+            try:
+                deadman.rearm(journal_path, op_id, pid, window_s)
+            except OSError:
+                continue  # the journal is briefly unwritable: the switch keeps its deadline, retry next time
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=5)
 
 
 class FaultUnsupported(Exception):
@@ -136,11 +166,15 @@ class ChaosInject:
         # Journal first, then the dead-man, then the world (as the runner): a crash anywhere leaves a record.
         journal.intent(applied)
         deadman_pid: int | None = None
+        renewal: _Renewal | None = None
         done = False
         try:
             revert = injector.revert_command(applied)
-            if duration is not None and revert:
-                deadman_pid = deadman.arm(journal.path, op_id, revert, duration + HEAL_GRACE_S)
+            if revert:
+                window = (duration if duration is not None else OPEN_WINDOW_S) + HEAL_GRACE_S
+                deadman_pid = deadman.arm(journal.path, op_id, revert, window)
+                if duration is None:
+                    renewal = _Renewal(journal.path, op_id, deadman_pid, window)
             try:
                 injector.apply(ctx, applied)
             except BaseException as exc:
@@ -152,6 +186,8 @@ class ChaosInject:
                 done = True
             yield applied
         finally:
+            if renewal is not None:
+                renewal.stop()
             if not done:
                 injector.heal(ctx, applied)  # raises: the journal keeps it unhealed and the dead-man armed
                 if deadman_pid is not None:
@@ -171,7 +207,7 @@ class ChaosInject:
     ) -> Iterator[ArmedFault]:
         """Corrupt a tensor of ``model`` as the scenario ``bitflip`` fault does (``params`` are its YAML params:
         ``where``, ``layer``, ``kind``, ``element``, ``bit``, ``count``, ``block``, ``factor`` …), once on entry
-        (``where: activations``: in the next forward); the exact original bytes are restored on exit.
+        (``where: activations``: in the next forward); only the fault's change is undone on exit.
 
         Yields the armed fault: ``.records`` lists what changed (indices, original bytes), ``.target`` the
         tensor's name, ``.describe()`` a summary. Stuck/intermittent faults re-fire when you call

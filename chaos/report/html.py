@@ -27,7 +27,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from chaos.checks.base import CheckResult
-from chaos.history.timeline import FAULT_APPLIED, FAULT_FAILED, FAULT_HEALED, Event
+from chaos.history.timeline import FAULT_APPLIED, FAULT_FAILED, FAULT_HEALED, FAULT_OVERLAP, Event
 from chaos.plan.build import PlannedOp
 from chaos.report.timeline import POST_RUN, origin_of, plot_run_timeline
 
@@ -273,13 +273,16 @@ def _hosts(document: Mapping[str, object]) -> dict[str, str]:
     return found
 
 
+_VERBS = {FAULT_APPLIED: "applied", FAULT_HEALED: "healed", FAULT_FAILED: "failed", FAULT_OVERLAP: "overlap"}
+
+
 def _fate(mine: Sequence[Event], origin: int) -> str:
     """What happened to a planned op (its fault.* events): applied (where, when), healed, failed, or never fired."""
     if not mine:
         return '<span class="muted">never fired</span>'
     lines = []
     for e in mine:
-        verb = {FAULT_APPLIED: "applied", FAULT_HEALED: "healed", FAULT_FAILED: "failed"}[e.kind]
+        verb = _VERBS[e.kind]
         host = e.get_str("host")
         why = e.get_str("error") or e.get_str("message") if e.kind == FAULT_FAILED else e.get_str("description")
         text = f"{verb} {_offset(e.ts_ns, origin)}" + (f" on {host}" if host else "") + (f": {why}" if why else "")
@@ -295,7 +298,7 @@ def _plan_section(document: Mapping[str, object], events: Sequence[Event], origi
     hosts = _hosts(document)
     by_op: dict[str, list[Event]] = {}
     for e in events:
-        op_id = e.get_str("op") if e.kind in (FAULT_APPLIED, FAULT_HEALED, FAULT_FAILED) else None
+        op_id = e.get_str("op") if e.kind in _VERBS else None
         if op_id is not None:
             by_op.setdefault(op_id, []).append(e)
     rows = [

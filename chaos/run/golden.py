@@ -1,6 +1,7 @@
 """The golden (fault-free) run a scenario's lineage checks compare against, cached per job, seed and code.
 
-``matches_golden`` needs what the same job with the same seed ends with when nothing goes wrong. Running it
+``matches_golden`` needs what every rank of the same job with the same seed ends with when nothing goes
+wrong (``sdc_detected`` too: to tell a masked fault from a missed one). Running it
 costs as much as the scenario itself, so its outcome is cached under ``<report root>/.golden/`` keyed by
 the scenario's golden key (target, seed, data) and a fingerprint of the code that runs inside the job.
 The run itself is the caller's (the runner passes a fault-free ``execute``), so this module stays free of
@@ -12,11 +13,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from chaos.history.timeline import TARGET_DIGEST, History
+from pydantic import JsonValue
+
+from chaos.checks.lineage import final_digests, golden_rank_digests, rank_key
+from chaos.history.timeline import RUNNER_GOLDEN, Event, History
 from chaos.spec.scenario import Scenario
 from chaos.targets.factory import entry_file
 
@@ -26,11 +30,21 @@ _OWN_PACKAGES = (Path(__file__).resolve().parents[1], Path(__file__).resolve().p
 
 @dataclass(frozen=True)
 class Golden:
-    """What the fault-free run ended with: its digest and every detection it raised (false alarms)."""
+    """What the fault-free run ended with: every rank's final digest, and every detection it raised.
+
+    ``digests``: rank -> that rank's final digest (its highest attempt, latest on ties; None keys a rank-less
+    job); ``digest``: the lowest rank's (rank 0's), kept for callers that want one digest (the report's
+    ``golden_digest``); ``detections``: the kinds of its ``detect.*`` events (false alarms).
+    """
 
     digest: str
     detections: list[str]
     cached: bool
+    digests: dict[int | None, str] = field(default_factory=dict)
+
+    def digests_json(self) -> dict[str, JsonValue]:
+        """``digests`` with JSON keys (``"0"``, ``"1"``, ``"none"`` for rank-less), as ``runner.golden`` records them."""
+        return {rank_key(rank): digest for rank, digest in self.digests.items()}
 
 
 class FaultFreeRun(Protocol):
@@ -56,27 +70,58 @@ def golden_outcome(
 ) -> Golden | None:
     """The fault-free run's outcome: from ``cache_dir`` when the job, its seed and its code are unchanged
     (and ``use_cache``), else by calling ``run_fault_free(scenario without faults, cache_dir)`` and caching
-    what it ended with. None when that run produced no model digest (its reports stay in ``cache_dir``)."""
+    what it ended with: every rank's final digest (see :func:`chaos.checks.lineage.final_digests`) and its
+    detections. A cache file without per-rank digests (written before they were kept) is a miss. None when
+    that run produced no model digest (its reports stay in ``cache_dir``)."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     cached = cache_dir / f"{scenario.golden_key()}-{code_fingerprint(scenario)}.json"
     if use_cache and cached.exists():
-        saved = json.loads(cached.read_text())
-        if isinstance(saved.get("digest"), str) and isinstance(saved.get("detections"), list):
-            return Golden(saved["digest"], [str(d) for d in saved["detections"]], cached=True)
+        hit = _from_cache(cached)
+        if hit is not None:
+            return hit
+        # A file from before per-rank digests (or damaged): a miss, so the run is redone and the file rewritten.
+        log(f"golden cache {cached.name} lacks per-rank digests: running the golden run again")
     log("golden run: same job and seed, no faults …")
     result = run_fault_free(scenario.without_faults(), cache_dir)
-    digests = result.history.of(TARGET_DIGEST)
-    if not digests or result.ended_by.startswith(("no progress", "max_duration")):
+    finals = final_digests(result.history)
+    if not finals or result.ended_by.startswith(("no progress", "max_duration")):
         log(f"golden run produced no digest ({result.ended_by}); its reports: {result.run_dir}")
         return None
-    # Rank 0's (or the lowest rank's) last digest: the model the job ended with.
-    first = min(digests, key=lambda e: (e.rank if e.rank is not None else 0, -e.ts_ns))
-    digest = first.get_str("digest")
-    if digest is None:
-        return None
+    digests = {rank: event.get_str("digest") or "" for rank, event in finals.items()}
+    # The lowest rank's (rank 0's) digest stands for the run where one digest is wanted.
+    digest = next(iter(digests.values()))
     detections = [e.kind for e in result.history.of("detect.*")]
-    cached.write_text(json.dumps({"digest": digest, "detections": detections, "run_dir": str(result.run_dir)}))
-    return Golden(digest, detections, cached=False)
+    golden = Golden(digest, detections, cached=False, digests=digests)
+    cached.write_text(
+        json.dumps(
+            {
+                "digest": digest,
+                "digests": golden.digests_json(),
+                "detections": detections,
+                "run_dir": str(result.run_dir),
+            }
+        )
+    )
+    return golden
+
+
+def _from_cache(path: Path) -> Golden | None:
+    """The cached outcome in ``path``, or None when the file lacks something (an old file without per-rank
+    ``digests`` is a miss: reading it as "no ranks" would compare nothing)."""
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(saved, dict):
+        return None
+    digest, detections, recorded = saved.get("digest"), saved.get("detections"), saved.get("digests")
+    if not isinstance(digest, str) or not isinstance(detections, list) or not isinstance(recorded, dict):
+        return None
+    # The same parsing as a recorded runner.golden event, so the cache and the history cannot disagree.
+    digests = golden_rank_digests(Event(ts_ns=0, kind=RUNNER_GOLDEN, data={"digests": recorded}))
+    if digests is None:
+        return None
+    return Golden(digest, [str(d) for d in detections], cached=True, digests=digests)
 
 
 def code_fingerprint(scenario: Scenario) -> str:

@@ -1,9 +1,11 @@
 """The only orchestrator: load -> plan -> setup -> run -> heal (finally) -> golden -> check -> report.
 
 Guarantees:
-- Capabilities are checked for every fault before anything is applied (``Unsupported`` refuses the run).
-- Every fault is journaled (fsync) and, when it has a duration, covered by a detached dead-man reverter
-  BEFORE the world changes; heal runs in ``finally`` in reverse order, also on SIGINT/SIGTERM.
+- Before anything is applied, the scenario's preflight (:mod:`chaos.spec.preflight`, what ``mlchaos
+  validate`` runs) and then every fault's capabilities on every host it may hit are checked: a run is refused.
+- Every fault is journaled (fsync) and covered by a detached dead-man reverter BEFORE the world changes (a
+  duration-less one's is armed at max_duration + heal_grace and re-armed while the harness lives); heal
+  runs in ``finally`` in reverse order, also on SIGINT/SIGTERM.
 - A run that stops making progress is ended (``runner.no_progress``) instead of hanging; the runner judges
   nothing itself: the ``progress`` check (:mod:`chaos.checks.progress`) fails such a run from its history.
 - Targets are asked for optional abilities (:mod:`chaos.targets.base`), never for their type.
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +25,7 @@ from pathlib import Path
 
 from chaos.checks.base import CheckResult
 from chaos.checks.progress import CHECK_PROGRESS
+from chaos.checks.recovery import RUNNER_STOP
 from chaos.cluster.base import TransportError
 from chaos.cluster.hosts import LOCAL, HostsError, HostSet
 from chaos.cluster.local import LocalTransport
@@ -39,16 +43,27 @@ from chaos.load.driver import LoadDriver
 from chaos.plan.agent_plan import ENV_PLAN
 from chaos.plan.build import Plan, PlannedOp, fault_op, make_plan
 from chaos.plugins import registry
-from chaos.plugins.injector import InjectionContext, InjectionError, Unsupported, is_in_job
+from chaos.plugins.injector import InjectionContext, InjectionError, Unsupported
 from chaos.report.files import write_reports
 from chaos.run.control import Order, RunControl
-from chaos.run.faults import ActiveFault, disarm, in_job_plan, parallel, rank_of, reverts_on_harness
+from chaos.run.faults import (
+    ActiveFault,
+    DeadMan,
+    disarm,
+    in_job_plan,
+    parallel,
+    rank_of,
+    renew_switches,
+    reverts_on_harness,
+)
 from chaos.run.golden import Golden, golden_outcome
 from chaos.run.result import EXIT_FAIL, EXIT_HARNESS, EXIT_INVALID, EXIT_PASS, RunResult, RunStatus, Verdict
-from chaos.safety import deadman, remote_deadman
+from chaos.safety import remote_deadman
 from chaos.safety.cleanup import heal_leftovers
 from chaos.safety.journal import Journal
 from chaos.safety.signals import signals_raise
+from chaos.spec.preflight import preflight, unsupported
+from chaos.spec.preflight import refusal as refusal_text
 from chaos.spec.scenario import FaultSpec, HostSelector, Scenario, ScenarioError
 from chaos.targets.base import AwaitsReady, Preflight, RankPlacement, Serves, TargetUnusable
 from chaos.targets.factory import TargetSpecError, make_target, on_nodes
@@ -132,13 +147,8 @@ class Execution:
                 self.target.preflight()
             except TargetUnusable as exc:
                 raise RunRefused(str(exc)) from None
-        for fault in self.scenario.faults:
+        for fault in self.scenario.faults:  # the scenario's own rules were checked by preflight() in execute
             injector = registry.injector(fault.type)
-            if is_in_job(injector) and fault.trigger.at_step is None:
-                raise RunRefused(
-                    f"fault {fault.name!r} ({fault.type}) is applied inside the job at a training step: "
-                    f"use trigger: {{at_step: N, rank: R}} (got {fault.trigger.kind})"
-                )
             first_op = next((op for op in self.plan.ops if op.fault == fault.name), None)
             try:
                 if rank_of(fault) is not None and isinstance(self.target, RankPlacement):
@@ -149,7 +159,7 @@ class Execution:
                 for name in names:
                     injector.check(self._ctx(name), fault.params)
             except Unsupported as exc:
-                raise RunRefused(f"fault {fault.name!r} ({fault.type}) is not supported here: {exc}") from None
+                raise RunRefused(unsupported(fault, exc)) from None
             except (HostsError, TransportError) as exc:
                 raise RunRefused(f"fault {fault.name!r} ({fault.type}): {exc}") from None
 
@@ -226,6 +236,8 @@ class Execution:
             due = [a for a in self.active if a.heal_at is not None and a.heal_at <= now]
             if due:
                 parallel([partial(self._heal, active) for active in due])
+            for problem in renew_switches(self.active, now, self.log):  # duration-less faults' dead-men
+                self.history.record("runner.deadman_not_renewed", detail=problem)
             if elapsed > safety.max_duration:
                 self._end(f"max_duration {safety.max_duration:g}s reached")
                 return
@@ -272,6 +284,15 @@ class Execution:
     def stop_load(self) -> None:
         if self.load is not None:
             self.load.stop()
+
+    def stop_target(self, grace: float) -> None:
+        """Stop the job; when it is still running, first record ``runner.stop`` {reason} (why the run ended, or
+        the exception ending it), so ``completes`` tells the harness's stop from the job's own failure."""
+        if self.target.exit_code() is None:
+            in_flight = sys.exc_info()[1]  # set while an interrupt or a harness error unwinds through finally
+            reason = self.ended_by or (f"{type(in_flight).__name__}: {in_flight}" if in_flight else "run ended")
+            self.history.record(RUNNER_STOP, reason=reason, grace_s=grace)
+        self.target.stop(grace=grace)
 
     def _end(self, why: str) -> None:
         self.ended_by = why
@@ -331,22 +352,19 @@ class Execution:
             return
         # Journal first, then the dead-man, then the world: a crash at any point leaves a healable record.
         self.journal.intent(applied)
-        deadman_pid: int | None = None
-        remote_marker: str | None = None
+        # Every fault gets a dead-man, with or without a duration (see chaos.run.faults.DeadMan). Faults whose
+        # revert runs on this machine (e.g. `docker start` for a container fault) get the local dead-man even
+        # on a remote host: one inside a stopped container could not fire.
+        local = host == LOCAL or reverts_on_harness(injector, applied)
         revert = injector.revert_command(applied)
-        if op.duration_s is not None and revert:
-            fires_in = op.duration_s + self.scenario.safety.heal_grace
-            # Faults whose revert runs on this machine (e.g. `docker start` for a container fault) get the
-            # local dead-man even on a remote host: one inside a stopped container could not fire.
-            if host == LOCAL or reverts_on_harness(injector, applied):
-                deadman_pid = deadman.arm(self.journal.path, journal_id, revert, fires_in)  # journals itself
-            else:
-                remote_marker = remote_deadman.arm(ctx.transport, journal_id, revert, fires_in)
+        safety = self.scenario.safety
+        switch = DeadMan.arm(ctx, self.journal.path, journal_id, revert, op.duration_s, safety, local=local)
         try:
             injector.apply(ctx, applied)
         except (InjectionError, ValueError, OSError, TransportError) as exc:
             self.journal.failed(journal_id, str(exc))
-            disarm(ctx, deadman_pid, remote_marker)
+            if switch is not None:
+                switch.disarm()
             injector.heal(ctx, applied)
             self.journal.healed(journal_id, "harness")
             self.history.record(
@@ -370,7 +388,7 @@ class Execution:
         self.log(f"fault applied{where}: {applied.description or op.op_id}")
         if applied.reversible:
             with self._lock:
-                self.active.append(ActiveFault(op, injector, applied, ctx, deadman_pid, remote_marker))
+                self.active.append(ActiveFault(op, injector, applied, ctx, switch))
         else:
             self.journal.healed(journal_id, "irreversible")
 
@@ -378,7 +396,8 @@ class Execution:
         try:
             active.injector.heal(active.ctx, active.applied)
         finally:
-            disarm(active.ctx, active.deadman_pid, active.remote_marker)
+            if active.switch is not None:
+                active.switch.disarm()
             with self._lock:
                 self.active.remove(active)
         self.journal.healed(active.applied.op_id, "harness")
@@ -465,6 +484,8 @@ def execute(
             scenario = on_nodes(scenario, options.nodes)
         except TargetSpecError as exc:
             refusal = str(exc)
+    # The preflight `mlchaos validate` runs: a scenario built in code (or moved by --nodes) is refused here.
+    refusal = refusal or refusal_text(preflight(scenario))
     plan = make_plan(scenario, options.seed)
     run_dir = new_run_dir(options.report_root, scenario.name)
     history = History(run_dir / "history.jsonl")
@@ -495,7 +516,7 @@ def execute(
             finally:
                 execution.stop_load()
                 heal_errors = execution.heal_all()
-                execution.target.stop(grace=10.0)
+                execution.stop_target(grace=10.0)
                 for event in execution.target.poll_events():
                     history.append(event)
     except RunRefused as exc:
@@ -525,7 +546,11 @@ def execute(
             if outcome is not None:
                 golden = outcome.digest
                 history.record(
-                    RUNNER_GOLDEN, digest=outcome.digest, detections=list(outcome.detections), cached=outcome.cached
+                    RUNNER_GOLDEN,
+                    digest=outcome.digest,
+                    digests=outcome.digests_json(),  # every rank's, so checks compare every rank (issue 15)
+                    detections=list(outcome.detections),
+                    cached=outcome.cached,
                 )
         results = evaluate(history, scenario)
         failed = [r for r in results if r.status == "fail" or (r.status == "unknown" and not scenario.allow_unknown)]

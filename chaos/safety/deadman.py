@@ -4,7 +4,10 @@
 file, no inherited fds, re-parented away from the harness by a double fork), so a SIGKILLed harness, a closed
 terminal or a crashed CI runner cannot take it down. It sleeps until its deadline, then, unless the journal
 already records the op as healed, runs the revert argv (never a shell) and appends ``healed(by="deadman")``
-(or ``failed`` when the revert command fails, leaving the op to cleanup).
+(or ``failed`` when the revert command fails, leaving the op to cleanup). While it sleeps it re-reads the
+journal: :func:`rearm` (a later ``deadman`` record with its pid) moves its deadline, which is how a live
+harness keeps a duration-less fault's switch from firing under it. The last read comes right at the deadline,
+so a re-arm journaled any time before it counts.
 
 SIGTERM is the cancel signal: before firing, the dead-man exits quietly without reverting. Once it fires it
 blocks SIGTERM until the revert and its journal record are done, so a late disarm never tears that pair.
@@ -152,6 +155,19 @@ def arm(journal_path: Path, op_id: str, revert_argv: Sequence[str], fires_in_s: 
     return pid
 
 
+def rearm(journal_path: Path, op_id: str, pid: int, fires_in_s: float) -> int:
+    """Move the deadline of ``op_id``'s running dead-man ``pid`` to ``fires_in_s`` from now; returns the new
+    deadline (wall-clock ns). The dead-man picks it up from the journal on its next read (at the latest, just
+    before it would fire). ValueError for a negative delay."""
+    if fires_in_s < 0:
+        raise ValueError(f"fires_in_s must not be negative, got {fires_in_s}")
+    from chaos.safety.journal import Journal
+
+    fires_at_ns = time.time_ns() + int(fires_in_s * 1e9)
+    Journal(journal_path, owner=False).deadman(op_id, pid, fires_at_ns)
+    return fires_at_ns
+
+
 def _cmdline(pid: int) -> list[str] | None:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as handle:
@@ -237,11 +253,12 @@ def _find_journal(path: Path) -> Path | None:
     return None
 
 
-def _healed_by(path: Path, op_id: str) -> str | None:
+def _status(path: Path, op_id: str) -> tuple[str | None, int | None]:
+    """(who healed ``op_id``, our latest journaled deadline): (None, None) when the journal is gone."""
     from chaos.safety.journal import Journal
 
     found = _find_journal(path)
-    return Journal(found, owner=False).healed_by(op_id) if found else None
+    return Journal(found, owner=False).deadman_status(op_id, os.getpid()) if found else (None, None)
 
 
 def _fire(journal_path: Path, op_id: str, revert: list[str]) -> int:
@@ -288,16 +305,18 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(0))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     _log(f"{op_id}: armed, fires in {(fires_at_ns - time.time_ns()) / 1e9:.1f}s: {revert}")
-    while (remaining := fires_at_ns - time.time_ns()) > 0:
-        time.sleep(min(remaining / 1e9, POLL_S))
-        if _healed_by(journal_path, op_id) is not None:
-            _log(f"{op_id}: healed by someone else, retiring")
+    while True:
+        by, deadline = _status(journal_path, op_id)
+        if by is not None:
+            _log(f"{op_id}: healed by {by}, retiring")
             return 0
-    by = _healed_by(journal_path, op_id)
-    if by is not None:
-        _log(f"{op_id}: already healed by {by}, retiring")
-        return 0
-    return _fire(journal_path, op_id, revert)
+        if deadline is not None and deadline != fires_at_ns:
+            fires_at_ns = deadline  # re-armed by a live harness
+            _log(f"{op_id}: re-armed, fires in {(fires_at_ns - time.time_ns()) / 1e9:.1f}s")
+        remaining = fires_at_ns - time.time_ns()
+        if remaining <= 0:
+            return _fire(journal_path, op_id, revert)
+        time.sleep(min(remaining / 1e9, POLL_S))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,10 @@ One append-only JSONL file per run at ``<state_dir>/journal/<run_id>.jsonl``. Ev
 of one complete line followed by ``os.fsync`` before the call returns: once ``intent`` returns, the fault is
 on disk even if the machine loses power the next instant. The lifecycle of one op is::
 
-    intent (before the world changes) -> [deadman] -> applied | failed -> healed(by=...)
+    intent (before the world changes) -> [deadman ...] -> applied | failed -> healed(by=...)
+
+A ``deadman`` record arms a dead-man process; a later one with the SAME pid re-arms it (the harness pushing
+the deadline of a duration-less fault while it is alive): the dead-man reads its latest deadline here.
 
 An op is *unhealed* from its ``intent`` until its ``healed`` record, whatever happened in between: a
 ``failed`` apply may have half-changed the world (one of two pids stopped), so it still needs a heal.
@@ -63,6 +66,7 @@ class _OpView:
         self.applied = applied
         self.healed_by: str | None = None
         self.deadman_pid: int | None = None
+        self.deadman_fires_at_ns: dict[int, int] = {}  # dead-man pid -> its latest deadline
         self.errors: list[str] = []
 
 
@@ -211,6 +215,8 @@ class Journal:
                 view.applied = view.applied.model_copy(update={"state": record.state})
             elif record.kind == "deadman":
                 view.deadman_pid = record.pid
+                if record.pid is not None and record.fires_at_ns is not None:
+                    view.deadman_fires_at_ns[record.pid] = record.fires_at_ns
             elif record.kind == "healed":
                 view.healed_by = record.by or "?"
             elif record.kind == "failed" and record.error:
@@ -231,6 +237,14 @@ class Journal:
         """The pid of the dead-man last armed for ``op_id``, if any."""
         view = self._ops().get(op_id)
         return view.deadman_pid if view is not None else None
+
+    def deadman_status(self, op_id: str, pid: int) -> tuple[str | None, int | None]:
+        """(who healed ``op_id`` or None, the latest deadline journaled for its dead-man ``pid`` or None): what a
+        sleeping dead-man reads on every poll, from one pass over the file."""
+        view = self._ops().get(op_id)
+        if view is None:
+            return None, None
+        return view.healed_by, view.deadman_fires_at_ns.get(pid)
 
     def deadman_pids(self) -> dict[str, int]:
         """The last dead-man pid of every op that had one."""

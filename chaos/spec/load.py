@@ -46,7 +46,8 @@ LOAD_END = "load.end"
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # RFC 9110 token: methods and header names
 
 
-def _header_name(name: str) -> str:
+def header_name(name: str) -> str:
+    """``name`` unchanged when it is a valid HTTP header name (an RFC 9110 token); ValueError otherwise."""
     if not _TOKEN.match(name):
         raise ValueError(f"{name!r} is not a valid HTTP header name")
     return name
@@ -101,6 +102,13 @@ class BodyFile(_Model):
 
     file: Path
 
+    @field_validator("file", mode="before")
+    @classmethod
+    def _named(cls, file: object) -> object:
+        if isinstance(file, str) and not file.strip():
+            raise ValueError("file needs a path (an empty one names the current folder, not a file of bodies)")
+        return file
+
 
 class HeaderField(_Model):
     """Read a value from a response header (case-insensitive name)."""
@@ -110,7 +118,7 @@ class HeaderField(_Model):
     @field_validator("header")
     @classmethod
     def _name(cls, name: str) -> str:
-        return _header_name(name)
+        return header_name(name)
 
 
 class JsonField(_Model):
@@ -218,7 +226,7 @@ class LoadSpec(_Model):
     @classmethod
     def _headers(cls, headers: dict[str, str]) -> dict[str, str]:
         for name, value in headers.items():
-            _header_name(name)
+            header_name(name)
             if "\r" in value or "\n" in value:
                 raise ValueError(f"header {name!r} has a line break in its value")
         return headers
@@ -226,7 +234,7 @@ class LoadSpec(_Model):
     @field_validator("priority_header")
     @classmethod
     def _priority_header(cls, name: str | None) -> str | None:
-        return None if name is None else _header_name(name)
+        return None if name is None else header_name(name)
 
     @field_validator("priorities")
     @classmethod
@@ -235,6 +243,8 @@ class LoadSpec(_Model):
             return None
         if not weights:
             raise ValueError("priorities needs at least one name: weight")
+        if any(not name.strip() for name in weights):
+            raise ValueError("a priority needs a name: it is sent as the request's priority header or {priority}")
         if any(w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
             raise ValueError("priority weights must be >= 0 and not all 0")
         return weights

@@ -49,9 +49,20 @@ Path_ = tuple[str | int, ...]
 
 
 def yaml_positions(
-    node: yaml.Node, path: Path_, out: dict[Path_, tuple[int, int]], dupes: list[Problem], file: str
+    node: yaml.Node,
+    path: Path_,
+    out: dict[Path_, tuple[int, int]],
+    dupes: list[Problem],
+    file: str,
+    walked: set[int] | None = None,
 ) -> None:
-    """Record (line, column), 1-based, of every mapping key and sequence item below ``node``."""
+    """Record (line, column), 1-based, of every mapping key and sequence item below ``node``. A node reached
+    again through an alias (``*name``) is not walked again: an alias of itself would never end, and aliases of
+    aliases would grow exponentially; a problem under one is placed at the alias."""
+    walked = set() if walked is None else walked
+    if id(node) in walked:
+        return
+    walked.add(id(node))
     if isinstance(node, yaml.MappingNode):
         seen: set[str] = set()
         for key_node, value_node in node.value:
@@ -62,12 +73,12 @@ def yaml_positions(
                 dupes.append(Problem(file, *position, f"duplicate key {key!r}", "keep one of the two entries"))
             seen.add(key)
             out[here] = position
-            yaml_positions(value_node, here, out, dupes, file)
+            yaml_positions(value_node, here, out, dupes, file, walked)
     elif isinstance(node, yaml.SequenceNode):
         for index, item in enumerate(node.value):
             here = (*path, index)
             out[here] = (item.start_mark.line + 1, item.start_mark.column + 1)
-            yaml_positions(item, here, out, dupes, file)
+            yaml_positions(item, here, out, dupes, file, walked)
 
 
 def read_yaml_mapping(
@@ -77,8 +88,9 @@ def read_yaml_mapping(
     every key and item, and the problems found so far (duplicate keys). A syntax error or a non-mapping raises
     ``error`` (default ScenarioError) naming file:line:column; ``what``/``hint`` word the non-mapping case."""
     raise_as = error or ScenarioError
-    loader = yaml.SafeLoader(text)
+    loader: yaml.SafeLoader | None = None
     try:
+        loader = yaml.SafeLoader(text)  # reads the whole text first: a control character fails here
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as exc:
@@ -87,14 +99,45 @@ def read_yaml_mapping(
         raise raise_as(
             [Problem(file, line, column, f"YAML syntax: {exc.problem or exc}", "check indentation and quoting here")]
         ) from None
+    except yaml.reader.ReaderError as exc:  # a control character (NUL, ESC ...): YAML allows none of them
+        line, column = _line_column(text, exc.position)
+        char = exc.character
+        what = f"the control character U+{char:04X}" if isinstance(char, int) else f"the character {char!r}"
+        message = f"YAML syntax: {what} is not allowed in YAML"
+        raise raise_as(
+            [Problem(file, line, column, message, "delete it, or write it as an escape in a quoted string")]
+        ) from None
+    except RecursionError:  # nested thousands of levels deep (no scenario is): refused rather than a crash
+        raise raise_as([Problem(file, 1, 1, "YAML nests too deeply to read", "flatten the file")]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if not isinstance(data, dict) or node is None:
         raise raise_as([Problem(file, 1, 1, f"{what} must be a YAML mapping", hint)])
     marks: dict[Path_, tuple[int, int]] = {}
     problems: list[Problem] = []
     yaml_positions(node, (), marks, problems, file)
     return data, marks, problems
+
+
+def _line_column(text: str, offset: int) -> tuple[int, int]:
+    """1-based (line, column) of character ``offset`` in ``text``."""
+    before = text[:offset]
+    return before.count("\n") + 1, offset - (before.rfind("\n") + 1) + 1
+
+
+def decode_text(raw: bytes, file: str, error: type[ScenarioError] | None = None) -> str:
+    """``raw`` as UTF-8 (a leading BOM dropped); ``error`` (default ScenarioError) at the file:line:column of
+    the first byte that is not UTF-8, so a binary or Latin-1 file is named, not a traceback."""
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        good = raw[: exc.start].decode("utf-8-sig", errors="replace")
+        line, column = _line_column(good, len(good))
+        problem = Problem(
+            file, line, column, f"not UTF-8 text: byte {raw[exc.start]:#04x} here", "save the file as UTF-8"
+        )
+        raise (error or ScenarioError)([problem]) from None
 
 
 def position(marks: dict[Path_, tuple[int, int]], path: Path_) -> tuple[int, int]:
@@ -120,8 +163,9 @@ def suggest(word: str, options: list[str], *, most: int = 1) -> str:
 # From a pydantic error location to the file and to the model.
 
 
-def _raw_path(data: object, loc: tuple[str | int, ...]) -> Path_:
-    """Map a pydantic error location onto the YAML data, dropping union tags that are not real keys."""
+def _raw_path(data: object, loc: tuple[str | int, ...], kind: str = "") -> Path_:
+    """Map a pydantic error location onto the YAML data, dropping union tags that are not real keys (a member
+    such as ``kill`` or ``torchrun`` on the way, or ``str``/``BodyFile`` where a value matched no member)."""
     path: list[str | int] = []
     node = data
     for index, part in enumerate(loc):
@@ -132,12 +176,45 @@ def _raw_path(data: object, loc: tuple[str | int, ...]) -> Path_:
         elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
             path.append(part)
             node = node[part]
-        elif isinstance(node, dict) and isinstance(part, str) and not last:
-            continue  # a union tag such as ``kill`` or ``torchrun``: not a key in the file
+        elif isinstance(part, str) and (not last or not isinstance(node, dict) or (kind != "missing" and _tag(part))):
+            continue  # a union tag: not a key in the file
         else:
             path.append(part)  # a missing key: named in the message, positioned at its parent
             break
     return tuple(path)
+
+
+_SCALAR_TAGS = {"str", "int", "float", "bool", "none", "bytes", "list", "dict"}
+
+
+def _tag(part: str) -> bool:
+    """Whether a location's last part names a union member (``str``, ``BodyFile``, ``literal['a']``,
+    ``function-after[...]``) rather than a field (fields are snake_case words)."""
+    return part in _SCALAR_TAGS or part[:1].isupper() or any(c in part for c in "[]-'")
+
+
+def without_union_noise(errors: list[dict[str, Any]], data: object) -> list[dict[str, Any]]:
+    """pydantic's errors with the noise of unions removed: when a value matched no member of a union, one
+    error per member. Where one member's error lies deeper in the value (it has that member's shape), the
+    others are dropped; otherwise the members' errors at one key become one ("... or ...")."""
+    paths = [_raw_path(data, tuple(e["loc"]), e["type"]) for e in errors]
+    tagged = [len(p) < len(e["loc"]) and e["type"] != "missing" for p, e in zip(paths, errors, strict=True)]
+    kept: list[dict[str, Any]] = []
+    merged: dict[Path_, dict[str, Any]] = {}
+    for error, path, tag in zip(errors, paths, tagged, strict=True):
+        if not tag:
+            kept.append(error)
+            continue
+        if any(len(other) > len(path) and other[: len(path)] == path for other in paths):
+            continue  # a deeper error explains this value: this member was not the one meant
+        if path in merged:
+            first = merged[path]
+            first["msg"] = f"{first['msg']}, or {error['msg'][0].lower()}{error['msg'][1:]}"
+            first["type"] = "union_mismatch"
+            continue
+        merged[path] = dict(error)
+        kept.append(merged[path])
+    return kept
 
 
 def _unwrap(annotation: Any) -> list[Any]:
@@ -271,13 +348,25 @@ def _invalid_value(error: dict[str, Any], where: str, field: FieldInfo | None) -
     return f"{where}: {message}", ""
 
 
+def _node_at(data: object, path: Path_) -> object:
+    """The YAML value at ``path`` (None when the path leaves the data)."""
+    for part in path:
+        if isinstance(data, dict) and part in data:
+            data = data[part]
+        elif isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data):
+            data = data[part]
+        else:
+            return None
+    return data
+
+
 def problem_for(
     error: dict[str, Any], data: object, marks: dict[Path_, tuple[int, int]], file: str, model: type[BaseModel]
 ) -> Problem:
     """One pydantic ``error`` of validating ``data`` (read from ``file``, keys at ``marks``) against ``model``,
     as a Problem at the key it is about, naming what would be valid there and, when known, the nearest fix."""
     loc: tuple[str | int, ...] = tuple(error["loc"])
-    path = _raw_path(data, loc)
+    path = _raw_path(data, loc, error["type"])
     where = ".".join(str(p) for p in path) or "(top level)"
     kind = error["type"]
     hint = ""
@@ -296,9 +385,16 @@ def problem_for(
         given = str(error.get("ctx", {}).get("tag", ""))
         message = f"{where}: unknown type {given!r}" if given else f"{where}: missing 'type'"
         hint = nearest(given, expected, most=3) or "use one of: " + ", ".join(expected)
+        at = (*path, "type")  # the `type:` line is the one to fix, not the first key of the mapping
         if not given:
             hint = "set type to one of: " + ", ".join(expected)
-        at = (*path, "type")  # the `type:` line is the one to fix, not the first key of the mapping
+            node = _node_at(data, path)
+            typo = nearest("type", [str(k) for k in node]) if isinstance(node, dict) else ""
+            if typo:  # `tpye: kill`: name the misspelt key, which the missing tag hides from the model
+                key = typo.split("'")[1]
+                message += f"; {key!r} is not a key"
+                hint = f"rename {key!r} to 'type'"
+                at = (*path, key)
     else:
         message, hint = _invalid_value(error, where, _field_at(model, loc))
     return Problem(file, *position(marks, at), message, hint)

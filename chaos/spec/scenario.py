@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -21,6 +23,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    PrivateAttr,
     SerializeAsAny,
     ValidationError,
     ValidationInfo,
@@ -37,15 +40,16 @@ from chaos.spec.load import ScenarioLoad
 from chaos.spec.problems import Path_ as Path_
 from chaos.spec.problems import Problem as Problem
 from chaos.spec.problems import ScenarioError as ScenarioError
-from chaos.spec.problems import nearest, position
+from chaos.spec.problems import decode_text, nearest, position, without_union_noise
 from chaos.spec.problems import problem_for as problem_for
 from chaos.spec.problems import read_yaml_mapping as read_yaml_mapping
 from chaos.spec.problems import yaml_positions as yaml_positions
 from chaos.spec.serving import ServingTarget
 from chaos.spec.targets import HttpTarget
-from chaos.spec.units import Duration
+from chaos.spec.units import Duration, EnvVars, Name
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
+_MODULE = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"  # a dotted Python module name
 NO_CHECKS = (
     "a scenario with no checks can only pass; add checks, or say `checks: []` together with "
     "`allow_no_checks: true` to run one on purpose"
@@ -86,9 +90,9 @@ class EventTrigger(BaseModel):
     """Fire when the ``nth`` event whose kind matches ``kind`` (a glob) arrives, optionally on one rank."""
 
     model_config = _STRICT
-    kind: str
+    kind: Name
     nth: int = Field(default=1, ge=1)
-    rank: int | None = None
+    rank: int | None = Field(default=None, ge=0)
 
 
 class Trigger(BaseModel):
@@ -99,7 +103,7 @@ class Trigger(BaseModel):
         default=None, description="seconds after the target starts (a serving/http target: after it is ready)"
     )
     at_step: int | None = Field(default=None, ge=0, description="when a rank reports this training step")
-    rank: int | None = Field(default=None, description="with at_step: the rank whose step counts")
+    rank: int | None = Field(default=None, ge=0, description="with at_step: the rank whose step counts")
     on_event: EventTrigger | None = None
     every: EveryTrigger | None = None
     poisson: PoissonTrigger | None = None
@@ -130,11 +134,11 @@ class HostSelector(BaseModel):
     ``exclude``. ``count`` None takes every candidate; fewer are drawn with the run's rng."""
 
     model_config = _STRICT
-    host: str | None = None
+    host: Name | None = None
     rank: int | None = Field(default=None, ge=0, description="the host that runs this rank of a multi-node target")
-    group: str | None = None
+    group: Name | None = None
     count: int | None = Field(default=None, ge=1)
-    exclude: list[str] = Field(default_factory=list)
+    exclude: list[Name] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _host_or_group(self) -> HostSelector:
@@ -154,7 +158,7 @@ class FaultSpec(BaseModel):
     type: str
     params: SerializeAsAny[BaseModel]
     trigger: Trigger
-    duration: Duration | None = Field(default=None, description="how long the fault lasts before heal")
+    duration: Duration | None = Field(default=None, gt=0, description="how long the fault lasts before heal")
     hosts: HostSelector | None = Field(
         default=None, description="inventory hosts the fault is applied on (null: the harness's own host)"
     )
@@ -173,8 +177,17 @@ class LogMatcherSpec(BaseModel):
     """A regex over the target's output; a match becomes an event of kind ``event`` (named groups -> data)."""
 
     model_config = _STRICT
-    pattern: str
+    pattern: str = Field(min_length=1)
     event: str = Field(pattern=r"^[a-z_]+(\.[a-z0-9_*]+)+$")
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, pattern: str) -> str:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"pattern is not a valid regex: {exc}") from None
+        return pattern
 
 
 class TorchrunTarget(BaseModel):
@@ -186,17 +199,17 @@ class TorchrunTarget(BaseModel):
 
     model_config = _STRICT
     type: Literal["torchrun"]
-    module: str | None = None
-    script: str | None = None
+    module: str | None = Field(default=None, pattern=_MODULE, description="a dotted module name (python -m)")
+    script: Name | None = None
     args: Argv = []
     nproc_per_node: int = Field(default=2, ge=1)
     max_restarts: int = Field(default=3, ge=0)
-    monitor_interval: Duration = 0.5
+    monitor_interval: Duration = Field(default=0.5, gt=0)
     nodes: HostSelector | None = Field(
         default=None, description="inventory hosts that each run one torchrun agent (null: this host only)"
     )
     rdzv_port: int = Field(default=29400, ge=1, le=65535, description="c10d rendezvous port on the first node")
-    env: dict[str, str] = {}
+    env: EnvVars = {}
     matchers: list[LogMatcherSpec] = []
 
     @model_validator(mode="after")
@@ -214,8 +227,15 @@ class CommandTarget(BaseModel):
     model_config = _STRICT
     type: Literal["command"]
     command: Argv = Field(min_length=1)
-    env: dict[str, str] = {}
+    env: EnvVars = {}
     matchers: list[LogMatcherSpec] = []
+
+    @field_validator("command")
+    @classmethod
+    def _program(cls, command: list[str]) -> list[str]:
+        if not command[0].strip():
+            raise ValueError("the command's first item is the program to run: it cannot be empty")
+        return command
 
 
 TargetSpec = Annotated[TorchrunTarget | CommandTarget | ServingTarget | HttpTarget, Discriminator("type")]
@@ -228,8 +248,8 @@ class ClusterSpec(BaseModel):
 
     model_config = _STRICT
     transport: Literal["local", "ssh"] = "local"
-    inventory: str | None = Field(default=None, description="inventory YAML (path relative to the scenario)")
-    protected: list[str] = Field(default=[], description="hosts no fault may ever select")
+    inventory: Name | None = Field(default=None, description="inventory YAML (path relative to the scenario)")
+    protected: list[Name] = Field(default=[], description="hosts no fault may ever select")
 
 
 class SafetySpec(BaseModel):
@@ -238,11 +258,11 @@ class SafetySpec(BaseModel):
     model_config = _STRICT
     max_duration: Duration = Field(default=300.0, gt=0, description="hard limit on the whole run")
     no_progress_timeout: Duration | None = Field(
-        default=90.0, description="end the run when no target.step arrives for this long (null: never)"
+        default=90.0, gt=0, description="end the run when no target.step arrives for this long (null: never)"
     )
     heal_grace: Duration = Field(default=5.0, description="dead-man fires this long after a fault's duration")
     blast_radius: int | None = Field(default=None, ge=1, description="most faults active at once")
-    abort_on: list[str] = Field(default=[], description="event kinds (globs) that end the run at once")
+    abort_on: list[Name] = Field(default=[], description="event kinds (globs) that end the run at once")
 
 
 class Scenario(BaseModel):
@@ -267,6 +287,9 @@ class Scenario(BaseModel):
     checks: list[CheckSpec] = Field(default=[], validate_default=True)
     safety: SafetySpec = SafetySpec()
     allow_unknown: bool = Field(default=False, description="treat unknown check verdicts as passing")
+    # The file it was read from and the (line, column) of every key in it (parse_scenario sets it; copies
+    # keep it), so a problem found later (the preflight, a run's refusal) still names file:line.
+    _source: tuple[str, dict[Path_, tuple[int, int]]] | None = PrivateAttr(default=None)
 
     @field_validator("checks")
     @classmethod
@@ -286,6 +309,14 @@ class Scenario(BaseModel):
                     f"url {load.url!r} is a path, but a {target.type} target has no address: give a full http:// URL"
                 )
         return load
+
+    def located(self, path: Path_) -> tuple[str, int, int]:
+        """(file, line, column) of the key at ``path`` (the nearest enclosing key the file has) in the file this
+        scenario was read from; ``("<scenario NAME>", 1, 1)`` for one built in code."""
+        if self._source is None:
+            return f"<scenario {self.name}>", 1, 1
+        file, marks = self._source
+        return (file, *position(marks, path))
 
     def fault(self, name: str) -> FaultSpec:
         for spec in self.faults:
@@ -380,10 +411,72 @@ def parse_scenario(text: str, file: str = "<string>") -> Scenario:
     try:
         scenario = model.model_validate(data)
     except ValidationError as exc:
-        problems.extend(problem_for(dict(e), data, marks, file, model) for e in exc.errors())
+        errors = without_union_noise([dict(e) for e in exc.errors()], data)
+        problems.extend(problem_for(e, data, marks, file, model) for e in errors)
+    except Exception as exc:  # noqa: BLE001 - a validator that raised no ValueError: named, never a traceback
+        problems.append(_validator_crash(exc, data, marks, file))
+    else:
+        problems.extend(_nonsense_numbers(scenario, data, (), marks, file))
     if problems:
         raise ScenarioError(sorted(problems, key=lambda p: (p.line, p.column)))
-    return _named(scenario)
+    named = _named(scenario)
+    named._source = (file, marks)
+    return named
+
+
+def _validator_crash(exc: Exception, data: dict[str, Any], marks: dict[Path_, tuple[int, int]], file: str) -> Problem:
+    """A Problem for a validator that raised something other than ValueError (a plugin's bug, e.g. a
+    TypeError on a list where it expected a string), at the fault or check whose params raise it."""
+    plugins: dict[str, dict[str, type[BaseModel]]] = {
+        "faults": {name: cls.Params for name, cls in registry.injectors().items()},
+        "checks": {name: spec.Params for name, spec in registry.checks().items()},
+    }
+    for key, models in plugins.items():
+        for index, item in _items(data, key):
+            params_model = models.get(str(item.get("type")))
+            if params_model is None:
+                continue
+            try:
+                params_model.model_validate(item.get("params", {}))
+            except ValidationError:
+                continue
+            except Exception:  # noqa: BLE001 - the one that crashes
+                where = f"{key}.{index}.params"
+                message = f"{where}: its {item['type']} validator failed ({type(exc).__name__}: {exc})"
+                return Problem(file, *position(marks, (key, index, "params")), message, "check the values here")
+    return Problem(file, 1, 1, f"validating the scenario failed ({type(exc).__name__}: {exc})", "check the values")
+
+
+def _nonsense_numbers(
+    value: object, raw: object, path: Path_, marks: dict[Path_, tuple[int, int]], file: str
+) -> list[Problem]:
+    """Numbers the model took but no one meant: NaN or infinity in any float (``rate: .inf``, ``factor: .nan``;
+    a bound compared with NaN never trips), and ``true``/``false`` where a number belongs (pydantic reads
+    ``nproc_per_node: true`` as 1). Walks the validated model beside the YAML it came from, so every
+    injector's and check's params are covered without each declaring it."""
+    if isinstance(value, BaseModel):
+        found: list[Problem] = []
+        if not isinstance(raw, dict):
+            return found
+        for name, field in type(value).model_fields.items():
+            key = field.alias or name
+            if key in raw:
+                found += _nonsense_numbers(getattr(value, name), raw[key], (*path, key), marks, file)
+        return found
+    if isinstance(value, (list, tuple)) and isinstance(raw, list) and len(raw) == len(value):
+        return [
+            p
+            for i, (v, r) in enumerate(zip(value, raw, strict=True))
+            for p in _nonsense_numbers(v, r, (*path, i), marks, file)
+        ]
+    if isinstance(value, dict) and isinstance(raw, dict):
+        return [p for k, v in value.items() if k in raw for p in _nonsense_numbers(v, raw[k], (*path, k), marks, file)]
+    where = ".".join(str(p) for p in path)
+    if isinstance(value, float) and not math.isfinite(value):
+        return [Problem(file, *position(marks, path), f"{where}: must be a finite number (got {raw!r})")]
+    if isinstance(raw, bool) and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return [Problem(file, *position(marks, path), f"{where}: expected a number, got the boolean {raw!r}")]
+    return []
 
 
 def _items(data: dict[str, Any], key: str) -> list[tuple[int, dict[str, Any]]]:
@@ -446,9 +539,9 @@ def load_scenario(path: Path | str) -> Scenario:
     """Read and validate a scenario file; errors name ``path:line:column``."""
     file = Path(path)
     try:
-        text = file.read_text(encoding="utf-8")
+        raw = file.read_bytes()
     except OSError as exc:
         raise ScenarioError(
             [Problem(str(path), 1, 1, f"cannot read scenario: {exc.strerror}", "check the path")]
         ) from None
-    return parse_scenario(text, str(path))
+    return parse_scenario(decode_text(raw, str(path)), str(path))

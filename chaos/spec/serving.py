@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from chaos.spec.units import Duration
+from chaos.spec.load import header_name
+from chaos.spec.units import Duration, EnvVars, Name
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 
@@ -62,8 +63,21 @@ class SheddingSettings(BaseModel):
     enabled: bool = True
     capacity: int = Field(default=64, ge=1, description="most requests in flight at the gateway")
     reserve: float = Field(default=0.25, ge=0, lt=1, description="share of capacity kept for the top priority")
-    priorities: list[str] = Field(default=["premium", "free"], min_length=1, description="highest first")
+    priorities: list[Name] = Field(default=["premium", "free"], min_length=1, description="highest first")
     header: str = Field(default="X-Priority", description="request header naming the priority")
+
+    @field_validator("priorities")
+    @classmethod
+    def _distinct(cls, priorities: list[str]) -> list[str]:
+        repeated = sorted({p for p in priorities if priorities.count(p) > 1})
+        if repeated:
+            raise ValueError(f"priority {repeated[0]!r} is listed twice: each priority has one rank")
+        return priorities
+
+    @field_validator("header")
+    @classmethod
+    def _header(cls, name: str) -> str:
+        return header_name(name)
 
 
 class ReplicaSettings(BaseModel):
@@ -99,7 +113,7 @@ class ServingTarget(BaseModel):
     failback_hold: Duration = Field(
         default=0.0, ge=0, description="extra time a recovered primary must stay up before traffic returns"
     )
-    env: dict[str, str] = {}
+    env: EnvVars = {}
 
     @model_validator(mode="after")
     def _models(self) -> ServingTarget:

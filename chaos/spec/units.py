@@ -10,7 +10,7 @@ import re
 from typing import Annotated
 from urllib.parse import urlsplit
 
-from pydantic import BeforeValidator, WithJsonSchema
+from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema
 
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
@@ -75,6 +75,25 @@ DURATION_JSON_SCHEMA = {
 
 Duration = Annotated[float, BeforeValidator(parse_duration), WithJsonSchema(DURATION_JSON_SCHEMA)]
 """A float number of seconds that YAML may spell as ``10s`` or ``2m``."""
+
+
+Name = Annotated[str, Field(min_length=1, pattern=r"^\S(.*\S)?$")]
+"""A name, glob or regex the harness matches against something: not empty, no blanks at either end (which no
+host, group or event kind has, so such a value could only ever match nothing)."""
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def check_env_names(env: dict[str, str]) -> dict[str, str]:
+    """``env`` unchanged when every key is a variable name a process can see (``A=B`` or ``""`` is not)."""
+    for name in env:
+        if not _ENV_NAME.match(name):
+            raise ValueError(f"{name!r} is not an environment variable name (letters, digits and _, not a digit first)")
+    return env
+
+
+EnvVars = Annotated[dict[str, str], AfterValidator(check_env_names)]
+"""Environment variables handed to a job's processes: name -> value."""
 
 
 def check_http_url(url: str) -> str:

@@ -352,6 +352,7 @@ class FlapInjector(_FilterFault):
     """
 
     name: ClassVar[str] = "flap"
+    needs_duration: ClassVar[bool] = True
     Params: ClassVar[type[BaseModel]] = FlapParams
     summary: ClassVar[str] = "partition from peers for part of every period (down/up cycle), healed at the end"
 

@@ -20,12 +20,14 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, m
 from chaos.cluster.base import Transport, TransportError, host_python
 from chaos.cluster.local import LocalTransport, process_start_time, signal_number
 from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
-from chaos.safety import deadman
+from chaos.safety import deadman, remote_deadman
 from chaos.spec.units import Duration
 from injectors import detached
 from injectors.process import dutycycle
+from injectors.process import holds as process_holds
 
 _HELPER_MODULES = (deadman.MODULE, dutycycle.MODULE)
+_HELPER_MARKS = (remote_deadman.MARKER_PREFIX, process_holds.SCRIPT_NAME)
 
 
 # -- parameters -------------------------------------------------------------------------------------------------
@@ -165,6 +167,10 @@ class ProcessHost:
         if not done.ok and problems:
             raise InjectionError(f"{' '.join(argv)} failed on {self.transport.host}: {'; '.join(problems)[:300]}")
 
+    def holds(self) -> process_holds.Holds:
+        """The host's hold registry: counted stops, so one fault's SIGCONT never ends another's stop."""
+        return process_holds.LocalHolds() if self.local else process_holds.RemoteHolds(self.transport)
+
     def is_helper(self, pid: int, module: str, op_id: str) -> bool:
         argv = self.cmdline(pid)
         return argv is not None and deadman.module_of(argv) == module and deadman.option(argv, "--op-id") == op_id
@@ -224,6 +230,7 @@ def resolve_processes(ctx: InjectionContext, selector: ProcessSelector) -> tuple
             for pid, args in host.command_lines().items()
             if pid not in protected
             and not any(f"-m {module}" in args for module in _HELPER_MODULES)  # our own helpers
+            and not any(mark in args for mark in _HELPER_MARKS)  # host-side switches and hold scripts
             and pattern.search(args)
         )
     refused = [pid for pid in pids if pid in protected]
@@ -276,6 +283,11 @@ class Targets:
         if len(pids) != len(starts):
             raise InjectionError("journal state has different numbers of pids and start times")
         return cls(tuple(pids), tuple(starts), str(state.get("selector")))
+
+    def pairs(self, pids: list[int] | None = None) -> list[tuple[int, int]]:
+        """(pid, start time) of ``pids`` (default: every recorded target), the keys of the hold registry."""
+        starts = dict(zip(self.pids, self.start_times, strict=True))
+        return [(pid, starts[pid]) for pid in (self.pids if pids is None else pids)]
 
     def same(self, host: ProcessHost) -> list[int]:
         """Recorded pids that are still the recorded processes (pid reuse guard)."""
@@ -364,9 +376,21 @@ def _check_kill(ctx: InjectionContext, params: BaseModel | None = None) -> None:
         raise Unsupported(f"`kill -l` fails on {ctx.transport.host}: {done.stderr.strip()[:200]}")
 
 
+def _release(ctx: InjectionContext, host: ProcessHost, targets: Targets, applied: Applied) -> None:
+    """Heal's release: drop ``applied``'s holds, continuing what no other fault holds. When the registry itself
+    fails (e.g. no ``date`` on the host) every target still the same process gets a plain SIGCONT instead: a
+    heal must never leave a process stopped for want of bookkeeping."""
+    try:
+        outcomes = host.holds().release(targets.pairs(), applied.op_id, signal=True)
+    except InjectionError:
+        host.signal("SIGCONT", targets.same(host))
+        return
+    process_holds.record_overlaps(ctx, applied, outcomes, healed=True)
+
+
 def _continue_command(applied: Applied) -> list[str] | None:
-    pids = Targets.from_json(applied.state).pids
-    return ["kill", "-s", "CONT", *map(str, pids)] if pids else None
+    """The dead-man's revert: drop this op's holds and SIGCONT its processes (see :func:`process_holds.revert_argv`)."""
+    return process_holds.revert_argv(applied.op_id, Targets.from_json(applied.state).pairs())
 
 
 # -- injectors ----------------------------------------------------------------------------------------------------
@@ -420,6 +444,7 @@ class FreezeInjector(_ProcessFault):
     """SIGSTOP the selected processes for the op's duration; heal sends SIGCONT to the same processes."""
 
     name: ClassVar[str] = "freeze"
+    needs_duration: ClassVar[bool] = True
     Params: ClassVar[type[BaseModel]] = FreezeParams
     summary: ClassVar[str] = "SIGSTOP a rank, pid or command-line match for the fault's duration"
 
@@ -431,13 +456,19 @@ class FreezeInjector(_ProcessFault):
         return op.record(self.name, ctx.transport.host, targets.to_json(), description)
 
     def apply(self, ctx: InjectionContext, applied: Applied) -> None:
-        host = ProcessHost(ctx.transport)
-        host.signal("SIGSTOP", Targets.from_json(applied.state).alive(host, "frozen"))
+        """Hold the processes in the host's registry and SIGSTOP them; a process another fault already holds
+        is recorded as a ``fault.overlap``."""
+        host, targets = ProcessHost(ctx.transport), Targets.from_json(applied.state)
+        lasts_s = (applied.duration_s or 0.0) + process_holds.SLACK_S
+        pairs = targets.pairs(targets.alive(host, "frozen"))
+        outcomes = host.holds().hold(pairs, applied.op_id, lasts_s=lasts_s, holding=True, signal=True)
+        process_holds.record_overlaps(ctx, applied, outcomes, healed=False)
 
     def heal(self, ctx: InjectionContext, applied: Applied) -> None:
-        """SIGCONT every recorded process that is still the same process; idempotent, fine when all exited."""
+        """Release our hold and SIGCONT every recorded process that is still the same process and that no other
+        fault holds (those stay stopped, recorded as a ``fault.overlap``); idempotent, fine when all exited."""
         host = ProcessHost(ctx.transport)
-        host.signal("SIGCONT", Targets.from_json(applied.state).same(host))
+        _release(ctx, host, Targets.from_json(applied.state), applied)
 
     def revert_command(self, applied: Applied) -> list[str] | None:
         return _continue_command(applied)
@@ -453,6 +484,7 @@ class SlowInjector(_ProcessFault):
     """
 
     name: ClassVar[str] = "slow"
+    needs_duration: ClassVar[bool] = True
     Params: ClassVar[type[BaseModel]] = SlowParams
     summary: ClassVar[str] = "make a rank, pid or command-line match slow with a SIGSTOP/SIGCONT duty cycle"
 
@@ -486,6 +518,13 @@ class SlowInjector(_ProcessFault):
         """Start the detached duty-cycle helper; records its pid and start time in ``applied.state``."""
         host, state = ProcessHost(ctx.transport), SlowState.from_json(applied.state)
         alive = state.targets.alive(host, "slowed")
+        # Registered (not yet holding) from here to heal, so an overlap shows at apply; the helper holds them
+        # only in its stop phases.
+        lasts_s = (applied.duration_s or 0.0) + process_holds.SLACK_S
+        outcomes = host.holds().hold(
+            state.targets.pairs(alive), applied.op_id, lasts_s=lasts_s, holding=False, signal=False
+        )
+        process_holds.record_overlaps(ctx, applied, outcomes, healed=False)
         until_ns = detached.host_deadline_ns(ctx.transport, applied.duration_s or 0.0)
         starts = {pid: host.start_time(pid) for pid in alive}
         argv = [
@@ -503,13 +542,14 @@ class SlowInjector(_ProcessFault):
         applied.state["helper_start_time"] = host.start_time(helper)
 
     def heal(self, ctx: InjectionContext, applied: Applied) -> None:
-        """Stop the helper (verified by cmdline and op id), then SIGCONT the recorded processes.
+        """Stop the helper (verified by cmdline and op id), then release our hold and SIGCONT the recorded
+        processes that no other fault holds (a frozen one stays frozen: a ``fault.overlap``).
 
         Order matters: a helper still running would stop the targets again right after our SIGCONT.
         """
         host, state = ProcessHost(ctx.transport), SlowState.from_json(applied.state)
         host.stop_helpers(dutycycle.MODULE, applied.op_id, state.helper_pid)
-        host.signal("SIGCONT", state.targets.same(host))
+        _release(ctx, host, state.targets, applied)
 
     def revert_command(self, applied: Applied) -> list[str] | None:
         return _continue_command(applied)

@@ -330,6 +330,7 @@ class StorageInjector:
     """A FUSE fault layer over a directory, served by a detached daemon; see the module docstring."""
 
     name: ClassVar[str] = "storage"
+    needs_duration: ClassVar[bool] = True
     Params: ClassVar[type[BaseModel]] = StorageParams
     summary: ClassVar[str] = "FUSE layer over a directory: latency, hang, EIO, ENOSPC, fsync stall or read-only"
 

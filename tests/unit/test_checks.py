@@ -237,15 +237,18 @@ def test_matches_golden_fails_and_explains_step_mismatch() -> None:
     assert "ended at step 15 but the golden run at step 20" in result.reason
 
 
-def test_matches_golden_uses_lowest_rank_highest_attempt() -> None:
+def test_matches_golden_uses_each_ranks_highest_attempt() -> None:
     events = [
         ev(5.0, "target.digest", 0, digest="00" * 32, step=5, attempt=0),
         ev(9.0, "target.digest", 0, digest="11" * 32, step=9, attempt=1),
-        ev(9.5, "target.digest", 1, digest="22" * 32, step=9, attempt=1),  # a later, higher rank: ignored
-        ev(9.6, "target.digest", None, digest="33" * 32),  # a rank-less report: ignored while ranks exist
+        ev(9.5, "target.digest", 1, digest="22" * 32, step=9, attempt=1),
+        ev(9.6, "target.digest", None, digest="33" * 32),
         golden("11" * 32),
     ]
-    assert judge("matches_golden", events).status == "pass"
+    assert judge("matches_golden", events[:2] + events[-1:]).status == "pass"  # rank 0's attempt 1 is final
+    # Issue 15: every rank is compared now (a higher rank and a rank-less report used to be ignored).
+    result = judge("matches_golden", events)
+    assert result.status == "fail" and "rank 1 differs" in result.reason and "rank-less" in result.reason
     only_rank1 = [e for e in events if e.rank != 0]
     assert judge("matches_golden", only_rank1).measured == "222222222222"
 

@@ -158,6 +158,8 @@ def test_multinode_target_without_inventory_is_refused(tmp_path: Path) -> None:
 
 def _straggler_history(named: list[int]) -> list[Event]:
     events = [ev(0, "runner.start")] + [ev(i * 0.1, "target.step", 0, step=i) for i in range(1, 60)]
+    # rank r runs on host h<r+1>, as a multi-node run records it: the fault on h2 hit rank 1
+    events += [ev(0.05, "target.start", r, pid=100 + r, attempt=0, host=f"h{r + 1}") for r in range(3)]
     events.append(ev(1.0, "fault.applied", fault="slow", op="slow#1", host="h2"))
     for offset, rank in enumerate(named):
         events.append(ev(2.0 + offset, "detect.straggler", rank, step=20 + 10 * offset))

@@ -57,6 +57,14 @@ def test_sdc_culprit_passes_when_the_faulted_rank_is_named() -> None:
 # failover_within
 
 
+def test_failover_is_unknown_when_traffic_was_spread_before_the_fault() -> None:
+    # Defect: a load balancer spreading requests over primary and fallback "failed over" with the first
+    # request after the apply (0.02 s here): a pass although nothing moved because of the fault.
+    spread = load(lambda t: (200, "primary" if round(t * 50) % 2 == 0 else "fallback")) + kill_events()
+    result = judge("failover_within", spread, fault=KILL)
+    assert result.status == "unknown" and "normal spreading" in result.reason and "50%" in result.reason
+
+
 def test_failover_still_passes_when_the_primary_served_everything_before() -> None:
     result = judge("failover_within", load(good) + kill_events(), fault=KILL)
     assert result.status == "pass"

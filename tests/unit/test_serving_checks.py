@@ -481,12 +481,26 @@ def test_error_rate_equals_the_brute_force_ratio(outcomes: list[Outcome]) -> Non
 
 
 @settings(max_examples=60, deadline=None)
-@given(random_load(), st.floats(0.0, 4.0))
+@given(random_load(), st.floats(0.0, 4.0), st.integers(0, 60))
 def test_failover_time_is_never_negative_and_is_the_first_fallback_answer(
-    outcomes: list[Outcome], applied_s: float
+    outcomes: list[Outcome], applied_s: float, healthy_lead: int
 ) -> None:
+    outcomes = [(200, "primary")] * healthy_lead + outcomes  # a primary serving everything, then anything
     events = [*_events(outcomes), ev(applied_s, "fault.applied", "runner", fault=KILL, op="op-1")]
     result = judge("failover_within", events, fault=KILL, within="1h")
+    before = [
+        b
+        for i, (s, b) in enumerate(outcomes)
+        # answered (sent + its 10 ms latency) at least PRE_FAULT_GUARD_S (1 s) before the apply
+        if round(i / RATE * SECOND) + round(0.01 * SECOND) < round((applied_s - 1.0) * SECOND)
+        and isinstance(s, int)
+        and 200 <= s < 400
+        and b
+    ][-20:]
+    if not before or 10 * before.count("primary") < 9 * len(before):
+        # the primary did not serve the traffic just before the apply: a failover cannot be told (issue 15)
+        assert result.status == "unknown" and result.measured is None
+        return
     expected = next(
         (
             i / RATE - applied_s

@@ -29,7 +29,7 @@ from chaos.checks.serving.events import (
     status_counts,
 )
 from chaos.history.timeline import Event, History
-from chaos.load.summary import is_ok, request_events, scheduled_ns
+from chaos.load.summary import is_ok, latency_s, request_events, scheduled_ns
 from chaos.spec.serving import PRIMARY, ServingTarget
 
 if TYPE_CHECKING:
@@ -162,6 +162,44 @@ class OpTime:
     evidence: tuple[str, ...] = ()
 
 
+PRE_FAULT_REQUESTS = 20  # ok requests just before an apply that show where the traffic went
+PRE_FAULT_PRIMARY_SHARE = 0.9  # share of them the primary must have served for a failover to be told
+# Only answers that arrived this long before the recorded apply count: the apply's timestamp is taken once the
+# fault is in place, so requests in flight while it was being applied (a SIGSTOP lands tens of ms before the
+# record) already show the fault and must not count as the traffic's normal route. The shipped
+# serving-primary-slow scenario's last 20 ok requests scheduled before the apply were only 70-85% primary for
+# that reason alone; answered 1 s earlier, 100%.
+PRE_FAULT_GUARD_S = 1.0
+
+
+def primary_before(reqs: Sequence[Event], applied_ns: int, primary: str = PRIMARY) -> str | None:
+    """Why a failover from ``primary`` cannot be told at ``applied_ns``, or None when it can: of the last
+    :data:`PRE_FAULT_REQUESTS` ok requests naming their backend whose answer arrived at least
+    :data:`PRE_FAULT_GUARD_S` before the apply (fewer when the load started later), at least
+    :data:`PRE_FAULT_PRIMARY_SHARE` must have been served by ``primary``. A load balancer spreading requests over
+    primary and fallback alike would otherwise "fail over" at once, with the first request after the apply; 10%
+    leaves room for a stray fallback answer (a probe blip, a retry)."""
+    cut = applied_ns - round(PRE_FAULT_GUARD_S * 1e9)
+    served = [
+        e
+        for e in reqs
+        if is_ok(e) and backend_of(e) is not None and scheduled_ns(e) + round((latency_s(e) or 0.0) * 1e9) < cut
+    ]
+    last = served[-PRE_FAULT_REQUESTS:]
+    if not last:
+        return (
+            f"no ok request naming its backend answered {PRE_FAULT_GUARD_S:g} s or more before the apply: "
+            f"whether {primary} served the traffic is unknown"
+        )
+    share = sum(backend_of(e) == primary for e in last) / len(last)
+    if share >= PRE_FAULT_PRIMARY_SHARE:
+        return None
+    return (
+        f"only {share:.0%} of the last {len(last)} ok request(s) answered before the apply were served by "
+        f"{primary}; failover cannot be told from normal spreading"
+    )
+
+
 def failover_times(
     history: History,
     fault: str,
@@ -172,7 +210,8 @@ def failover_times(
     reqs: Sequence[Event] | None = None,
 ) -> list[OpTime]:
     """Per applied op of ``fault`` (applied at T): the time from T to the first ok request scheduled at or
-    after T served by a backend other than ``primary`` (one of ``to`` when given), see :func:`first_failover`.
+    after T served by a backend other than ``primary`` (one of ``to`` when given), see :func:`first_failover`;
+    ``unknown`` unless the primary served the traffic just before T (:func:`primary_before`).
     When there is none, the evidence sums up what the requests of the ``horizon`` seconds after T (all
     later ones when None) got instead. ``reqs``: the history's :func:`request_events`, when known."""
     reqs = request_events(history.events) if reqs is None else reqs
@@ -184,7 +223,10 @@ def failover_times(
         line = describe_serving(history, op, f"{moved} of {len(before)} ok request(s) before it off {primary}")
         after = [e for e in reqs if scheduled_ns(e) >= op.ts_ns]
         found = first_failover(reqs, op.ts_ns, primary=primary, to=to)
-        if not after:
+        spread = primary_before(reqs, op.ts_ns, primary)
+        if spread is not None:
+            times.append(OpTime(op, "unknown", note=spread, evidence=(line,)))
+        elif not after:
             note = f"no request scheduled after the apply at {fmt_offset(history, op.ts_ns)}"
             times.append(OpTime(op, "unknown", note=note, evidence=(line,)))
         elif found is None:

@@ -228,7 +228,9 @@ def failover_within(history: History, params: BaseModel, scenario: Scenario) -> 
     first ok request scheduled at or after T that a backend other than ``primary`` (one of ``to`` when set)
     served, minus T. ``fail`` when some op has requests after it but no such answer (the evidence says what
     the clients got instead) or the worst time is over ``within``; ``unknown`` when the fault never applied,
-    no requests were sent after it, or no bound is known."""
+    no requests were sent after it, no bound is known, or the primary did not serve the traffic just before
+    an apply (under 90% of the last 20 ok requests answered 1 s or more before it,
+    :func:`~chaos.checks.serving.measures.primary_before`)."""
     p = narrow(params, FailoverParams)
     target = measures.reference_target(scenario)
     within = p.within if p.within is not None else (None if target is None else target.failover_bound())

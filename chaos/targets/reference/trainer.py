@@ -30,6 +30,10 @@ Contracts the harness and its checks rely on:
   sums AND above it by at least ``--straggler-min-excess`` S seconds (default 0.2), once per episode (it
   re-arms after K steps back under the threshold). It reads clocks only: model, optimizer and data order are
   untouched, so the digest is the same with it on or off. Rank 0's checkpoint writes count as its local work.
+- **Consistency guard** (on; ``--consistency-every N``, default 10, 0 for off): every N steps, after the
+  optimizer step, the ranks compare a digest of their parameters (:mod:`chaos.guards.consistency`; one small
+  all-reduce) and report ``guard.consistency``, ``detect.divergence`` and ``detect.nonfinite``. It only reads
+  the model, so the digest is the same with it on or off.
 - **Sabotage** (``--sabotage`` or env ``CHAOS_SABOTAGE``, which wins) breaks recovery on purpose so tests
   can prove the checks catch it: ``skip-optimizer-restore`` restores model and step but not the optimizer
   (momentum is lost, so the final digest differs); ``skip-restore`` ignores checkpoints and starts from
@@ -71,6 +75,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from chaos.agent import attach
 from chaos.events import emit
+from chaos.guards.consistency import DEFAULT_EVERY
 from chaos.guards.straggler import DEFAULT_MIN_EXCESS_S, DEFAULT_RATIO, DEFAULT_WINDOW, StragglerGuard
 from chaos.targets.reference.trainer_state import (
     CHECKPOINT_FORMAT,
@@ -150,6 +155,7 @@ class Config:
     straggler_window: int = DEFAULT_WINDOW
     straggler_ratio: float = DEFAULT_RATIO
     straggler_min_excess: float = DEFAULT_MIN_EXCESS_S
+    consistency_every: int = DEFAULT_EVERY
 
 
 def _positive_int(text: str) -> int:
@@ -221,6 +227,12 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         type=_non_negative_float,
         default=DEFAULT_MIN_EXCESS_S,
         help="seconds over the peers' median (per window) a straggler must also exceed",
+    )
+    parser.add_argument(
+        "--consistency-every",
+        type=_non_negative_int,
+        default=DEFAULT_EVERY,
+        help=f"compare the ranks' parameters every N steps (default {DEFAULT_EVERY}; 0: off)",
     )
     args = parser.parse_args(argv)
     sabotage: str = args.sabotage
@@ -400,7 +412,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         ddp = DistributedDataParallel(model)
         # The in-job agent: fires this rank's planned SDC faults (CHAOS_PLAN) and runs the guards. Without a
         # plan it still installs the same guards, so golden and faulted runs share their numerics.
-        agent = attach(model, optimizer=optimizer, ddp=ddp, guard=cfg.guard, anomaly=cfg.anomaly_guard)  # type: ignore[arg-type]
+        agent = attach(
+            model,
+            optimizer=optimizer,
+            ddp=ddp,
+            guard=cfg.guard,  # type: ignore[arg-type]
+            anomaly=cfg.anomaly_guard,
+            consistency_every=cfg.consistency_every,
+        )
         # The straggler guard only reads clocks and gathers two floats per rank: it never touches the model,
         # the optimizer or the data order, so the digest is the same with and without it.
         straggler = (
@@ -477,7 +496,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             os._exit(1)
         return 1
 
-    agent.close()  # heals in-job faults (exact original bits) before the final digest
+    agent.close()  # heals in-job faults (undoing only their own change) before the final digest
     digest = state_digest(model, optimizer)
     final_step = max(start_step - 1, cfg.steps)
     emit("target.digest", rank=rank, digest=digest, step=final_step, attempt=attempt)

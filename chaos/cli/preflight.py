@@ -1,0 +1,102 @@
+"""What ``mlchaos validate`` and ``mlchaos run`` check before anything runs, file by file.
+
+Both load every file and run the scenario's preflight (:func:`chaos.spec.preflight.preflight`, the function the
+orchestrator runs too) on it as it will run (``--nodes`` applied). ``validate`` also checks what a run would
+refuse at its start that needs more than the file: the inventory's host selections (when ``--inventory`` or
+``cluster.inventory`` names one) and, for faults that land on this machine, this kernel's capabilities
+(each injector's ``check``). Every problem names file:line:column and a fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from chaos.cluster.hosts import HostsError, HostSet, needs_inventory
+from chaos.cluster.local import LocalTransport
+from chaos.spec.preflight import capability_problems, preflight
+from chaos.spec.problems import Problem
+from chaos.spec.scenario import HostSelector, Scenario, ScenarioError, load_scenario
+from chaos.targets.factory import TargetSpecError, on_nodes
+
+
+@dataclass
+class Checked:
+    """The scenarios that passed (as loaded: ``--nodes`` is the run's to apply), every problem found (in file
+    order per file), and notes (what was not checked)."""
+
+    scenarios: list[tuple[Path, Scenario]] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def check_files(
+    files: list[Path],
+    *,
+    nodes: HostSelector | None = None,
+    inventory: Path | None = None,
+    hosts: bool = False,
+    probe: bool = False,
+) -> Checked:
+    """Load and preflight ``files``. ``validate`` adds ``hosts`` (resolve the host selections against the
+    inventory) and ``probe`` (this machine's capabilities, for the faults that land on it)."""
+    checked = Checked()
+    for file in files:
+        try:
+            loaded = scenario = load_scenario(file)
+        except ScenarioError as exc:
+            checked.problems.extend(exc.problems)
+            continue
+        if nodes is not None:
+            try:
+                scenario = on_nodes(scenario, nodes)
+            except TargetSpecError as exc:
+                checked.problems.append(Problem(*scenario.located(("target", "type")), str(exc), "drop --nodes"))
+                continue
+        found = preflight(scenario)
+        if hosts and not found:
+            found = _inventory_problems(file, scenario, inventory, checked.notes)
+        if probe and not found:
+            found = capability_problems(scenario, LocalTransport())
+        if found:
+            checked.problems.extend(found)
+        else:
+            checked.scenarios.append((file, loaded))
+    return checked
+
+
+def _inventory_problems(file: Path, scenario: Scenario, inventory: Path | None, notes: list[str]) -> list[Problem]:
+    """The host selections a run would refuse at its start, resolved against the inventory (none when the
+    scenario names none and ``--inventory`` is not given: then a note says the hosts were not checked)."""
+    if inventory is None and scenario.cluster.inventory is None:
+        if needs_inventory(scenario):
+            notes.append(
+                f"{file}: uses inventory hosts; they were not checked (pass --inventory FILE, as to `mlchaos run`)"
+            )
+        return []
+    at = ("cluster", "inventory") if inventory is None else ()
+    try:
+        hosts = HostSet.for_scenario(scenario, inventory, file.parent)
+    except ScenarioError as exc:  # the inventory file's own problems, at their own file:line
+        return list(exc.problems)
+    except (HostsError, ValueError) as exc:  # ValueError: an inventory file that is not UTF-8 text
+        return [Problem(*scenario.located(at), str(exc), "check the inventory")]
+    problems: list[Problem] = []
+    spec_nodes = getattr(scenario.target, "nodes", None)
+    job_nodes: list[str] | None = None
+    if isinstance(spec_nodes, HostSelector):
+        try:
+            job_nodes = [name for name, _ in hosts.job_nodes(spec_nodes, scenario.seed)]
+        except HostsError as exc:
+            problems.append(Problem(*scenario.located(("target", "nodes")), str(exc), "select inventory hosts"))
+    for index, fault in enumerate(scenario.faults):
+        rank = fault.hosts.rank if fault.hosts is not None else getattr(fault.params, "rank", None)
+        try:
+            if job_nodes is not None and isinstance(rank, int):
+                hosts.refuse_protected(fault, job_nodes)  # the rank may run on any job node, as the run checks
+            elif fault.hosts is not None and fault.hosts.rank is None:
+                hosts.resolve(fault, f"{fault.name}#1", scenario.seed)
+        except HostsError as exc:
+            problems.append(Problem(*scenario.located(("faults", index, "hosts")), str(exc), "select inventory hosts"))
+    hosts.close()
+    return problems

@@ -1,0 +1,288 @@
+"""The one preflight: what a run would refuse before anything starts, found from the scenario alone.
+
+``mlchaos validate`` and ``mlchaos run`` call :func:`preflight` on every scenario before running anything, and
+the orchestrator calls it again (a scenario built in code, ``--nodes``), so ``validate`` refuses first whatever
+``run`` would refuse. Each problem names the file:line of the offending key (when the scenario was read from a
+file) and the fix. What needs the world is not here: the inventory (``--inventory``) and the kernel's
+capabilities (:func:`capability_problems`, which ``validate`` runs for faults on this host and the orchestrator
+runs on every host a fault may hit, through the same ``Injector.check``).
+
+The rules, each one a fault that would otherwise fail when it fires, or never fire at all:
+
+- an in-job fault (``bitflip``, ``grad_corrupt``) fires at a training step: its trigger is ``at_step``;
+- a rank exists: ``rank`` in a fault's params, its trigger or ``hosts`` is below the job's world size where
+  the spec fixes it (a torchrun target: ``nproc_per_node`` times its node count), and a host-side fault that
+  selects a rank needs a target that reports ranks (torchrun);
+- a ``replica`` selector names a replica of a serving target; an in-job fault on a serving target hits the
+  rank of one of its replicas; an in-job fault never targets an ``http`` target (nobody we start runs there);
+- ``hosts: {rank: R}`` needs a job spread over hosts (torchrun with ``nodes:``, or ``run --nodes``);
+- a host selection can be met: a named host is neither excluded nor protected, and ``count`` is within the
+  blast radius.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from chaos.cluster.base import Transport, TransportError
+from chaos.plugins import registry
+from chaos.plugins.injector import InjectionContext, InjectionError, Unsupported, is_in_job, needs_duration
+from chaos.spec.problems import Path_, Problem
+from chaos.spec.scenario import FaultSpec, Scenario, TorchrunTarget
+from chaos.spec.serving import FALLBACK, PRIMARY, REPLICA_RANKS, ServingTarget
+from chaos.spec.targets import HttpTarget
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing a run would refuse: where (a path of YAML keys), what is wrong, and the fix."""
+
+    path: Path_
+    message: str
+    hint: str = ""
+
+
+def preflight(scenario: Scenario) -> list[Problem]:
+    """Every problem a run of ``scenario`` (as it will run: after ``--nodes``) would refuse before starting,
+    in file order, each at the file:line of its key (see :meth:`Scenario.located`). Empty when it may run."""
+    return _problems(scenario, list(findings(scenario)))
+
+
+def findings(scenario: Scenario) -> Iterator[Finding]:
+    """The rules of the module docstring, each broken one as a :class:`Finding` (a path, not a position)."""
+    for index, fault in enumerate(scenario.faults):
+        yield from _fault(scenario, index, fault)
+
+
+def refusal(problems: list[Problem]) -> str:
+    """The problems as one refusal text (a run's ``error``), one problem with its fix per line."""
+    return "\n".join(str(problem) for problem in problems)
+
+
+def capability_problems(scenario: Scenario, transport: Transport) -> list[Problem]:
+    """``Injector.check`` of every fault that lands on the host ``transport`` reaches (this machine, for
+    ``validate``): the kernel features, tools and permissions a fault needs. Faults aimed at inventory hosts
+    (``hosts:``, or a rank of a job spread over hosts) are left to the run, which probes every host."""
+    found: list[Finding] = []
+    target = _stand_in(scenario)
+    for index, fault in enumerate(scenario.faults):
+        rank = getattr(fault.params, "rank", None)
+        if fault.hosts is not None or (_spread(scenario) and isinstance(rank, int)):
+            continue  # an inventory host, or the host that runs a rank of a job spread over hosts
+        injector = registry.injector(fault.type)
+        try:
+            injector.check(InjectionContext(transport, target=target), fault.params)
+        except Unsupported as exc:
+            found.append(Finding(("faults", index, "type"), unsupported(fault, exc), _CAPABILITY_FIX))
+        except (InjectionError, TransportError) as exc:
+            found.append(
+                Finding(("faults", index, "type"), f"fault {fault.name!r} ({fault.type}): {exc}", _CAPABILITY_FIX)
+            )
+    return _problems(scenario, found)
+
+
+def unsupported(fault: FaultSpec, exc: Exception) -> str:
+    """The refusal of a fault whose injector's ``check`` said no (the same words from validate and run)."""
+    return f"fault {fault.name!r} ({fault.type}) is not supported here: {exc}"
+
+
+_CAPABILITY_FIX = "run where the fault is supported, or aim it at inventory hosts that have what it needs"
+
+
+def _problems(scenario: Scenario, found: list[Finding]) -> list[Problem]:
+    problems = []
+    for finding in found:
+        file, line, column = scenario.located(finding.path)
+        where = ".".join(str(part) for part in finding.path)
+        problems.append(Problem(file, line, column, f"{where}: {finding.message}", finding.hint))
+    return sorted(problems, key=lambda p: (p.file, p.line, p.column))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The rules.
+
+
+def _fault(scenario: Scenario, index: int, fault: FaultSpec) -> Iterator[Finding]:
+    at: Path_ = ("faults", index)
+    in_job = is_in_job(registry.injectors()[fault.type])
+    target = scenario.target
+    if in_job and fault.trigger.at_step is None:
+        yield Finding(
+            (*at, "trigger", fault.trigger.kind),
+            f"fault {fault.name!r} ({fault.type}) is applied inside the job at a training step, so it needs an "
+            f"at_step trigger (got {fault.trigger.kind})",
+            "use trigger: {at_step: N, rank: R}",
+        )
+    if needs_duration(registry.injectors()[fault.type]) and fault.duration is None:
+        yield Finding(
+            (*at, "type"),
+            f"fault {fault.name!r} ({fault.type}) holds its target until a deadline, so it needs a duration "
+            "(without one it would be refused when it fires, after the run started)",
+            "add `duration: 20s` (or how long it should last) to the fault",
+        )
+    if in_job and isinstance(target, HttpTarget):
+        yield Finding(
+            (*at, "type"),
+            f"fault {fault.name!r} ({fault.type}) is applied inside the job, but an http target is a service "
+            "the harness did not start: no agent of ours runs in it",
+            "use a fault applied from outside (kill, partition, delay ...) or a target the harness starts",
+        )
+    ranks = [(path, rank) for path, rank in _ranks(fault, at) if rank is not None]
+    rank_param = getattr(fault.params, "rank", None)
+    if not in_job and isinstance(rank_param, int) and not isinstance(target, TorchrunTarget):
+        hint = (
+            "select the process by replica, pid or name"
+            if isinstance(target, ServingTarget)
+            else "select the process by pid or name"
+        )
+        yield Finding(
+            (*at, "params", "rank"),
+            f"fault {fault.name!r} selects rank {rank_param}, but a {target.type} target does not report ranks",
+            hint,
+        )
+    size = world_size(scenario)
+    if size is not None:
+        for path, rank in ranks:
+            if rank >= size:
+                yield Finding(
+                    path,
+                    f"rank {rank} does not exist: the job runs {size} rank(s), 0..{size - 1}",
+                    "aim at a rank below the world size (nproc_per_node x nodes), or run more ranks",
+                )
+    if in_job and isinstance(target, ServingTarget):
+        served = {REPLICA_RANKS[name]: name for name in _replicas(target)}
+        for path, rank in ranks:
+            if rank not in served:
+                yield Finding(
+                    path,
+                    f"rank {rank} runs no replica of this serving target (ranks: "
+                    + ", ".join(f"{r} = {n}" for r, n in sorted(served.items()))
+                    + ")",
+                    "aim at the rank of a configured replica",
+                )
+    yield from _replica(target, fault, at)
+    yield from _hosts(scenario, fault, at)
+
+
+def _ranks(fault: FaultSpec, at: Path_) -> Iterator[tuple[Path_, int | None]]:
+    """Every rank the fault names, with the path of its key: its params', its trigger's, its hosts'."""
+    rank_param = getattr(fault.params, "rank", None)
+    if isinstance(rank_param, int) and not isinstance(rank_param, bool):
+        yield (*at, "params", "rank"), rank_param
+    yield (*at, "trigger", "rank"), fault.trigger.rank
+    if fault.trigger.on_event is not None:
+        yield (*at, "trigger", "on_event", "rank"), fault.trigger.on_event.rank
+    if fault.hosts is not None:
+        yield (*at, "hosts", "rank"), fault.hosts.rank
+
+
+def world_size(scenario: Scenario) -> int | None:
+    """The number of ranks the job runs when its spec fixes it (a torchrun target on this host, on one named
+    node, or on ``count`` nodes); None when it depends on an inventory or on the job itself."""
+    target = scenario.target
+    if not isinstance(target, TorchrunTarget):
+        return None
+    nodes = target.nodes
+    if nodes is None or nodes.host is not None:
+        return target.nproc_per_node
+    return nodes.count * target.nproc_per_node if nodes.count is not None else None
+
+
+def _replicas(target: ServingTarget) -> list[str]:
+    return [PRIMARY] + ([FALLBACK] if target.fallback is not None else [])
+
+
+def _replica(target: object, fault: FaultSpec, at: Path_) -> Iterator[Finding]:
+    replica = getattr(fault.params, "replica", None)
+    if not isinstance(replica, str):
+        return
+    if not isinstance(target, ServingTarget):
+        yield Finding(
+            (*at, "params", "replica"),
+            f"fault {fault.name!r} selects replica {replica!r}, but a {getattr(target, 'type', '?')} target has "
+            "no replicas (only a serving target has)",
+            "select the process by rank, pid or name",
+        )
+    elif replica not in _replicas(target):
+        known = _replicas(target)
+        yield Finding(
+            (*at, "params", "replica"),
+            f"no replica named {replica!r}; this target has {', '.join(known)}",
+            "use one of: " + ", ".join(known),
+        )
+
+
+def _spread(scenario: Scenario) -> bool:
+    """True when the job runs on inventory hosts (a torchrun target with ``nodes:``)."""
+    return isinstance(scenario.target, TorchrunTarget) and scenario.target.nodes is not None
+
+
+def _hosts(scenario: Scenario, fault: FaultSpec, at: Path_) -> Iterator[Finding]:
+    hosts = fault.hosts
+    if hosts is None:
+        return
+    if hosts.rank is not None and not _spread(scenario):
+        yield Finding(
+            (*at, "hosts", "rank"),
+            f"hosts: {{rank: {hosts.rank}}} means the host running that rank, but this job runs on one host",
+            "give the torchrun target nodes: (or run with --nodes), or select hosts by host, group or count",
+        )
+    if hosts.host is not None and hosts.host in hosts.exclude:
+        yield Finding(
+            (*at, "hosts", "exclude"),
+            f"host {hosts.host!r} is both selected and excluded",
+            "drop it from exclude (or select another host)",
+        )
+    if hosts.host is not None and hosts.host in scenario.cluster.protected:
+        yield Finding(
+            (*at, "hosts", "host"),
+            f"host {hosts.host!r} is protected (cluster.protected) and cannot be targeted",
+            "aim at another host, or remove it from cluster.protected",
+        )
+    radius = scenario.safety.blast_radius
+    if hosts.count is not None and radius is not None and hosts.count > radius:
+        yield Finding(
+            (*at, "hosts", "count"),
+            f"count {hosts.count} is more hosts than the blast radius of {radius} allows",
+            "lower count, or raise safety.blast_radius",
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# What an injector's check may ask of the target before one exists.
+
+
+class _PlannedReplicas:
+    """A serving target's replicas as its spec names them (what ``check`` asks; no process exists yet)."""
+
+    def __init__(self, names: list[str]) -> None:
+        self._names = names
+
+    def replicas(self) -> list[str]:
+        return list(self._names)
+
+    def pids_for_replica(self, name: str) -> list[int]:
+        return []
+
+
+class _PlannedRanks:
+    """A torchrun target's ranks as its spec fixes them (empty when an inventory decides)."""
+
+    def __init__(self, size: int | None) -> None:
+        self._size = size or 0
+
+    def ranks(self) -> list[int]:
+        return list(range(self._size))
+
+    def pids_for_rank(self, rank: int) -> list[int]:
+        return []
+
+
+def _stand_in(scenario: Scenario) -> _PlannedReplicas | _PlannedRanks | None:
+    target = scenario.target
+    if isinstance(target, ServingTarget):
+        return _PlannedReplicas(_replicas(target))
+    if isinstance(target, TorchrunTarget):
+        return _PlannedRanks(world_size(scenario))
+    return None

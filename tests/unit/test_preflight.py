@@ -1,0 +1,308 @@
+"""One preflight (issue 15, Build 5): whatever `run` would refuse before starting, `validate` refuses first,
+with the file:line of the offending key and a fix.
+
+Defects pinned: `validate` accepted an in-job bit flip with an `after:` trigger that `run` then refused; a
+process selector that cannot resolve (`kill {rank: 5}` on a 2-rank torchrun job, a replica of a target that has
+none) validated AND ran, the fault failing only when it fired. The table below runs every refusal through both
+code paths: `mlchaos validate` and the orchestrator's `execute` (a scenario built in code goes through it too).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+from pydantic import BaseModel
+from typer.testing import CliRunner
+
+from chaos.cli.commands import app
+from chaos.plugins import registry
+from chaos.plugins.injector import Applied, FaultOp, InjectionContext, Unsupported
+from chaos.run.orchestrator import RunOptions, execute
+from chaos.run.result import EXIT_INVALID
+from chaos.spec.preflight import preflight, world_size
+from chaos.spec.scenario import parse_scenario, scenario_model
+
+TORCHRUN = """\
+name: t
+target:
+  type: torchrun
+  module: chaos.targets.reference.trainer
+  nproc_per_node: 2
+faults:
+FAULTS
+checks: [{type: completes}]
+"""
+COMMAND = TORCHRUN.replace(
+    "  type: torchrun\n  module: chaos.targets.reference.trainer\n  nproc_per_node: 2\n",
+    "  type: command\n  command: [sleep, '30']\n  env: {}\n",
+)
+SERVING = TORCHRUN.replace(
+    "  type: torchrun\n  module: chaos.targets.reference.trainer\n  nproc_per_node: 2\n",
+    "  type: serving\n  fallback: null\n  port: 0\n",
+)
+HTTP = TORCHRUN.replace(
+    "  type: torchrun\n  module: chaos.targets.reference.trainer\n  nproc_per_node: 2\n",
+    "  type: http\n  url: http://127.0.0.1:9\n  ready_timeout: 5s\n",
+)
+
+# (id, scenario text, line:column of the key at fault, words the refusal says). Line 7 is the fault's first line.
+REFUSED = [
+    (
+        "in-job bitflip with an after trigger",
+        TORCHRUN.replace("FAULTS", "  - type: bitflip\n    params: {where: weights}\n    trigger: {after: 3s}"),
+        "9:15",
+        "applied inside the job at a training step, so it needs an at_step trigger (got after)",
+    ),
+    (
+        "in-job grad_corrupt with an every trigger",
+        TORCHRUN.replace(
+            "FAULTS", "  - type: grad_corrupt\n    params: {rank: 1}\n    trigger: {every: {interval: 1s, count: 2}}"
+        ),
+        "9:15",
+        "needs an at_step trigger (got every)",
+    ),
+    (
+        "kill rank 5 of a 2-rank torchrun job",
+        TORCHRUN.replace("FAULTS", "  - type: kill\n    params: {rank: 5}\n    trigger: {at_step: 3}"),
+        "8:14",
+        "rank 5 does not exist: the job runs 2 rank(s), 0..1",
+    ),
+    (
+        "a trigger's rank beyond the world size",
+        TORCHRUN.replace("FAULTS", "  - type: kill\n    params: {rank: 0}\n    trigger: {at_step: 3, rank: 2}"),
+        "9:27",
+        "rank 2 does not exist",
+    ),
+    (
+        "an in-job fault's rank beyond the world size",
+        TORCHRUN.replace("FAULTS", "  - type: bitflip\n    params: {rank: 3}\n    trigger: {at_step: 3}"),
+        "8:14",
+        "rank 3 does not exist",
+    ),
+    (
+        "freeze a rank of a command target, which reports none",
+        COMMAND.replace(
+            "FAULTS", "  - type: freeze\n    params: {rank: 0}\n    trigger: {after: 1s}\n    duration: 1s"
+        ),
+        "8:14",
+        "selects rank 0, but a command target does not report ranks",
+    ),
+    (
+        "a freeze without a duration (it would be refused only when it fires)",
+        TORCHRUN.replace("FAULTS", "  - type: freeze\n    params: {rank: 1}\n    trigger: {at_step: 3}"),
+        "7:5",
+        "holds its target until a deadline, so it needs a duration",
+    ),
+    (
+        "a storage stall without a duration",
+        TORCHRUN.replace(
+            "FAULTS", "  - type: storage\n    params: {path: /tmp/x, mode: hang}\n    trigger: {at_step: 3}"
+        ),
+        "7:5",
+        "needs a duration",
+    ),
+    (
+        "a replica the serving target does not have",
+        SERVING.replace("FAULTS", "  - type: kill\n    params: {replica: fallback}\n    trigger: {after: 1s}"),
+        "8:14",
+        "no replica named 'fallback'; this target has primary",
+    ),
+    (
+        "a replica of a torchrun target",
+        TORCHRUN.replace("FAULTS", "  - type: kill\n    params: {replica: primary}\n    trigger: {after: 1s}"),
+        "8:14",
+        "target has no replicas (only a serving target has)",
+    ),
+    (
+        "an in-job fault on a rank that runs no replica",
+        SERVING.replace("FAULTS", "  - type: bitflip\n    params: {rank: 1}\n    trigger: {at_step: 3}"),
+        "8:14",
+        "rank 1 runs no replica of this serving target (ranks: 0 = primary)",
+    ),
+    (
+        "an in-job fault on an http target",
+        HTTP.replace("FAULTS", "  - type: bitflip\n    params: {}\n    trigger: {at_step: 3}"),
+        "7:5",
+        "no agent of ours runs in it",
+    ),
+    (
+        "hosts by rank of a job on one host",
+        TORCHRUN.replace(
+            "FAULTS",
+            "  - type: partition\n    params: {peers: [10.0.0.1]}\n    hosts: {rank: 1}\n"
+            "    trigger: {at_step: 3}\n    duration: 1s",
+        ),
+        "9:13",
+        "means the host running that rank, but this job runs on one host",
+    ),
+    (
+        "a protected host",
+        COMMAND.replace("faults:", "cluster: {protected: [h1]}\nfaults:").replace(
+            "FAULTS",
+            "  - type: partition\n    params: {peers: [10.0.0.1]}\n    hosts: {host: h1}\n"
+            "    trigger: {after: 1s}\n    duration: 1s",
+        ),
+        "10:13",
+        "host 'h1' is protected",
+    ),
+    (
+        "more hosts than the blast radius",
+        COMMAND.replace("faults:", "safety: {blast_radius: 2}\nfaults:").replace(
+            "FAULTS",
+            "  - type: partition\n    params: {peers: [10.0.0.1]}\n    hosts: {group: all, count: 3}\n"
+            "    trigger: {after: 1s}\n    duration: 1s",
+        ),
+        "10:25",
+        "count 3 is more hosts than the blast radius of 2 allows",
+    ),
+]
+
+
+def _validate(tmp_path: Path, text: str, *args: str) -> tuple[int, str, Path]:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text, encoding="utf-8")
+    result = CliRunner().invoke(app, ["validate", *args, str(path)])
+    return result.exit_code, result.output, path
+
+
+@pytest.mark.parametrize(("text", "at", "says"), [r[1:] for r in REFUSED], ids=[r[0] for r in REFUSED])
+def test_every_refusal_of_run_is_made_by_validate_first(tmp_path: Path, text: str, at: str, says: str) -> None:
+    code, output, path = _validate(tmp_path, text)
+    assert code == EXIT_INVALID, output
+    assert f"{path}:{at}: " in output and says in output and "fix: " in output, output
+    # The orchestrator refuses the same scenario (say, one a Python test built) before anything starts.
+    result = execute(parse_scenario(text, "bad.yaml"), RunOptions(report_root=tmp_path / "reports", golden=False))
+    assert result.exit_code == EXIT_INVALID and result.ended_by == "refused"
+    assert f"bad.yaml:{at}: " in result.error and says in result.error, result.error
+    assert not result.history.of("runner.target_started") and not result.history.of("fault.*")
+    # And `mlchaos run` refuses it with the same words, before starting any run.
+    ran = CliRunner().invoke(app, ["run", str(path), "--report-dir", str(tmp_path / "cli-reports")])
+    assert ran.exit_code == EXIT_INVALID and f"{path}:{at}: " in ran.output and says in ran.output, ran.output
+    assert not (tmp_path / "cli-reports").exists(), "run started a run for a scenario the preflight refuses"
+
+
+def test_the_scenarios_that_ship_pass_the_preflight() -> None:
+    for path in sorted(Path(__file__).resolve().parents[2].joinpath("scenarios").glob("*.yaml")):
+        text = path.read_text(encoding="utf-8")
+        assert preflight(parse_scenario(text, str(path))) == [], path
+
+
+def test_a_rank_within_the_world_and_selectors_that_resolve_pass() -> None:
+    fine = TORCHRUN.replace("FAULTS", "  - type: kill\n    params: {rank: 1}\n    trigger: {at_step: 3, rank: 1}")
+    assert preflight(parse_scenario(fine)) == []
+    spread = fine.replace("nproc_per_node: 2", "nproc_per_node: 2\n  nodes: {group: all, count: 3}")
+    scenario = parse_scenario(spread.replace("rank: 1}", "rank: 5}"))
+    assert world_size(scenario) == 6 and preflight(scenario) == []
+    unknown = parse_scenario(spread.replace(", count: 3", "").replace("rank: 1}", "rank: 40}"))
+    assert world_size(unknown) is None and preflight(unknown) == [], "an inventory decides: left to the run"
+    replica = SERVING.replace("fallback: null", "fallback: {model: small}")
+    assert (
+        preflight(
+            parse_scenario(
+                replica.replace("FAULTS", "  - type: kill\n    params: {replica: fallback}\n    trigger: {after: 1s}")
+            )
+        )
+        == []
+    )
+
+
+def test_hosts_by_rank_is_accepted_once_nodes_spread_the_job(tmp_path: Path) -> None:
+    text = next(text for name, text, _at, _words in REFUSED if name == "hosts by rank of a job on one host")
+    code, output, _ = _validate(tmp_path, text)
+    assert code == EXIT_INVALID and "this job runs on one host" in output
+    code, output, path = _validate(tmp_path, text, "--nodes", "all")
+    assert code == 0, output
+    assert f"note {path}: uses inventory hosts; they were not checked" in output.replace("\n", " ")
+
+
+def test_a_scenario_built_in_code_is_refused_with_the_path_of_the_key() -> None:
+    data = {
+        "name": "coded",
+        "target": {"type": "torchrun", "module": "m", "nproc_per_node": 1},
+        "faults": [{"type": "kill", "params": {"rank": 1}, "trigger": {"at_step": 1}}],
+        "checks": [{"type": "completes"}],
+    }
+    scenario = scenario_model().model_validate(data)
+    [problem] = preflight(scenario)
+    assert str(problem).startswith("<scenario coded>:1:1: faults.0.params.rank: rank 1 does not exist")
+
+
+class _NoParams(BaseModel):
+    pass
+
+
+class _NotOnThisKernel:
+    """A fault family whose capability probe refuses (as tc netem does on a kernel without sch_netem)."""
+
+    name: ClassVar[str] = "kill"
+    Params: ClassVar[type[BaseModel]] = _NoParams
+    summary: ClassVar[str] = "refuses"
+
+    def check(self, ctx: InjectionContext, params: BaseModel) -> None:
+        raise Unsupported("this kernel lacks the feature")
+
+    def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
+        raise AssertionError("nothing may be prepared after check refused")
+
+    def apply(self, ctx: InjectionContext, applied: Applied) -> None:
+        raise AssertionError("nothing may be applied after check refused")
+
+    def heal(self, ctx: InjectionContext, applied: Applied) -> None:
+        pass
+
+    def revert_command(self, applied: Applied) -> list[str] | None:
+        return None
+
+
+def test_a_capability_this_kernel_lacks_is_refused_by_validate_for_a_local_fault(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = COMMAND.replace("FAULTS", "  - type: kill\n    params: {pid: 4242}\n    trigger: {after: 1s}")
+    scenario_model()  # built from the real registry before the patch (the file is valid)
+    monkeypatch.setattr(registry, "injectors", lambda: {"kill": _NotOnThisKernel})
+    code, output, path = _validate(tmp_path, text)
+    assert code == EXIT_INVALID, output
+    assert f"{path}:7:5: faults.0.type: fault 'kill-1' (kill) is not supported here: this kernel lacks" in output
+    result = execute(parse_scenario(text, "bad.yaml"), RunOptions(report_root=tmp_path / "reports", golden=False))
+    assert (
+        result.exit_code == EXIT_INVALID and "fault 'kill-1' (kill) is not supported here: this kernel" in result.error
+    )
+    # --no-probe checks the file only; a fault aimed at inventory hosts is left to the run, which probes them.
+    assert _validate(tmp_path, text, "--no-probe")[0] == 0
+    on_hosts = text.replace("    trigger:", "    hosts: {group: all}\n    trigger:")
+    code, output, _ = _validate(tmp_path, on_hosts)
+    assert code == 0 and "uses inventory hosts; they were not checked" in output.replace("\n", " "), output
+
+
+def test_validate_with_an_inventory_refuses_a_selection_the_run_would(tmp_path: Path) -> None:
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("hosts:\n  - {name: h1, address: 10.0.0.1}\n  - {name: h2, address: 10.0.0.2}\n")
+    text = COMMAND.replace(
+        "FAULTS",
+        "  - type: partition\n    params: {peers: [10.0.0.1]}\n    hosts: {group: all, count: 3}\n"
+        "    trigger: {after: 1s}\n    duration: 1s",
+    )
+    code, output, path = _validate(tmp_path, text, "--inventory", str(inventory))
+    assert code == EXIT_INVALID and f"{path}:9:5: " in output, output
+    assert "asked for 3 host(s) but only 2 candidate(s) are eligible" in output
+    code, output, _ = _validate(
+        tmp_path, text.replace("count: 3", "count: 2"), "--inventory", str(inventory), "--no-probe"
+    )
+    assert code == 0, output
+
+
+def test_validate_with_an_inventory_refuses_a_rank_whose_every_node_is_protected(tmp_path: Path) -> None:
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("hosts:\n  - {name: h1, address: 10.0.0.1}\n  - {name: h2, address: 10.0.0.2}\n")
+    text = TORCHRUN.replace("nproc_per_node: 2", "nproc_per_node: 1\n  nodes: {group: all}").replace(
+        "FAULTS", "  - type: kill\n    params: {rank: 0}\n    trigger: {at_step: 3}"
+    )
+    code, output, _ = _validate(tmp_path, text, "--inventory", str(inventory), "--no-probe")
+    assert code == 0, output
+    protected = text.replace("faults:", "cluster: {protected: [h1, h2]}\nfaults:")
+    code, output, path = _validate(tmp_path, protected, "--inventory", str(inventory), "--no-probe")
+    assert code == EXIT_INVALID and f"{path}:9:5: " in output and "is protected and cannot be targeted" in output, (
+        output
+    )
