@@ -210,7 +210,7 @@ def test_failing_checks_show_measured_value_and_bound(pytester: pytest.Pytester)
         [
             "*mlchaos scenario 'late': verdict fail (exit 1)*",
             "*FAIL*detected_within[[]pause[]]  measured=1.*s  bound=<= 0.05s*",
-            "*FAIL*completes  measured=3  bound=== 0  (job exited with code 3)",
+            "*FAIL*completes  measured=3  bound=== 0  (the job failed with code 3 after fault(s) pause (+*s) were applied: it did not recover from them)",
             "run dir: */reports/late-*",
         ]
     )
@@ -218,7 +218,9 @@ def test_failing_checks_show_measured_value_and_bound(pytester: pytest.Pytester)
     failure = case.find("failure")
     assert failure is not None and "bound=<= 0.05s" in (failure.text or "") and "measured=3" in (failure.text or "")
     props = properties(case)
-    assert props["check:completes"] == "fail measured=3 bound=== 0 reason=job exited with code 3"
+    assert props["check:completes"].startswith(
+        "fail measured=3 bound=== 0 reason=the job failed with code 3 after fault(s) pause"
+    )
     assert props["check:detected_within[pause]"].startswith("fail measured=1.")
     assert props["mlchaos:verdict"] == "fail"
 
@@ -332,7 +334,9 @@ def test_chaos_run_marker_overrides_and_seed_precedence(pytester: pytest.Pyteste
     result.stdout.fnmatch_lines(["*mlchaos checks*", "test_runs.py::test_marker_defaults_and_overrides: stall: PASS*"])
     props = properties(junit_cases(pytester.path / "junit.xml")["test_option_beats_env_and_ini"])
     assert props["check:completes"] == "pass measured=0 bound=== 0"
-    assert props["check:run2/completes"] == "fail measured=1 bound=== 0 reason=job exited with code 1"
+    assert props["check:run2/completes"] == (
+        "fail measured=1 bound=== 0 reason=the job itself failed with code 1, with no fault applied before it"
+    )
 
 
 # -- chaos_inject -------------------------------------------------------------------------------------------------
