@@ -17,7 +17,16 @@ The harness hands the agent its faults in a JSON plan (env ``CHAOS_PLAN``) and r
 event file (env ``CHAOS_EVENTS``). Without ``CHAOS_PLAN`` no fault is armed, but the guards still run, so a
 golden run and a faulted run execute the same numerics. Faults fire at exact (rank, step, phase) points:
 ``forward`` (before the forward pass), the collective sites ``local`` / ``in_transit`` / ``post_reduce``
-(inside the gradient all-reduce), ``backward`` (after it) and ``optimizer_step``.
+(inside the gradient all-reduce), ``backward`` (after it) and ``optimizer_step``. A ``kill`` with a
+``trigger.phase`` fires on this rank's own process at ``forward``, ``allreduce`` (the bucket's all-reduce
+started, not yet waited for), ``backward`` or ``optimizer_step`` (:mod:`chaos.injob.phase_faults`).
+
+With ``CHAOS_EVENTS`` set the agent also reports what the training checks need, with no other line in the loop
+(:mod:`chaos.injob.progress`): ``target.start`` {pid, attempt} at attach, ``target.step`` {step, loss, samples}
+at ``end_step``, ``target.checkpoint``/``target.resume`` from the ``torch.save``/``torch.load`` of the model's
+state it sees (or ``agent.checkpoint_saved``/``agent.resumed``) and the loop's first step, ``target.digest`` at
+``close``. Pass the DataLoader once (``attach(..., data=loader)``) for sample ids; a job that reports some of
+these itself says which (``job_emits=``).
 
 A fault fires once per run even across torchrun restarts: the agent leaves a marker in ``CHAOS_RUN_DIR`` so a
 recomputed step after a restart does not re-inject a transient fault.
@@ -52,6 +61,8 @@ from chaos import events
 from chaos.guards.anomaly import GradAnomalyGuard
 from chaos.guards.checksum import ChecksumConfig, ChecksumState, checksum_hook
 from chaos.guards.consistency import DEFAULT_EVERY, ConsistencyGuard
+from chaos.injob.phase_faults import PhaseFaults
+from chaos.injob.progress import JobEmits, Progress, ProgressCalls
 from chaos.injob.tensor_faults import ArmedFault, TensorFaultError, arm
 from chaos.plan.agent_plan import InJobOp, InJobPlan, load_plan
 from chaos.plan.seeds import derive_rng
@@ -76,8 +87,8 @@ class _GradFault:
         self.fired = False
 
 
-class Agent:
-    """Fires this rank's planned faults, runs the guards, and reports both as events."""
+class Agent(ProgressCalls):
+    """Fires this rank's planned faults, runs the guards, and reports both, and training progress, as events."""
 
     def __init__(
         self,
@@ -92,6 +103,8 @@ class Agent:
         consistency_optimizer: bool = False,
         plan: InJobPlan | None = None,
         emit: Emit = events.emit,
+        data: object | None = None,
+        job_emits: JobEmits = (),
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -110,6 +123,10 @@ class Agent:
         ]
         self._tensor_ops = [(op, BitFlipParams.model_validate(op.params)) for op in mine if op.injector == "bitflip"]
         self._armed: dict[str, ArmedFault] = {}
+        self.phase_faults = PhaseFaults(  # process faults fired on this process at a phase (trigger.phase)
+            self.plan.ops, mine=self._targets_me, rank=self.rank, step=lambda: self.step, emit=emit,
+            already_fired=self._already_fired, mark_fired=self._mark_fired, has_ddp=ddp is not None,
+        )  # fmt: skip
         self.checksum_state: ChecksumState | None = None
         self._anomaly_requested = anomaly
         self.anomaly_guard = GradAnomalyGuard(model, emit=emit) if anomaly else None
@@ -130,6 +147,10 @@ class Agent:
             )
             if consistency_every > 0 and distributed
             else None
+        )
+        # Last: the steps, checkpoints, resume, samples and digest the checks need (chaos.injob.progress).
+        self.progress = Progress(
+            model, optimizer, rank=self.rank, world_size=self.world_size, emit=emit, job_emits=job_emits, data=data
         )
 
     # -- plan bookkeeping -------------------------------------------------------------------------------
@@ -180,9 +201,10 @@ class Agent:
                 config.emit = self.emit
             state = ChecksumState(config, group=None)
             state.corrupt = self._corrupt
+            state.in_flight = self.phase_faults.in_collective
             self.checksum_state = state
             ddp.register_comm_hook(state, checksum_hook)
-        elif self._grad_faults or self._anomaly_requested:
+        elif self._grad_faults or self._anomaly_requested or self.phase_faults.in_collective_wanted:
             ddp.register_comm_hook(self, _plain_hook)
 
     def _corrupt(self, site: Site, bucket_index: int, tensor: torch.Tensor) -> None:
@@ -211,12 +233,16 @@ class Agent:
         """Call at the top of each step (1-based); fires weight/activation faults due at this step."""
         self.step = step
         self._skip = False
+        self.progress.begin_step(step)
         if self.checksum_state is not None:
             self.checksum_state.step = step
         self._tensor_phase("forward")
+        self.phase_faults.at("forward")
 
     def after_backward(self, loss: torch.Tensor | None = None) -> None:
         """Call after ``loss.backward()``: gradient-phase faults, then the anomaly guard."""
+        self.progress.after_backward(loss)
+        self.phase_faults.at("backward")
         self._tensor_phase("backward")
         if self.anomaly_guard is not None:
             reasons = self.anomaly_guard.check(self.step, None if loss is None else float(loss.detach()))
@@ -229,6 +255,7 @@ class Agent:
     def allow_optimizer_step(self) -> bool:
         """False when a guard (checksum after a failed retry, anomaly) agreed on every rank to skip this step."""
         self._tensor_phase("optimizer_step")
+        self.phase_faults.at("optimizer_step")
         state = self.checksum_state
         if state is not None and state.consume_skip():
             self._skip = True
@@ -246,6 +273,7 @@ class Agent:
             # After the heal: what the ranks carry into the next step is what must agree. Pipelined: this
             # takes the verdict of the previous check and starts this step's exchange (see the guard).
             self.consistency.maybe_check(self.step)
+        self.progress.end_step()
 
     def close(self) -> None:
         """Take the last consistency verdict (a collective when a check is in flight: every rank calls close),
@@ -254,6 +282,7 @@ class Agent:
             self.consistency.finish()
         for op_id in list(self._armed):
             self._heal(op_id)
+        self.progress.close()  # after the heal: the digest is of what training really produced
 
     # -- tensor faults ----------------------------------------------------------------------------------
     def _tensor_phase(self, phase: str) -> None:
@@ -336,7 +365,10 @@ def _plain_hook(agent: Agent, bucket: GradBucket) -> torch.futures.Future[torch.
         agent.anomaly_guard.observe(index, tensor)
     tensor.div_(dist.get_world_size())
     agent._corrupt("in_transit", index, tensor)
-    dist.all_reduce(tensor)
+    work = dist.all_reduce(tensor, async_op=True)  # started, then waited: a phase fault fires in between
+    assert work is not None
+    agent.phase_faults.in_collective(index)
+    work.wait()
     agent._corrupt("post_reduce", index, tensor)
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     future.set_result(tensor)
@@ -358,13 +390,17 @@ def attach(
     checksum: ChecksumConfig | None = None,
     consistency_every: int = DEFAULT_EVERY,
     consistency_optimizer: bool = False,
+    data: object | None = None,
+    job_emits: JobEmits = (),
 ) -> Agent:
     """Opt a training loop into mlchaos: arms this rank's planned faults and the chosen guards.
 
     ``consistency_every``: compare the ranks' parameters every N steps (on in a distributed job of more than
     one rank; 0 turns it off, and must be passed when the ranks do not run the same steps);
-    ``consistency_optimizer``: hash the optimizer's state tensors too. Raises ValueError for ``guard="checksum"``
-    or a planned ``grad_corrupt`` fault without ``ddp=``.
+    ``consistency_optimizer``: hash the optimizer's state tensors too. ``data``: the job's DataLoader (or
+    sampler), whose sample ids each ``target.step`` then reports; ``job_emits``: the progress events the job
+    reports itself, which the agent leaves out (``"all"``: none; see :mod:`chaos.injob.progress`). Raises
+    ValueError for ``guard="checksum"`` or a planned ``grad_corrupt`` fault without ``ddp=``.
     """
     return Agent(
         model,
@@ -375,6 +411,8 @@ def attach(
         checksum=checksum,
         consistency_every=consistency_every,
         consistency_optimizer=consistency_optimizer,
+        data=data,
+        job_emits=job_emits,
     )
 
 

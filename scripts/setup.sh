@@ -50,4 +50,9 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     "$VENV/bin/pip" install -q -e ".[dev]" "torch==$TORCH_VERSION"
     touch "$stamp"
 fi
+if ! "$VENV/bin/python" -c "import torchft" 2>/dev/null; then
+    log "installing the torchft extra (pinned in pyproject.toml) for the torchft scenarios"
+    "$VENV/bin/pip" install -q -e ".[torchft]" "torch==$TORCH_VERSION" \
+        || log "WARNING: torchft did not install; the torchft tests skip with the reason"
+fi
 log "ready: $("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'), $("$VENV/bin/mlchaos" --help >/dev/null && echo mlchaos ok)"

@@ -33,6 +33,7 @@ from chaos.cluster.local import LocalTransport
 from chaos.plan.build import make_plan
 from chaos.plugins import registry
 from chaos.report.html import REPORT_HTML
+from chaos.report.restarts import restarts_row_of
 from chaos.run.orchestrator import RunOptions, execute
 from chaos.run.result import EXIT_INVALID, EXIT_PASS, RunResult, RunStatus
 from chaos.safety.cleanup import heal_leftovers
@@ -206,6 +207,8 @@ def _print_results(result: RunResult) -> None:
             escape(check.bound or ""),
             escape(why),
         )
+    if (restarts := restarts_row_of(result)) is not None:  # every torchrun run: the restarts its launcher used
+        table.add_row(*(escape(cell) for cell in restarts.cells()))
     console.print(table)
     if result.error:
         errors.print(f"[red]{escape(result.error)}[/red]")

@@ -47,6 +47,7 @@ from chaos.gameday.engine import (
 )
 from chaos.plan.build import Plan, make_plan
 from chaos.report.html import REPORT_HTML
+from chaos.report.restarts import restarts_row_of
 from chaos.run.orchestrator import RunOptions
 from chaos.run.result import EXIT_HARNESS, EXIT_INVALID, RunResult
 from chaos.safety.journal import journal_dir
@@ -339,7 +340,9 @@ def print_results(console: Console, result: RunResult) -> None:
             escape(check.bound or ""),
             escape("" if check.status == "pass" else check.reason),
         )
-    if result.results:
+    if (restarts := restarts_row_of(result)) is not None:  # every torchrun run: the restarts its launcher used
+        table.add_row(*(escape(cell) for cell in restarts.cells()))
+    if result.results or restarts is not None:
         console.print(table)
     else:
         console.print(f"{escape(result.scenario.name)}: {result.verdict.upper()} (the scenario has no checks)")

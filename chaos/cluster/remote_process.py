@@ -66,6 +66,11 @@ def run_command(argv: Sequence[str], sudo: bool = False) -> str:
     return "echo $$ >&2; " + remote_command(argv, sudo) + " </dev/null"
 
 
+WATCHER_MARK = "exec 3<&0 </dev/null; echo $$ >&2; "
+"""Starts the shell text of a spawn with ``kill_with_parent``: its watcher subshell (a child of the command,
+whose command line is this text and the command's own) carries it, so process selectors can skip it."""
+
+
 def spawn_command(quoted: str, kill_with_parent: int | None, *, sudo: bool = False, guard_parent: bool = False) -> str:
     """The shell text around :func:`remote_command` output ``quoted`` for a spawn: stdin /dev/null, the
     command's pid as the first stderr line, stdout+stderr merged.
@@ -82,8 +87,8 @@ def spawn_command(quoted: str, kill_with_parent: int | None, *, sudo: bool = Fal
     if guard_parent:
         kill = f'read -r _ _ _ ppid _ </proc/self/stat; [ "$ppid" = $$ ] && {kill}'
     return (
-        "exec 3<&0 </dev/null; echo $$ >&2; "
-        f'{{ while read -r line <&3; do [ "$line" = done ] && exit 0; done; {kill}; }} >/dev/null 2>&1 & '
+        WATCHER_MARK
+        + f'{{ while read -r line <&3; do [ "$line" = done ] && exit 0; done; {kill}; }} >/dev/null 2>&1 & '
         f"{quoted} 2>&1 3<&-"
     )
 

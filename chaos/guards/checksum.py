@@ -239,6 +239,7 @@ class ChecksumState:
         self.group = group
         self.corrupt = corrupt
         self.observe = observe
+        self.in_flight: Callable[[int], None] | None = None  # called with the bucket index once its all-reduce started
         self.step: int | None = None
         self.attempt = 0
         self.skip_step = False
@@ -343,6 +344,8 @@ def guarded_reduce(
         reduced = declared.clone()
         # Both in flight at once: gloo runs the bucket and the small checksum vector on separate threads.
         bucket_work = dist.all_reduce(send, group=state.group, async_op=True)
+        if state.in_flight is not None:
+            state.in_flight(bucket_index)  # the agent's phase-allreduce faults: this rank is inside the collective
         job.collective(reduced)
         assert bucket_work is not None
         bucket_work.wait()

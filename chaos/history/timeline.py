@@ -12,6 +12,9 @@ Event kinds used across the project (``detect.*`` and ``runner.*`` are open fami
 - ``target.start`` (a rank process started: ``pid``, ``attempt``), ``target.step`` (``step``, ``loss``,
   ``samples``, ``attempt``), ``target.checkpoint`` (``step``, ``path``), ``target.resume`` (``step``),
   ``target.restart``, ``target.exit`` (``code``), ``target.digest`` (``digest``, ``step``)
+- ``target.worker`` (a torchrun worker found in its launcher's process tree: ``pid``, ``local_rank``, ``host``,
+  ``restart`` …) and ``target.restart`` {``restart``, ``host``, ``cause``} from the same source
+  (:mod:`chaos.targets.rank_discovery`); ``target.agent_restart`` from the launcher's log
 - ``detect.<what>``: something noticed a fault (``detector``, ``message``), on ``rank`` when known
 - ``runner.*``: the harness's own milestones (``runner.start``, ``runner.golden``, ``runner.abort`` …)
 """
@@ -38,6 +41,8 @@ TARGET_STEP = "target.step"
 TARGET_CHECKPOINT = "target.checkpoint"
 TARGET_RESUME = "target.resume"
 TARGET_RESTART = "target.restart"
+TARGET_WORKER = "target.worker"  # a torchrun worker found in its launcher's process tree (rank, pid, restart)
+TARGET_AGENT_RESTART = "target.agent_restart"  # the torchrun launcher logged a worker group restart
 TARGET_EXIT = "target.exit"
 TARGET_DIGEST = "target.digest"
 RUNNER_GOLDEN = "runner.golden"

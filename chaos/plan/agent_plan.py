@@ -15,7 +15,8 @@ ENV_PLAN = "CHAOS_PLAN"
 
 
 class InJobOp(BaseModel):
-    """One fault the agent fires: which injector with which params, at which step, on which rank."""
+    """One fault the agent fires: which injector with which params, at which step, on which rank; ``phase`` is
+    set for a process fault the agent fires on its own process at that point of the step (``trigger.phase``)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -25,6 +26,7 @@ class InJobOp(BaseModel):
     params: dict[str, JsonValue]
     at_step: int
     rank: int | None = None
+    phase: str | None = None  # a process fault (kill) fired by the agent at this point of the step (trigger.phase)
 
 
 class InJobPlan(BaseModel):

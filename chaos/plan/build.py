@@ -29,6 +29,7 @@ class PlannedOp(BaseModel):
     at_s: float | None = None
     at_step: int | None = None
     rank: int | None = None
+    phase: str | None = None  # with at_step: the job's agent fires it at this point inside the step
     event_kind: str | None = None
     event_nth: int | None = None
     duration_s: float | None = None
@@ -39,6 +40,7 @@ class PlannedOp(BaseModel):
             when = f"at +{self.at_s:.2f}s"
         elif self.at_step is not None:
             when = f"at step {self.at_step}" + (f" of rank {self.rank}" if self.rank is not None else "")
+            when += f", in phase {self.phase}" if self.phase is not None else ""
         else:
             when = f"on event #{self.event_nth} {self.event_kind}" + (
                 f" of rank {self.rank}" if self.rank is not None else ""
@@ -71,8 +73,20 @@ def _ops_for(fault: FaultSpec, rng: random.Random) -> list[PlannedOp]:
     if trigger.after is not None:
         return [PlannedOp(op_id=f"{fault.name}#1", trigger="after", at_s=trigger.after, **common)]
     if trigger.at_step is not None:
+        rank = trigger.rank
+        if trigger.phase is not None and rank is None:
+            # A phase op is fired by the rank it hits: a process fault selects that rank in its params.
+            selected = fault.params.model_dump().get("rank")
+            rank = selected if isinstance(selected, int) else None
         return [
-            PlannedOp(op_id=f"{fault.name}#1", trigger="at_step", at_step=trigger.at_step, rank=trigger.rank, **common)
+            PlannedOp(
+                op_id=f"{fault.name}#1",
+                trigger="at_step",
+                at_step=trigger.at_step,
+                rank=rank,
+                phase=trigger.phase,
+                **common,
+            )
         ]
     if trigger.on_event is not None:
         event = trigger.on_event

@@ -173,6 +173,24 @@ class RankResolver(Protocol):
     def ranks(self) -> list[int]: ...
 
 
+@dataclass(frozen=True)
+class JobTree:
+    """A target's own processes on one host: its launcher(s) and every process below them, by pid."""
+
+    launchers: frozenset[int]
+    members: frozenset[int]
+
+
+@runtime_checkable
+class ProcessTreeResolver(Protocol):
+    """A target that knows its own process tree on each host (e.g. torchrun: the launcher and its workers);
+    ``name:`` selectors then match only inside it."""
+
+    def job_tree(self, host: str) -> JobTree:
+        """The target's processes on ``host`` now (empty where it runs none); InjectionError if unreadable."""
+        ...
+
+
 @runtime_checkable
 class ReplicaResolver(Protocol):
     """A serving target that knows which process runs each replica (the reference serving stack)."""

@@ -30,6 +30,8 @@ BUILTIN_CHECK_MODULES = (
     "chaos.checks.lineage",
     "chaos.checks.sdc",
     "chaos.checks.consistency",
+    "chaos.checks.restarts",
+    "chaos.checks.replicas",
     "chaos.checks.serving.verdicts",
 )
 INJECTOR_GROUP = "mlchaos.injectors"

@@ -12,6 +12,7 @@ from xml.etree import ElementTree as ET
 
 from chaos.checks.base import CheckResult
 from chaos.report.html import write_html_report
+from chaos.report.restarts import restarts_row_of
 from chaos.report.serving import serving_summary, write_serving_report
 
 if TYPE_CHECKING:
@@ -44,6 +45,7 @@ def run_document(result: RunResult) -> dict[str, object]:
         "error": result.error,
         "golden_digest": result.golden_digest,
         "checks": [r.model_dump(mode="json") for r in result.results],
+        "restarts": row.to_json() if (row := restarts_row_of(result)) is not None else None,  # torchrun runs
         "replay": replay_command(result),
         "harness": {"python": sys.version.split()[0], "argv": sys.argv},
         "events": [e.model_dump(mode="json") for e in result.history.events],

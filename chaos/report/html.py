@@ -27,8 +27,9 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from chaos.checks.base import CheckResult
-from chaos.history.timeline import FAULT_APPLIED, FAULT_FAILED, FAULT_HEALED, FAULT_OVERLAP, Event
+from chaos.history.timeline import FAULT_APPLIED, FAULT_FAILED, FAULT_HEALED, FAULT_OVERLAP, Event, History
 from chaos.plan.build import PlannedOp
+from chaos.report.restarts import RestartsRow, restarts_row_of_document
 from chaos.report.timeline import POST_RUN, origin_of, plot_run_timeline
 
 REPORT_HTML = "report.html"
@@ -234,8 +235,9 @@ def _timeline(events: Sequence[Event], png: bytes | None, name: str) -> str:
     )
 
 
-def _checks_section(checks: Sequence[CheckResult]) -> str:
-    if not checks:
+def _checks_section(checks: Sequence[CheckResult], restarts: RestartsRow | None = None) -> str:
+    """The verdict table; a torchrun run's ``restarts`` (used, budget, causes) as its last, informative row."""
+    if not checks and restarts is None:
         return "<p>no checks ran (a run that ended before judging, or a scenario without checks)</p>"
     rows = [
         [
@@ -249,6 +251,10 @@ def _checks_section(checks: Sequence[CheckResult]) -> str:
         for c in checks
     ]
     classes = ["" if c.status == "pass" else "bad" for c in checks]
+    if restarts is not None:
+        name, status, measured, bound, why = restarts.cells()
+        rows.append([f"<code>{esc(name)}</code>", esc(status), esc(measured), esc(bound), esc(why), "-"])
+        classes.append("")
     return _table(["check", "status", "measured", "bound", "reason", "evidence"], rows, row_class=classes)
 
 
@@ -478,7 +484,7 @@ def render_html(run_document: Mapping[str, object], *, png: bytes | None = None,
         + "<h2>Timeline</h2>"
         + _timeline(events, png, name)
         + "<h2>Checks</h2>"
-        + _checks_section(checks)
+        + _checks_section(checks, restarts_row_of_document(run_document, History.from_events(events)))
         + "<h2>Plan</h2>"
         + _plan_section(run_document, events, origin)
         + _operator_section(events, origin)

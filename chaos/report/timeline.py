@@ -333,7 +333,7 @@ def _overlays(axes: list[Axes], events: Sequence[Event], marks: Sequence[FaultMa
         top.text(x, 0.965, f" {text}", transform=where, va="center", fontsize=8, fontweight="bold", zorder=6)
 
     detections = [e for e in events if e.kind.startswith("detect.")]
-    restarts = [e for e in events if e.kind in (TARGET_RESTART, "serving.replica_restart")]
+    restarts = _one_per_restart([e for e in events if e.kind in (TARGET_RESTART, "serving.replica_restart")])
     for ax in axes:
         band = ax.get_xaxis_transform()
         if detections:
@@ -368,6 +368,22 @@ def _overlays(axes: list[Axes], events: Sequence[Event], marks: Sequence[FaultMa
         handles.append(Line2D([], [], color=_RESTART_COLOR, linestyle=":", linewidth=1.3, label=label))
     if handles:
         axes[-1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
+
+
+def _one_per_restart(events: list[Event]) -> list[Event]:
+    """One ``target.restart`` per (host, attempt): the launcher's tree and the reference trainer's rank 0 may
+    both report the same restart (the first report stands); other kinds pass unchanged."""
+    seen: set[tuple[str, int]] = set()
+    kept = []
+    for event in events:
+        number = event.get_int("attempt")
+        if event.kind == TARGET_RESTART and number is not None:
+            key = (event.get_str("host") or "local", number)
+            if key in seen:
+                continue
+            seen.add(key)
+        kept.append(event)
+    return kept
 
 
 def _restart_label(event: Event) -> str:

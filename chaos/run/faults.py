@@ -25,8 +25,9 @@ from chaos.spec.scenario import FaultSpec, SafetySpec
 
 
 def in_job_plan(plan: Plan, run_dir: Path) -> tuple[list[PlannedOp], Path]:
-    """Split off the ops the job's agent fires itself and write them to the plan file it reads."""
-    in_job = [op for op in plan.ops if is_in_job(registry.injectors()[op.injector])]
+    """Split off the ops the job's agent fires itself and write them to the plan file it reads: in-job faults,
+    and process faults with a ``trigger.phase`` (the rank's agent signals its own process at that point)."""
+    in_job = [op for op in plan.ops if is_in_job(registry.injectors()[op.injector]) or op.phase is not None]
     path = run_dir / "chaos-plan.json"
     write_plan(
         path,
@@ -39,6 +40,7 @@ def in_job_plan(plan: Plan, run_dir: Path) -> tuple[list[PlannedOp], Path]:
                 params=op.params,
                 at_step=op.at_step if op.at_step is not None else -1,
                 rank=op.rank,
+                phase=op.phase,
             )
             for op in in_job
         ],

@@ -3,7 +3,8 @@
 ``matches_golden`` needs what every rank of the same job with the same seed ends with when nothing goes
 wrong (``sdc_detected`` too: to tell a masked fault from a missed one). Running it
 costs as much as the scenario itself, so its outcome is cached under ``<report root>/.golden/`` keyed by
-the scenario's golden key (target, seed, data) and a fingerprint of the code that runs inside the job.
+the scenario's golden key (target, seed, data) and a fingerprint of the code that runs inside the job and of
+the interpreter that runs it.
 The run itself is the caller's (the runner passes a fault-free ``execute``), so this module stays free of
 the orchestrator.
 """
@@ -22,7 +23,7 @@ from pydantic import JsonValue
 from chaos.checks.lineage import final_digests, golden_rank_digests, rank_key
 from chaos.history.timeline import RUNNER_GOLDEN, Event, History
 from chaos.spec.scenario import Scenario
-from chaos.targets.factory import entry_file
+from chaos.targets.factory import entry_files, job_identity
 
 # mlchaos's own code that runs inside the job (in-job agent, guards, reference targets, injectors).
 _OWN_PACKAGES = (Path(__file__).resolve().parents[1], Path(__file__).resolve().parents[2] / "injectors")
@@ -125,14 +126,19 @@ def _from_cache(path: Path) -> Golden | None:
 
 
 def code_fingerprint(scenario: Scenario) -> str:
-    """Hash of the job's entry file and of mlchaos's own code (the in-job agent and guards run inside the job),
-    so an edited trainer or guard invalidates the golden cache. Other code the job imports is not hashed:
+    """Hash of the code and environment that decide what the job computes, so a change to any of them
+    invalidates the golden cache: mlchaos's own code (the in-job agent and guards run inside the job), the
+    user's entry files (a torchrun script or module source; a command's ``.py`` arguments and script program:
+    :func:`chaos.targets.factory.entry_files`) and the job's interpreter and launcher (path, Python and torch
+    versions: :func:`chaos.targets.factory.job_identity`). The target's ``args``, ``python:`` and ``torchrun:``
+    are in :meth:`Scenario.golden_key` (the whole target spec is). Other code the job imports is not hashed:
     use ``--no-golden-cache`` after changing it."""
     files: list[Path] = sorted(p for pkg in _OWN_PACKAGES for p in pkg.rglob("*.py"))
-    entry = entry_file(scenario)
-    if entry is not None:
-        files.append(entry)
+    files += entry_files(scenario)
     digest = hashlib.sha256()
     for path in files:
+        # The path too: two entry files swapping contents are still a different job.
+        digest.update(f"{path}\n".encode())
         digest.update(path.read_bytes())
+    digest.update(job_identity(scenario).encode())
     return digest.hexdigest()[:12]

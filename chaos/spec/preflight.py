@@ -15,6 +15,11 @@ The rules, each one a fault that would otherwise fail when it fires, or never fi
   selects a rank needs a target that reports ranks (torchrun);
 - a ``replica`` selector names a replica of a serving target; an in-job fault on a serving target hits the
   rank of one of its replicas; an in-job fault never targets an ``http`` target (nobody we start runs there);
+- a ``trigger.phase`` (the job's agent fires the fault on its own process at that point of the step) is for a
+  ``kill`` of a torchrun job, selecting the process by ``rank`` (the rank that fires it; the trigger's ``rank``,
+  if given, is the same), or of a roles target's replica (``replica``; the trigger's ``rank`` is inside it),
+  without ``hosts:``; ``freeze``/``slow`` with a phase are refused (nothing outside the
+  job would continue a process that stopped itself);
 - ``hosts: {rank: R}`` needs a job spread over hosts (torchrun with ``nodes:``, or ``run --nodes``);
 - a host selection can be met: a named host is neither excluded nor protected, and ``count`` is within the
   blast radius.
@@ -29,6 +34,7 @@ from chaos.cluster.base import Transport, TransportError
 from chaos.plugins import registry
 from chaos.plugins.injector import InjectionContext, InjectionError, Unsupported, is_in_job, needs_duration
 from chaos.spec.problems import Path_, Problem
+from chaos.spec.roles import RolesTarget
 from chaos.spec.scenario import FaultSpec, Scenario, TorchrunTarget
 from chaos.spec.serving import FALLBACK, PRIMARY, REPLICA_RANKS, ServingTarget
 from chaos.spec.targets import HttpTarget
@@ -163,6 +169,92 @@ def _fault(scenario: Scenario, index: int, fault: FaultSpec) -> Iterator[Finding
                 )
     yield from _replica(target, fault, at)
     yield from _hosts(scenario, fault, at)
+    yield from _phase(scenario, fault, at)
+
+
+# The faults a job's own agent can fire at a trigger phase (chaos.injob.phase_faults.PROCESS_FAULTS; the spec
+# may not import the in-job package, so the name is repeated here and a unit test holds the two equal).
+PHASE_FAULTS = ("kill",)
+
+
+def _phase(scenario: Scenario, fault: FaultSpec, at: Path_) -> Iterator[Finding]:
+    """``trigger.phase``: a kill of a torchrun rank, selected by rank, fired by that rank's own agent."""
+    phase = fault.trigger.phase
+    if phase is None:
+        return
+    where: Path_ = (*at, "trigger", "phase")
+    if fault.type in ("freeze", "slow"):
+        yield Finding(
+            where,
+            f"fault {fault.name!r} ({fault.type}) cannot fire at a phase yet: the agent would stop its own "
+            "process, and nothing outside the job is armed to continue it",
+            "drop phase (the harness stops the rank when it reports the step: trigger: {at_step: N, rank: R}), "
+            "or use type: kill for a phase",
+        )
+        return
+    if fault.type not in PHASE_FAULTS:
+        in_job = is_in_job(registry.injectors()[fault.type])
+        yield Finding(
+            where,
+            f"fault {fault.name!r} ({fault.type}) cannot fire at a trigger phase: only "
+            f"{', '.join(PHASE_FAULTS)} is fired by the job's agent at a point inside the step",
+            "set the point with the fault's own params (bitflip: phase, grad_corrupt: site) and drop trigger.phase"
+            if in_job
+            else "drop trigger.phase",
+        )
+        return
+    kind = getattr(scenario.target, "type", "?")
+    if kind == "roles":
+        # A replica of a roles target (e.g. a torchft replica group, its own torchrun): its agent fires the
+        # fault when CHAOS_REPLICA names it, on the trigger's rank inside that replica (default 0).
+        replica = getattr(fault.params, "replica", None)
+        if not isinstance(replica, str):
+            yield Finding(
+                (*at, "params"),
+                f"fault {fault.name!r} fires at phase {phase} inside one replica of a roles target, so it must "
+                "select that replica",
+                f"use params: {{replica: NAME}} and trigger: {{at_step: N, rank: R, phase: {phase}}} (R: the rank "
+                "inside that replica, default 0)",
+            )
+            return
+        role = getattr(scenario.target, "roles", {}).get(replica.split(".")[0])
+        if role is not None and getattr(role, "torchrun", None) is None:
+            yield Finding(
+                where,
+                f"fault {fault.name!r} fires at phase {phase} from inside replica {replica!r}, but its role runs a "
+                "command, not a torchrun job with the agent attached",
+                "aim at a replica of a torchrun role, or drop trigger.phase",
+            )
+        return
+    if not isinstance(scenario.target, TorchrunTarget):
+        yield Finding(
+            where,
+            f"fault {fault.name!r} fires at phase {phase} from inside the job, but a {kind} target runs no "
+            "training loop with the agent attached (only a torchrun target's ranks, or a roles target's, do)",
+            "use a torchrun target whose script calls chaos.agent.attach, or drop trigger.phase",
+        )
+    selected = getattr(fault.params, "rank", None)
+    if not isinstance(selected, int):
+        yield Finding(
+            (*at, "params"),
+            f"fault {fault.name!r} fires at phase {phase} on the rank that hits itself, so it must select the "
+            "process by rank (not pid, name or replica)",
+            f"select it with params: {{rank: R}} and trigger: {{at_step: N, rank: R, phase: {phase}}}",
+        )
+    elif fault.trigger.rank is not None and fault.trigger.rank != selected:
+        yield Finding(
+            (*at, "trigger", "rank"),
+            f"fault {fault.name!r} kills rank {selected} at phase {phase}, fired by that rank's own agent, so the "
+            f"trigger's rank must be {selected} too (got {fault.trigger.rank})",
+            f"use trigger: {{at_step: {fault.trigger.at_step}, rank: {selected}, phase: {phase}}}",
+        )
+    if fault.hosts is not None:
+        yield Finding(
+            (*at, "hosts"),
+            f"fault {fault.name!r} fires at phase {phase} inside the rank's own process, wherever it runs: "
+            "hosts: selects nothing here",
+            "drop hosts: (the rank decides the host)",
+        )
 
 
 def _ranks(fault: FaultSpec, at: Path_) -> Iterator[tuple[Path_, int | None]]:
@@ -197,7 +289,14 @@ def _replica(target: object, fault: FaultSpec, at: Path_) -> Iterator[Finding]:
     replica = getattr(fault.params, "replica", None)
     if not isinstance(replica, str):
         return
-    if not isinstance(target, ServingTarget):
+    if isinstance(target, RolesTarget):
+        if replica not in target.replica_names():
+            yield Finding(
+                (*at, "params", "replica"),
+                f"no replica named {replica!r}; this target has {', '.join(target.replica_names())}",
+                "use one of: " + ", ".join(target.replica_names()),
+            )
+    elif not isinstance(target, ServingTarget):
         yield Finding(
             (*at, "params", "replica"),
             f"fault {fault.name!r} selects replica {replica!r}, but a {getattr(target, 'type', '?')} target has "
@@ -283,6 +382,8 @@ def _stand_in(scenario: Scenario) -> _PlannedReplicas | _PlannedRanks | None:
     target = scenario.target
     if isinstance(target, ServingTarget):
         return _PlannedReplicas(_replicas(target))
+    if isinstance(target, RolesTarget):
+        return _PlannedReplicas(target.replica_names())
     if isinstance(target, TorchrunTarget):
         return _PlannedRanks(world_size(scenario))
     return None

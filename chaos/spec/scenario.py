@@ -44,6 +44,7 @@ from chaos.spec.problems import decode_text, nearest, position, without_union_no
 from chaos.spec.problems import problem_for as problem_for
 from chaos.spec.problems import read_yaml_mapping as read_yaml_mapping
 from chaos.spec.problems import yaml_positions as yaml_positions
+from chaos.spec.roles import RolesTarget
 from chaos.spec.serving import ServingTarget
 from chaos.spec.targets import HttpTarget
 from chaos.spec.units import Duration, EnvVars, Name
@@ -95,6 +96,13 @@ class EventTrigger(BaseModel):
     rank: int | None = Field(default=None, ge=0)
 
 
+# The points inside a training step where the in-job agent can fire a process fault (``trigger.phase``):
+# before the forward pass, inside the gradient all-reduce (the rank has entered the collective), after backward
+# (the all-reduce done), and just before the optimizer step.
+Phase = Literal["forward", "allreduce", "backward", "optimizer_step"]
+PHASES: tuple[Phase, ...] = ("forward", "allreduce", "backward", "optimizer_step")
+
+
 class Trigger(BaseModel):
     """When a fault fires. Exactly one of ``after``, ``at_step``, ``on_event``, ``every``, ``poisson``."""
 
@@ -104,6 +112,11 @@ class Trigger(BaseModel):
     )
     at_step: int | None = Field(default=None, ge=0, description="when a rank reports this training step")
     rank: int | None = Field(default=None, ge=0, description="with at_step: the rank whose step counts")
+    phase: Phase | None = Field(
+        default=None,
+        description="with at_step, on a process fault of a torchrun job: the point inside the step where the "
+        "rank's own agent fires it (forward, allreduce, backward, optimizer_step)",
+    )
     on_event: EventTrigger | None = None
     every: EveryTrigger | None = None
     poisson: PoissonTrigger | None = None
@@ -118,6 +131,8 @@ class Trigger(BaseModel):
             )
         if self.rank is not None and self.at_step is None:
             raise ValueError("rank belongs with at_step (on_event has its own rank)")
+        if self.phase is not None and self.at_step is None:
+            raise ValueError("phase belongs with at_step: a phase is a point inside a training step")
         return self
 
     @property
@@ -209,6 +224,17 @@ class TorchrunTarget(BaseModel):
         default=None, description="inventory hosts that each run one torchrun agent (null: this host only)"
     )
     rdzv_port: int = Field(default=29400, ge=1, le=65535, description="c10d rendezvous port on the first node")
+    python: Name | None = Field(
+        default=None,
+        description="the interpreter that runs the job (a path, or a name on PATH); null: python3 on PATH when it "
+        "can import torch (and mlchaos for a script with the agent line), else mlchaos's own; on nodes: each "
+        "host's inventory python",
+    )
+    torchrun: Argv | None = Field(
+        default=None,
+        min_length=1,
+        description="the launcher command, e.g. [/opt/venv/bin/torchrun]; null: <python> -m torch.distributed.run",
+    )
     env: EnvVars = {}
     matchers: list[LogMatcherSpec] = []
 
@@ -222,11 +248,18 @@ class TorchrunTarget(BaseModel):
 
 
 class CommandTarget(BaseModel):
-    """Any command; its output lines become events through ``matchers``."""
+    """Any command; its output lines become events through ``matchers``. ``{python}`` in it is the job's
+    interpreter (``python:``, see :mod:`chaos.targets.interpreter`)."""
 
     model_config = _STRICT
     type: Literal["command"]
     command: Argv = Field(min_length=1)
+    python: Name | None = Field(
+        default=None,
+        description="the job's interpreter: replaces a bare python/python3 program and fills {python} in the "
+        "command; null: the command as written, {python} = python3 on PATH when it can import what the "
+        "command's .py files import of torch and mlchaos, else mlchaos's own",
+    )
     env: EnvVars = {}
     matchers: list[LogMatcherSpec] = []
 
@@ -238,7 +271,9 @@ class CommandTarget(BaseModel):
         return command
 
 
-TargetSpec = Annotated[TorchrunTarget | CommandTarget | ServingTarget | HttpTarget, Discriminator("type")]
+TargetSpec = Annotated[
+    TorchrunTarget | CommandTarget | ServingTarget | HttpTarget | RolesTarget, Discriminator("type")
+]
 ADDRESSED_TARGETS = (ServingTarget, HttpTarget)  # targets with an address a load's URL path is sent to
 
 

@@ -8,6 +8,7 @@ from chaos.cluster.base import Transport
 from chaos.history.timeline import Event, LogMatcher
 from chaos.spec.scenario import CommandTarget
 from chaos.targets.base import SpawnedJob
+from chaos.targets.interpreter import command_argv
 
 
 def expand(template: str, values: dict[str, str]) -> str:
@@ -18,13 +19,14 @@ def expand(template: str, values: dict[str, str]) -> str:
 
 
 class CommandJob:
-    """Runs ``spec.command`` (argv, placeholders ``{run_dir}`` and ``{seed}`` expanded)."""
+    """Runs ``spec.command`` (argv, placeholders ``{run_dir}``, ``{seed}`` and ``{python}`` expanded)."""
 
     def __init__(
         self, spec: CommandTarget, transport: Transport, run_dir: Path, seed: int, extra_env: dict[str, str] | None = None
     ) -> None:
         values = {"run_dir": str(run_dir), "seed": str(seed)}
-        argv = [expand(part, values) for part in spec.command]
+        # {python} and a python: the target names (chaos.targets.interpreter); the rest runs as written.
+        argv = [expand(part, values) for part in command_argv(spec, values)]
         env = {**(extra_env or {}), **{k: expand(v, values) for k, v in spec.env.items()}}
         matchers = [LogMatcher(m.pattern, m.event) for m in spec.matchers]
         self.job = SpawnedJob(transport, argv, env=env, run_dir=run_dir, matchers=matchers)

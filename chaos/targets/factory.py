@@ -3,18 +3,19 @@ answers the few questions the runner has about a target spec before any job exis
 
 from __future__ import annotations
 
-import importlib.util
-import os
 from pathlib import Path
 
 from chaos.cluster.hosts import HostSet
 from chaos.cluster.local import LocalTransport
+from chaos.spec.roles import RolesTarget
 from chaos.spec.scenario import HostSelector, Scenario, TorchrunTarget
 from chaos.spec.serving import ServingTarget
 from chaos.spec.targets import HttpTarget
+from chaos.targets import interpreter
 from chaos.targets.base import Target
 from chaos.targets.command import CommandJob
 from chaos.targets.http import HttpJob
+from chaos.targets.roles import RolesJob
 from chaos.targets.torchrun import TorchrunJob
 from chaos.targets.torchrun_nodes import MultiNodeTorchrunJob, Node
 
@@ -41,6 +42,8 @@ def make_target(
         return ServingJob(spec, transport, run_dir, seed, extra_env)
     if isinstance(spec, HttpTarget):
         return HttpJob(spec)
+    if isinstance(spec, RolesTarget):
+        return RolesJob(spec, transport, run_dir, seed, extra_env)
     return CommandJob(spec, transport, run_dir, seed, extra_env)
 
 
@@ -53,13 +56,19 @@ def on_nodes(scenario: Scenario, nodes: HostSelector) -> Scenario:
 
 
 def entry_file(scenario: Scenario) -> Path | None:
-    """The file the job starts from (a torchrun script, or its module's source), when it is on this machine;
-    None for targets whose code is not a file here (commands, endpoints, the serving stack's own modules)."""
-    spec = scenario.target
-    if not isinstance(spec, TorchrunTarget):
-        return None
-    entry = spec.script
-    if spec.module is not None:
-        found = importlib.util.find_spec(spec.module)
-        entry = found.origin if found is not None else None
-    return Path(entry) if entry is not None and os.path.exists(entry) else None
+    """The first of :func:`entry_files` (the file the job starts from), or None."""
+    files = entry_files(scenario)
+    return files[0] if files else None
+
+
+def entry_files(scenario: Scenario) -> list[Path]:
+    """The user's code files the job starts from, when they are on this machine: a torchrun target's script
+    (or its module's source), a command target's ``.py`` arguments, ``-m`` module sources and script program
+    (:func:`chaos.targets.interpreter.entry_files`); empty for endpoints and the serving stack's own modules."""
+    return interpreter.entry_files(scenario.target)
+
+
+def job_identity(scenario: Scenario) -> str:
+    """What besides code decides what the job computes: its interpreter (path, Python and torch versions)
+    and launcher (:func:`chaos.targets.interpreter.job_identity`)."""
+    return interpreter.job_identity(scenario.target)

@@ -8,7 +8,12 @@ nodes by that address, so on a fresh rendezvous the lowest address gets ranks ``
 ``GLOO_SOCKET_IFNAME`` is set per host to the interface that carries its inventory address (found with
 ``ip -o -4 addr show``) unless the scenario's ``env`` sets it. Ranks report with ``CHAOS_EVENTS=stdout``:
 events come back over each agent's SSH channel, moved onto the harness clock and tagged with the host, so
-the rank -> host mapping is in the history (``target.start`` events carry ``data.host``).
+the rank -> host mapping is in the history (``target.start`` events carry ``data.host``). Whatever the job
+reports, each host's launcher tree is scanned (one command per scan per host,
+:mod:`chaos.targets.rank_discovery`): every worker's global rank, local rank, group rank and restart count
+become ``target.worker`` events {host, ...} and the rank table's entries, and a host's rising restart count a
+``target.restart`` {host, restart, cause} (no ``attempt``: job-wide attempts are counted by
+:class:`JobAttempts`, a node's restarts are its own).
 
 Paths in ``args`` (``{run_dir}``, checkpoint dirs) must mean the same on every host: a shared filesystem,
 as real clusters have for checkpoints (testbed hosts share this machine's). The job is over when every
@@ -29,6 +34,8 @@ from chaos.cluster.base import Transport, TransportError, host_python, kill_if_s
 from chaos.history.timeline import TARGET_EXIT, TARGET_START, Event, now_ns
 from chaos.spec.scenario import TorchrunTarget
 from chaos.targets.base import SpawnedJob, TargetUnusable
+from chaos.targets.interpreter import torchrun_launcher
+from chaos.targets.rank_discovery import Discovery, scan_local, scan_remote
 from chaos.targets.torchrun import RankLookup, RankTable, job_what, torchrun_env, torchrun_matchers, torchrun_tail
 
 NODE_EXIT = "target.node_exit"
@@ -115,6 +122,7 @@ class MultiNodeTorchrunJob(RankLookup):
         self._env = torchrun_env(spec, self._values, extra_env)
         self._jobs: dict[str, SpawnedJob] = {}
         self.table = RankTable()
+        self.discovery = Discovery(self.table.observe_worker)
         self._exits: dict[str, int] = {}
         self._attempts = JobAttempts()
         self._exit_reported = False
@@ -127,8 +135,10 @@ class MultiNodeTorchrunJob(RankLookup):
     def argv(self, index: int) -> list[str]:
         """The torchrun command line of node ``index``."""
         node = self.nodes[index]
+        # Each host's own interpreter (the inventory's python) unless the target names one (python:/torchrun:).
+        launcher, job_python = torchrun_launcher(self.spec, self.spec.python or host_python(node.transport))
         return [
-            host_python(node.transport), "-m", "torch.distributed.run",
+            *launcher,
             "--nnodes", str(len(self.nodes)),
             "--nproc-per-node", str(self.spec.nproc_per_node),
             "--rdzv-backend", "c10d",
@@ -136,7 +146,7 @@ class MultiNodeTorchrunJob(RankLookup):
             "--rdzv-id", self.run_dir.name,
             "--rdzv-conf", f"is_host={1 if index == 0 else 0}",
             "--local-addr", node.address,
-            *torchrun_tail(self.spec, self._values),
+            *torchrun_tail(self.spec, self._values, job_python),
         ]  # fmt: skip
 
     def start(self) -> None:
@@ -156,6 +166,8 @@ class MultiNodeTorchrunJob(RankLookup):
             )
             job.start()
             self._jobs[node.name] = job
+            scan = scan_local if job.local else partial(scan_remote, node.transport)
+            self.discovery.start(node.name, job.pid, scan, restart_is_attempt=False)
 
     def poll_events(self) -> list[Event]:
         events: list[Event] = []
@@ -165,10 +177,13 @@ class MultiNodeTorchrunJob(RankLookup):
                     code = event.get_int("code")
                     self._exits[name] = code if code is not None else -1
                     event = event.model_copy(update={"kind": NODE_EXIT})
+                    self.discovery.finish(name)
                 else:
                     event = self._attempts.rewrite(self._tagged(event, name))
                     self.table.observe(event, name, partial(pid_start_time, job.transport))
+                    self.discovery.note(name, event)
                 events.append(event)
+        events[:0] = self.discovery.drain()  # found before this poll; node exits and target.exit stay last
         failed = [name for name, code in self._exits.items() if code != 0]
         if failed and not self._stopping and len(self._exits) < len(self._jobs):
             # One agent gave up (restarts exhausted): the others would wait for it at the rendezvous.
@@ -204,13 +219,15 @@ class MultiNodeTorchrunJob(RankLookup):
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM every agent (they stop their workers), SIGKILL after ``grace``, then reap any worker
         still alive by pid on its host (an agent SIGKILLed cannot take its workers down)."""
+        self.discovery.refresh()  # the workers of right now, so none escapes the reaping below
+        self.discovery.finish()
         threads = [threading.Thread(target=job.stop, args=(grace,), daemon=True) for job in self._jobs.values()]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join(timeout=grace + 30)
         for node in self.nodes:
-            workers = self.table.workers.get(node.name)
+            workers = self.table.workers_on(node.name)
             if workers:
                 kill_if_same(node.transport, workers)
 

@@ -1,7 +1,8 @@
 """Process faults: ``kill`` (a signal), ``freeze`` (SIGSTOP for a duration), ``slow`` (SIGSTOP/SIGCONT cycle).
 
 Targets are chosen by exactly one of ``rank`` (through the target's rank resolver), ``pid`` or ``name`` (a
-regex over the command line). Every op records each target's pid AND its kernel start time; apply and heal
+regex over the command line; confined to the target's own process tree when it knows one, see
+:func:`_matching_names`). Every op records each target's pid AND its kernel start time; apply and heal
 signal only pids whose start time still matches, so a pid recycled by a stranger is never touched, even by a
 cleanup days later. The harness itself and its ancestors are never targets (freezing them would hang the
 run that is supposed to heal). All host access goes through the transport: ``/proc`` is read directly for
@@ -19,7 +20,15 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, m
 
 from chaos.cluster.base import Transport, TransportError, host_python
 from chaos.cluster.local import LocalTransport, process_start_time, signal_number
-from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
+from chaos.cluster.remote_process import WATCHER_MARK
+from chaos.plugins.injector import (
+    Applied,
+    FaultOp,
+    InjectionContext,
+    InjectionError,
+    ProcessTreeResolver,
+    Unsupported,
+)
 from chaos.safety import deadman, remote_deadman
 from chaos.spec.units import Duration
 from injectors import detached
@@ -27,7 +36,9 @@ from injectors.process import dutycycle
 from injectors.process import holds as process_holds
 
 _HELPER_MODULES = (deadman.MODULE, dutycycle.MODULE)
-_HELPER_MARKS = (remote_deadman.MARKER_PREFIX, process_holds.SCRIPT_NAME)
+# host-side switches, hold scripts, and the watcher a remote spawn leaves below the job (its command line
+# repeats the job's own, so a name that matches the job would match it too)
+_HELPER_MARKS = (remote_deadman.MARKER_PREFIX, process_holds.SCRIPT_NAME, WATCHER_MARK)
 
 
 # -- parameters -------------------------------------------------------------------------------------------------
@@ -43,7 +54,9 @@ class ProcessSelector(BaseModel):
     name: str | None = Field(
         default=None,
         min_length=1,
-        description="regex searched in each command line (argv joined with spaces); every match is hit",
+        description="regex searched in each command line (argv joined with spaces); every match is hit. A target"
+        " that knows its processes (torchrun) confines it to them: below its launcher, the launcher only when"
+        " nothing below matches",
     )
     replica: str | None = Field(
         default=None,
@@ -223,16 +236,7 @@ def resolve_processes(ctx: InjectionContext, selector: ProcessSelector) -> tuple
         pids = ctx.replica_resolver().pids_for_replica(selector.replica)
         what = f"replica {selector.replica}"
     else:
-        pattern = re.compile(selector.name or "")
-        what = f"processes matching {selector.name!r}"
-        pids = sorted(
-            pid
-            for pid, args in host.command_lines().items()
-            if pid not in protected
-            and not any(f"-m {module}" in args for module in _HELPER_MODULES)  # our own helpers
-            and not any(mark in args for mark in _HELPER_MARKS)  # host-side switches and hold scripts
-            and pattern.search(args)
-        )
+        pids, what = _matching_names(ctx, host, selector.name or "", protected)
     refused = [pid for pid in pids if pid in protected]
     if refused:
         raise InjectionError(f"{what} is the harness itself or one of its ancestors (pid {refused[0]}); refusing")
@@ -242,6 +246,33 @@ def resolve_processes(ctx: InjectionContext, selector: ProcessSelector) -> tuple
     pid_text = ", ".join(str(pid) for pid, _ in found)
     label = what if selector.pid is not None else f"{what} (pid{'s' if len(found) > 1 else ''} {pid_text})"
     return [pid for pid, _ in found], [start for _, start in found], label
+
+
+def _matching_names(ctx: InjectionContext, host: ProcessHost, name: str, protected: set[int]) -> tuple[list[int], str]:
+    """The pids whose command line ``name`` matches, and the selector's label.
+
+    A target that knows its own process tree (:class:`ProcessTreeResolver`, e.g. torchrun) confines the match
+    to it: the processes below its launcher on this host, so a pattern naming the script never hits the
+    launcher (whose command line names the script too) nor a stranger elsewhere on the machine. The launcher
+    is hit only when the pattern matches nothing below it (``name: torch.distributed.run`` kills the agent).
+    Other targets match across the host, as before. Never our own helpers, the harness or its ancestors."""
+    pattern = re.compile(name)
+    lines = {
+        pid: args
+        for pid, args in host.command_lines().items()
+        if pid not in protected
+        and not any(f"-m {module}" in args for module in _HELPER_MODULES)  # our own helpers
+        and not any(mark in args for mark in _HELPER_MARKS)  # host-side switches and hold scripts
+    }
+    if not isinstance(ctx.target, ProcessTreeResolver):
+        return sorted(pid for pid, args in lines.items() if pattern.search(args)), f"processes matching {name!r}"
+    where = ctx.extras.get("host")
+    tree = ctx.target.job_tree(where if isinstance(where, str) else ctx.transport.host)
+    below = sorted(pid for pid in tree.members if pid in lines and pattern.search(lines[pid]))
+    if below:
+        return below, f"the target's processes matching {name!r}"
+    launchers = sorted(pid for pid in tree.launchers if pid in lines and pattern.search(lines[pid]))
+    return launchers, f"the target's launcher matching {name!r}"
 
 
 def _ints(state: dict[str, JsonValue], key: str) -> list[int]:

@@ -52,7 +52,7 @@ def main() -> None:
     model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
     ddp = DistributedDataParallel(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    agent = chaos.agent.attach(model, optimizer=optimizer, ddp=ddp)
+    agent = chaos.agent.attach(model, optimizer=optimizer, ddp=ddp, job_emits={"target.step", "target.digest"})
     loss_fn = nn.MSELoss()
 
     for step in range(1, args.steps + 1):

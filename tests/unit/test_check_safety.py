@@ -22,6 +22,8 @@ from typing import Any, cast
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from replica_histories import FAULT as RFAULT
+from replica_histories import ReplicaRun
 from test_checks_properties import FAULT, Run, mutate_steps, runs
 from test_serving_checks import FLIP, KILL, RATE, SECOND, _events, bitflip, kill_events, load, scenario
 from test_serving_checks import ev as sev
@@ -953,6 +955,153 @@ RANKS_AGREE = Entry(
 )
 
 
+# ---------------------------------------------------------------------------------------------------------
+# replica groups (torchft-like): survivors_progress, rejoined_within, replicas_agree (the simulator in
+# replica_histories)
+
+
+@st.composite
+def replica_runs(draw: st.DrawFn) -> ReplicaRun:
+    replicas = draw(st.integers(2, 3))
+    period = draw(st.sampled_from([0.2, 0.5, 1.0]))
+    fault_at = draw(st.floats(3.0, 6.0))
+    down = 5 * period + draw(st.floats(0.5, 3.0))  # longer than a survivor's max_stall (3 periods) plus 2
+    back = fault_at + down
+    return ReplicaRun(replicas, draw(st.integers(0, replicas - 1)), period, fault_at, back, back + 5.0)
+
+
+def _replica_case(run: ReplicaRun, **params: Any) -> Case:
+    return Case(run.events(), params, run.scenario())
+
+
+def _stall(run: ReplicaRun) -> dict[str, Any]:
+    return {"fault": RFAULT, "max_stall": 3 * run.period}
+
+
+def _within(run: ReplicaRun) -> dict[str, Any]:
+    assert run.back_at is not None
+    return {"fault": RFAULT, "within": run.back_at - run.fault_at + run.period + 0.5}
+
+
+SURVIVORS_PROGRESS = Entry(
+    holds=replica_runs().map(lambda r: _replica_case(r, **_stall(r))),
+    violations=(
+        Violation(
+            "a survivor died while the faulted replica was down",
+            replica_runs().map(lambda r: _replica_case(r.but(survivor_dies_at=r.fault_at + r.period), **_stall(r))),
+        ),
+        Violation(
+            "a survivor stalled past max_stall while the faulted replica was down",
+            replica_runs().map(
+                lambda r: _replica_case(r.but(survivor_stalls=(r.fault_at, r.fault_at + 4.5 * r.period)), **_stall(r))
+            ),
+        ),
+        Violation(
+            "the fault never applied",
+            replica_runs().map(lambda r: _replica_case(r.but(applied=False), **_stall(r))),
+            expect="unknown",
+        ),
+    ),
+)
+
+REJOINED_WITHIN = Entry(
+    holds=replica_runs().map(lambda r: _replica_case(r, **_within(r))),
+    violations=(
+        Violation(
+            "the replica came back after the bound",
+            replica_runs().map(lambda r: _replica_case(r, fault=RFAULT, within=(r.back_at or 0) - r.fault_at - 1.0)),
+        ),
+        Violation(
+            "the replica restarted from scratch instead of healing from a peer",
+            replica_runs().map(lambda r: _replica_case(r.but(from_scratch=True), **_within(r))),
+        ),
+        Violation(
+            "the replica never came back",
+            replica_runs().map(lambda r: _replica_case(r.but(back_at=None), **_within(r))),
+        ),
+    ),
+)
+
+REPLICAS_AGREE = Entry(
+    holds=replica_runs().map(lambda r: _replica_case(r, fault=RFAULT)),
+    violations=(
+        Violation(
+            "the rejoined replica kept stale parameters",
+            replica_runs().map(lambda r: _replica_case(r.but(stale_digest=True), fault=RFAULT)),
+        ),
+        Violation(
+            "the replica never rejoined: nothing to compare after it",
+            replica_runs().map(lambda r: _replica_case(r.but(back_at=None), fault=RFAULT)),
+            expect="unknown",
+        ),
+    ),
+)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# restarts_at_most: the launchers' restart counts (workers found in their trees, restart lines, ranks' reports)
+
+
+@st.composite
+def launcher_runs(draw: st.DrawFn) -> tuple[list[Event], int]:
+    """Two workers per host on 1-3 hosts over their launchers' rounds (a target.restart with its cause before each
+    later round), and the highest restart count of any host (the restarts used: hosts are not added up)."""
+    tops = draw(st.lists(st.integers(0, 3), min_size=1, max_size=3))
+    events: list[Event] = []
+    t = SECOND
+    for h, top in enumerate(tops):
+        host = f"h{h}"
+        for r in range(top + 1):
+            if r:
+                data: dict[str, Any] = {"restart": r, "host": host, "cause": "rank 1 died of SIGKILL (exitcode -9)"}
+                events.append(Event(ts_ns=t, kind="target.restart", source="process_tree", data=data))
+            for local in range(2):
+                data = {"local_rank": local, "pid": 1000 * h + 10 * r + local, "host": host, "restart": r}
+                worker = Event(ts_ns=t, kind="target.worker", source="process_tree", rank=2 * h + local, data=data)
+                events.append(worker)
+            t += SECOND
+    return events, max(tops)
+
+
+def _unseen_round(events: list[Event], used: int) -> list[Event]:
+    """The launcher of h0 logged one more restart whose workers no scan saw: ``L/M attempts left`` precedes
+    restart M - L + 1 = used + 1."""
+    data: dict[str, Any] = {"state": "FAILED", "attempts_left": 1, "max_restarts": used + 1, "host": "h0"}
+    return [*events, Event(ts_ns=events[-1].ts_ns + MS, kind="target.agent_restart", source="torchrun", data=data)]
+
+
+def _own_report(events: list[Event], used: int) -> list[Event]:
+    """A rank reported (target.start) a restart count above every scan's."""
+    data: dict[str, Any] = {"pid": 77, "attempt": used + 1, "host": "h0"}
+    return [*events, Event(ts_ns=events[-1].ts_ns + MS, kind="target.start", source="target", rank=0, data=data)]
+
+
+RESTARTS = Entry(
+    holds=st.tuples(launcher_runs(), st.integers(0, 2)).map(lambda a: Case(a[0][0], {"restarts": a[0][1] + a[1]})),
+    violations=(
+        Violation(
+            "a launcher used more restarts than allowed",
+            launcher_runs().filter(lambda run: run[1] > 0).map(lambda run: Case(run[0], {"restarts": run[1] - 1})),
+        ),
+        Violation(
+            "only the launcher's log shows the restart over the bound (no scan saw that round)",
+            launcher_runs().map(lambda run: Case(_unseen_round(*run), {"restarts": run[1]})),
+        ),
+        Violation(
+            "only a rank's own target.start shows the restart over the bound",
+            launcher_runs().map(lambda run: Case(_own_report(*run), {"restarts": run[1]})),
+        ),
+        Violation(
+            "nothing shows the launchers' restart count",
+            st.integers(0, 3).map(
+                lambda n: Case([Event(ts_ns=SECOND, kind="target.step", rank=0, data={"step": 1})], {"restarts": n})
+            ),
+            expect="unknown",
+        ),
+    ),
+)
+
+
 TABLE: dict[str, Entry] = {
     "detected_within": DETECTED_WITHIN,
     "recovered_within": RECOVERED_WITHIN,
@@ -966,6 +1115,10 @@ TABLE: dict[str, Entry] = {
     "no_false_positives": NO_FALSE_POSITIVES,
     **SERVING,
     "ranks_agree": RANKS_AGREE,
+    "restarts_at_most": RESTARTS,
+    "survivors_progress": SURVIVORS_PROGRESS,
+    "rejoined_within": REJOINED_WITHIN,
+    "replicas_agree": REPLICAS_AGREE,
 }
 
 

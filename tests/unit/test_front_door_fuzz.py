@@ -35,7 +35,7 @@ from chaos.spec.scenario import ScenarioError, json_schema, parse_scenario, scen
 FILES = sorted(SCENARIOS.glob("*.yaml"))
 TEXTS = {path.name: path.read_text(encoding="utf-8") for path in FILES}
 DATA = {name: yaml.safe_load(text) for name, text in TEXTS.items()}
-FREE_KEYS = {"env", "headers", "priorities"}  # mappings whose keys are the user's own names, not fields
+FREE_KEYS = {"env", "headers", "priorities", "roles"}  # mappings whose keys are the user's own names, not fields
 ARGV = {"args", "command"}  # argv items: YAML numbers become strings there, by design
 ANY_JSON = {"value"}  # degraded: {json: ..., value: <any JSON>}
 # ~60 s for the three fuzz tests on a 2-core machine; MLCHAOS_FUZZ_EXAMPLES raises it for a longer hunt.

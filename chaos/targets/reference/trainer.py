@@ -419,6 +419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             guard=cfg.guard,  # type: ignore[arg-type]
             anomaly=cfg.anomaly_guard,
             consistency_every=cfg.consistency_every,
+            job_emits="all",  # this trainer reports its own start, steps, checkpoints, resume and digest
         )
         # The straggler guard only reads clocks and gathers two floats per rank: it never touches the model,
         # the optimizer or the data order, so the digest is the same with and without it.

@@ -140,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.run_dir.mkdir(parents=True, exist_ok=True)
     # Before the agent exists and before any request: these weights are the clean ones.
     write_golden_once(args.run_dir, model_name, predict(model, list(PROBE_INPUT)))
-    agent = attach(model)
+    agent = attach(model, job_emits="all")  # a server, not a training loop: no steps, no digest to report
     replica = Replica(args.replica, model, agent, delay=args.delay, workers=args.workers)
 
     server: Server = make_server(args.port, _handler(replica))

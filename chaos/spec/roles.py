@@ -1,0 +1,154 @@
+"""The ``roles`` target: one job made of several roles (a lighthouse and N replica groups, a load balancer and
+its model servers), each a command or a one-node torchrun job with its own environment, replica count and
+restart policy.
+
+Replica names: a role with ``replicas: 1`` has one replica named like the role (``lighthouse``); a role with
+``replicas: N`` has replicas ``<role>.0`` … ``<role>.<N-1>`` (``group.1``). Process faults select one with
+``replica: group.1``; every event a replica's processes report carries ``data.role`` and ``data.replica``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
+
+from chaos.spec.units import Duration, EnvVars, Name
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+_MODULE = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+ROLE_NAME = r"^[A-Za-z][A-Za-z0-9_-]*$"  # no dot: a dot separates a role from its replica index
+MAX_REPLICAS = 32
+
+
+def _stringify(value: object) -> object:
+    """YAML reads ``--steps 60`` as an int; argv wants strings (the same rule as the scenario's Argv)."""
+    if isinstance(value, list):
+        return [str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for v in value]
+    return value
+
+
+_ArgvItem = Annotated[str, WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "number"}]})]
+Argv = Annotated[list[_ArgvItem], BeforeValidator(_stringify)]
+
+
+class RestartPolicy(BaseModel):
+    """When a replica whose processes exited is started again: ``always``, ``on-failure`` (a non-zero exit or
+    a signal) or ``never``; after ``delay``; at most ``max_restarts`` times (null: no limit)."""
+
+    model_config = _STRICT
+    policy: Literal["always", "on-failure", "never"] = "on-failure"
+    delay: Duration = Field(default=1.0, description="seconds between the exit and the new start")
+    max_restarts: int | None = Field(default=None, ge=0, description="restarts allowed per replica (null: any)")
+
+
+class RoleTorchrun(BaseModel):
+    """A role launched as a one-node torchrun job (``--standalone``: its own rendezvous on a free port)."""
+
+    model_config = _STRICT
+    module: str | None = Field(default=None, pattern=_MODULE, description="a dotted module name (python -m)")
+    script: Name | None = None
+    args: Argv = []
+    nproc_per_node: int = Field(default=1, ge=1)
+    max_restarts: int = Field(default=0, ge=0, description="torchrun's own restarts, inside one replica start")
+    monitor_interval: Duration = Field(default=0.5, gt=0)
+
+    @model_validator(mode="after")
+    def _module_or_script(self) -> RoleTorchrun:
+        if (self.module is None) == (self.script is None):
+            raise ValueError("a torchrun role needs exactly one of module or script")
+        return self
+
+
+class RoleSpec(BaseModel):
+    """One role: exactly one of ``command`` (argv) or ``torchrun``; ``replicas`` copies of it.
+
+    Placeholders in ``command``, torchrun ``args`` and ``env`` values: ``{run_dir}``, ``{seed}``, ``{role}``,
+    ``{replica}`` (the replica's name), ``{index}`` (its index, 0 for a single replica), ``{python}`` (the
+    interpreter mlchaos runs with, which has the ``torchft`` extra when it was installed) and ``{bin}`` (its
+    folder, where console scripts such as ``torchft_lighthouse`` are)."""
+
+    model_config = _STRICT
+    command: Argv | None = Field(default=None, min_length=1)
+    torchrun: RoleTorchrun | None = None
+    env: EnvVars = {}
+    replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS)
+    restart: RestartPolicy = RestartPolicy()
+    port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="a TCP port on 127.0.0.1 the role serves: it is ready (target.role_ready) once it accepts",
+    )
+    after: list[str] = Field(default=[], description="roles that must be ready (or, without a port, started) first")
+
+    @model_validator(mode="after")
+    def _one_launcher(self) -> RoleSpec:
+        if (self.command is None) == (self.torchrun is None):
+            raise ValueError("a role needs exactly one of command or torchrun")
+        if self.command is not None and not self.command[0].strip():
+            raise ValueError("the command's first item is the program to run: it cannot be empty")
+        if self.port is not None and self.replicas > 1:
+            raise ValueError("port names one listener: give it to a role with a single replica")
+        return self
+
+
+class RolesTarget(BaseModel):
+    """A job of several roles started together, each replica supervised by its restart policy.
+
+    The job has ended when every replica of the ``until`` roles (default: every role) has exited for good
+    (no restart due); its exit code is 0 when each of those last exits was 0, else the first other code."""
+
+    model_config = _STRICT
+    type: Literal["roles"]
+    roles: dict[str, RoleSpec] = Field(min_length=1)
+    until: list[str] = Field(default=[], description="roles whose completion ends the job (empty: every role)")
+    ready_timeout: Duration = Field(default=60.0, gt=0, description="how long a role's `after` roles may take")
+
+    @field_validator("roles")
+    @classmethod
+    def _names(cls, roles: dict[str, RoleSpec]) -> dict[str, RoleSpec]:
+        for name in roles:
+            if not re.match(ROLE_NAME, name):
+                raise ValueError(f"role name {name!r}: letters, digits, _ and -, starting with a letter (no dots)")
+        return roles
+
+    @model_validator(mode="after")
+    def _references(self) -> RolesTarget:
+        for name, role in self.roles.items():
+            for other in role.after:
+                if other not in self.roles:
+                    raise ValueError(f"role {name!r} starts after {other!r}, which is not a role")
+                if other == name:
+                    raise ValueError(f"role {name!r} cannot start after itself")
+        for name in self.until:
+            if name not in self.roles:
+                raise ValueError(f"until names {name!r}, which is not a role")
+        _start_order(self.roles)  # raises on a cycle
+        return self
+
+    def replica_names(self) -> list[str]:
+        """Every replica's name, role by role (see the module docstring)."""
+        return [name for role in self.roles for name in replica_names_of(role, self.roles[role].replicas)]
+
+    def start_order(self) -> list[str]:
+        """The roles in an order where each comes after the roles it waits for (ties: as written)."""
+        return _start_order(self.roles)
+
+
+def replica_names_of(role: str, replicas: int) -> list[str]:
+    """The replica names of ``role`` with ``replicas`` copies: the role's own name for one, ``role.i`` else."""
+    return [role] if replicas == 1 else [f"{role}.{i}" for i in range(replicas)]
+
+
+def _start_order(roles: dict[str, RoleSpec]) -> list[str]:
+    order: list[str] = []
+    pending = list(roles)
+    while pending:
+        ready = [name for name in pending if all(other in order for other in roles[name].after)]
+        if not ready:
+            raise ValueError(f"roles wait for each other in a cycle: {', '.join(pending)}")
+        order.append(ready[0])
+        pending.remove(ready[0])
+    return order

@@ -1,0 +1,344 @@
+"""The ``roles`` target: several roles (commands or one-node torchrun jobs), each replica supervised.
+
+Contracts:
+
+- :meth:`RolesJob.start` starts every role that waits for nobody and returns; a background supervisor starts
+  each other role once the roles in its ``after`` are ready (their ``port`` accepts a TCP connection, or,
+  without a port, they started), and gives up on it after ``ready_timeout`` (``target.role_unready``).
+- Each replica's attempt is a :class:`~chaos.targets.base.SpawnedJob` with its own log (``<replica>.log``,
+  appended across restarts) and event file (``events-<replica>.<attempt>.jsonl``). Its processes get
+  ``CHAOS_ROLE``, ``CHAOS_REPLICA``, ``CHAOS_REPLICA_INDEX``, the runner's ``extra_env`` and the role's ``env``
+  (placeholders expanded). Every event they report gets ``data.role`` and ``data.replica`` (when it has none).
+- History: ``target.role_start`` {role, replica, index, pid, attempt} at each start, ``target.role_ready``
+  {role, replica, port} once a port accepts, ``target.role_exit`` {role, replica, index, pid, code, attempt,
+  expected} at each exit (``expected``: the harness was stopping it), ``target.role_restart`` {role, replica,
+  attempt, delay} when the restart policy starts it again. A replica's exit is never ``target.exit``.
+- Supervisor (a thread, so restarts do not wait for anyone's poll): an exited replica is started again after
+  ``restart.delay`` when its policy says so (``always``; ``on-failure`` and a code other than 0) and it has
+  restarts left; otherwise it is done. Nothing starts once :meth:`stop` began.
+- The job ends when every replica of the ``until`` roles is done: ``target.exit`` {code} is reported once,
+  ``code`` 0 when each of their last exits was 0, else the first other code (in role order).
+- Process faults select a replica by name (``replica: group.1``): its launcher and every process below it now
+  (a torchrun role's workers included), so killing a replica group kills all of it. ``name:`` selectors match
+  only the target's own processes (:meth:`RolesJob.job_tree`).
+- :meth:`stop` ends every replica (SIGTERM, then SIGKILL after ``grace``) in parallel, then SIGKILLs any process
+  seen below a replica that outlived its launcher (only while its start time still matches).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+from pydantic import JsonValue
+
+from chaos.cluster.base import Transport
+from chaos.history.timeline import TARGET_EXIT, Event, LogMatcher, now_ns
+from chaos.plugins.injector import JobTree
+from chaos.spec.roles import RoleSpec, RolesTarget, replica_names_of
+from chaos.targets.base import SpawnedJob
+from chaos.targets.command import expand
+from chaos.targets.process_tree import kill_known, tree
+from chaos.targets.torchrun import TORCHRUN_MATCHERS
+
+ROLE_START = "target.role_start"
+ROLE_READY = "target.role_ready"
+ROLE_UNREADY = "target.role_unready"
+ROLE_EXIT = "target.role_exit"
+ROLE_RESTART = "target.role_restart"
+_SUPERVISE_EVERY = 0.05  # seconds between looks at the replicas: bounds a restart's reaction time
+_TREE_EVERY = 1.0  # seconds between scans of /proc for the replicas' processes (a scan reads every process)
+
+
+class _Replica:
+    """One replica of a role: its settings and its current attempt (0 first, then one per restart)."""
+
+    def __init__(self, role: str, name: str, index: int, spec: RoleSpec) -> None:
+        self.role = role
+        self.name = name
+        self.index = index
+        self.spec = spec
+        self.attempt = 0
+        self.job: SpawnedJob | None = None
+        self.restart_at: float | None = None  # monotonic time of a pending restart
+        self.done = False  # exited and not to be started again
+        self.last_code: int | None = None
+        self.seen: dict[int, int] = {}  # every process ever seen in its tree: pid -> start time
+
+    def tag(self) -> dict[str, JsonValue]:
+        return {"role": self.role, "replica": self.name}
+
+
+class RolesJob:
+    """A ``roles`` target (see the module docstring for its contracts)."""
+
+    def __init__(
+        self, spec: RolesTarget, transport: Transport, run_dir: Path, seed: int, extra_env: dict[str, str] | None = None
+    ) -> None:
+        self.spec = spec
+        self.transport = transport
+        self.run_dir = run_dir
+        self.seed = seed
+        self.extra_env = dict(extra_env or {})
+        self._replicas = [
+            _Replica(role, name, index, spec.roles[role])
+            for role in spec.start_order()
+            for index, name in enumerate(replica_names_of(role, spec.roles[role].replicas))
+        ]
+        self._ready: set[str] = set()  # roles that are ready
+        self._given_up: set[str] = set()  # roles whose `after` never became ready
+        self._started_at = 0.0
+        self._events: queue.Queue[Event] = queue.Queue()
+        self._lock = threading.Lock()  # guards starting processes against stop()
+        self._stopping = threading.Event()
+        self._supervisor: threading.Thread | None = None
+        self._exit: int | None = None
+        self._exit_reported = False
+
+    # -- the Target protocol
+    def start(self) -> None:
+        if self._supervisor is not None:
+            raise RuntimeError("this RolesJob was already started")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._started_at = time.monotonic()
+        with self._lock:
+            for replica in self._replicas:
+                if not replica.spec.after:
+                    self._spawn(replica)
+        self._supervisor = threading.Thread(target=self._supervise, name="roles-supervisor", daemon=True)
+        self._supervisor.start()
+
+    def poll_events(self) -> list[Event]:
+        ended = self._exit  # read first: every event before the end was queued before it was set
+        out: list[Event] = []
+        while True:
+            try:
+                out.append(self._events.get_nowait())
+            except queue.Empty:
+                break
+        out.sort(key=lambda event: event.ts_ns)
+        if ended is not None and not self._exit_reported:
+            self._exit_reported = True
+            out.append(Event(ts_ns=now_ns(), kind=TARGET_EXIT, source="runner", data={"code": ended}))
+        return out
+
+    def exit_code(self) -> int | None:
+        return self._exit
+
+    def stop(self, grace: float = 10.0) -> None:
+        with self._lock:
+            self._stopping.set()  # from here on, nothing is started
+        if self._supervisor is not None:
+            self._supervisor.join(timeout=5)
+        self._remember_trees()
+        jobs = [r.job for r in self._replicas if r.job is not None]
+        stoppers = [threading.Thread(target=job.stop, args=(grace,), daemon=True) for job in jobs]
+        for thread in stoppers:
+            thread.start()
+        for thread in stoppers:
+            thread.join(timeout=grace + 15)
+        for replica in self._replicas:
+            kill_known(replica.seen)  # workers in sessions of their own that outlived their launcher
+            self._collect(replica)  # their exits, reported as expected ones
+
+    def describe(self) -> str:
+        parts = [f"{role} x{spec.replicas}" if spec.replicas > 1 else role for role, spec in self.spec.roles.items()]
+        return "roles: " + ", ".join(parts)
+
+    # -- what process faults need (ReplicaResolver)
+    def replicas(self) -> list[str]:
+        """Every replica's name, in start order."""
+        return [replica.name for replica in self._replicas]
+
+    def pids_for_replica(self, name: str) -> list[int]:
+        """The replica's launcher and every process below it now; empty while it is down."""
+        for replica in self._replicas:
+            if replica.name == name:
+                job = replica.job
+                if job is None or job.pid is None or job.exit_code() is not None:
+                    return []
+                return list(self._remember_tree(replica))
+        return []
+
+    def job_tree(self, host: str) -> JobTree:
+        """Every replica's launcher and the processes below them now (``name:`` selectors match only inside
+        it); empty on any host but this one, where the roles run."""
+        if host != self.transport.host:
+            return JobTree(frozenset(), frozenset())
+        launchers: set[int] = set()
+        members: set[int] = set()
+        for replica in self._replicas:
+            job = replica.job
+            now = self._remember_tree(replica)
+            if job is not None and job.pid in now:
+                launchers.add(job.pid)
+                members |= set(now) - {job.pid}
+        return JobTree(frozenset(launchers), frozenset(members))
+
+    # -- internals
+    def _remember_tree(self, replica: _Replica) -> dict[int, int]:
+        job = replica.job
+        if job is None or job.pid is None or job.exit_code() is not None:
+            return {}
+        now = tree(job.pid)
+        replica.seen.update(now)
+        return now
+
+    def _remember_trees(self) -> None:
+        """Note every replica's processes, so stop() can reap workers that outlive a killed launcher."""
+        for replica in self._replicas:
+            self._remember_tree(replica)
+
+    def _argv(self, replica: _Replica, values: dict[str, str]) -> tuple[list[str], list[LogMatcher]]:
+        spec = replica.spec
+        if spec.command is not None:
+            return [expand(part, values) for part in spec.command], []
+        run = spec.torchrun
+        if run is None:  # the model guarantees one of them
+            raise AssertionError("a role without command or torchrun")
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1"]
+        argv += ["--nproc-per-node", str(run.nproc_per_node), "--max-restarts", str(run.max_restarts)]
+        argv += ["--monitor-interval", f"{run.monitor_interval:g}"]
+        argv += ["-m", run.module] if run.module is not None else [expand(run.script or "", values)]
+        return argv + [expand(arg, values) for arg in run.args], list(TORCHRUN_MATCHERS)
+
+    def _spawn(self, replica: _Replica) -> None:
+        """Start the replica's current attempt (caller holds the lock and has checked ``_stopping``)."""
+        values = {
+            "run_dir": str(self.run_dir),
+            "seed": str(self.seed),
+            "role": replica.role,
+            "replica": replica.name,
+            "index": str(replica.index),
+            "python": sys.executable,
+            "bin": os.path.dirname(sys.executable),
+        }
+        argv, matchers = self._argv(replica, values)
+        # Not the torchrun target's TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: torchft's Manager connects to the store
+        # torchrun shares at MASTER_PORT (is_master=False) and waits forever without it. A role restarts as a
+        # whole (torchrun's own --max-restarts 0 by default), so the flaky in-place restarts it avoids do not arise.
+        env = {"OMP_NUM_THREADS": "1"}
+        env.update(self.extra_env)
+        env.update({k: expand(v, values) for k, v in replica.spec.env.items()})
+        env.update(
+            {"CHAOS_ROLE": replica.role, "CHAOS_REPLICA": replica.name, "CHAOS_REPLICA_INDEX": str(replica.index)}
+        )
+        replica.job = SpawnedJob(
+            self.transport,
+            argv,
+            env=env,
+            run_dir=self.run_dir,
+            matchers=matchers,
+            log_name=f"{replica.name}.log",
+            events_name=f"events-{replica.name}.{replica.attempt}.jsonl",
+        )
+        replica.job.start()
+        data: dict[str, JsonValue] = {**replica.tag(), "index": replica.index, "pid": replica.job.pid}
+        data["attempt"] = replica.attempt
+        self._events.put(Event(ts_ns=now_ns(), kind=ROLE_START, source="runner", data=data))
+        if replica.spec.port is None and replica.index == replica.spec.replicas - 1:
+            self._ready.add(replica.role)  # no port to wait on: started is as ready as it gets
+
+    def _collect(self, replica: _Replica) -> bool:
+        """Queue the replica's new events (tagged), its exit translated; True when its process has exited."""
+        job = replica.job
+        if job is None:
+            return False
+        exited = False
+        for event in job.poll_events():
+            if event.kind != TARGET_EXIT:
+                if "replica" not in event.data:
+                    event = event.model_copy(update={"data": {**event.data, **replica.tag()}})
+                self._events.put(event)
+                continue
+            exited = True
+            code = event.get_int("code")
+            replica.last_code = code
+            data: dict[str, JsonValue] = {**replica.tag(), "index": replica.index, "pid": job.pid, "code": code}
+            data.update({"attempt": replica.attempt, "expected": self._stopping.is_set()})
+            self._events.put(Event(ts_ns=event.ts_ns, kind=ROLE_EXIT, source="runner", data=data))
+        return exited
+
+    def _restarts(self, replica: _Replica) -> bool:
+        restart = replica.spec.restart
+        if restart.policy == "never" or (restart.policy == "on-failure" and replica.last_code == 0):
+            return False
+        return restart.max_restarts is None or replica.attempt < restart.max_restarts
+
+    def _check_ready(self) -> None:
+        for role, spec in self.spec.roles.items():
+            if role in self._ready or spec.port is None:
+                continue
+            try:
+                with socket.create_connection(("127.0.0.1", spec.port), timeout=0.2):
+                    pass
+            except OSError:
+                continue
+            self._ready.add(role)
+            data: dict[str, JsonValue] = {"role": role, "replica": role, "port": spec.port}
+            self._events.put(Event(ts_ns=now_ns(), kind=ROLE_READY, source="runner", data=data))
+
+    def _start_waiting(self) -> None:
+        """Start the replicas whose ``after`` roles are ready; give up on those that waited too long."""
+        waited = time.monotonic() - self._started_at
+        for replica in self._replicas:
+            if replica.job is not None or replica.done or replica.role in self._given_up:
+                continue
+            missing = [other for other in replica.spec.after if other not in self._ready]
+            if not missing:
+                with self._lock:
+                    if self._stopping.is_set():
+                        return
+                    self._spawn(replica)
+            elif waited > self.spec.ready_timeout:
+                self._given_up.add(replica.role)
+                data: dict[str, JsonValue] = {"role": replica.role, "waiting_for": list(missing)}
+                self._events.put(Event(ts_ns=now_ns(), kind=ROLE_UNREADY, source="runner", data=data))
+        for replica in self._replicas:
+            if replica.role in self._given_up and not replica.done:
+                replica.done, replica.last_code = True, None
+
+    def _supervise(self) -> None:
+        looked = 0.0
+        while not self._stopping.wait(_SUPERVISE_EVERY):
+            self._check_ready()
+            self._start_waiting()
+            if time.monotonic() - looked > _TREE_EVERY:
+                looked = time.monotonic()
+                self._remember_trees()
+            for replica in self._replicas:
+                if replica.done or replica.job is None:
+                    continue
+                if replica.restart_at is None:
+                    if self._collect(replica):
+                        if self._restarts(replica):
+                            replica.restart_at = time.monotonic() + replica.spec.restart.delay
+                        else:
+                            replica.done = True
+                    continue
+                if time.monotonic() < replica.restart_at:
+                    continue
+                with self._lock:
+                    if self._stopping.is_set():
+                        return
+                    replica.attempt += 1
+                    replica.restart_at = None
+                    data: dict[str, JsonValue] = {**replica.tag(), "attempt": replica.attempt}
+                    data["delay"] = replica.spec.restart.delay
+                    self._events.put(Event(ts_ns=now_ns(), kind=ROLE_RESTART, source="runner", data=data))
+                    self._spawn(replica)
+            self._maybe_ended()
+
+    def _maybe_ended(self) -> None:
+        if self._exit is not None:
+            return
+        until = set(self.spec.until or self.spec.roles)
+        final = [r for r in self._replicas if r.role in until]
+        if all(r.done for r in final):
+            codes = [r.last_code for r in final]
+            self._exit = next((c if c is not None else 1 for c in codes if c != 0), 0)

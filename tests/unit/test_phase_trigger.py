@@ -1,0 +1,284 @@
+"""Phase triggers (issue 16, Build 4): ``trigger: {at_step: N, rank: R, phase: P}`` on a ``kill`` makes the rank's
+own agent fire it at that point of the step.
+
+Pinned here: the trigger model (phase only with at_step), the plan (the op carries its phase and the rank that
+fires it, and goes into the job's plan file instead of the harness's queue), the preflight (a phase only on a
+kill of a torchrun rank selected by rank; freeze/slow and in-job faults refused with the fix), and the agent-side
+firing logic with a real signal to this process (SIGUSR1 caught by a handler): once, at the planned step and
+phase only, its ``fault.applied`` written before the signal, never again after a restart's marker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from chaos.injob.phase_faults import PHASES as AGENT_PHASES
+from chaos.injob.phase_faults import PROCESS_FAULTS, PhaseFaults
+from chaos.plan.agent_plan import InJobOp, load_plan
+from chaos.plan.build import make_plan
+from chaos.run.faults import in_job_plan
+from chaos.spec.preflight import PHASE_FAULTS, preflight
+from chaos.spec.scenario import PHASES, Trigger, parse_scenario
+
+TORCHRUN = """\
+name: t
+target:
+  type: torchrun
+  module: chaos.targets.reference.trainer
+  nproc_per_node: 2
+faults:
+FAULTS
+checks: [{type: completes}]
+"""
+COMMAND = TORCHRUN.replace(
+    "  type: torchrun\n  module: chaos.targets.reference.trainer\n  nproc_per_node: 2\n",
+    "  type: command\n  command: [sleep, '30']\n  env: {}\n",
+)
+KILL = "  - type: kill\n    params: {rank: 1}\n    trigger: {at_step: 3, rank: 1, phase: allreduce}"
+ROLES = TORCHRUN.replace(
+    "  type: torchrun\n  module: chaos.targets.reference.trainer\n  nproc_per_node: 2\n",
+    "  type: roles\n  roles:\n    lighthouse: {command: [sleep, '30']}\n"
+    "    group: {replicas: 2, torchrun: {script: train.py, nproc_per_node: 1}}\n",
+)
+REPLICA_KILL = "  - type: kill\n    params: {replica: group.1}\n    trigger: {at_step: 3, phase: allreduce}"
+
+
+def _problems(text: str) -> list[str]:
+    return [str(problem) for problem in preflight(parse_scenario(text, "s.yaml"))]
+
+
+# -- the trigger and the plan ---------------------------------------------------------------------------------
+
+
+def test_phase_needs_at_step() -> None:
+    with pytest.raises(ValidationError, match="phase belongs with at_step"):
+        Trigger.model_validate({"after": 3, "phase": "allreduce"})
+    with pytest.raises(ValidationError):
+        Trigger.model_validate({"at_step": 3, "phase": "sideways"})
+    assert Trigger.model_validate({"at_step": 3, "phase": "allreduce"}).phase == "allreduce"
+
+
+def test_the_spec_and_the_agent_name_the_same_phases_and_faults() -> None:
+    assert tuple(PHASES) == AGENT_PHASES
+    assert PHASE_FAULTS == PROCESS_FAULTS
+
+
+def test_a_phase_kill_goes_into_the_jobs_plan_file_with_its_phase_and_rank(tmp_path: Path) -> None:
+    text = TORCHRUN.replace(
+        "FAULTS",
+        "  - {type: kill, params: {rank: 1}, trigger: {at_step: 3, phase: allreduce}}\n"
+        "  - {type: kill, name: outside, params: {rank: 0}, trigger: {at_step: 5, rank: 0}}",
+    )
+    plan = make_plan(parse_scenario(text))
+    phased, outside = plan.ops
+    # The rank that fires a phase op is the rank it kills (no trigger rank given): the params' selector.
+    assert (phased.at_step, phased.rank, phased.phase) == (3, 1, "allreduce")
+    assert "in phase allreduce" in phased.describe()
+    assert outside.phase is None
+    in_job, path = in_job_plan(plan, tmp_path)
+    assert in_job == [phased]  # the other kill stays with the harness (fired when rank 0 reports step 5)
+    [op] = load_plan(str(path)).ops
+    assert (op.injector, op.at_step, op.rank, op.phase, op.params["signal"]) == ("kill", 3, 1, "allreduce", "SIGKILL")
+
+
+# -- the preflight ---------------------------------------------------------------------------------------------
+
+
+def test_a_phase_kill_of_a_torchrun_rank_is_accepted() -> None:
+    assert _problems(TORCHRUN.replace("FAULTS", KILL)) == []
+    for phase in PHASES:
+        assert _problems(TORCHRUN.replace("FAULTS", KILL.replace("allreduce", phase))) == []
+
+
+def test_a_phase_kill_of_a_torchrun_replica_of_a_roles_target_is_accepted() -> None:
+    assert _problems(ROLES.replace("FAULTS", REPLICA_KILL)) == []
+
+
+REFUSED = [
+    (
+        "a roles target's replica that runs a command",
+        ROLES.replace("FAULTS", REPLICA_KILL.replace("group.1", "lighthouse")),
+        "its role runs a command, not a torchrun job",
+    ),
+    (
+        "a roles target's process selected by name",
+        ROLES.replace("FAULTS", REPLICA_KILL.replace("{replica: group.1}", "{name: train}")),
+        "must select that replica",
+    ),
+    (
+        "freeze with a phase",
+        TORCHRUN.replace("FAULTS", KILL.replace("kill", "freeze") + "\n    duration: 5s"),
+        "nothing outside the job is armed to continue it",
+    ),
+    (
+        "slow with a phase",
+        TORCHRUN.replace("FAULTS", KILL.replace("kill", "slow") + "\n    duration: 5s"),
+        "cannot fire at a phase yet",
+    ),
+    (
+        "an in-job bitflip with a trigger phase",
+        TORCHRUN.replace("FAULTS", KILL.replace("kill", "bitflip").replace("{rank: 1}", "{where: weights, rank: 1}")),
+        "set the point with the fault's own params",
+    ),
+    (
+        "a kill selected by name",
+        TORCHRUN.replace("FAULTS", KILL.replace("{rank: 1}", "{name: trainer}").replace("rank: 1, ", "")),
+        "must select the process by rank",
+    ),
+    (
+        "a trigger rank other than the killed rank",
+        TORCHRUN.replace("FAULTS", KILL.replace("{rank: 1}", "{rank: 0}")),
+        "the trigger's rank must be 0 too (got 1)",
+    ),
+    (
+        "a command target",
+        COMMAND.replace("FAULTS", KILL.replace("rank: 1, ", "")),
+        "a command target runs no training loop with the agent attached",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "words"), [case[1:] for case in REFUSED], ids=[case[0] for case in REFUSED])
+def test_the_preflight_refuses_a_phase_it_cannot_fire(text: str, words: str) -> None:
+    problems = _problems(text)
+    assert any(words in problem and "phase" in problem for problem in problems), problems
+    assert all(problem.startswith("s.yaml:") for problem in problems)
+
+
+# -- the agent's firing logic (a real signal to this process) ---------------------------------------------------
+
+
+@pytest.fixture
+def usr1() -> Iterator[list[int]]:
+    """SIGUSR1 recorded instead of killing the test process; the previous handler restored after."""
+    received: list[int] = []
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def _op(phase: str, *, step: int = 3, signal_name: str = "SIGUSR1", injector: str = "kill") -> InJobOp:
+    params: dict[str, Any] = {"rank": 1, "signal": signal_name}
+    return InJobOp(op_id="k#1", fault="k", injector=injector, params=params, at_step=step, rank=1, phase=phase)
+
+
+class _Job:
+    """The agent's side of PhaseFaults: its step, its events, its cross-restart markers."""
+
+    def __init__(self, received: list[int], fired: set[str] | None = None) -> None:
+        self.step = 0
+        self.events: list[tuple[str, dict[str, Any], int]] = []
+        self.received = received
+        self.fired = fired if fired is not None else set()
+
+    def emit(self, kind: str, **data: Any) -> None:
+        # What had arrived when the event was written: the signal must come after it.
+        self.events.append((kind, json.loads(json.dumps(data)), len(self.received)))
+
+    def faults(self, ops: list[InJobOp], has_ddp: bool = True) -> PhaseFaults:
+        return PhaseFaults(
+            ops,
+            mine=lambda op: op.rank == 1,
+            rank=1,
+            step=lambda: self.step,
+            emit=self.emit,
+            already_fired=lambda op: op.op_id in self.fired,
+            mark_fired=lambda op: self.fired.add(op.op_id),
+            has_ddp=has_ddp,
+        )
+
+
+def test_fires_once_at_its_step_and_phase_with_the_event_before_the_signal(usr1: list[int]) -> None:
+    job = _Job(usr1)
+    faults = job.faults([_op("allreduce")])
+    assert faults.in_collective_wanted
+    for step in (1, 2, 3, 4):
+        job.step = step
+        faults.at("forward")
+        faults.in_collective(0)
+        faults.in_collective(1)  # a second bucket of the same step: the op already fired
+        faults.at("backward")
+        faults.at("optimizer_step")
+    assert usr1 == [signal.SIGUSR1]
+    [(kind, data, signals_before)] = job.events
+    assert kind == "fault.applied" and signals_before == 0
+    assert (data["step"], data["phase"], data["site"], data["bucket"], data["pid"]) == (
+        3,
+        "allreduce",
+        "in_flight",
+        0,
+        os.getpid(),
+    )
+    assert data["signal"] == "SIGUSR1" and data["fault"] == "k" and data["op"] == "k#1"
+    assert job.fired == {"k#1"}
+
+
+@pytest.mark.parametrize("phase", ["forward", "backward", "optimizer_step"])
+def test_each_loop_phase_fires_only_at_its_own_point(usr1: list[int], phase: str) -> None:
+    job = _Job(usr1)
+    faults = job.faults([_op(phase)])
+    job.step = 3
+    for point in ("forward", "backward", "optimizer_step"):
+        faults.in_collective(0)
+        faults.at(point)
+        fired_here = [data["phase"] for kind, data, _ in job.events]
+        assert fired_here == ([phase] if AGENT_PHASES.index(point) >= AGENT_PHASES.index(phase) else [])
+    assert usr1 == [signal.SIGUSR1]
+
+
+def test_every_rank_installs_the_hook_but_only_the_planned_rank_fires(usr1: list[int]) -> None:
+    job = _Job(usr1)
+    other = _op("allreduce").model_copy(update={"rank": 0, "params": {"rank": 0, "signal": "SIGUSR1"}})
+    faults = job.faults([other])  # this process is rank 1: the op is rank 0's
+    assert faults.in_collective_wanted  # same all-reduce code path on every rank
+    job.step = 3
+    faults.in_collective(0)
+    assert usr1 == [] and job.events == []
+
+
+def test_a_restarted_worker_does_not_fire_again(usr1: list[int]) -> None:
+    job = _Job(usr1, fired={"k#1"})  # the marker a killed predecessor left in CHAOS_RUN_DIR
+    faults = job.faults([_op("allreduce")])
+    job.step = 3
+    faults.in_collective(0)
+    assert usr1 == [] and job.events == []
+
+
+def test_misuse_is_refused_at_attach() -> None:
+    job = _Job([])
+    with pytest.raises(ValueError, match="attach needs the DDP-wrapped model"):
+        job.faults([_op("allreduce")], has_ddp=False)
+    job.faults([_op("forward")], has_ddp=False)  # a loop phase needs no comm hook
+    with pytest.raises(ValueError, match="fires only kill"):
+        job.faults([_op("forward", injector="freeze")])
+    with pytest.raises(ValueError, match="unknown phase"):
+        job.faults([_op("checkpoint")])
+
+
+def test_an_op_for_another_replica_is_not_this_processs(usr1: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    op = _op("forward").model_copy(update={"params": {"replica": "group.1", "signal": "SIGUSR1"}})
+    monkeypatch.setenv("CHAOS_REPLICA", "group.0")
+    job = _Job(usr1)
+    faults = job.faults([op])
+    job.step = 3
+    faults.at("forward")
+    assert usr1 == [] and job.events == []
+    monkeypatch.setenv("CHAOS_REPLICA", "group.1")
+    faults = job.faults([op])
+    faults.at("forward")
+    assert usr1 == [signal.SIGUSR1] and [kind for kind, _, _ in job.events] == ["fault.applied"]
