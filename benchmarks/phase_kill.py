@@ -28,9 +28,7 @@ import json
 import os
 import platform
 import re
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +39,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "tests" / "jobs" / "user_ddp_adam.py"
 PROBE = ROOT / "tests" / "jobs" / "collective_probe.py"
+sys.path.insert(0, str(ROOT / "tests"))
+from jobs.launch import launch  # noqa: E402  (tests/jobs is not a package of the project)
+
 VICTIM = 1
 TIMEOUT_S = 120
 
@@ -58,10 +59,8 @@ class Outcome:
     note: str = ""
 
 
-def launch(workdir: Path, steps: int, kill_step: int) -> tuple[int | None, list[dict[str, Any]], str]:
+def run_once(workdir: Path, steps: int, kill_step: int) -> tuple[int | None, list[dict[str, Any]], str]:
     """One torchrun launch with a plan that kills rank VICTIM inside the all-reduce of ``kill_step``."""
-    workdir.mkdir(parents=True)
-    events = workdir / "events.jsonl"
     op = {
         "op_id": "kill-in-allreduce#1",
         "fault": "kill-in-allreduce",
@@ -71,42 +70,8 @@ def launch(workdir: Path, steps: int, kill_step: int) -> tuple[int | None, list[
         "phase": "allreduce",
         "params": {"rank": VICTIM, "signal": "SIGKILL"},
     }
-    (workdir / "plan.json").write_text(json.dumps({"seed": 1, "ops": [op]}))
-    env = {k: v for k, v in os.environ.items() if k not in ("CHAOS_RUN_DIR", "RANK", "WORLD_SIZE")}
-    env.update(
-        CHAOS_EVENTS=str(events),
-        CHAOS_PLAN=str(workdir / "plan.json"),
-        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    )
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            "--max-restarts", "0", "--monitor-interval", "0.1", str(PROBE), str(JOB), "--steps", str(steps)]  # fmt: skip
-    with open(workdir / "torchrun.log", "wb") as log:
-        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            rc: int | None = proc.wait(timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            rc = None
-        finally:
-            _kill_leftovers(proc, events)
-    lines = events.read_text().splitlines() if events.exists() else []
-    return rc, [json.loads(line) for line in lines], (workdir / "torchrun.log").read_text(errors="replace")
-
-
-def _kill_leftovers(proc: subprocess.Popen[bytes], events: Path) -> None:
-    """torchrun and any worker of THIS launch (recognised by its CHAOS_EVENTS path) still alive."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    mark = f"CHAOS_EVENTS={events}\0".encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            if mark in Path(f"/proc/{entry}/environ").read_bytes():
-                os.kill(int(entry), signal.SIGKILL)
-        except OSError:
-            continue
+    launcher = ("--max-restarts", "0", "--monitor-interval", "0.1")
+    return launch(workdir, [str(PROBE), str(JOB), "--steps", str(steps)], [op], launcher=launcher, timeout_s=TIMEOUT_S)
 
 
 def judge(rc: int | None, events: list[dict[str, Any]], log: str, kill_step: int, seconds: float) -> Outcome:
@@ -157,7 +122,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="mlchaos-phase-kill-") as tmp:
         for index in range(args.runs):
             start = time.monotonic()
-            rc, events, log = launch(Path(tmp) / f"run-{index}", args.steps, args.kill_step)
+            rc, events, log = run_once(Path(tmp) / f"run-{index}", args.steps, args.kill_step)
             outcome = judge(rc, events, log, args.kill_step, time.monotonic() - start)
             outcomes.append(outcome)
             flags = "landed" if outcome.landed else "MISSED"

@@ -92,6 +92,17 @@ def script_needs(path: Path | None) -> set[str]:
 
 
 @cache
+def _probe_env(pythonpath: str | None) -> dict[str, str]:
+    """This process's environment with PYTHONPATH set to ``pythonpath`` (removed when None): what the job's
+    interpreter would see, so a probe finds what the job would find."""
+    env = dict(os.environ)
+    if pythonpath is None:
+        env.pop("PYTHONPATH", None)
+    else:
+        env["PYTHONPATH"] = pythonpath
+    return env
+
+
 def _can_import(python: str, needs: tuple[str, ...], pythonpath: str | None) -> bool:
     """Whether ``python`` finds every package in ``needs`` (located, not imported: importing torch takes
     seconds, and a located package is an installed one), importing only mlchaos's agent (its dependencies must
@@ -104,11 +115,7 @@ def _can_import(python: str, needs: tuple[str, ...], pythonpath: str | None) -> 
         "    elif importlib.util.find_spec(name) is None:\n"
         "        sys.exit(1)\n"
     )
-    env = dict(os.environ)
-    if pythonpath is None:
-        env.pop("PYTHONPATH", None)
-    else:
-        env["PYTHONPATH"] = pythonpath
+    env = _probe_env(pythonpath)
     try:
         done = subprocess.run(
             [python, "-c", code, *needs], env=env, capture_output=True, timeout=_PROBE_TIMEOUT_S, check=False
@@ -249,11 +256,7 @@ def _python_identity(python: str, pythonpath: str | None) -> str:
         "    torch = None\n"
         "print(json.dumps([sys.executable, sys.prefix, sys.version.split()[0], torch]))\n"
     )
-    env = dict(os.environ)
-    if pythonpath is None:
-        env.pop("PYTHONPATH", None)
-    else:
-        env["PYTHONPATH"] = pythonpath
+    env = _probe_env(pythonpath)
     try:
         done = subprocess.run(
             [python, "-c", code], env=env, capture_output=True, text=True, timeout=_PROBE_TIMEOUT_S, check=False

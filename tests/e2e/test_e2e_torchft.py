@@ -34,14 +34,19 @@ SCENARIO = ROOT / "scenarios" / "torchft-replica-killed.yaml"
 FAULT = "kill-group-1"
 
 
-def with_args(scenario: Scenario, *extra: str, env: dict[str, str] | None = None) -> Scenario:
-    """The scenario with ``extra`` appended to the replica groups' script arguments and ``env`` added."""
+def with_args(
+    scenario: Scenario, *extra: str, env: dict[str, str] | None = None, restart_delay: float | None = None
+) -> Scenario:
+    """The scenario with ``extra`` appended to the replica groups' script arguments, ``env`` added and, when given,
+    the groups' restart delay replaced."""
     target = scenario.target
     assert isinstance(target, RolesTarget)
     group = target.roles["group"]
     assert group.torchrun is not None
     run = group.torchrun.model_copy(update={"args": [*group.torchrun.args, *extra]})
-    update = {"torchrun": run, "env": {**group.env, **(env or {})}}
+    update: dict[str, object] = {"torchrun": run, "env": {**group.env, **(env or {})}}
+    if restart_delay is not None:
+        update["restart"] = group.restart.model_copy(update={"delay": restart_delay})
     roles = {**target.roles, "group": group.model_copy(update=update)}
     return scenario.model_copy(update={"target": target.model_copy(update={"roles": roles})})
 
@@ -82,7 +87,10 @@ def test_a_rejoined_group_with_stale_parameters_fails_replicas_agree(tmp_path: P
 
 
 def test_a_survivor_that_dies_with_its_peer_fails_survivors_progress(tmp_path: Path) -> None:
-    result = run(with_args(load_scenario(SCENARIO), "--crash-alone-group", "0"), tmp_path)
+    # The killed group stays down 12 s, past the lighthouse's 5 s heartbeat timeout: the survivor must then train
+    # alone, which is when --crash-alone-group makes it die (a fast restart, 4 s on an idle machine, would rejoin
+    # before it ever ran alone and the misbehaviour would never show).
+    result = run(with_args(load_scenario(SCENARIO), "--crash-alone-group", "0", restart_delay=12.0), tmp_path)
     got = verdicts(result)
     status, reason = got["survivors_progress"]
     assert status == "fail" and "survivor group.0 died" in reason, got

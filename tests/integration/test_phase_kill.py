@@ -15,17 +15,13 @@ of the reference trainer under the checksum guard (whose hook runs the bucket's 
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from jobs.launch import launch
 from support import ROOT
 
 from chaos.run.orchestrator import RunOptions, execute
@@ -40,56 +36,23 @@ VICTIM = 1
 TIMEOUT_S = 180
 
 
+KILL_OP = {
+    "op_id": "kill-in-allreduce#1",
+    "fault": "kill-in-allreduce",
+    "injector": "kill",
+    "at_step": KILL_STEP,
+    "rank": VICTIM,
+    "phase": "allreduce",
+    "params": {"rank": VICTIM, "signal": "SIGKILL"},
+}
+
+
 def _launch(workdir: Path, job: list[str] | None = None) -> tuple[int | None, list[dict[str, Any]], str]:
     """One torchrun launch of the probed job (default: the user-style script) with a plan that kills rank VICTIM
     in the all-reduce of KILL_STEP."""
-    workdir.mkdir(parents=True)
-    events = workdir / "events.jsonl"
-    op = {
-        "op_id": "kill-in-allreduce#1",
-        "fault": "kill-in-allreduce",
-        "injector": "kill",
-        "at_step": KILL_STEP,
-        "rank": VICTIM,
-        "phase": "allreduce",
-        "params": {"rank": VICTIM, "signal": "SIGKILL"},
-    }
-    (workdir / "plan.json").write_text(json.dumps({"seed": 1, "ops": [op]}))
-    env = {k: v for k, v in os.environ.items() if k not in ("CHAOS_RUN_DIR", "RANK", "WORLD_SIZE")}
-    env.update(
-        CHAOS_EVENTS=str(events),
-        CHAOS_PLAN=str(workdir / "plan.json"),
-        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    )
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            "--max-restarts", "0", "--monitor-interval", "0.1", str(PROBE), *(job or [str(JOB)]), "--steps", str(STEPS)]  # fmt: skip
-    with open(workdir / "torchrun.log", "wb") as log:
-        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            rc: int | None = proc.wait(timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            rc = None
-        finally:
-            _kill_leftovers(proc, events)
-    lines = events.read_text().splitlines() if events.exists() else []
-    return rc, [json.loads(line) for line in lines], (workdir / "torchrun.log").read_text(errors="replace")
-
-
-def _kill_leftovers(proc: subprocess.Popen[bytes], events: Path) -> None:
-    """torchrun and any worker of THIS launch (recognised by its CHAOS_EVENTS path) still alive."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    mark = f"CHAOS_EVENTS={events}\0".encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            if mark in Path(f"/proc/{entry}/environ").read_bytes():
-                os.kill(int(entry), signal.SIGKILL)
-        except OSError:
-            continue
+    argv = [str(PROBE), *(job or [str(JOB)]), "--steps", str(STEPS)]
+    launcher = ("--max-restarts", "0", "--monitor-interval", "0.1")
+    return launch(workdir, argv, [KILL_OP], launcher=launcher, timeout_s=TIMEOUT_S)
 
 
 @pytest.mark.slow

@@ -8,15 +8,11 @@ corrupted bias, so that run must differ, which shows the digest comparison can s
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from jobs.launch import launch
 from support import ROOT
 
 JOB = ROOT / "tests" / "jobs" / "user_ddp_adam.py"
@@ -27,54 +23,14 @@ TIMEOUT_S = 180
 
 def run_job(workdir: Path, phase: str | None) -> list[dict[str, Any]]:
     """One torchrun launch (2 ranks); with ``phase``, a plan flips bit 0 of ``4.bias[1]`` on rank 1 at FAULT_STEP."""
-    workdir.mkdir(parents=True)
-    events = workdir / "events.jsonl"
-    env = {k: v for k, v in os.environ.items() if k not in ("CHAOS_PLAN", "CHAOS_RUN_DIR", "RANK", "WORLD_SIZE")}
-    env.update(
-        CHAOS_EVENTS=str(events),
-        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
-        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    )
+    ops = []
     if phase is not None:
         params = {"where": "weights", "layer": "4.bias", "element": 1, "bit": 0, "phase": phase, "rank": 1}
-        op = {
-            "op_id": "op1",
-            "fault": "flip",
-            "injector": "bitflip",
-            "at_step": FAULT_STEP,
-            "rank": 1,
-            "params": params,
-        }
-        (workdir / "plan.json").write_text(json.dumps({"seed": 5, "ops": [op]}))
-        env["CHAOS_PLAN"] = str(workdir / "plan.json")
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(JOB),
-            "--steps", str(STEPS)]  # fmt: skip
-    with open(workdir / "torchrun.log", "wb") as log:
-        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            rc = None
-        finally:
-            _kill_leftovers(proc, events)
-    assert rc == 0, (workdir / "torchrun.log").read_text(errors="replace")[-3000:]
-    return [json.loads(line) for line in events.read_text().splitlines()]
-
-
-def _kill_leftovers(proc: subprocess.Popen[bytes], events: Path) -> None:
-    """torchrun and any worker of THIS launch (recognised by its CHAOS_EVENTS path) still alive."""
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    mark = f"CHAOS_EVENTS={events}\0".encode()  # unique to this launch: never kills anyone else's process
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            if mark in Path(f"/proc/{entry}/environ").read_bytes():
-                os.kill(int(entry), signal.SIGKILL)
-        except (OSError, ProcessLookupError):
-            continue
+        ops = [{"op_id": "op1", "fault": "flip", "injector": "bitflip", "at_step": FAULT_STEP, "rank": 1,
+                "params": params}]  # fmt: skip
+    rc, events, log = launch(workdir, [str(JOB), "--steps", str(STEPS)], ops, timeout_s=TIMEOUT_S, seed=5)
+    assert rc == 0, log[-3000:]
+    return events
 
 
 def digests(events: list[dict[str, Any]]) -> dict[int, str]:
