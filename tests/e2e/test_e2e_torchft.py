@@ -121,11 +121,19 @@ LIGHTHOUSE = ROOT / "scenarios" / "torchft-lighthouse-killed.yaml"
 
 
 def test_torchft_loses_the_run_when_the_lighthouse_dies_mid_quorum(tmp_path: Path) -> None:
-    # The expected outcome with torchft 0.2.0's defaults (TORCHFT_QUORUM_RETRIES=0): see the scenario's comment.
+    # torchft 0.2.0's defaults (TORCHFT_QUORUM_RETRIES=0), see the scenario's comment: the quorum request in flight
+    # fails with the lighthouse and is never retried, so both groups exit at the quorum timeout and start over.
+    # That is asserted every run. Whether the restarted groups then get past the pre-fault step within
+    # recovered_within's 20 s depends on this machine's start-up time (33.5 s in one run, under 20 s in another):
+    # a failed verdict is torchft's failure, recorded as xfail with its evidence; a pass must show the restart.
     result = run(load_scenario(LIGHTHOUSE), tmp_path)
     got = verdicts(result)
-    assert got["recovered_within"][0] == "fail", got
-    assert result.verdict == "fail", got
     died = [e for e in result.history.of("target.role_exit") if e.get_str("role") == "group" and e.get_int("code") == 1]
     assert {e.get_str("replica") for e in died} == {"group.0", "group.1"}, died  # both, at the quorum timeout
     assert "lighthouse quorum failed" in group_log(result, "group.0")
+    restarted = [e for e in result.history.of("target.role_restart") if e.get_str("role") == "lighthouse"]
+    assert restarted, "the lighthouse was killed but never restarted"
+    if result.verdict == "fail":
+        assert got["recovered_within"][0] == "fail", got
+        pytest.xfail("torchft 0.2.0 did not retry the failed quorum request; the groups started over too late")
+    assert got["recovered_within"][0] == "pass", got
