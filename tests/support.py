@@ -272,3 +272,21 @@ def timeline_png(page: Page) -> bytes:
 def png_size(png: bytes) -> tuple[int, int]:
     width, height = struct.unpack(">II", png[16:24])
     return width, height
+
+
+# A preflight test's scenario: a 2-rank torchrun job (COMMAND: a plain command) whose FAULTS line a test replaces
+# with its fault list; line 7 is the first fault's first line.
+TORCHRUN = """\
+name: t
+target:
+  type: torchrun
+  module: chaos.targets.reference.trainer
+  nproc_per_node: 2
+faults:
+FAULTS
+checks: [{type: completes}]
+"""
+COMMAND = TORCHRUN.replace(
+    "  type: torchrun\n  module: chaos.targets.reference.trainer\n  nproc_per_node: 2\n",
+    "  type: command\n  command: [sleep, '30']\n  env: {}\n",
+)

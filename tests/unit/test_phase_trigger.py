@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
+from support import COMMAND, TORCHRUN
 
 from chaos.injob.phase_faults import PHASES as AGENT_PHASES
 from chaos.injob.phase_faults import PROCESS_FAULTS, PhaseFaults
@@ -29,20 +30,6 @@ from chaos.run.faults import in_job_plan
 from chaos.spec.preflight import PHASE_FAULTS, preflight
 from chaos.spec.scenario import PHASES, Trigger, parse_scenario
 
-TORCHRUN = """\
-name: t
-target:
-  type: torchrun
-  module: chaos.targets.reference.trainer
-  nproc_per_node: 2
-faults:
-FAULTS
-checks: [{type: completes}]
-"""
-COMMAND = TORCHRUN.replace(
-    "  type: torchrun\n  module: chaos.targets.reference.trainer\n  nproc_per_node: 2\n",
-    "  type: command\n  command: [sleep, '30']\n  env: {}\n",
-)
 KILL = "  - type: kill\n    params: {rank: 1}\n    trigger: {at_step: 3, rank: 1, phase: allreduce}"
 ROLES = TORCHRUN.replace(
     "  type: torchrun\n  module: chaos.targets.reference.trainer\n  nproc_per_node: 2\n",

@@ -14,6 +14,7 @@ from typing import ClassVar
 
 import pytest
 from pydantic import BaseModel
+from support import COMMAND, TORCHRUN
 from typer.testing import CliRunner
 
 from chaos.cli.commands import app
@@ -24,20 +25,6 @@ from chaos.run.result import EXIT_INVALID
 from chaos.spec.preflight import preflight, world_size
 from chaos.spec.scenario import parse_scenario, scenario_model
 
-TORCHRUN = """\
-name: t
-target:
-  type: torchrun
-  module: chaos.targets.reference.trainer
-  nproc_per_node: 2
-faults:
-FAULTS
-checks: [{type: completes}]
-"""
-COMMAND = TORCHRUN.replace(
-    "  type: torchrun\n  module: chaos.targets.reference.trainer\n  nproc_per_node: 2\n",
-    "  type: command\n  command: [sleep, '30']\n  env: {}\n",
-)
 SERVING = TORCHRUN.replace(
     "  type: torchrun\n  module: chaos.targets.reference.trainer\n  nproc_per_node: 2\n",
     "  type: serving\n  fallback: null\n  port: 0\n",
