@@ -19,6 +19,7 @@ if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
     command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
     command -v ip >/dev/null 2>&1 || need+=(iproute2)
     command -v pgrep >/dev/null 2>&1 || need+=(procps)
+    command -v haproxy >/dev/null 2>&1 || need+=(haproxy)   # the serving fleet scenario's load balancer
     if [ ${#need[@]} -gt 0 ]; then
         log "installing Debian packages: ${need[*]}"
         export DEBIAN_FRONTEND=noninteractive

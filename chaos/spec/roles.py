@@ -5,6 +5,10 @@ restart policy.
 Replica names: a role with ``replicas: 1`` has one replica named like the role (``lighthouse``); a role with
 ``replicas: N`` has replicas ``<role>.0`` … ``<role>.<N-1>`` (``group.1``). Process faults select one with
 ``replica: group.1``; every event a replica's processes report carries ``data.role`` and ``data.replica``.
+
+A serving fleet is a roles target with a ``url`` (where the scenario's load goes): its model servers are roles
+with a ``backend`` (the server name the load balancer reports, e.g. in an ``X-Backend`` header) and its load
+balancer a role with a ``balancer`` kind whose log says when it marks a backend down or up.
 """
 
 from __future__ import annotations
@@ -66,8 +70,9 @@ class RoleSpec(BaseModel):
 
     Placeholders in ``command``, torchrun ``args`` and ``env`` values: ``{run_dir}``, ``{seed}``, ``{role}``,
     ``{replica}`` (the replica's name), ``{index}`` (its index, 0 for a single replica), ``{python}`` (the
-    interpreter mlchaos runs with, which has the ``torchft`` extra when it was installed) and ``{bin}`` (its
-    folder, where console scripts such as ``torchft_lighthouse`` are)."""
+    interpreter mlchaos runs with, which has the ``torchft`` extra when it was installed), ``{bin}`` (its
+    folder, where console scripts such as ``torchft_lighthouse`` are) and ``{port:ROLE}`` (the ``port`` of role
+    ROLE, so a load balancer's environment can name its backends' ports once)."""
 
     model_config = _STRICT
     command: Argv | None = Field(default=None, min_length=1)
@@ -82,6 +87,17 @@ class RoleSpec(BaseModel):
         description="a TCP port on 127.0.0.1 the role serves: it is ready (target.role_ready) once it accepts",
     )
     after: list[str] = Field(default=[], description="roles that must be ready (or, without a port, started) first")
+    backend: str | None = Field(
+        default=None,
+        pattern=ROLE_NAME,
+        description="the server name a load balancer reports for this role (its X-Backend): each start is a "
+        "serving.replica_start event of that backend, which failback windows count from",
+    )
+    balancer: Literal["haproxy"] | None = Field(
+        default=None,
+        description="this role is a load balancer of that kind: the backend state changes it logs become "
+        "detect.backend_down {backend, reason} and serving.backend_up {backend} events",
+    )
 
     @model_validator(mode="after")
     def _one_launcher(self) -> RoleSpec:
@@ -91,6 +107,8 @@ class RoleSpec(BaseModel):
             raise ValueError("the command's first item is the program to run: it cannot be empty")
         if self.port is not None and self.replicas > 1:
             raise ValueError("port names one listener: give it to a role with a single replica")
+        if self.backend is not None and self.replicas > 1:
+            raise ValueError("backend names one server: give it to a role with a single replica")
         return self
 
 
@@ -105,6 +123,12 @@ class RolesTarget(BaseModel):
     roles: dict[str, RoleSpec] = Field(min_length=1)
     until: list[str] = Field(default=[], description="roles whose completion ends the job (empty: every role)")
     ready_timeout: Duration = Field(default=60.0, gt=0, description="how long a role's `after` roles may take")
+    url: str | None = Field(
+        default=None,
+        pattern=r"^https?://[^/\s]+$",
+        description="where the fleet answers (http://host:port, no path): the load's URL path goes here, and "
+        "faults and load start once every role with a port is ready (target.ready)",
+    )
 
     @field_validator("roles")
     @classmethod
@@ -125,6 +149,9 @@ class RolesTarget(BaseModel):
         for name in self.until:
             if name not in self.roles:
                 raise ValueError(f"until names {name!r}, which is not a role")
+        backends = [role.backend for role in self.roles.values() if role.backend is not None]
+        if len(backends) != len(set(backends)):
+            raise ValueError(f"two roles give the same backend name: {', '.join(sorted(backends))}")
         _start_order(self.roles)  # raises on a cycle
         return self
 

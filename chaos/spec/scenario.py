@@ -339,7 +339,12 @@ class Scenario(BaseModel):
     def _load_has_an_address(cls, load: ScenarioLoad | None, info: ValidationInfo) -> ScenarioLoad | None:
         target = info.data.get("target")  # declared before load, so validated first (absent if it failed)
         if load is not None and load.url.startswith("/") and target is not None:
-            if not isinstance(target, ADDRESSED_TARGETS):
+            if isinstance(target, RolesTarget) and target.url is None:
+                raise ValueError(
+                    f"url {load.url!r} is a path, but this roles target has no url: give the target a url "
+                    "(e.g. url: http://127.0.0.1:8080, its load balancer's address) or the load a full http:// URL"
+                )
+            if not isinstance(target, (*ADDRESSED_TARGETS, RolesTarget)):
                 raise ValueError(
                     f"url {load.url!r} is a path, but a {target.type} target has no address: give a full http:// URL"
                 )

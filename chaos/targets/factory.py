@@ -15,7 +15,7 @@ from chaos.targets import interpreter
 from chaos.targets.base import Target
 from chaos.targets.command import CommandJob
 from chaos.targets.http import HttpJob
-from chaos.targets.roles import RolesJob
+from chaos.targets.roles import RolesJob, ServingRolesJob
 from chaos.targets.torchrun import TorchrunJob
 from chaos.targets.torchrun_nodes import MultiNodeTorchrunJob, Node
 
@@ -43,7 +43,8 @@ def make_target(
     if isinstance(spec, HttpTarget):
         return HttpJob(spec)
     if isinstance(spec, RolesTarget):
-        return RolesJob(spec, transport, run_dir, seed, extra_env)
+        kind = RolesJob if spec.url is None else ServingRolesJob
+        return kind(spec, transport, run_dir, seed, extra_env)
     return CommandJob(spec, transport, run_dir, seed, extra_env)
 
 

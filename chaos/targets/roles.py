@@ -10,9 +10,15 @@ Contracts:
   ``CHAOS_ROLE``, ``CHAOS_REPLICA``, ``CHAOS_REPLICA_INDEX``, the runner's ``extra_env`` and the role's ``env``
   (placeholders expanded). Every event they report gets ``data.role`` and ``data.replica`` (when it has none).
 - History: ``target.role_start`` {role, replica, index, pid, attempt} at each start, ``target.role_ready``
-  {role, replica, port} once a port accepts, ``target.role_exit`` {role, replica, index, pid, code, attempt,
-  expected} at each exit (``expected``: the harness was stopping it), ``target.role_restart`` {role, replica,
-  attempt, delay} when the restart policy starts it again. A replica's exit is never ``target.exit``.
+  {role, replica, port, attempt} once a port accepts (again after each restart), ``target.role_exit`` {role,
+  replica, index, pid, code, attempt, expected} at each exit (``expected``: the harness was stopping it),
+  ``target.role_restart`` {role, replica, attempt, delay} when the restart policy starts it again. A replica's
+  exit is never ``target.exit``. ``target.ready`` once every role with a port has been ready (all started).
+- Serving fleets: each start of a role with a ``backend`` is also ``serving.replica_start`` {backend, role,
+  replica, pid, attempt}; a ``balancer`` role's log lines about its servers become ``detect.backend_down`` /
+  ``serving.backend_up`` {backend, reason} (:mod:`chaos.targets.balancers`) whose ``replica`` is the backend
+  they are about. :class:`ServingRolesJob` (a target with a ``url``) holds the faults and the load until
+  ``target.ready``.
 - Supervisor (a thread, so restarts do not wait for anyone's poll): an exited replica is started again after
   ``restart.delay`` when its policy says so (``always``; ``on-failure`` and a code other than 0) and it has
   restarts left; otherwise it is done. Nothing starts once :meth:`stop` began.
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
 import socket
 import sys
 import threading
@@ -41,7 +48,8 @@ from chaos.cluster.base import Transport
 from chaos.history.timeline import TARGET_EXIT, Event, LogMatcher, now_ns
 from chaos.plugins.injector import JobTree
 from chaos.spec.roles import RoleSpec, RolesTarget, replica_names_of
-from chaos.targets.base import SpawnedJob
+from chaos.targets.balancers import balancer_matchers
+from chaos.targets.base import SpawnedJob, TargetUnusable
 from chaos.targets.command import expand
 from chaos.targets.process_tree import kill_known, tree
 from chaos.targets.torchrun import TORCHRUN_MATCHERS
@@ -51,6 +59,8 @@ ROLE_READY = "target.role_ready"
 ROLE_UNREADY = "target.role_unready"
 ROLE_EXIT = "target.role_exit"
 ROLE_RESTART = "target.role_restart"
+TARGET_READY = "target.ready"
+REPLICA_START = "serving.replica_start"
 _SUPERVISE_EVERY = 0.05  # seconds between looks at the replicas: bounds a restart's reaction time
 _TREE_EVERY = 1.0  # seconds between scans of /proc for the replicas' processes (a scan reads every process)
 
@@ -69,6 +79,7 @@ class _Replica:
         self.done = False  # exited and not to be started again
         self.last_code: int | None = None
         self.seen: dict[int, int] = {}  # every process ever seen in its tree: pid -> start time
+        self.ready_attempt: int | None = None  # the attempt whose port last accepted a connection
 
     def tag(self) -> dict[str, JsonValue]:
         return {"role": self.role, "replica": self.name}
@@ -99,6 +110,7 @@ class RolesJob:
         self._supervisor: threading.Thread | None = None
         self._exit: int | None = None
         self._exit_reported = False
+        self._all_ready = False  # target.ready was reported
 
     # -- the Target protocol
     def start(self) -> None:
@@ -149,6 +161,21 @@ class RolesJob:
     def describe(self) -> str:
         parts = [f"{role} x{spec.replicas}" if spec.replicas > 1 else role for role, spec in self.spec.roles.items()]
         return "roles: " + ", ".join(parts)
+
+    def preflight(self) -> None:
+        """Refuse (:class:`TargetUnusable`) roles whose program is not installed here, before anything starts
+        (e.g. ``haproxy`` without the Debian package), instead of replicas that die at every restart."""
+        missing: list[str] = []
+        for role, spec in self.spec.roles.items():
+            if spec.command is None:
+                continue
+            program = expand(spec.command[0], self._values(role, role, 0))
+            found = os.access(program, os.X_OK) if os.sep in program else shutil.which(program) is not None
+            if not found:
+                hint = " (Debian: apt-get install haproxy, or `make setup` as root)" if program == "haproxy" else ""
+                missing.append(f"role {role!r} runs {program!r}, which is not installed here{hint}")
+        if missing:
+            raise TargetUnusable("; ".join(missing))
 
     # -- what process faults need (ReplicaResolver)
     def replicas(self) -> list[str]:
@@ -207,18 +234,26 @@ class RolesJob:
         argv += ["-m", run.module] if run.module is not None else [expand(run.script or "", values)]
         return argv + [expand(arg, values) for arg in run.args], list(TORCHRUN_MATCHERS)
 
-    def _spawn(self, replica: _Replica) -> None:
-        """Start the replica's current attempt (caller holds the lock and has checked ``_stopping``)."""
+    def _values(self, role: str, replica: str, index: int) -> dict[str, str]:
+        """The placeholders of a replica's command, args and env (see :class:`chaos.spec.roles.RoleSpec`)."""
         values = {
             "run_dir": str(self.run_dir),
             "seed": str(self.seed),
-            "role": replica.role,
-            "replica": replica.name,
-            "index": str(replica.index),
+            "role": role,
+            "replica": replica,
+            "index": str(index),
             "python": sys.executable,
             "bin": os.path.dirname(sys.executable),
         }
+        values.update({f"port:{name}": str(spec.port) for name, spec in self.spec.roles.items() if spec.port})
+        return values
+
+    def _spawn(self, replica: _Replica) -> None:
+        """Start the replica's current attempt (caller holds the lock and has checked ``_stopping``)."""
+        values = self._values(replica.role, replica.name, replica.index)
         argv, matchers = self._argv(replica, values)
+        if replica.spec.balancer is not None:
+            matchers += balancer_matchers(replica.spec.balancer)
         # Not the torchrun target's TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: torchft's Manager connects to the store
         # torchrun shares at MASTER_PORT (is_master=False) and waits forever without it. A role restarts as a
         # whole (torchrun's own --max-restarts 0 by default), so the flaky in-place restarts it avoids do not arise.
@@ -241,6 +276,9 @@ class RolesJob:
         data: dict[str, JsonValue] = {**replica.tag(), "index": replica.index, "pid": replica.job.pid}
         data["attempt"] = replica.attempt
         self._events.put(Event(ts_ns=now_ns(), kind=ROLE_START, source="runner", data=data))
+        if replica.spec.backend is not None:
+            serving: dict[str, JsonValue] = {**data, "backend": replica.spec.backend}
+            self._events.put(Event(ts_ns=now_ns(), kind=REPLICA_START, source="runner", data=serving))
         if replica.spec.port is None and replica.index == replica.spec.replicas - 1:
             self._ready.add(replica.role)  # no port to wait on: started is as ready as it gets
 
@@ -252,7 +290,11 @@ class RolesJob:
         exited = False
         for event in job.poll_events():
             if event.kind != TARGET_EXIT:
-                if "replica" not in event.data:
+                if replica.spec.balancer is not None and "backend" in event.data:
+                    # The balancer speaks about a backend: that backend is the replica the event is about.
+                    about = {"role": replica.role, "replica": event.data["backend"]}
+                    event = event.model_copy(update={"data": {**event.data, **about}})
+                elif "replica" not in event.data:
                     event = event.model_copy(update={"data": {**event.data, **replica.tag()}})
                 self._events.put(event)
                 continue
@@ -271,17 +313,29 @@ class RolesJob:
         return restart.max_restarts is None or replica.attempt < restart.max_restarts
 
     def _check_ready(self) -> None:
-        for role, spec in self.spec.roles.items():
-            if role in self._ready or spec.port is None:
+        """Probe the port of each running replica whose current attempt was not ready yet (a restarted server
+        is ready again only once it accepts); report ``target.ready`` when every port role was ready once."""
+        for replica in self._replicas:
+            port = replica.spec.port
+            job = replica.job
+            if port is None or job is None or replica.ready_attempt == replica.attempt or replica.restart_at is not None:
+                continue
+            if job.exit_code() is not None:
                 continue
             try:
-                with socket.create_connection(("127.0.0.1", spec.port), timeout=0.2):
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                     pass
             except OSError:
                 continue
-            self._ready.add(role)
-            data: dict[str, JsonValue] = {"role": role, "replica": role, "port": spec.port}
+            replica.ready_attempt = replica.attempt
+            self._ready.add(replica.role)
+            data: dict[str, JsonValue] = {**replica.tag(), "port": port, "attempt": replica.attempt}
             self._events.put(Event(ts_ns=now_ns(), kind=ROLE_READY, source="runner", data=data))
+        ported = {role for role, spec in self.spec.roles.items() if spec.port is not None}
+        started = all(replica.job is not None for replica in self._replicas)
+        if not self._all_ready and started and ported <= self._ready:
+            self._all_ready = True
+            self._events.put(Event(ts_ns=now_ns(), kind=TARGET_READY, source="runner", data={}))
 
     def _start_waiting(self) -> None:
         """Start the replicas whose ``after`` roles are ready; give up on those that waited too long."""
@@ -342,3 +396,17 @@ class RolesJob:
         if all(r.done for r in final):
             codes = [r.last_code for r in final]
             self._exit = next((c if c is not None else 1 for c in codes if c != 0), 0)
+
+
+class ServingRolesJob(RolesJob):
+    """A roles target with a ``url`` (a serving fleet): the runner holds the faults, the load and the progress
+    watch until ``target.ready`` (every role with a port accepted once), then sends the load's requests to
+    ``url``."""
+
+    ready_event = TARGET_READY
+
+    @property
+    def url(self) -> str:
+        if self.spec.url is None:  # the factory makes this class only for a target with a url
+            raise AssertionError("a ServingRolesJob without a url")
+        return self.spec.url
