@@ -21,10 +21,12 @@ LOCAL = "local"
 def needs_inventory(scenario: Scenario) -> bool:
     """True when the scenario reaches inventory hosts: a fault with ``hosts:``, ``cluster.transport: ssh``, or a
     target with ``nodes:``. Such a scenario cannot run without an inventory."""
+    roles = getattr(scenario.target, "roles", None)
     return (
         any(f.hosts is not None for f in scenario.faults)
         or scenario.cluster.transport == "ssh"
         or getattr(scenario.target, "nodes", None) is not None
+        or (isinstance(roles, dict) and any(getattr(r, "host", None) is not None for r in roles.values()))
     )
 
 
@@ -83,6 +85,15 @@ class HostSet:
         except Exception as exc:
             raise HostsError(f"target nodes: {exc}") from exc
         return [(host.name, host.address) for host in chosen]
+
+    def address(self, name: str) -> str:
+        """The inventory address of host ``name`` (HostsError without an inventory or for an unknown host)."""
+        if self.inventory is None:
+            raise HostsError(f"no inventory to find host {name!r}")
+        try:
+            return self.inventory.host(name).address
+        except Exception as exc:  # the inventory's own error names the hosts it has
+            raise HostsError(str(exc)) from exc
 
     def refuse_protected(self, fault: FaultSpec, names: list[str]) -> None:
         """HostsError when ``fault`` would land on a protected host (used for rank-resolved hosts)."""

@@ -65,7 +65,7 @@ from chaos.safety.signals import signals_raise
 from chaos.spec.preflight import preflight, unsupported
 from chaos.spec.preflight import refusal as refusal_text
 from chaos.spec.scenario import FaultSpec, HostSelector, Scenario, ScenarioError
-from chaos.targets.base import AwaitsReady, Preflight, RankPlacement, Serves, TargetUnusable
+from chaos.targets.base import AwaitsReady, Preflight, RankPlacement, ReplicaPlacement, Serves, TargetUnusable
 from chaos.targets.factory import TargetSpecError, make_target, on_nodes
 
 POLL_S = 0.05
@@ -154,6 +154,9 @@ class Execution:
                 if rank_of(fault) is not None and isinstance(self.target, RankPlacement):
                     names = self.target.node_names()  # the rank may land on any of them
                     self.hosts.refuse_protected(fault, names)
+                elif (placed := self._replica_host(fault)) is not None:
+                    names = [placed]
+                    self.hosts.refuse_protected(fault, names)
                 else:
                     names = self.hosts.resolve(fault, first_op.op_id if first_op else fault.name, self.plan.seed)
                 for name in names:
@@ -173,7 +176,19 @@ class Execution:
                 raise HostsError(f"rank {rank} has not reported a start yet, so its host is unknown")
             self.hosts.refuse_protected(fault, [host])
             return [host]
+        placed = self._replica_host(fault)
+        if placed is not None:
+            self.hosts.refuse_protected(fault, [placed])
+            return [placed]
         return self.hosts.resolve(fault, op_id, self.plan.seed)
+
+    def _replica_host(self, fault: FaultSpec) -> str | None:
+        """The host of the replica a process fault selects (``params.replica``) on a target that places its
+        replicas on hosts, when the fault names no ``hosts:`` of its own; else None."""
+        replica = getattr(fault.params, "replica", None)
+        if fault.hosts is not None or not isinstance(replica, str) or not isinstance(self.target, ReplicaPlacement):
+            return None
+        return self.target.host_for_replica(replica)
 
     def _ctx(self, host: str) -> InjectionContext:
         if host == LOCAL:

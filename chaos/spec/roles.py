@@ -71,8 +71,12 @@ class RoleSpec(BaseModel):
     Placeholders in ``command``, torchrun ``args`` and ``env`` values: ``{run_dir}``, ``{seed}``, ``{role}``,
     ``{replica}`` (the replica's name), ``{index}`` (its index, 0 for a single replica), ``{python}`` (the
     interpreter mlchaos runs with, which has the ``torchft`` extra when it was installed), ``{bin}`` (its
-    folder, where console scripts such as ``torchft_lighthouse`` are) and ``{port:ROLE}`` (the ``port`` of role
-    ROLE, so a load balancer's environment can name its backends' ports once)."""
+    folder, where console scripts such as ``torchft_lighthouse`` are), ``{port:ROLE}`` (the ``port`` of role
+    ROLE, so a load balancer's environment can name its backends' ports once) and ``{host:ROLE}`` (the address
+    of the host role ROLE runs on: ``127.0.0.1`` for this machine, the inventory address for ``host:``) and
+    ``{scenario_dir}`` (the absolute folder of the scenario file: a role on another host starts in that host's
+    login directory, so relative paths there are not the scenario's).
+    ``{python}`` and a torchrun role's launcher are the inventory's ``python`` on another host."""
 
     model_config = _STRICT
     command: Argv | None = Field(default=None, min_length=1)
@@ -84,7 +88,8 @@ class RoleSpec(BaseModel):
         default=None,
         ge=1,
         le=65535,
-        description="a TCP port on 127.0.0.1 the role serves: it is ready (target.role_ready) once it accepts",
+        description="a TCP port the role serves (on its host's address): it is ready (target.role_ready) once it "
+        "accepts",
     )
     after: list[str] = Field(default=[], description="roles that must be ready (or, without a port, started) first")
     backend: str | None = Field(
@@ -93,11 +98,23 @@ class RoleSpec(BaseModel):
         description="the server name a load balancer reports for this role (its X-Backend): each start is a "
         "serving.replica_start event of that backend, which failback windows count from",
     )
+    host: str | list[str] | None = Field(
+        default=None,
+        min_length=1,
+        description="the inventory host this role runs on (default: this machine), or a list: replica i runs on "
+        "item i modulo its length; {host:ROLE} is the address of its first replica's host",
+    )
     balancer: Literal["haproxy"] | None = Field(
         default=None,
         description="this role is a load balancer of that kind: the backend state changes it logs become "
         "detect.backend_down {backend, reason} and serving.backend_up {backend} events",
     )
+
+    def host_of(self, index: int) -> str | None:
+        """The inventory host replica ``index`` runs on; None for this machine."""
+        if self.host is None or isinstance(self.host, str):
+            return self.host
+        return self.host[index % len(self.host)]
 
     @model_validator(mode="after")
     def _one_launcher(self) -> RoleSpec:
@@ -154,6 +171,11 @@ class RolesTarget(BaseModel):
             raise ValueError(f"two roles give the same backend name: {', '.join(sorted(backends))}")
         _start_order(self.roles)  # raises on a cycle
         return self
+
+    def hosts(self) -> list[str]:
+        """The inventory hosts the roles run on (``host:``), each once, in role order."""
+        found = [role.host_of(i) for role in self.roles.values() for i in range(role.replicas)]
+        return list(dict.fromkeys(host for host in found if host is not None))
 
     def replica_names(self) -> list[str]:
         """Every replica's name, role by role (see the module docstring)."""

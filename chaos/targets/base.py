@@ -81,6 +81,14 @@ class Serves(Protocol):
 
 
 @runtime_checkable
+class ReplicaPlacement(Protocol):
+    """A job whose replicas run on several hosts (a roles target with ``host:``): a process fault on a replica
+    lands on the host that runs it."""
+
+    def host_for_replica(self, name: str) -> str | None: ...
+
+
+@runtime_checkable
 class RankPlacement(Protocol):
     """A job whose ranks run on several hosts (multi-node torchrun): a fault aimed at a rank lands on the host
     that runs that rank when it fires, and may land on any of :meth:`node_names` (checked before the run)."""

@@ -15,6 +15,7 @@ from chaos.targets import interpreter
 from chaos.targets.base import Target
 from chaos.targets.command import CommandJob
 from chaos.targets.http import HttpJob
+from chaos.targets.role_hosts import RoleHost
 from chaos.targets.roles import RolesJob, ServingRolesJob
 from chaos.targets.torchrun import TorchrunJob
 from chaos.targets.torchrun_nodes import MultiNodeTorchrunJob, Node
@@ -44,7 +45,10 @@ def make_target(
         return HttpJob(spec)
     if isinstance(spec, RolesTarget):
         kind = RolesJob if spec.url is None else ServingRolesJob
-        return kind(spec, transport, run_dir, seed, extra_env)
+        placement = {name: RoleHost(name, hosts.address(name), hosts.transport(name)) for name in spec.hosts()}
+        source = scenario.located(())[0]
+        scenario_dir = Path(source).resolve().parent if not source.startswith("<") else None
+        return kind(spec, transport, run_dir, seed, extra_env, placement, scenario_dir)
     return CommandJob(spec, transport, run_dir, seed, extra_env)
 
 

@@ -29,15 +29,17 @@ Contracts:
   only the target's own processes (:meth:`RolesJob.job_tree`).
 - :meth:`stop` ends every replica (SIGTERM, then SIGKILL after ``grace``) in parallel, then SIGKILLs any process
   seen below a replica that outlived its launcher (only while its start time still matches).
+- A role with ``host:`` runs on that inventory host (``placement``: :class:`~chaos.targets.role_hosts.RoleHost`),
+  through its transport: its events come back over the connection, its process tree is read there, its port is
+  probed at the host's address, and a process fault on one of its replicas lands on that host
+  (:meth:`host_for_replica`, ReplicaPlacement).
 """
 
 from __future__ import annotations
 
 import os
 import queue
-import shutil
 import socket
-import sys
 import threading
 import time
 from pathlib import Path
@@ -51,7 +53,7 @@ from chaos.spec.roles import RoleSpec, RolesTarget, replica_names_of
 from chaos.targets.balancers import balancer_matchers
 from chaos.targets.base import SpawnedJob, TargetUnusable
 from chaos.targets.command import expand
-from chaos.targets.process_tree import kill_known, tree
+from chaos.targets.role_hosts import RoleHost, installed, kill_seen, local_host, process_tree, python_on
 from chaos.targets.torchrun import TORCHRUN_MATCHERS
 
 ROLE_START = "target.role_start"
@@ -68,8 +70,9 @@ _TREE_EVERY = 1.0  # seconds between scans of /proc for the replicas' processes 
 class _Replica:
     """One replica of a role: its settings and its current attempt (0 first, then one per restart)."""
 
-    def __init__(self, role: str, name: str, index: int, spec: RoleSpec) -> None:
+    def __init__(self, role: str, name: str, index: int, spec: RoleSpec, host: RoleHost) -> None:
         self.role = role
+        self.host = host
         self.name = name
         self.index = index
         self.spec = spec
@@ -89,15 +92,34 @@ class RolesJob:
     """A ``roles`` target (see the module docstring for its contracts)."""
 
     def __init__(
-        self, spec: RolesTarget, transport: Transport, run_dir: Path, seed: int, extra_env: dict[str, str] | None = None
+        self,
+        spec: RolesTarget,
+        transport: Transport,
+        run_dir: Path,
+        seed: int,
+        extra_env: dict[str, str] | None = None,
+        placement: dict[str, RoleHost] | None = None,
+        scenario_dir: Path | None = None,
     ) -> None:
         self.spec = spec
+        self.scenario_dir = scenario_dir if scenario_dir is not None else Path.cwd()
         self.transport = transport
         self.run_dir = run_dir
         self.seed = seed
         self.extra_env = dict(extra_env or {})
+        here = local_host(transport)
+        hosts = dict(placement or {})
+        unplaced = [host for host in spec.hosts() if host not in hosts]
+        if unplaced:
+            raise ValueError(f"roles run on {', '.join(unplaced)}, but no placement was given for it")
+
+        def host_of(role: str, index: int) -> RoleHost:
+            name = spec.roles[role].host_of(index)
+            return here if name is None else hosts[name]
+
+        self._first_host = {role: host_of(role, 0) for role in spec.roles}
         self._replicas = [
-            _Replica(role, name, index, spec.roles[role])
+            _Replica(role, name, index, spec.roles[role], host_of(role, index))
             for role in spec.start_order()
             for index, name in enumerate(replica_names_of(role, spec.roles[role].replicas))
         ]
@@ -155,7 +177,7 @@ class RolesJob:
         for thread in stoppers:
             thread.join(timeout=grace + 15)
         for replica in self._replicas:
-            kill_known(replica.seen)  # workers in sessions of their own that outlived their launcher
+            kill_seen(replica.host, replica.seen)  # workers in sessions of their own that outlived their launcher
             self._collect(replica)  # their exits, reported as expected ones
 
     def describe(self) -> str:
@@ -166,14 +188,16 @@ class RolesJob:
         """Refuse (:class:`TargetUnusable`) roles whose program is not installed here, before anything starts
         (e.g. ``haproxy`` without the Debian package), instead of replicas that die at every restart."""
         missing: list[str] = []
-        for role, spec in self.spec.roles.items():
+        for replica in self._replicas:
+            role, spec, host = replica.role, replica.spec, replica.host
             if spec.command is None:
-                continue
-            program = expand(spec.command[0], self._values(role, role, 0))
-            found = os.access(program, os.X_OK) if os.sep in program else shutil.which(program) is not None
-            if not found:
+                program = python_on(host)
+            else:
+                program = expand(spec.command[0], self._values(replica))
+            if not installed(host, program):
                 hint = " (Debian: apt-get install haproxy, or `make setup` as root)" if program == "haproxy" else ""
-                missing.append(f"role {role!r} runs {program!r}, which is not installed here{hint}")
+                where = "here" if host.local else f"on host {host.name!r} (or the host does not answer)"
+                missing.append(f"role {role!r} runs {program!r}, which is not installed {where}{hint}")
         if missing:
             raise TargetUnusable("; ".join(missing))
 
@@ -192,14 +216,18 @@ class RolesJob:
                 return list(self._remember_tree(replica))
         return []
 
+    def host_for_replica(self, name: str) -> str | None:
+        """The host replica ``name`` runs on (``local`` for this machine); None for no such replica."""
+        return next((r.host.name for r in self._replicas if r.name == name), None)
+
     def job_tree(self, host: str) -> JobTree:
-        """Every replica's launcher and the processes below them now (``name:`` selectors match only inside
-        it); empty on any host but this one, where the roles run."""
-        if host != self.transport.host:
-            return JobTree(frozenset(), frozenset())
+        """The launchers of the replicas on ``host`` and the processes below them now (``name:`` selectors match
+        only inside it); empty on a host no replica runs on."""
         launchers: set[int] = set()
         members: set[int] = set()
         for replica in self._replicas:
+            if replica.host.name != host:
+                continue
             job = replica.job
             now = self._remember_tree(replica)
             if job is not None and job.pid in now:
@@ -212,7 +240,7 @@ class RolesJob:
         job = replica.job
         if job is None or job.pid is None or job.exit_code() is not None:
             return {}
-        now = tree(job.pid)
+        now = process_tree(replica.host, job.pid)
         replica.seen.update(now)
         return now
 
@@ -228,29 +256,32 @@ class RolesJob:
         run = spec.torchrun
         if run is None:  # the model guarantees one of them
             raise AssertionError("a role without command or torchrun")
-        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1"]
+        argv = [python_on(replica.host), "-m", "torch.distributed.run", "--standalone", "--nnodes", "1"]
         argv += ["--nproc-per-node", str(run.nproc_per_node), "--max-restarts", str(run.max_restarts)]
         argv += ["--monitor-interval", f"{run.monitor_interval:g}"]
         argv += ["-m", run.module] if run.module is not None else [expand(run.script or "", values)]
         return argv + [expand(arg, values) for arg in run.args], list(TORCHRUN_MATCHERS)
 
-    def _values(self, role: str, replica: str, index: int) -> dict[str, str]:
+    def _values(self, replica: _Replica) -> dict[str, str]:
         """The placeholders of a replica's command, args and env (see :class:`chaos.spec.roles.RoleSpec`)."""
+        python = python_on(replica.host)
         values = {
             "run_dir": str(self.run_dir),
             "seed": str(self.seed),
-            "role": role,
-            "replica": replica,
-            "index": str(index),
-            "python": sys.executable,
-            "bin": os.path.dirname(sys.executable),
+            "role": replica.role,
+            "replica": replica.name,
+            "index": str(replica.index),
+            "python": python,
+            "bin": os.path.dirname(python),
+            "scenario_dir": str(self.scenario_dir),
         }
         values.update({f"port:{name}": str(spec.port) for name, spec in self.spec.roles.items() if spec.port})
+        values.update({f"host:{name}": host.address for name, host in self._first_host.items()})
         return values
 
     def _spawn(self, replica: _Replica) -> None:
         """Start the replica's current attempt (caller holds the lock and has checked ``_stopping``)."""
-        values = self._values(replica.role, replica.name, replica.index)
+        values = self._values(replica)
         argv, matchers = self._argv(replica, values)
         if replica.spec.balancer is not None:
             matchers += balancer_matchers(replica.spec.balancer)
@@ -264,12 +295,13 @@ class RolesJob:
             {"CHAOS_ROLE": replica.role, "CHAOS_REPLICA": replica.name, "CHAOS_REPLICA_INDEX": str(replica.index)}
         )
         replica.job = SpawnedJob(
-            self.transport,
+            replica.host.transport,
             argv,
             env=env,
             run_dir=self.run_dir,
             matchers=matchers,
             log_name=f"{replica.name}.log",
+            host=None if replica.host.local else replica.host.name,
             events_name=f"events-{replica.name}.{replica.attempt}.jsonl",
         )
         replica.job.start()
@@ -323,7 +355,7 @@ class RolesJob:
             if job.exit_code() is not None:
                 continue
             try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                with socket.create_connection((replica.host.address, port), timeout=0.2):
                     pass
             except OSError:
                 continue

@@ -56,6 +56,10 @@ def test_each_host_is_its_own_namespace(testbed: Inventory, testbed_transports: 
         addresses = transport.run(["ip", "-4", "addr"], check=True).stdout
         assert f"inet {host.address}/24" in addresses
         assert not any(f"inet {a}/" in addresses for a in _root_addresses())  # not the machine's stack
+        # Every testbed host's name resolves on every host (a per-namespace hosts file), as a cluster's DNS does.
+        for other in testbed.hosts:
+            found = transport.run(["getent", "hosts", other.name], check=True).stdout.split()
+            assert found[:2] == [other.address, other.name], found
         netns = transport.run(["readlink", "/proc/self/ns/net"], check=True).stdout.strip()
         assert netns != own_netns
         seen.add(netns)
@@ -207,6 +211,8 @@ def _leftovers(layout: tb.Layout) -> list[str]:
     found += [f"process {pid}" for pid in sshd.split()]
     rules = subprocess.run(["iptables", "-S"], capture_output=True, text=True).stdout
     found += [line for line in rules.splitlines() if "chtb" in line or "chaos-tb" in line]
+    etc = Path("/etc/netns")  # the per-host hosts files
+    found += [str(d) for d in (etc.iterdir() if etc.exists() else ()) if d.name.startswith(layout.ns_prefix)]
     return found
 
 

@@ -70,3 +70,30 @@ def test_what_a_roles_target_refuses(role: str, message: str) -> None:
         parse_scenario(text)
     assert message in str(caught.value)
     assert ":5:" in str(caught.value) or ":4:" in str(caught.value) or ":6:" in str(caught.value)
+
+
+def test_a_role_runs_on_an_inventory_host_or_spreads_its_replicas_over_a_list() -> None:
+    spec = RolesTarget.model_validate(
+        {
+            "type": "roles",
+            "roles": {
+                "lighthouse": {"command": ["lh"], "host": "h1"},
+                "group": {"command": ["train"], "replicas": 3, "host": ["h2", "h3"]},
+                "here": {"command": ["x"]},
+            },
+        }
+    )
+    group = spec.roles["group"]
+    assert [group.host_of(i) for i in range(3)] == ["h2", "h3", "h2"]
+    assert spec.roles["here"].host_of(0) is None
+    assert spec.hosts() == ["h1", "h2", "h3"]
+
+
+def test_a_scenario_with_roles_on_hosts_needs_an_inventory() -> None:
+    from chaos.cluster.hosts import HostsError, HostSet
+
+    scenario = parse_scenario(
+        "name: x\ntarget:\n  type: roles\n  roles: {a: {command: [sleep, '1'], host: h1}}\nchecks: [{type: completes}]\n"
+    )
+    with pytest.raises(HostsError, match="no inventory was given"):
+        HostSet.for_scenario(scenario, None, None)

@@ -84,7 +84,7 @@ def test_a_load_path_needs_the_fleets_url() -> None:
 
 def test_port_placeholders_name_each_roles_port(tmp_path: Path) -> None:
     job = RolesJob(RolesTarget.model_validate(fleet()), LocalTransport(), tmp_path, seed=1)
-    values = job._values("lb", "lb", 0)
+    values = job._values(job._replicas[-1])
     assert values["port:primary"] == "18181" and values["port:lb"] == "18180"
 
 

@@ -63,6 +63,7 @@ LINK_PREFIX = "chtb"
 SUBNET_PREFIX = "10.213"
 SSH_PORT = 22
 _PRIVSEP_DIR = Path("/run/sshd")  # sshd refuses to start without it
+_NETNS_ETC = Path("/etc/netns")  # per-namespace /etc files that `ip netns exec` mounts (each host's hosts file)
 # Marks a /run/sshd that a testbed created; the last testbed down (no sshd left) removes both.
 _PRIVSEP_MARK = _PRIVSEP_DIR / ".chaos-tb-created"
 _STATE_FILE = "chaos-tb.json"
@@ -254,6 +255,7 @@ def up(
             _remove_host(layout, index, log)
         sshd = _sshd()
         assert sshd is not None
+        _write_hosts_files(layout, net, n)
         for index in range(1, n + 1):
             _ensure_host(layout, index, net, sshd, log)
         known = []
@@ -366,10 +368,30 @@ def _ensure_host(layout: Layout, index: int, net: ipaddress.IPv4Network, sshd: s
         raise TestbedError(f"sshd for h{index} is not accepting connections on {address}:{SSH_PORT}")
 
 
+def _write_hosts_files(layout: Layout, net: ipaddress.IPv4Network, n: int) -> None:
+    """``/etc/netns/<host ns>/hosts`` for every host: ``ip netns exec`` (how sshd starts) bind-mounts it over
+    ``/etc/hosts`` for that host's processes only, so each host resolves every testbed host's name (``h2``) the
+    way a cluster's DNS does (torchft's peers, for one, connect to each other by hostname), and nothing outside
+    the testbed sees the names. Written in place, so a running host's mount sees hosts added later."""
+    text = "127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n"
+    text += "".join(f"{tb.host_address(net, index)} h{index}\n" for index in range(1, n + 1))
+    for index in range(1, n + 1):
+        folder = _NETNS_ETC / layout.host_ns(index)
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / "hosts", "w", encoding="ascii") as handle:
+            handle.write(text)
+
+
+def _remove_netns_etc(ns: str) -> None:
+    """Remove the namespace's ``/etc/netns/<ns>`` (its hosts file); never raises."""
+    shutil.rmtree(_NETNS_ETC / ns, ignore_errors=True)
+
+
 def _remove_host(layout: Layout, index: int, log: Callable[[str], None]) -> None:
     ns = layout.host_ns(index)
     killed = kill_all(partial(netns_pids, ns))
     run(["ip", "netns", "del", ns], check=False)
+    _remove_netns_etc(ns)
     _remove_host_files(layout, index)
     log(f"removed host h{index} (namespace {ns}, {killed} process(es))")
 
@@ -394,6 +416,7 @@ def down(state_dir: Path | None = None, *, log: Callable[[str], None] = tb.ignor
             try:
                 count = kill_all(partial(netns_pids, ns))
                 run(["ip", "netns", "del", ns])
+                _remove_netns_etc(ns)
                 say(f"deleted namespace {ns}" + (f" (stopped {count} process(es))" if count else ""))
             except TestbedError as exc:
                 fail(str(exc))
@@ -466,6 +489,7 @@ def down_all(*, log: Callable[[str], None] = tb.ignore) -> list[str]:
         for ns in sorted((n for n in netns_names() if n.startswith(PREFIX + "-")), key=lambda n: n.endswith("-hub")):
             count = kill_all(partial(netns_pids, ns))
             run(["ip", "netns", "del", ns])
+            _remove_netns_etc(ns)
             done.append(f"deleted namespace {ns}" + (f" (stopped {count} process(es))" if count else ""))
             log(done[-1])
         links = json.loads(run(["ip", "-j", "link", "show"]).stdout or "[]")
