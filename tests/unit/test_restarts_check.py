@@ -109,8 +109,32 @@ def test_the_verdict_table_row_of_a_torchrun_run() -> None:
     assert unseen is not None and unseen.measured == "?" and unseen.used is None
     # Not a torchrun run, and no launcher evidence: no row.
     assert restarts_row(History.from_events([]), "command", None) is None
-    # A launcher seen under another target (a torchrun role of a roles target): the row is there.
+    # A roles run: the restarts its policies made, per replica, with the exit each answered.
     assert restarts_row(History.from_events(CLEAN), "roles", None) is not None
+
+
+def role_event(t: float, kind: str, replica: str, **data: Any) -> Event:
+    return Event(ts_ns=int(t * S), kind=kind, source="runner", data={"role": replica.split(".")[0], "replica": replica, **data})
+
+
+def test_the_row_of_a_roles_run_counts_policy_restarts_per_replica() -> None:
+    events = [
+        role_event(1, "target.role_exit", "group.1", code=-9),
+        role_event(2, "target.role_restart", "group.1", attempt=1),
+        role_event(3, "target.role_exit", "lighthouse", code=1),
+        role_event(4, "target.role_restart", "lighthouse", attempt=1),
+        role_event(5, "target.role_exit", "group.1", code=-9),
+        role_event(6, "target.role_restart", "group.1", attempt=2),
+    ]
+    row = restarts_row(History.from_events(events), "roles", None)
+    assert row is not None
+    _, status, measured, bound, why = row.cells()
+    assert (status, measured, bound) == ("info", "3", "restart policies")
+    assert why.startswith("group.1 x2, lighthouse x1: ") and "group.1 after signal 9" in why
+    assert "lighthouse after exit 1" in why
+    assert row.to_json()["by_replica"] == {"group.1": 2, "lighthouse": 1}
+    clean = restarts_row(History.from_events(events[:1]), "roles", None)
+    assert clean is not None and clean.cells()[2:] == ("0", "restart policies", "no restart")
 
 
 def test_report_html_shows_the_row() -> None:
