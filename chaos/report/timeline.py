@@ -333,7 +333,7 @@ def _overlays(axes: list[Axes], events: Sequence[Event], marks: Sequence[FaultMa
         top.text(x, 0.965, f" {text}", transform=where, va="center", fontsize=8, fontweight="bold", zorder=6)
 
     detections = [e for e in events if e.kind.startswith("detect.")]
-    restarts = _one_per_restart([e for e in events if e.kind in (TARGET_RESTART, "serving.replica_restart")])
+    restarts = _one_per_restart([e for e in events if e.kind in (TARGET_RESTART, "target.role_restart")])
     for ax in axes:
         band = ax.get_xaxis_transform()
         if detections:

@@ -16,8 +16,9 @@ Contracts:
   exit is never ``target.exit``. ``target.ready`` once every role with a port has been ready (all started).
 - Serving fleets: each start of a role with a ``backend`` is also ``serving.replica_start`` {backend, role,
   replica, pid, attempt}; a ``balancer`` role's log lines about its servers become ``detect.backend_down`` /
-  ``serving.backend_up`` {backend, reason} (:mod:`chaos.targets.balancers`) whose ``replica`` is the backend
-  they are about. :class:`ServingRolesJob` (a target with a ``url``) holds the faults and the load until
+  ``serving.backend_up`` {backend, reason} (:mod:`chaos.targets.balancers`). An event a replica reports
+  without ``data.replica`` gets ``role`` (the reporter's) and ``replica``: its ``backend`` when it names one (a
+  balancer or gateway speaking about a model server), else the reporter. :class:`ServingRolesJob` (a target with a ``url``) holds the faults and the load until
   ``target.ready``.
 - Supervisor (a thread, so restarts do not wait for anyone's poll): an exited replica is started again after
   ``restart.delay`` when its policy says so (``always``; ``on-failure`` and a code other than 0) and it has
@@ -322,12 +323,13 @@ class RolesJob:
         exited = False
         for event in job.poll_events():
             if event.kind != TARGET_EXIT:
-                if replica.spec.balancer is not None and "backend" in event.data:
-                    # The balancer speaks about a backend: that backend is the replica the event is about.
-                    about = {"role": replica.role, "replica": event.data["backend"]}
-                    event = event.model_copy(update={"data": {**event.data, **about}})
-                elif "replica" not in event.data:
-                    event = event.model_copy(update={"data": {**event.data, **replica.tag()}})
+                if "replica" not in event.data:
+                    # An event about a backend (a load balancer's or a gateway's) is about that replica; any
+                    # other is about the replica that reported it.
+                    backend = event.data.get("backend")
+                    about = backend if isinstance(backend, str) else replica.name
+                    tag: dict[str, JsonValue] = {"role": replica.role, "replica": about}
+                    event = event.model_copy(update={"data": {**event.data, **tag}})
                 self._events.put(event)
                 continue
             exited = True

@@ -261,13 +261,13 @@ def test_killed_primary_fails_over_restarts_and_fails_back(tmp_path: Path) -> No
         assert all(status == 200 for _, status, _ in seen), [s for s in seen if s[1] != 200]
         assert seen[0][2] == "fallback", seen[:3]  # the ladder: the very next request is served
         down = stack.wait_for("detect.backend_down", after=mark, backend="primary", reason="health")
-        stack.wait_for("serving.replica_exit", after=mark, replica="primary")
-        stack.wait_for("serving.replica_restart", after=mark, replica="primary", attempt=1)
+        stack.wait_for("target.role_exit", after=mark, replica="primary")
+        stack.wait_for("target.role_restart", after=mark, replica="primary", attempt=1)
         stack.wait_for("serving.route", after=mark, backend="fallback", previous="primary")
         stack.wait_for("serving.route", after=mark, backend="primary", previous="fallback")
         assert not stack.of("target.exit"), "a replica exit must not end the target"
         back = next(t for t, _, backend in seen if backend == "primary")
-        exit_ns = stack.of("serving.replica_exit", replica="primary")[0].ts_ns
+        exit_ns = stack.of("target.role_exit", replica="primary")[0].ts_ns
         print(
             f"failover: first answer by fallback {seen[0][0] * 1000:.0f} ms after the kill; "
             f"backend_down after {(down.ts_ns - exit_ns) / 1e9:.2f}s; primary serving again after {back:.2f}s"
@@ -281,13 +281,13 @@ def test_no_fallback_no_cache_gives_502(tmp_path: Path) -> None:
     with running(tmp_path, over) as stack:
         assert stack.post()[0] == 200
         _kill(stack, "primary")
-        stack.wait_for("serving.replica_exit", replica="primary")
+        stack.wait_for("target.role_exit", replica="primary")
         status, response, answer = stack.post()
         assert status == 502 and response.getheader("X-Backend") == "gateway" and "error" in answer
         stack.wait_for("detect.backend_down", backend="primary", reason="health")
         stack.wait_for("serving.route", backend="none")
         assert stack.post()[0] == 502
-        assert not stack.of("serving.replica_restart")
+        assert not stack.of("target.role_restart")
 
 
 @pytest.mark.slow
