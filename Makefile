@@ -11,7 +11,7 @@ demo: setup
 	.venv/bin/mlchaos run scenarios/kill-rank.yaml
 
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
 	$(PY) -m mypy
 	.venv/bin/ruff check chaos injectors tests benchmarks
 	.venv/bin/mlchaos validate scenarios/*.yaml

@@ -104,6 +104,12 @@ class RoleSpec(BaseModel):
         description="the inventory host this role runs on (default: this machine), or a list: replica i runs on "
         "item i modulo its length; {host:ROLE} is the address of its first replica's host",
     )
+    python: Name | None = Field(
+        default=None,
+        description="the interpreter of {python} and of a torchrun role's launcher and workers (a path, or a name "
+        "on the role's host's PATH); null: mlchaos's own here (it has the torchft extra), the inventory's python on "
+        "another host",
+    )
     balancer: Literal["haproxy"] | None = Field(
         default=None,
         description="this role is a load balancer of that kind: the backend state changes it logs become "

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
 import socket
 import threading
 import time
@@ -192,7 +193,7 @@ class RolesJob:
         for replica in self._replicas:
             role, spec, host = replica.role, replica.spec, replica.host
             if spec.command is None:
-                program = python_on(host)
+                program = spec.python or python_on(host)
             else:
                 program = expand(spec.command[0], self._values(replica))
             if not installed(host, program):
@@ -257,7 +258,7 @@ class RolesJob:
         run = spec.torchrun
         if run is None:  # the model guarantees one of them
             raise AssertionError("a role without command or torchrun")
-        argv = [python_on(replica.host), "-m", "torch.distributed.run", "--standalone", "--nnodes", "1"]
+        argv = [values["python"], "-m", "torch.distributed.run", "--standalone", "--nnodes", "1"]
         argv += ["--nproc-per-node", str(run.nproc_per_node), "--max-restarts", str(run.max_restarts)]
         argv += ["--monitor-interval", f"{run.monitor_interval:g}"]
         argv += ["-m", run.module] if run.module is not None else [expand(run.script or "", values)]
@@ -265,7 +266,7 @@ class RolesJob:
 
     def _values(self, replica: _Replica) -> dict[str, str]:
         """The placeholders of a replica's command, args and env (see :class:`chaos.spec.roles.RoleSpec`)."""
-        python = python_on(replica.host)
+        python = replica.spec.python or python_on(replica.host)
         values = {
             "run_dir": str(self.run_dir),
             "seed": str(self.seed),
@@ -273,7 +274,7 @@ class RolesJob:
             "replica": replica.name,
             "index": str(replica.index),
             "python": python,
-            "bin": os.path.dirname(python),
+            "bin": os.path.dirname(python if os.sep in python or not replica.host.local else shutil.which(python) or ""),
             "scenario_dir": str(self.scenario_dir),
         }
         values.update({f"port:{name}": str(spec.port) for name, spec in self.spec.roles.items() if spec.port})

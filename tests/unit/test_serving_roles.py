@@ -101,3 +101,17 @@ def test_a_role_whose_program_is_missing_is_refused_before_anything_starts(tmp_p
     job = RolesJob(RolesTarget.model_validate(spec), LocalTransport(), tmp_path, seed=1)
     with pytest.raises(TargetUnusable, match="role .lb. runs .haproxy-not-installed-here., which is not installed"):
         job.preflight()
+
+
+def test_a_roles_python_is_its_interpreter_and_bin(tmp_path: Path) -> None:
+    import shutil
+    import sys
+
+    spec = fleet()
+    spec["roles"] = {"a": {"command": ["{python}", "x.py"], "python": "python3"}, "b": {"command": ["{bin}/tool"]}}
+    job = RolesJob(RolesTarget.model_validate(spec), LocalTransport(), tmp_path, seed=1)
+    a, b = job._replicas
+    found = shutil.which("python3")
+    assert found is not None
+    assert job._values(a)["python"] == "python3" and job._values(a)["bin"] == str(Path(found).parent)
+    assert job._values(b)["python"] == sys.executable and job._values(b)["bin"] == str(Path(sys.executable).parent)
