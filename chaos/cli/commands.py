@@ -165,8 +165,11 @@ def plan(
     file: Annotated[Path, typer.Argument(help="scenario YAML file")],
     seed: Annotated[int | None, typer.Option(help="override the scenario's seed")] = None,  # noqa: UP007
 ) -> None:
-    """Show the fault plan a run would follow (seeded: the same seed gives the same plan)."""
-    [(_, scenario)] = _load_all([file])
+    """Show the fault plan a run would follow (seeded: the same seed gives the same plan). A scenario that
+    `run` would refuse is refused here too (the same preflight), so no plan is shown for it."""
+    checked = check_files([file])
+    _refuse(checked.problems)
+    [(_, scenario)] = checked.scenarios
     planned = make_plan(scenario, seed)
     console.print(f"plan for [bold]{scenario.name}[/bold], seed {planned.seed}:")
     for op in planned.ops:

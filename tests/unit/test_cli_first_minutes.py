@@ -156,3 +156,20 @@ def test_readme_documents_every_field_of_chaos_plan_json() -> None:
     [example] = re.findall(r"```json\n(.*?)```", section, flags=re.S)
     plan = InJobPlan.model_validate_json(example)
     assert plan.ops and plan.ops[0].op_id == f"{plan.ops[0].fault}#1"
+
+
+def test_plan_refuses_what_run_would_refuse(tmp_path: Path) -> None:
+    # Parses, but a command target has no ranks: `run` and `validate` refuse it, so `plan` shows no plan for it.
+    file = tmp_path / "ranked.yaml"
+    file.write_text(
+        "name: t\ntarget: {type: command, command: [sleep, '5']}\n"
+        "faults:\n  - {name: k, type: kill, params: {rank: 1}, trigger: {after: 1s}}\n"
+        "checks: [{type: completes}]\n"
+    )
+    result = CliRunner().invoke(app, ["plan", str(file)])
+    assert result.exit_code == 2, result.output
+    assert "nothing was run" in result.output and "plan for" not in result.output
+    fine = tmp_path / "fine.yaml"
+    fine.write_text(file.read_text().replace("{rank: 1}", "{name: sleep}"))
+    shown = CliRunner().invoke(app, ["plan", str(fine)])
+    assert shown.exit_code == 0 and "plan for t" in shown.output, shown.output
