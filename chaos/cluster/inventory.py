@@ -31,6 +31,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from chaos.spec.problems import decode_text
 from chaos.spec.scenario import HostSelector, Problem, ScenarioError, read_yaml_mapping
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -256,9 +257,11 @@ def load_inventory(path: Path | str) -> Inventory:
     """Read and validate an inventory file; relative paths in it are relative to the file's folder."""
     file = Path(path)
     try:
-        text = file.read_text(encoding="utf-8")
+        raw = file.read_bytes()
     except OSError as exc:
         raise InventoryError([Problem(str(path), 1, 1, f"cannot read inventory: {exc.strerror}", "check the path")]) from None
+    # Not UTF-8: the same file:line:column problem a scenario file gets, not a traceback.
+    text = decode_text(raw, str(path), InventoryError)
     return parse_inventory(text, str(path), base_dir=file.parent)
 
 

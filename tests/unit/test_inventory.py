@@ -173,3 +173,12 @@ def test_selector_rejects_contradictions() -> None:
         HostSelector(host="n1", count=2)
     with pytest.raises(ValueError):
         HostSelector(count=0)
+
+
+def test_an_inventory_that_is_not_utf8_is_named_at_its_line_not_a_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "hosts.yaml"
+    path.write_bytes(b"hosts:\n  - name: a\xff\n    address: 10.0.0.1\n")
+    with pytest.raises(InventoryError) as info:
+        load_inventory(path)
+    [problem] = info.value.problems
+    assert problem.line == 2 and "not UTF-8 text: byte 0xff" in str(problem)
