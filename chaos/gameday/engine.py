@@ -205,7 +205,12 @@ def _local_matches(pattern: str) -> list[str]:
     return found
 
 
-def _reach_of(fault: FaultSpec, plan: Plan, hosts: HostSet) -> Reach:
+# Targets whose process selectors (name:) match only the target's own process tree (ProcessTreeResolver); an
+# http target is someone else's service, so its name: selectors match across the host.
+SCOPED_TARGETS = frozenset({"torchrun", "roles", "command", "serving"})
+
+
+def _reach_of(fault: FaultSpec, plan: Plan, hosts: HostSet, scoped: bool) -> Reach:
     ops = [op for op in plan.ops if op.fault == fault.name]
     warnings: list[str] = []
     names: list[str] = []
@@ -220,7 +225,9 @@ def _reach_of(fault: FaultSpec, plan: Plan, hosts: HostSet) -> Reach:
                 break
     touches = _selects(fault.params)
     pattern = getattr(fault.params, "name", None)
-    if isinstance(pattern, str) and names == [LOCAL]:
+    if isinstance(pattern, str) and scoped:
+        touches = f"the target's own processes matching /{pattern}/ (never a process outside its tree)"
+    elif isinstance(pattern, str) and names == [LOCAL]:
         already = _local_matches(pattern)
         if already:
             warnings.append(
@@ -233,7 +240,8 @@ def _reach_of(fault: FaultSpec, plan: Plan, hosts: HostSet) -> Reach:
 
 def blast_radius(scenario: Scenario, plan: Plan, hosts: HostSet) -> list[Reach]:
     """What each fault of ``scenario`` may touch under ``plan`` (see the module contract)."""
-    return [_reach_of(fault, plan, hosts) for fault in scenario.faults]
+    scoped = getattr(scenario.target, "type", None) in SCOPED_TARGETS
+    return [_reach_of(fault, plan, hosts, scoped) for fault in scenario.faults]
 
 
 def target_reach(scenario: Scenario, hosts: HostSet, seed: int) -> str:

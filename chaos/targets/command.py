@@ -1,4 +1,5 @@
-"""Any command as a target: its log lines become events through the scenario's matchers."""
+"""Any command as a target: its log lines become events through the scenario's matchers; ``name:`` process
+selectors match only the command's own process tree (:meth:`CommandJob.job_tree`)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ from pathlib import Path
 
 from chaos.cluster.base import Transport
 from chaos.history.timeline import Event, LogMatcher
+from chaos.plugins.injector import JobTree
 from chaos.spec.scenario import CommandTarget
 from chaos.targets.base import SpawnedJob
 from chaos.targets.interpreter import command_argv
+from chaos.targets.process_tree import tree
 
 
 def expand(template: str, values: dict[str, str]) -> str:
@@ -45,3 +48,13 @@ class CommandJob:
 
     def describe(self) -> str:
         return " ".join(self.job.argv)
+
+    def job_tree(self, host: str) -> JobTree:
+        """The command's process (the launcher) and every process below it now, on the host it runs on (``name:``
+        selectors match only inside it, so a pattern never hits a stranger elsewhere on the machine); empty on
+        any other host or once it has exited."""
+        pid = self.job.pid
+        if host != self.job.transport.host or pid is None or self.job.exit_code() is not None:
+            return JobTree(frozenset(), frozenset())
+        below = set(tree(pid)) - {pid}
+        return JobTree(frozenset({pid}), frozenset(below))

@@ -55,17 +55,27 @@ safety: {{no_progress_timeout: null, max_duration: 3m}}
 def test_blast_radius_names_hosts_processes_and_warns_about_existing_matches() -> None:
     arg = f"600.{secrets.randbelow(10**6):06d}"
     scenario = parse_scenario(SCENARIO.format(name="radius", arg=arg, pattern=arg.replace(".", r"\.")))
+    # The same fault against an endpoint someone else runs: there, name: matches across the machine.
+    endpoint = parse_scenario(
+        SCENARIO.format(name="radius", arg=arg, pattern=arg.replace(".", r"\.")).replace(
+            'type: command\n  command: [sleep, "%s"]' % arg, "type: http\n  url: http://127.0.0.1:9"
+        )
+    )
     hosts = HostSet.for_scenario(scenario, None, None)
     [reach] = blast_radius(scenario, make_plan(scenario), hosts)
     assert reach.hosts == [LOCAL] and reach.ops == ["freeze-sleeper#1"] and reach.duration_s == 60
-    assert reach.touches.startswith("processes matching /^sleep 600")
+    assert reach.touches.startswith("the target's own processes matching /^sleep 600"), reach.touches
     assert reach.warnings == []
-    stranger = subprocess.Popen(["sleep", arg])  # already running before the game day: inside the radius
+    [reach] = blast_radius(endpoint, make_plan(endpoint), hosts)
+    assert reach.touches.startswith("processes matching /^sleep 600") and reach.warnings == []
+    stranger = subprocess.Popen(["sleep", arg])  # already running before the game day
     try:
         deadline = time.monotonic() + 10  # until the child has exec'd sleep (a busy machine forks slowly)
         while not Path(f"/proc/{stranger.pid}/cmdline").read_bytes().startswith(b"sleep") and time.monotonic() < deadline:
             time.sleep(0.01)
         [reach] = blast_radius(scenario, make_plan(scenario), hosts)
+        assert reach.warnings == []  # outside the command's own tree: a scoped selector never touches it
+        [reach] = blast_radius(endpoint, make_plan(endpoint), hosts)  # inside an unscoped selector's radius
         assert len(reach.warnings) == 1 and f"{stranger.pid} (sleep {arg})" in reach.warnings[0]
     finally:
         stranger.kill()

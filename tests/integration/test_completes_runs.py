@@ -3,6 +3,7 @@ itself, and a kill fault killing it are three different reasons (issue 15, Build
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -58,3 +59,24 @@ def test_a_job_killed_by_a_kill_fault_names_the_fault(tmp_path: Path) -> None:
     check = _completes(result)
     assert check.status == "fail" and check.measured == -9.0, check
     assert check.reason.startswith("the job was killed by fault 'kill-job': it died of SIGKILL (code -9)"), check
+
+
+def test_a_name_selector_of_a_command_target_hits_its_job_never_a_stranger(tmp_path: Path) -> None:
+    marker = f"mlchaos-scope-{uuid.uuid4().hex[:8]}"
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", marker])  # same argv, not ours
+    try:
+        scenario = {
+            "name": "scoped",
+            "target": {"type": "command", "command": [sys.executable, "-c", "import time; time.sleep(60)", marker]},
+            "faults": [{"name": "kill-job", "type": "kill", "params": {"name": marker}, "trigger": {"after": "0.5s"}}],
+            "checks": [{"type": "completes"}],
+            "safety": {"max_duration": "60s", "no_progress_timeout": None},
+        }
+        result = execute(parse_scenario(yaml.safe_dump(scenario)), RunOptions(report_root=tmp_path, golden=False))
+        [applied] = result.history.of("fault.applied")
+        assert "target's" in (applied.get_str("description") or ""), applied
+        assert _completes(result).measured == -9.0  # the job died of the kill ...
+        assert stranger.poll() is None, "the kill hit a process outside the target"  # ... the stranger did not
+    finally:
+        stranger.kill()
+        stranger.wait()
