@@ -58,7 +58,7 @@ def test_blast_radius_names_hosts_processes_and_warns_about_existing_matches() -
     # The same fault against an endpoint someone else runs: there, name: matches across the machine.
     endpoint = parse_scenario(
         SCENARIO.format(name="radius", arg=arg, pattern=arg.replace(".", r"\.")).replace(
-            'type: command\n  command: [sleep, "%s"]' % arg, "type: http\n  url: http://127.0.0.1:9"
+            f'type: command\n  command: [sleep, "{arg}"]', "type: http\n  url: http://127.0.0.1:9"
         )
     )
     hosts = HostSet.for_scenario(scenario, None, None)
