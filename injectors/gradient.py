@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from chaos.plugins.injector import InJobInjector
+from injectors.tensor import BitIndex
 
 if TYPE_CHECKING:  # torch is imported only inside the job: the harness loads params models without it
     import torch
@@ -38,8 +39,8 @@ class GradCorruptParams(BaseModel):
     rank: int | None = Field(default=None, ge=0, description="the rank corrupted (default: the trigger's rank, else 1)")
     kind: Literal["bitflip", "nan", "inf", "scale"] = "bitflip"
     element: int | None = Field(default=None, ge=0, description="flat index in the bucket (default: seeded random)")
-    bit: int | Literal["sign", "exponent", "mantissa"] | None = Field(
-        default="exponent", description="bit index (0 = LSB) or class; null = any bit"
+    bit: BitIndex | Literal["sign", "exponent", "mantissa"] | None = Field(
+        default="exponent", description="bit index (0 = LSB; below the gradient's width: 32 for float32) or class; null = any bit"
     )
     count: int = Field(default=1, ge=1, description="elements corrupted")
     magnitude: Literal["any", "rms"] = Field(

@@ -33,13 +33,16 @@ tell autograd either, so backward consumes the corrupted value instead of raisin
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from chaos.plugins.injector import InJobInjector
 
 BitClass = Literal["sign", "exponent", "mantissa"]  # as chaos.injob.bitflip.BitClass, without importing torch
+# A bit index of the widest dtype (float64): refused at validate when no tensor could have it; the tensor's own
+# width (32 for float32, 16 for bfloat16) is checked when the fault fires.
+BitIndex = Annotated[int, Field(ge=0, le=63)]
 Where = Literal["weights", "activations", "gradients", "optimizer_state"]
 Phase = Literal["forward", "backward", "optimizer_step"]
 Kind = Literal["bitflip", "nan", "inf", "scale"]
@@ -76,8 +79,10 @@ class BitFlipParams(BaseModel):
     element: int | None = Field(
         default=None, ge=0, description="flat element index (row-major); null = seeded random; kind=scale: start"
     )
-    bit: int | BitClass | None = Field(
-        default=None, description="kind=bitflip: bit index (0 = least significant) or sign | exponent | mantissa"
+    bit: BitIndex | BitClass | None = Field(
+        default=None,
+        description="kind=bitflip: bit index (0 = least significant; below the tensor's width: 32 for float32) or "
+        "sign | exponent | mantissa",
     )
     count: int = Field(
         default=1, ge=1, description="distinct elements corrupted (with element: distinct bits of that element)"

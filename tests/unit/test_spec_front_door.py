@@ -129,3 +129,15 @@ def test_the_json_schema_still_refuses_what_the_model_refuses() -> None:
         bad = dict(good, safety={"max_duration": bad_duration})
         assert not validator.is_valid(bad), bad_duration
     assert not validator.is_valid(dict(good, target={"type": "command", "command": [["nested"]]}))
+
+
+@pytest.mark.parametrize("fault", ["grad_corrupt", "bitflip"])
+def test_a_bit_index_no_tensor_has_is_refused_at_validate(fault: str) -> None:
+    params = "{bit: 99}" if fault == "grad_corrupt" else "{tensor: fc1.weight, bit: 99}"
+    text = (
+        "name: t\ntarget: {type: torchrun, module: chaos.targets.reference.trainer, nproc_per_node: 2}\n"
+        f"faults:\n  - {{name: f, type: {fault}, params: {params}, trigger: {{at_step: 3, rank: 1}}}}\n"
+        "checks: [{type: completes}]\n"
+    )
+    with pytest.raises(ScenarioError, match=r"t.yaml:4:\d+: faults.0.params.bit: Input should be less than or equal to 63"):
+        parse_scenario(text, "t.yaml")
