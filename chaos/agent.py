@@ -38,9 +38,26 @@ and compares the digests across the ranks (``detect.divergence``, ``detect.nonfi
 rank must call ``end_step`` for the same steps and then ``close`` (lockstep data parallel); a loop whose ranks
 run different numbers of steps (uneven inputs) must pass ``consistency_every=0``.
 
-Misuse is refused at attach with a ``ValueError`` that says what to pass: ``guard="checksum"`` without ``ddp=``,
-or a plan with a ``grad_corrupt`` fault without ``ddp=`` (both live in DDP's gradient all-reduce, and would
-otherwise silently do nothing).
+What it attaches to (``ddp=``, the data-parallel wrapper the loop calls):
+
+- ``DistributedDataParallel``, on the default process group or any other (``process_group=`` of DDP): the
+  comm hook, the checksum guard, the consistency guard and the anomaly guard's exchange all run on the DDP
+  module's own group; events name global ranks.
+- torchft: ``attach(model, optimizer=optimizer, manager=manager, ddp=ddp)`` with torchft's Manager and
+  DistributedDataParallel. torchft's DDP owns the comm hook, so the agent sits in ``manager.allreduce``
+  (:mod:`chaos.guards.torchft`); a detected SDC is reported with ``manager.report_error`` so this replica
+  does not commit the step. Call ``begin_step(manager.current_step() + 1)`` and ``optimizer.step()`` every step
+  (torchft's ``should_commit`` is a collective of the replica group: under torchft the agent never vetoes a
+  step, it reports an error instead); ``target.step`` carries torchft's step, ``committed`` and
+  ``participants``.
+- FSDP1 (``FullyShardedDataParallel``, as ``ddp=``): faults inside its reduce-scatter (grad_corrupt, phase
+  allreduce) through FSDP1's comm hook; the checksum guard and FSDP2 (``fully_shard``, no comm hook) are refused
+  at attach, saying why (:mod:`chaos.injob.fsdp`); no consistency check (the ranks hold different shards).
+- PyTorch Lightning: :class:`chaos.integrations.lightning.ChaosCallback` makes these calls for the Trainer.
+
+Misuse is refused at attach with a ``ValueError`` that says what to pass: ``guard="checksum"`` without ``ddp=``
+or ``manager=``, a plan with a ``grad_corrupt`` fault without either (both live in the gradient all-reduce, and
+would otherwise silently do nothing), torchft's DDP without its ``manager=``.
 """
 
 from __future__ import annotations
@@ -58,10 +75,12 @@ from torch import nn
 from torch._C._distributed_c10d import GradBucket
 
 from chaos import events
+from chaos.guards import torchft as ft
 from chaos.guards.anomaly import GradAnomalyGuard
 from chaos.guards.checksum import ChecksumConfig, ChecksumState, checksum_hook
 from chaos.guards.consistency import DEFAULT_EVERY, ConsistencyGuard
-from chaos.injob.phase_faults import PhaseFaults
+from chaos.injob import fsdp
+from chaos.injob.phase_faults import ENV_REPLICA, PhaseFaults
 from chaos.injob.progress import JobEmits, Progress, ProgressCalls
 from chaos.injob.tensor_faults import ArmedFault, TensorFaultError, arm
 from chaos.plan.agent_plan import InJobOp, InJobPlan, load_plan
@@ -76,6 +95,28 @@ def _rank_and_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _ddp_group(ddp: nn.Module | None) -> dist.ProcessGroup | None:
+    """The process group DDP reduces over (``process_group=`` of DDP; the default group when none was given)."""
+    if not isinstance(ddp, nn.parallel.DistributedDataParallel) or ft.is_torchft_ddp(ddp):
+        return None
+    group = getattr(ddp, "process_group", None)
+    return group if isinstance(group, dist.ProcessGroup) else None
+
+
+def _global_ranks(emit: Emit, group: dist.ProcessGroup | None) -> Emit:
+    """``emit`` with a guard's ``rank=`` (its rank inside ``group``) turned into the global rank."""
+    if group is None or group == dist.GroupMember.WORLD:
+        return emit
+
+    def translated(kind: str, **data: object) -> None:
+        rank = data.get("rank")
+        if isinstance(rank, int):
+            data["rank"] = dist.get_global_rank(group, rank)
+        emit(kind, **data)
+
+    return translated
 
 
 class _GradFault:
@@ -95,7 +136,8 @@ class Agent(ProgressCalls):
         model: nn.Module,
         *,
         optimizer: torch.optim.Optimizer | None = None,
-        ddp: nn.parallel.DistributedDataParallel | None = None,
+        ddp: nn.Module | None = None,
+        manager: ft.Manager | None = None,
         guard: Literal["checksum", "none"] = "none",
         checksum: ChecksumConfig | None = None,
         anomaly: bool = False,
@@ -111,7 +153,9 @@ class Agent(ProgressCalls):
         self.rank, self.world_size = _rank_and_world()
         self.emit = emit
         self.plan = plan if plan is not None else load_plan()
-        _refuse_misuse(self.plan, ddp=ddp, guard=guard, consistency_every=consistency_every)
+        _refuse_misuse(self.plan, ddp=ddp, manager=manager, guard=guard, consistency_every=consistency_every)
+        self.group = _ddp_group(ddp)  # the data-parallel group every guard's collective runs on
+        self.manager = manager
         if consistency_optimizer and optimizer is None:
             raise ValueError("consistency_optimizer=True hashes the optimizer's state: pass optimizer= too")
         self.step = 0
@@ -119,24 +163,39 @@ class Agent(ProgressCalls):
         self._fired_dir = Path(os.environ["CHAOS_RUN_DIR"]) / "agent" if os.environ.get("CHAOS_RUN_DIR") else None
         mine = [op for op in self.plan.ops if self._targets_me(op)]
         self._grad_faults = [
-            _GradFault(op, GradCorruptParams.model_validate(op.params)) for op in mine if op.injector == "grad_corrupt"
-        ]
+            _GradFault(op, GradCorruptParams.model_validate(_without_replica(op))) for op in mine
+            if op.injector == "grad_corrupt"
+        ]  # fmt: skip
         self._tensor_ops = [(op, BitFlipParams.model_validate(op.params)) for op in mine if op.injector == "bitflip"]
         self._armed: dict[str, ArmedFault] = {}
         self.phase_faults = PhaseFaults(  # process faults fired on this process at a phase (trigger.phase)
             self.plan.ops, mine=self._targets_me, rank=self.rank, step=lambda: self.step, emit=emit,
-            already_fired=self._already_fired, mark_fired=self._mark_fired, has_ddp=ddp is not None,
+            already_fired=self._already_fired, mark_fired=self._mark_fired, has_ddp=ddp is not None or manager is not None,
         )  # fmt: skip
         self.checksum_state: ChecksumState | None = None
+        self.torchft: ft.TorchftReduction | None = None
+        self.fsdp: fsdp.FsdpReduction | None = None
         self._anomaly_requested = anomaly
-        self.anomaly_guard = GradAnomalyGuard(model, emit=emit) if anomaly else None
-        if ddp is not None:
+        guard_emit = _global_ranks(emit, self.group)
+        self.anomaly_guard = GradAnomalyGuard(model, emit=guard_emit, group=self.group) if anomaly else None
+        sharded = ddp is not None and fsdp.is_fsdp1(ddp)
+        if manager is not None:
+            self._install_torchft(manager, guard, checksum)
+        elif sharded and (self._grad_faults or anomaly or self.phase_faults.in_collective_wanted):
+            assert ddp is not None
+            observe = None if self.anomaly_guard is None else self.anomaly_guard.observe
+            self.fsdp = fsdp.FsdpReduction(
+                ddp, corrupt=self._corrupt, in_flight=self.phase_faults.in_collective, observe=observe
+            )
+        elif ddp is not None and not sharded:
             self._install_comm_hook(ddp, guard, checksum)
             if self.checksum_state is not None and self.anomaly_guard is not None:
                 # The anomaly guard must see each rank's LOCAL gradients, i.e. inside the hook, pre-reduction.
                 self.checksum_state.observe = self.anomaly_guard.observe
         # Decided from the job's shape, never from the plan: a golden run hashes (reads) exactly as a faulted one.
-        distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        # Under torchft the ranks of a replica group are not one data-parallel group (each group has its own
+        # replicas), and FSDP's ranks hold different shards by design: no consistency check there.
+        distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size(self.group) > 1
         self.consistency = (
             ConsistencyGuard(
                 model,
@@ -144,17 +203,23 @@ class Agent(ProgressCalls):
                 optimizer_state=consistency_optimizer,
                 every=consistency_every,
                 emit=emit,
+                group=self.group,
             )
-            if consistency_every > 0 and distributed
+            if consistency_every > 0 and distributed and manager is None and not sharded
             else None
         )
         # Last: the steps, checkpoints, resume, samples and digest the checks need (chaos.injob.progress).
         self.progress = Progress(
             model, optimizer, rank=self.rank, world_size=self.world_size, emit=emit, job_emits=job_emits, data=data
         )
+        if manager is not None:
+            self.progress.step_fields = self._torchft_step
 
     # -- plan bookkeeping -------------------------------------------------------------------------------
     def _targets_me(self, op: InJobOp) -> bool:
+        replica = op.params.get("replica")  # a roles target's replica (a torchft replica group): CHAOS_REPLICA
+        if replica is not None and replica != os.environ.get(ENV_REPLICA):
+            return False
         wanted = op.params.get("rank")
         rank = wanted if isinstance(wanted, int) else op.rank
         if rank is None:
@@ -189,9 +254,23 @@ class Agent(ProgressCalls):
         )
 
     # -- the collective ---------------------------------------------------------------------------------
-    def _install_comm_hook(
-        self, ddp: nn.parallel.DistributedDataParallel, guard: str, checksum: ChecksumConfig | None
-    ) -> None:
+    def _install_torchft(self, manager: ft.Manager, guard: str, checksum: ChecksumConfig | None) -> None:
+        """In ``manager.allreduce`` (torchft's DDP hook calls it per bucket), under the same rule as the hook."""
+        if guard == "checksum" or self._grad_faults or self._anomaly_requested or self.phase_faults.in_collective_wanted:
+            self.torchft = ft.TorchftReduction(
+                manager, rank=self.rank, guard=guard == "checksum", config=checksum, emit=self.emit,
+                corrupt=self._corrupt, in_flight=self.phase_faults.in_collective,
+                observe=None if self.anomaly_guard is None else self.anomaly_guard.observe,
+            )  # fmt: skip
+        self._torchft_from = manager.current_step()
+
+    def _torchft_step(self) -> dict[str, JsonValue]:
+        """``target.step`` under torchft: torchft's step after this one, whether it committed, participants."""
+        assert self.manager is not None
+        now = self.manager.current_step()
+        return {"step": now, "committed": now > self._torchft_from, "participants": self.manager.num_participants()}
+
+    def _install_comm_hook(self, ddp: nn.Module, guard: str, checksum: ChecksumConfig | None) -> None:
         """The checksum guard's hook, or (when faults or the anomaly guard need the local buckets) a plain
         all-reduce hook with the same injection points. Decided from the guard settings, not from the plan,
         wherever possible, so a golden run takes the same code path as the faulted run."""
@@ -199,13 +278,13 @@ class Agent(ProgressCalls):
             config = checksum or ChecksumConfig()
             if config.emit is None:
                 config.emit = self.emit
-            state = ChecksumState(config, group=None)
+            state = ChecksumState(config, group=self.group)
             state.corrupt = self._corrupt
             state.in_flight = self.phase_faults.in_collective
             self.checksum_state = state
-            ddp.register_comm_hook(state, checksum_hook)
+            _register(ddp, state, checksum_hook)
         elif self._grad_faults or self._anomaly_requested or self.phase_faults.in_collective_wanted:
-            ddp.register_comm_hook(self, _plain_hook)
+            _register(ddp, self, _plain_hook)
 
     def _corrupt(self, site: Site, bucket_index: int, tensor: torch.Tensor) -> None:
         """The corruption hook the collective calls at each site; fires due ``grad_corrupt`` ops."""
@@ -236,6 +315,12 @@ class Agent(ProgressCalls):
         self.progress.begin_step(step)
         if self.checksum_state is not None:
             self.checksum_state.step = step
+        if self.manager is not None:
+            self._torchft_from = self.manager.current_step()
+        if self.torchft is not None:
+            self.torchft.begin_step(step)
+        if self.fsdp is not None:
+            self.fsdp.begin_step()
         self._tensor_phase("forward")
         self.phase_faults.at("forward")
 
@@ -246,14 +331,20 @@ class Agent(ProgressCalls):
         self._tensor_phase("backward")
         if self.anomaly_guard is not None:
             reasons = self.anomaly_guard.check(self.step, None if loss is None else float(loss.detach()))
+            if self.manager is not None:
+                if reasons:  # torchft's error path: this replica does not commit the step
+                    self.manager.report_error(RuntimeError(f"gradient anomaly at step {self.step}: {reasons}"))
+                return
             flag = torch.tensor([1.0 if reasons else 0.0])
             if dist.is_available() and dist.is_initialized():
-                dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank skips, or none does
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)  # every rank skips, or none does
             if flag.item() > 0:
                 self._skip = True
 
     def allow_optimizer_step(self) -> bool:
-        """False when a guard (checksum after a failed retry, anomaly) agreed on every rank to skip this step."""
+        """False when a guard (checksum after a failed retry, anomaly) agreed on every rank to skip this step.
+        Always True under torchft (``manager=``): there a detection is reported to torchft, whose
+        ``optimizer.step()`` then does not commit."""
         self._tensor_phase("optimizer_step")
         self.phase_faults.at("optimizer_step")
         state = self.checksum_state
@@ -282,6 +373,8 @@ class Agent(ProgressCalls):
             self.consistency.finish()
         for op_id in list(self._armed):
             self._heal(op_id)
+        if self.torchft is not None:
+            self.torchft.close()
         self.progress.close()  # after the heal: the digest is of what training really produced
 
     # -- tensor faults ----------------------------------------------------------------------------------
@@ -329,8 +422,20 @@ class Agent(ProgressCalls):
         )
 
 
+def _without_replica(op: InJobOp) -> dict[str, JsonValue]:
+    """The op's fault params without the replica selector (the agent's own filter, not the injector's)."""
+    return {key: value for key, value in op.params.items() if key != "replica"}
+
+
+def _register(ddp: nn.Module, state: object, hook: Callable[..., torch.futures.Future[torch.Tensor]]) -> None:
+    """``ddp.register_comm_hook(state, hook)``; a wrapper without a DDP comm hook was refused at attach."""
+    register = getattr(ddp, "register_comm_hook", None)
+    assert register is not None
+    register(state, hook)
+
+
 def _refuse_misuse(
-    plan: InJobPlan, *, ddp: nn.parallel.DistributedDataParallel | None, guard: str, consistency_every: int
+    plan: InJobPlan, *, ddp: nn.Module | None, manager: ft.Manager | None, guard: str, consistency_every: int
 ) -> None:
     """Raise ValueError, saying what to pass, for settings that would otherwise silently do nothing."""
     if guard not in ("checksum", "none"):
@@ -339,7 +444,18 @@ def _refuse_misuse(
         raise ValueError(
             f"consistency_every={consistency_every}: pass N >= 1 to compare the ranks every N steps, 0 for off"
         )
+    if ddp is not None and ft.is_torchft_ddp(ddp) and manager is None:
+        raise ValueError(
+            "ddp= is torchft's DistributedDataParallel, whose own comm hook reduces through its Manager: pass the "
+            "Manager too: attach(model, optimizer=optimizer, manager=manager, ddp=ddp_model)"
+        )
+    if manager is not None:
+        return
     if ddp is not None:
+        if fsdp.is_fsdp1(ddp) or fsdp.is_fsdp2(ddp):
+            fsdp.refuse(ddp, guard=guard)  # FSDP1 without the checksum guard is fine (chaos.injob.fsdp)
+        elif not isinstance(ddp, nn.parallel.DistributedDataParallel):
+            _refuse_other_wrapper(ddp)
         return
     if guard == "checksum":
         raise ValueError(
@@ -356,6 +472,15 @@ def _refuse_misuse(
         )
 
 
+def _refuse_other_wrapper(ddp: nn.Module) -> None:
+    """ValueError for a ``ddp=`` that is not DistributedDataParallel, saying why and what to pass instead."""
+    raise ValueError(
+        f"ddp= is a {type(ddp).__name__}, not DistributedDataParallel: the agent works inside DDP's gradient "
+        "all-reduce (a DDP comm hook), or torchft's (pass manager=); pass the DDP-wrapped model, or leave ddp= out "
+        "(no checksum guard, grad_corrupt or allreduce-phase faults then)"
+    )
+
+
 def _plain_hook(agent: Agent, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP's default all-reduce (divide, then sum) with the three corruption sites and no detection."""
     tensor = bucket.buffer()
@@ -363,9 +488,9 @@ def _plain_hook(agent: Agent, bucket: GradBucket) -> torch.futures.Future[torch.
     agent._corrupt("local", index, tensor)
     if agent.anomaly_guard is not None:
         agent.anomaly_guard.observe(index, tensor)
-    tensor.div_(dist.get_world_size())
+    tensor.div_(dist.get_world_size(agent.group))
     agent._corrupt("in_transit", index, tensor)
-    work = dist.all_reduce(tensor, async_op=True)  # started, then waited: a phase fault fires in between
+    work = dist.all_reduce(tensor, group=agent.group, async_op=True)  # started, then waited: a phase fault fires in between
     assert work is not None
     agent.phase_faults.in_collective(index)
     work.wait()
@@ -384,7 +509,8 @@ def attach(
     model: nn.Module,
     *,
     optimizer: torch.optim.Optimizer | None = None,
-    ddp: nn.parallel.DistributedDataParallel | None = None,
+    ddp: nn.Module | None = None,
+    manager: ft.Manager | None = None,
     guard: Literal["checksum", "none"] = "none",
     anomaly: bool = False,
     checksum: ChecksumConfig | None = None,
@@ -399,13 +525,16 @@ def attach(
     one rank; 0 turns it off, and must be passed when the ranks do not run the same steps);
     ``consistency_optimizer``: hash the optimizer's state tensors too. ``data``: the job's DataLoader (or
     sampler), whose sample ids each ``target.step`` then reports; ``job_emits``: the progress events the job
-    reports itself, which the agent leaves out (``"all"``: none; see :mod:`chaos.injob.progress`). Raises
-    ValueError for ``guard="checksum"`` or a planned ``grad_corrupt`` fault without ``ddp=``.
+    reports itself, which the agent leaves out (``"all"``: none; see :mod:`chaos.injob.progress`). ``ddp``:
+    the DDP-wrapped model (any process group); ``manager``: torchft's Manager (with torchft's DDP as ``ddp``).
+    Raises ValueError for ``guard="checksum"`` or a planned ``grad_corrupt`` fault without ``ddp=``/``manager=``,
+    torchft's DDP without ``manager=``, or a ``ddp=`` the agent cannot work inside (said why).
     """
     return Agent(
         model,
         optimizer=optimizer,
         ddp=ddp,
+        manager=manager,
         guard=guard,
         anomaly=anomaly,
         checksum=checksum,

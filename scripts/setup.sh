@@ -56,4 +56,9 @@ if ! "$VENV/bin/python" -c "import torchft" 2>/dev/null; then
     "$VENV/bin/pip" install -q -e ".[torchft]" "torch==$TORCH_VERSION" \
         || log "WARNING: torchft did not install; the torchft tests skip with the reason"
 fi
+if ! "$VENV/bin/python" -c "import lightning" 2>/dev/null; then
+    log "installing the lightning extra for the Lightning callback's test (12 s here, torch untouched)"
+    "$VENV/bin/pip" install -q -e ".[lightning]" "torch==$TORCH_VERSION" \
+        || log "WARNING: lightning did not install; the Lightning test skips with the reason"
+fi
 log "ready: $("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'), $("$VENV/bin/mlchaos" --help >/dev/null && echo mlchaos ok)"

@@ -245,8 +245,12 @@ class ChecksumState:
         self.skip_step = False
         self.stats = ChecksumStats()
         self.detections: list[Detection] = []
-        self.rank = dist.get_rank(group)
+        self.rank = dist.get_rank(group)  # inside ``group``: what the exchanges are indexed by
         self.world_size = dist.get_world_size(group)
+        # Events name global ranks (the same as ``rank`` on the default group).
+        self.global_ranks = tuple(
+            dist.get_global_rank(group, r) if group is not None else r for r in range(self.world_size)
+        )
         self._buffers: dict[Any, torch.Tensor] = {}
         self._lengths: dict[BlockLayout, torch.Tensor] = {}
 
@@ -275,7 +279,7 @@ class ChecksumState:
             self.corrupt(site, bucket_index, tensor)
 
     def _emit(self, kind: str, **data: Any) -> None:
-        (self.config.emit or events.emit)(kind, rank=self.rank, **data)
+        (self.config.emit or events.emit)(kind, rank=self.global_ranks[self.rank], **data)
 
 
 @dataclass
@@ -445,8 +449,8 @@ def _on_mismatch(job: _Job, attempt: int, action: str, bad: torch.Tensor, counts
             n_blocks=detection.n_blocks,
             step=st.step,
             site_hint=site_hint,
-            culprit_rank=culprit,
-            ranks=list(ranks),
+            culprit_rank=None if culprit is None else st.global_ranks[culprit],
+            ranks=[st.global_ranks[r] for r in ranks],
             attempt=attempt,
             action=action,
         )

@@ -46,7 +46,8 @@ majority (two ranks that differ, or an even split), when exactly the finite rank
 non-finite ranks are the odd ones (NaN/Inf weights are wrong whatever the others hold); otherwise nobody is
 named (``culprit_rank`` null).
 
-Events (the reporter, rank 0 by default, emits the shared verdicts once; ``detector`` is ``"consistency"``):
+Events (the reporter, rank 0 by default, emits the shared verdicts once; ``detector`` is ``"consistency"``;
+ranks are global ranks also when ``group`` is not the default group, ``digests`` are in the group's rank order):
 
 - ``guard.consistency`` for every check, from the reporter: {step (the step hashed), agree, digest (the
   reference digest: the common one, else the majority's; null without one), tensors, odd_ranks,
@@ -276,6 +277,10 @@ class ConsistencyGuard:
             raise ValueError(f"reporter {reporter} is not a rank of a world of {self.world_size}")
         self.model, self.optimizer, self.optimizer_state = model, optimizer, optimizer_state
         self.every, self.reporter, self.group = every, reporter, group
+        # Events name global ranks; the exchange is indexed by rank inside ``group`` (the same without one).
+        self._global: tuple[int, ...] = tuple(
+            dist.get_global_rank(group, r) if distributed and group is not None else r for r in range(self.world_size)
+        )
         self.emit: Emit = emit or events.emit
         backend = str(dist.get_backend(group)) if distributed else ""
         # NCCL only moves device tensors; every other backend here (gloo) gets CPU tensors.
@@ -439,7 +444,7 @@ class ConsistencyGuard:
         self._nonfinite_reported = True
         self.emit(
             "detect.nonfinite",
-            rank=self.rank,
+            rank=self._global[self.rank],
             detector=DETECTOR,
             step=step,
             tensors=[name for name, _ in bad[:MAX_NAMED]],
@@ -455,29 +460,30 @@ class ConsistencyGuard:
             self.detections.append(verdict)
         if self.rank != self.reporter:
             return
+        g = self._global
         self.emit(
             "guard.consistency",
-            rank=self.rank,
+            rank=g[self.rank],
             detector=DETECTOR,
             step=verdict.step,
             agree=verdict.agree,
             digest=verdict.reference,
             tensors=tensors,
-            odd_ranks=list(verdict.odd_ranks),
-            nonfinite_ranks=list(verdict.nonfinite_ranks),
+            odd_ranks=[g[r] for r in verdict.odd_ranks],
+            nonfinite_ranks=[g[r] for r in verdict.nonfinite_ranks],
             every=self.every,
         )
         if onset:
-            culprit = verdict.culprit
+            culprit = None if verdict.culprit is None else g[verdict.culprit]
             self.emit(
                 "detect.divergence",
-                rank=self.rank if culprit is None else culprit,
+                rank=g[self.rank] if culprit is None else culprit,
                 detector=DETECTOR,
-                reporter=self.rank,
+                reporter=g[self.rank],
                 step=verdict.step,
-                odd_ranks=list(verdict.odd_ranks),
+                odd_ranks=[g[r] for r in verdict.odd_ranks],
                 culprit_rank=culprit,
-                groups=[list(g) for g in verdict.groups],
+                groups=[[g[r] for r in group] for group in verdict.groups],
                 digest=verdict.reference,
                 digests=list(verdict.digests),
                 tensors=list(verdict.tensors),

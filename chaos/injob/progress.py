@@ -7,6 +7,8 @@ Events (``attempt`` is ``TORCHELASTIC_RESTART_COUNT``, 0 on the first launch; ``
   resolves) and its attempt (what restarts are counted from).
 - ``target.step`` {step, attempt, loss, samples} at ``end_step``: ``loss`` when ``after_backward(loss)`` got
   it; ``samples`` when the job passed its data once (``attach(..., data=loader)`` or ``agent.track(...)``).
+  Under torchft (``attach(..., manager=)``) ``step`` is torchft's step after the optimizer step, with
+  ``committed`` (whether this replica committed it) and ``participants``, as the replica checks read them.
 - ``target.checkpoint`` {step, path, attempt, seen} when the job saves a state that holds the model's
   ``state_dict`` with ``torch.save`` or ``torch.distributed.checkpoint.save`` while attached (``seen``: which
   call), at the step of the latest ``begin_step``; once per step; or on ``agent.checkpoint_saved(step, path)``.
@@ -394,6 +396,8 @@ class Progress:
         self._samples: Samples | None = None
         self._watching = False
         self._closed = False
+        # Fields that replace or extend a step's report (torchft: its own step, committed, participants).
+        self.step_fields: Callable[[], Mapping[str, Any]] | None = None
         if data is not None:  # first: data it cannot track is refused before anything is wrapped or reported
             self.track(data)
         if TARGET_START in self.kinds:
@@ -466,6 +470,8 @@ class Progress:
             self._loss = None
         if self._samples is not None:
             data["samples"] = self._samples.take(first=self.step == self._first)
+        if self.step_fields is not None:
+            data.update(self.step_fields())
         self.emit(TARGET_STEP, rank=self.rank, **data)
 
     def close(self) -> None:

@@ -12,6 +12,11 @@ Reports through ``chaos.events`` (a no-op outside a chaos run): ``target.start``
 step, ``manager.current_step()``, which a healed replica takes over from its peer), ``target.digest``
 {step, digest} of the parameters after each committed step (``--digest-every``), and ``target.heal``
 {step, from_step} when the manager loaded a peer's state (the step jumped without this group committing).
+
+``--agent``: attach mlchaos's in-job agent (``chaos.agent.attach(..., manager=manager, ddp=ddp)``), which fires the
+plan's faults inside torchft's gradient all-reduce (e.g. a kill at phase ``allreduce``) and, with
+``--guard checksum``, verifies each bucket and reports a mismatch to torchft. The job keeps reporting its own
+events (``job_emits="all"``).
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ def main() -> None:
     # Misbehaviours, for the tests that show the replica checks failing a broken job (off by default):
     parser.add_argument("--stale-group", type=int, default=-1, help="this group never loads a peer's state")
     parser.add_argument("--crash-alone-group", type=int, default=-1, help="this group dies once it trains alone")
+    parser.add_argument("--agent", action="store_true", help="attach mlchaos's in-job agent (faults at a phase)")
+    parser.add_argument("--guard", choices=["none", "checksum"], default="none", help="the agent's guard")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
@@ -82,6 +89,11 @@ def main() -> None:
     optimizer = Optimizer(manager, inner)
     loss_fn = nn.MSELoss()
     emit("target.start", pid=os.getpid(), replica_group=REPLICA_GROUP_ID)
+    agent = None
+    if args.agent:
+        import chaos.agent
+
+        agent = chaos.agent.attach(model, optimizer=inner, manager=manager, ddp=ddp, guard=args.guard, job_emits="all")
 
     peers = 0  # the most participants seen in a step
     while manager.current_step() < args.steps:
@@ -90,9 +102,16 @@ def main() -> None:
         x = torch.randn(32, 16, generator=gen)
         y = torch.randn(32, 4, generator=gen)
         optimizer.zero_grad()  # starts the quorum; a recovering group loads a peer's state here
+        if agent is not None:
+            agent.begin_step(before + 1)
         loss = loss_fn(ddp(x), y)
         loss.backward()  # the gradient all-reduce across replica groups
+        if agent is not None:
+            agent.after_backward(loss)
+            agent.allow_optimizer_step()  # always True under torchft (phase optimizer_step faults fire here)
         optimizer.step()  # commits only when every participant's all-reduce succeeded
+        if agent is not None:
+            agent.end_step()
         after = manager.current_step()
         committed = after > before
         if committed and after - before > 1 or (not committed and after != before):
@@ -110,6 +129,8 @@ def main() -> None:
         if args.crash_alone_group == REPLICA_GROUP_ID and committed and peers > 1 and manager.num_participants() == 1:
             os._exit(1)  # a survivor that cannot go on once its peer is gone
         time.sleep(args.step_time)
+    if agent is not None:
+        agent.close()
     manager.shutdown()
 
 

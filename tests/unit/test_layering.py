@@ -26,6 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("injectors",),  # fault families
     ("chaos.injob", "chaos.guards"),  # what runs inside the user's job: fault engine, detectors
     ("chaos.agent", "chaos.strategies"),  # the public in-job API over them
+    ("chaos.integrations",),  # the agent as frameworks take it (a Lightning callback)
     ("chaos.targets", "chaos.checks"),  # job adapters and reference jobs; assertion modules
     ("chaos.run.result", "chaos.analysis"),  # a run's outcome as data; ETTR and SDC coverage
     ("chaos.report",),
@@ -35,9 +36,9 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 
 # What runs inside the user's process may import only these (it must stay importable with torch alone).
-IN_JOB = ("chaos.injob", "chaos.guards", "chaos.agent")
+IN_JOB = ("chaos.injob", "chaos.guards", "chaos.agent", "chaos.integrations")
 IN_JOB_MAY_IMPORT = (
-    "chaos", "chaos.events", "chaos.injob", "chaos.guards", "chaos.plan.agent_plan", "chaos.plan.seeds",
+    "chaos", "chaos.events", "chaos.injob", "chaos.guards", "chaos.plan.agent_plan", "chaos.plan.seeds", "chaos.agent",
     "injectors.tensor", "injectors.gradient",  # the params of the faults the agent fires in-job
 )
 
