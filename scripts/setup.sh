@@ -20,6 +20,11 @@ if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
     command -v ip >/dev/null 2>&1 || need+=(iproute2)
     command -v pgrep >/dev/null 2>&1 || need+=(procps)
     command -v haproxy >/dev/null 2>&1 || need+=(haproxy)   # the serving fleet scenario's load balancer
+    # the Slurm testbed (`mlchaos testbed up --slurm`): Debian's slurm-wlm is exactly these three, plus munge
+    command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ] || need+=(slurmctld)
+    command -v slurmd >/dev/null 2>&1 || [ -x /usr/sbin/slurmd ] || need+=(slurmd)
+    command -v sbatch >/dev/null 2>&1 || need+=(slurm-client)
+    command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ] || need+=(munge)
     if [ ${#need[@]} -gt 0 ]; then
         log "installing Debian packages: ${need[*]}"
         export DEBIAN_FRONTEND=noninteractive

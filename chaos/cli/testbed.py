@@ -1,5 +1,6 @@
 """``mlchaos testbed up|down|status``: a multi-host testbed on this machine (see :mod:`chaos.cluster.testbed.namespaces`),
-or with ``--docker`` one of Docker containers (see :mod:`chaos.cluster.testbed.containers`).
+with ``--slurm`` a Slurm cluster on it (see :mod:`chaos.cluster.testbed.slurm`), or with ``--docker`` one of
+Docker containers (see :mod:`chaos.cluster.testbed.containers`).
 
 ``register(app)`` adds the ``testbed`` sub-app to the main Typer app. ``up`` prints only the inventory path
 on stdout (progress goes to stderr), so ``INV=$(mlchaos testbed up --hosts 3)`` works in scripts.
@@ -19,6 +20,8 @@ from rich.table import Table
 
 from chaos.cluster.testbed import containers as docker_testbed
 from chaos.cluster.testbed import namespaces as testbed
+from chaos.cluster.testbed import slurm as slurm_testbed
+from chaos.cluster.testbed.slurm_conf import SlurmSettings
 from chaos.cluster.testbed.system import TestbedError
 
 _err = Console(stderr=True)
@@ -65,16 +68,51 @@ def up(
             "default: /tmp and ./reports)",
         ),
     ] = None,
+    slurm: Annotated[
+        bool,
+        typer.Option(
+            "--slurm",
+            help="also run Slurm: munged and slurmctld here, one slurmd per host (Debian's slurm-wlm and munge)",
+        ),
+    ] = False,
+    health_check: Annotated[
+        Path | None,  # noqa: UP007
+        typer.Option("--health-check", help="--slurm: HealthCheckProgram, an absolute path each slurmd runs"),
+    ] = None,
+    health_check_interval: Annotated[
+        int, typer.Option("--health-check-interval", min=0, help="--slurm: HealthCheckInterval in seconds")
+    ] = 0,
+    requeue_exit: Annotated[
+        list[int] | None,  # noqa: UP007
+        typer.Option("--requeue-exit", help="--slurm: a batch exit code that requeues the job (repeatable)"),
+    ] = None,
 ) -> None:
     """Build or repair an N-host testbed; print the inventory file's path."""
     if docker:
+        if slurm:
+            _err.print("[red]--slurm is not supported with --docker[/red]")
+            raise typer.Exit(1)
         _docker_up(hosts, state_dir, subnet, share)
         return
     if share:
         _err.print("[red]--share needs --docker[/red] (namespace hosts already share this filesystem)")
         raise typer.Exit(1)
+    if not slurm and (health_check is not None or health_check_interval or requeue_exit):
+        _err.print("[red]--health-check, --health-check-interval and --requeue-exit need --slurm[/red]")
+        raise typer.Exit(1)
     try:
-        testbed.up(hosts, state_dir, subnet=subnet, log=_say)
+        if slurm:
+            settings = SlurmSettings(
+                health_check_program=health_check,
+                health_check_interval=health_check_interval,
+                requeue_exit=tuple(requeue_exit or ()),
+            )
+            cluster = slurm_testbed.up(hosts, state_dir, settings=settings, subnet=subnet, log=_say)
+            _err.print(escape(f"Slurm commands here need: export SLURM_CONF={cluster.conf}"), soft_wrap=True)
+        else:
+            if slurm_testbed.present(state_dir):  # `up` makes the testbed asked for: this one has no Slurm
+                slurm_testbed.down(state_dir, log=_say)
+            testbed.up(hosts, state_dir, subnet=subnet, log=_say)
     except testbed.TestbedError as exc:
         _err.print(f"[red]testbed up failed:[/red] {escape(str(exc))}")
         _err.print("run `mlchaos testbed down` to remove what was built")
@@ -89,7 +127,8 @@ def down(
     ] = False,
     docker: Docker = False,
 ) -> None:
-    """Remove the testbed: its processes, namespaces, links and files (--docker: containers, network, image)."""
+    """Remove the testbed: its Slurm daemons, processes, namespaces, links and files (--docker: containers,
+    network, image)."""
     try:
         if docker:
             lines = docker_testbed.down_all(log=_say) if all_ else docker_testbed.down(state_dir, log=_say)
@@ -128,7 +167,15 @@ def status(state_dir: StateDir = None, docker: Docker = False) -> None:
         f"root link: {'up' if state.root_link else 'MISSING'}, hub: {'up' if state.hub else 'MISSING'}; "
         f"inventory: {state.inventory or 'none'}"
     )
-    _print_health(table, state.healthy, "mlchaos testbed up")
+    slurm = slurm_testbed.status(state_dir)
+    if slurm is not None:
+        slurmds = ", ".join(f"{node} {pids[0] if pids else 'DOWN'}" for node, pids in slurm.slurmd.items())
+        table.caption += (
+            f"\nslurm: munged {slurm.munged[0] if slurm.munged else 'DOWN'}, "
+            f"slurmctld {slurm.slurmctld[0] if slurm.slurmctld else 'DOWN'}, slurmd {slurmds or 'none'}"
+        )
+    healthy = state.healthy and (slurm is None or slurm.healthy)
+    _print_health(table, healthy, "mlchaos testbed up" + (" --slurm" if slurm is not None else ""))
 
 
 def _docker_up(hosts: int, state_dir: Path | None, subnet: str | None, shares: list[Path] | None) -> None:

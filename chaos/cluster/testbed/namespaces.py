@@ -33,6 +33,7 @@ from pathlib import Path
 
 from chaos.cluster.inventory import Host, Inventory, dump_inventory
 from chaos.cluster.testbed import base as tb
+from chaos.cluster.testbed import slurm_daemons
 from chaos.cluster.testbed.base import HOST_OFFSET as HOST_OFFSET  # re-exported: part of this module's surface
 from chaos.cluster.testbed.base import INVENTORY as _INVENTORY
 from chaos.cluster.testbed.base import MAX_HOSTS as MAX_HOSTS  # re-exported: part of this module's surface
@@ -397,8 +398,9 @@ def _remove_host(layout: Layout, index: int, log: Callable[[str], None]) -> None
 
 
 def down(state_dir: Path | None = None, *, log: Callable[[str], None] = tb.ignore) -> list[str]:
-    """Remove everything the testbed of ``state_dir`` made: processes in its namespaces (sshd and whatever
-    ran over SSH), the namespaces, the root veth, its files; safe when half built or already down.
+    """Remove everything the testbed of ``state_dir`` made: its Slurm (:mod:`chaos.cluster.testbed.slurm`),
+    processes in its namespaces (sshd and whatever ran over SSH), the namespaces, the root veth, its files;
+    safe when half built or already down.
 
     Returns what was removed, one line each. Every step is tried even when an earlier one fails; then a
     TestbedError lists the failures.
@@ -409,6 +411,12 @@ def down(state_dir: Path | None = None, *, log: Callable[[str], None] = tb.ignor
     tag = layout.read_record().get("tag", layout.tag)
     if tag != layout.tag:
         raise TestbedError(f"{layout.record} names testbed {tag}, not {layout.tag}; remove it by hand")
+    slurm = slurm_daemons.SlurmLayout.of(layout.state_dir, layout.tag, PREFIX)
+    if slurm_daemons.present(slurm):  # first: its controller and munged live outside the namespaces
+        try:
+            steps.done += slurm_daemons.down(slurm, layout.ns_prefix, log=log)
+        except TestbedError as exc:
+            fail(str(exc))
     with machine_lock():
         ours = [ns for ns in netns_names() if ns.startswith(layout.ns_prefix)]
         # Hosts before the hub: a host's veth peer lives in the hub, and nothing should see the hub vanish first.
@@ -482,9 +490,10 @@ def _host_dirs(layout: Layout) -> list[int]:
 
 
 def down_all(*, log: Callable[[str], None] = tb.ignore) -> list[str]:
-    """Remove EVERY testbed's namespaces and root links on this machine (``chaos-tb-*``, ``chtb-*``),
-    including other users' and other state dirs'. For recovery when a state dir was lost; files stay."""
-    done: list[str] = []
+    """Remove EVERY testbed's namespaces and root links on this machine (``chaos-tb-*``, ``chtb-*``), and
+    every testbed's Slurm daemons, including other users' and other state dirs'. For recovery when a state
+    dir was lost; files stay."""
+    done = slurm_daemons.down_all(log=log)  # first: controllers and munged live outside the namespaces
     with machine_lock():
         for ns in sorted((n for n in netns_names() if n.startswith(PREFIX + "-")), key=lambda n: n.endswith("-hub")):
             count = kill_all(partial(netns_pids, ns))
