@@ -66,9 +66,10 @@ class RecoveredWithinParams(FaultBound):
 def recovered_within(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
     """Worst time to progress, in seconds, over the fault's applied ops.
 
-    For an op applied at T: S = highest ``target.step`` step (any rank) at or before T; the op is recovered
-    at the first ``target.step`` after T with step > S, so merely replaying steps from an older checkpoint
-    does not count. Evidence also gives the time to the first step of a newer attempt (a restart), if any.
+    For an op applied at T: S = highest ``target.step`` step (any rank) at or before T, or the op's own ``step``
+    when it names a later one (a fault fired inside step N by the job's agent, ``trigger.phase``: the step it
+    hit is N, and a peer finishing step N after it is not recovery); the op is recovered at the first
+    ``target.step`` after T with step > S, so merely replaying steps from an older checkpoint does not count. Evidence also gives the time to the first step of a newer attempt (a restart), if any.
     ``fail`` when some op is never followed by progress past S or the worst time exceeds ``within``;
     ``unknown`` when the fault never applied, or an op came before any step (no S to pass).
     """
@@ -92,7 +93,12 @@ def recovered_within(history: History, params: BaseModel, scenario: Scenario) ->
         high_step = step_of(high) or 0
         attempt_then = max(attempt_of(e) for e in before)
         after = [e for e in steps if e.ts_ns > op.ts_ns]
-        found.evidence.append(cite(history, op, f"highest step before it: {high_step}"))
+        hit = op.get_int("step")
+        if hit is not None and hit > high_step:  # fired inside step `hit`: that step must be passed
+            high_step = hit
+            found.evidence.append(cite(history, op, f"it hit step {hit} while that step ran"))
+        else:
+            found.evidence.append(cite(history, op, f"highest step before it: {high_step}"))
         restarted = next((e for e in after if attempt_of(e) > attempt_then), None)
         if restarted is not None:
             # Why a separate line: "time to first step after restart" separates restart cost from the

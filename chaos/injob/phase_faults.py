@@ -13,15 +13,23 @@ plan file (``InJobOp.phase``). The agent calls :meth:`PhaseFaults.at` at each ph
 An op whose params select a ``replica`` (a roles target) fires only in the processes whose ``CHAOS_REPLICA`` is
 that replica. Firing a ``kill``: mark the op fired (so a torchrun restart that recomputes step N does not kill again), emit
 ``fault.applied`` {step, phase, pid, ... where it fired} (a synchronous O_APPEND write: it is on disk before the
-signal), then ``os.kill(os.getpid(), signal)``. Only ``kill`` is fired this way: a process that stops itself
-(``freeze``/``slow``) needs someone outside to continue it, which the harness does not yet arm for an in-job
-stop; the preflight refuses those with a phase, and :class:`PhaseFaults` refuses them at attach.
+signal), then ``os.kill(os.getpid(), signal)``.
+
+Firing a ``freeze`` (its ``duration_s`` is required): the same marks and ``fault.applied`` {…, duration_s}, then
+a thaw process is started in a session of its own (:data:`THAW`: it sleeps ``duration_s``, then SIGCONTs this
+process if it is still the same one, by its kernel start time), and the process SIGSTOPs itself, every thread
+at once. The thaw does not depend on the harness or the launcher: it is this fault's dead-man switch, so a
+harness that dies mid-freeze leaves no stopped rank behind. Once continued, the process reports
+``fault.healed`` {frozen_s} itself. A ``slow`` (a duty cycle) is not fired at a phase: the preflight refuses it.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Sequence
 
 from pydantic import JsonValue
@@ -29,10 +37,22 @@ from pydantic import JsonValue
 from chaos.plan.agent_plan import InJobOp
 
 # The faults the agent can fire on its own process, and the phase points it calls (see the module docstring).
-PROCESS_FAULTS = ("kill",)
+PROCESS_FAULTS = ("kill", "freeze")
 PHASES = ("forward", "allreduce", "backward", "optimizer_step")
 ENV_REPLICA = "CHAOS_REPLICA"  # set by a roles target in each replica's processes
 IN_FLIGHT = "in_flight"  # the collective site of an allreduce-phase fault: all-reduce started, not waited for
+# The thaw of a freeze fired at a phase: ``python -c THAW SECONDS PID START_TIME``. Sleeps, then SIGCONTs PID only
+# while /proc says it is still the process that stopped itself (a reused pid is never touched).
+THAW = """import os, signal, sys, time
+seconds, pid, start = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+time.sleep(seconds)
+try:
+    stat = open(f"/proc/{pid}/stat").read()
+    if stat[stat.rindex(")") + 2:].split()[19] == start:
+        os.kill(pid, signal.SIGCONT)
+except (OSError, IndexError):
+    pass
+"""
 
 
 class PhaseFaults:
@@ -79,6 +99,11 @@ class PhaseFaults:
                 )
             if op.phase not in PHASES:
                 raise ValueError(f"fault {op.fault!r}: unknown phase {op.phase!r} (phases: {', '.join(PHASES)})")
+            if op.injector == "freeze" and (op.duration_s is None or op.duration_s <= 0):
+                raise ValueError(
+                    f"fault {op.fault!r} freezes this process at phase {op.phase}, so it needs a duration: the "
+                    "process stops itself and is continued when the duration has passed"
+                )
             if op.phase == "allreduce" and not has_ddp:
                 raise ValueError(
                     f"fault {op.fault!r} fires inside DDP's gradient all-reduce (phase allreduce), so attach needs "
@@ -106,7 +131,10 @@ class PhaseFaults:
             if self._already_fired(op):
                 continue  # a restart recomputing the step: the fault already hit this run
             self._mark_fired(op)  # before the signal: a restarted worker must find it
-            self._kill(op, phase, step, where)
+            if op.injector == "freeze":
+                self._freeze(op, phase, step, where)
+            else:
+                self._kill(op, phase, step, where)
 
     def _kill(self, op: InJobOp, phase: str, step: int, where: dict[str, JsonValue]) -> None:
         raw = op.params.get("signal", "SIGKILL")
@@ -130,5 +158,34 @@ class PhaseFaults:
         # The event is written (one synchronous O_APPEND write) before the signal: the history says where.
         os.kill(pid, number)
 
+    def _freeze(self, op: InJobOp, phase: str, step: int, where: dict[str, JsonValue]) -> None:
+        """Stop this process for the op's duration (see the module docstring); returns once continued."""
+        seconds = float(op.duration_s or 0.0)
+        pid = os.getpid()
+        start = _start_time(pid)
+        at = f"in the all-reduce of bucket {where.get('bucket')}" if phase == "allreduce" else f"in phase {phase}"
+        description = f"SIGSTOP rank {self._rank} (pid {pid}) by its own agent at step {step}, {at}, for {seconds:g}s"
+        common: dict[str, JsonValue] = {"fault": op.fault, "op": op.op_id, "injector": op.injector, "pid": pid}
+        self._emit("fault.applied", rank=self._rank, description=description, step=step, phase=phase,
+                   duration_s=seconds, **common, **where)  # fmt: skip
+        subprocess.Popen(  # the thaw first: nothing could start it once this process is stopped
+            [sys.executable, "-c", THAW, repr(seconds), str(pid), start],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+        )
+        stopped = time.monotonic()
+        os.kill(pid, signal.SIGSTOP)  # every thread of the process, until the thaw (or anyone) continues it
+        self._emit("fault.healed", rank=self._rank, frozen_s=round(time.monotonic() - stopped, 3), **common)
 
-__all__ = ["IN_FLIGHT", "PHASES", "PROCESS_FAULTS", "PhaseFaults"]
+
+def _start_time(pid: int) -> str:
+    """The kernel start time of ``pid`` (field 22 of /proc/PID/stat), which tells it from a later reuse."""
+    with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+        stat = handle.read()
+    return stat[stat.rindex(")") + 2 :].split()[19]
+
+
+__all__ = ["IN_FLIGHT", "PHASES", "PROCESS_FAULTS", "THAW", "PhaseFaults"]

@@ -26,7 +26,8 @@ class InJobOp(BaseModel):
     params: dict[str, JsonValue]
     at_step: int
     rank: int | None = None
-    phase: str | None = None  # a process fault (kill) fired by the agent at this point of the step (trigger.phase)
+    phase: str | None = None  # a process fault (kill, freeze) fired by the agent at this point of the step
+    duration_s: float | None = None  # a fault's duration (a freeze fired at a phase is thawed after it)
 
 
 class InJobPlan(BaseModel):

@@ -41,6 +41,7 @@ def in_job_plan(plan: Plan, run_dir: Path) -> tuple[list[PlannedOp], Path]:
                 at_step=op.at_step if op.at_step is not None else -1,
                 rank=op.rank,
                 phase=op.phase,
+                duration_s=op.duration_s,
             )
             for op in in_job
         ],

@@ -37,6 +37,7 @@ from chaos.spec.problems import Path_, Problem
 from chaos.spec.roles import RolesTarget
 from chaos.spec.scenario import FaultSpec, Scenario, TorchrunTarget
 from chaos.spec.serving import FALLBACK, PRIMARY, REPLICA_RANKS, ServingTarget
+from chaos.spec.slurm import SlurmTarget
 from chaos.spec.targets import HttpTarget
 
 
@@ -174,7 +175,7 @@ def _fault(scenario: Scenario, index: int, fault: FaultSpec) -> Iterator[Finding
 
 # The faults a job's own agent can fire at a trigger phase (chaos.injob.phase_faults.PROCESS_FAULTS; the spec
 # may not import the in-job package, so the name is repeated here and a unit test holds the two equal).
-PHASE_FAULTS = ("kill",)
+PHASE_FAULTS = ("kill", "freeze")
 
 
 def _phase(scenario: Scenario, fault: FaultSpec, at: Path_) -> Iterator[Finding]:
@@ -183,13 +184,21 @@ def _phase(scenario: Scenario, fault: FaultSpec, at: Path_) -> Iterator[Finding]
     if phase is None:
         return
     where: Path_ = (*at, "trigger", "phase")
-    if fault.type in ("freeze", "slow"):
+    if fault.type == "slow":
         yield Finding(
             where,
-            f"fault {fault.name!r} ({fault.type}) cannot fire at a phase yet: the agent would stop its own "
-            "process, and nothing outside the job is armed to continue it",
-            "drop phase (the harness stops the rank when it reports the step: trigger: {at_step: N, rank: R}), "
-            "or use type: kill for a phase",
+            f"fault {fault.name!r} (slow) cannot fire at a phase: a duty cycle of stops spans many steps, not a "
+            "point inside one",
+            "drop phase (trigger: {at_step: N, rank: R} starts the duty cycle at that step), or use type: freeze "
+            "with a duration for one stop at the phase",
+        )
+        return
+    if fault.type == "freeze" and fault.duration is None:
+        yield Finding(
+            (*at, "duration"),
+            f"fault {fault.name!r} freezes a rank at phase {phase}: the rank stops itself and a thaw continues it "
+            "when the duration has passed, so it needs one",
+            "add duration: (e.g. duration: 12s)",
         )
         return
     if fault.type not in PHASE_FAULTS:
@@ -326,6 +335,12 @@ def _hosts(scenario: Scenario, fault: FaultSpec, at: Path_) -> Iterator[Finding]
             (*at, "hosts", "rank"),
             f"hosts: {{rank: {hosts.rank}}} means the host running that rank, but this job runs on one host",
             "give the torchrun target nodes: (or run with --nodes), or select hosts by host, group or count",
+        )
+    if hosts.slurm is not None and not isinstance(scenario.target, SlurmTarget):
+        yield Finding(
+            (*at, "hosts", "slurm"),
+            f"hosts: {{slurm: {hosts.slurm}}} means nodes of a Slurm job, but this is a {scenario.target.type} target",
+            "give the scenario a slurm target, or select hosts by host, group or count",
         )
     if hosts.host is not None and hosts.host in hosts.exclude:
         yield Finding(

@@ -218,6 +218,29 @@ def stuck(draw: st.DrawFn) -> Case:
     return Case(_never_past(run, draw(st.sampled_from(kinds(run.events, "fault.applied")))), RECOVERED)
 
 
+@st.composite
+def hit_inside_a_step(draw: st.DrawFn) -> Case:
+    """An op fired by the job's agent inside step S+1 (its data.step; trigger.phase): afterwards steps reach S+1
+    (a peer finishing the step the fault hit, or a replay) and never go beyond it."""
+    run = draw(RECOVERABLE)
+    op = draw(st.sampled_from(kinds(run.events, "fault.applied")))
+    hit = _high_before(run, op) + 1
+    kept: list[Event] = []
+    finished = False
+    for e in run.events:
+        if e is op:
+            kept.append(edited(e, step=hit))
+        elif e.kind == "target.step" and e.ts_ns > op.ts_ns:
+            if not finished:  # the first step after it: a peer finishing the step the fault hit
+                kept.append(edited(e, step=hit))
+                finished = True
+            elif (e.get_int("step") or 0) <= hit:
+                kept.append(e)
+        else:
+            kept.append(e)
+    return Case(kept, RECOVERED)
+
+
 RECOVERED = {"fault": FAULT, "within": "1d"}
 RECOVERED_WITHIN = Entry(
     holds=RECOVERABLE.map(lambda run: Case(run.events, RECOVERED)),
@@ -225,6 +248,10 @@ RECOVERED_WITHIN = Entry(
         Violation(
             "after an op training only replays steps and never passes its pre-fault highest step",
             stuck(),
+        ),
+        Violation(
+            "a fault fired inside a step (trigger.phase): only a peer finishing that step follows, never beyond it",
+            hit_inside_a_step(),
         ),
         Violation(
             "progress past the pre-fault step comes later than the bound",

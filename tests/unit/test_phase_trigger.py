@@ -102,14 +102,14 @@ REFUSED = [
         "must select that replica",
     ),
     (
-        "freeze with a phase",
-        TORCHRUN.replace("FAULTS", KILL.replace("kill", "freeze") + "\n    duration: 5s"),
-        "nothing outside the job is armed to continue it",
+        "freeze with a phase but no duration",
+        TORCHRUN.replace("FAULTS", KILL.replace("kill", "freeze")),
+        "a thaw continues it when the duration has passed, so it needs one",
     ),
     (
         "slow with a phase",
         TORCHRUN.replace("FAULTS", KILL.replace("kill", "slow") + "\n    duration: 5s"),
-        "cannot fire at a phase yet",
+        "a duty cycle of stops spans many steps",
     ),
     (
         "an in-job bitflip with a trigger phase",
@@ -251,7 +251,9 @@ def test_misuse_is_refused_at_attach() -> None:
     with pytest.raises(ValueError, match="attach needs the DDP-wrapped model"):
         job.faults([_op("allreduce")], has_ddp=False)
     job.faults([_op("forward")], has_ddp=False)  # a loop phase needs no comm hook
-    with pytest.raises(ValueError, match="fires only kill"):
+    with pytest.raises(ValueError, match="fires only kill, freeze"):
+        job.faults([_op("forward", injector="slow")])
+    with pytest.raises(ValueError, match="needs a duration"):
         job.faults([_op("forward", injector="freeze")])
     with pytest.raises(ValueError, match="unknown phase"):
         job.faults([_op("checkpoint")])
