@@ -37,6 +37,12 @@ class GradCorruptParams(BaseModel):
     site: Site = Field(default="in_transit", description="local | in_transit | post_reduce")
     bucket: int = Field(default=0, ge=0, description="DDP gradient bucket index")
     rank: int | None = Field(default=None, ge=0, description="the rank corrupted (default: the trigger's rank, else 1)")
+    replica: str | None = Field(
+        default=None,
+        min_length=1,
+        description="a roles target's replica whose rank is corrupted (a torchft replica group, e.g. group.1); "
+        "null: that rank in every replica",
+    )
     kind: Literal["bitflip", "nan", "inf", "scale"] = "bitflip"
     element: int | None = Field(default=None, ge=0, description="flat index in the bucket (default: seeded random)")
     bit: BitIndex | Literal["sign", "exponent", "mantissa"] | None = Field(

@@ -309,7 +309,7 @@ def _replica(target: object, fault: FaultSpec, at: Path_) -> Iterator[Finding]:
         yield Finding(
             (*at, "params", "replica"),
             f"fault {fault.name!r} selects replica {replica!r}, but a {getattr(target, 'type', '?')} target has "
-            "no replicas (only a serving target has)",
+            "no replicas (only a roles or serving target has)",
             "select the process by rank, pid or name",
         )
     elif replica not in _replicas(target):

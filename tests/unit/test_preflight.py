@@ -100,7 +100,7 @@ REFUSED = [
         "a replica of a torchrun target",
         TORCHRUN.replace("FAULTS", "  - type: kill\n    params: {replica: primary}\n    trigger: {after: 1s}"),
         "8:14",
-        "target has no replicas (only a serving target has)",
+        "target has no replicas (only a roles or serving target has)",
     ),
     (
         "an in-job fault on a rank that runs no replica",
