@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 from chaos.cluster.base import Transport
 from chaos.cluster.inventory import Inventory, load_inventory, select
@@ -16,6 +17,17 @@ from chaos.cluster.local import LocalTransport
 from chaos.spec.scenario import FaultSpec, HostSelector, Scenario
 
 LOCAL = "local"
+SLURM_GROUP = "slurm"  # the inventory group of Slurm nodes (the Slurm testbed puts its hosts in it)
+
+
+@runtime_checkable
+class SlurmPlacement(Protocol):
+    """A Slurm job (the ``slurm`` target) that knows its allocation: what ``hosts: {slurm: ...}`` selects from."""
+
+    def slurm_nodes(self, which: str) -> list[str] | None:
+        """Slurm node names: ``allocated`` (the job's allocation now) or ``spare`` (the partition's others);
+        None while not known yet (before the job's first poll)."""
+        ...
 
 
 def needs_inventory(scenario: Scenario) -> bool:
@@ -25,7 +37,8 @@ def needs_inventory(scenario: Scenario) -> bool:
     return (
         any(f.hosts is not None for f in scenario.faults)
         or scenario.cluster.transport == "ssh"
-        or getattr(scenario.target, "nodes", None) is not None
+        or isinstance(getattr(scenario.target, "nodes", None), HostSelector)  # a slurm target's is a count
+        or getattr(scenario.target, "login", None) is not None  # a slurm target's login node
         or (isinstance(roles, dict) and any(getattr(r, "host", None) is not None for r in roles.values()))
     )
 
@@ -37,10 +50,18 @@ class HostsError(Exception):
 class HostSet:
     """The inventory (if any) and lazily opened transports, by host name (``local`` for this machine)."""
 
-    def __init__(self, inventory: Inventory | None, protected: list[str], blast_radius: int | None) -> None:
+    def __init__(
+        self,
+        inventory: Inventory | None,
+        protected: list[str],
+        blast_radius: int | None,
+        inventory_path: Path | None = None,
+    ) -> None:
         self.inventory = inventory
+        self.inventory_path = inventory_path  # the file it was read from (a Slurm testbed's is in its state dir)
         self.protected = set(protected)
         self.blast_radius = blast_radius
+        self.slurm: SlurmPlacement | None = None  # the slurm target, which answers ``hosts: {slurm: ...}``
         self._transports: dict[str, Transport] = {LOCAL: LocalTransport()}
 
     @classmethod
@@ -58,7 +79,7 @@ class HostSet:
                     "(e.g. the one `mlchaos testbed up --hosts 3` prints) or set cluster.inventory"
                 )
             return cls(None, scenario.cluster.protected, scenario.safety.blast_radius)
-        return cls(load_inventory(path), scenario.cluster.protected, scenario.safety.blast_radius)
+        return cls(load_inventory(path), scenario.cluster.protected, scenario.safety.blast_radius, path.resolve())
 
     def resolve(self, fault: FaultSpec, op_id: str, seed: int) -> list[str]:
         """The host names ``fault`` hits for op ``op_id`` (``[local]`` without a selector)."""
@@ -67,13 +88,61 @@ class HostSet:
         if self.inventory is None:
             raise HostsError(f"fault {fault.name!r} selects hosts but there is no inventory")
         rng = random.Random(f"{seed}:{op_id}")
+        if fault.hosts.slurm is not None:
+            try:
+                return self._slurm_hosts(fault.hosts, rng)
+            except HostsError as exc:
+                raise HostsError(f"fault {fault.name!r}: {exc}") from None
         try:
-            hosts = select(
-                self.inventory, fault.hosts, rng, protected=self.protected, blast_radius=self.blast_radius
-            )
+            hosts = select(self.inventory, fault.hosts, rng, protected=self.protected, blast_radius=self.blast_radius)
         except Exception as exc:  # SelectionError and friends: one clear message naming the fault
             raise HostsError(f"fault {fault.name!r}: {exc}") from exc
         return [h.name for h in hosts]
+
+    def _slurm_hosts(self, selector: HostSelector, rng: random.Random) -> list[str]:
+        """``hosts: {slurm: allocated|spare}``: the inventory hosts of those Slurm nodes now, less ``exclude``
+        and protected hosts, ``count`` of them drawn with ``rng``. Before the job's allocation is known (the
+        checks before the run) every Slurm node of the inventory is returned: the fault may land on any."""
+        from chaos.cluster.slurm.locate import host_of_node  # the slurm package only for a slurm selector
+
+        assert self.inventory is not None
+        names = self.inventory.names()
+        for name in selector.exclude:
+            if name not in names:
+                raise HostsError(f"excluded host {name!r} is not in the inventory")
+        nodes = self.slurm.slurm_nodes(selector.slurm or "") if self.slurm is not None else None
+        if nodes is None:
+            known = [h.name for h in self.inventory.hosts if h.in_group(SLURM_GROUP) or "slurm_node" in h.labels]
+            candidates = [n for n in known if n not in selector.exclude and n not in self.protected]
+            if not candidates:
+                raise HostsError(f"the inventory has no Slurm node (group {SLURM_GROUP!r}) that may be selected")
+            if selector.count is not None and selector.count > len(candidates):
+                raise HostsError(
+                    f"asked for {selector.count} host(s) but the inventory has {len(candidates)} Slurm node(s)"
+                )
+            return candidates
+        hosts: list[str] = []
+        for node in nodes:
+            host = host_of_node(self.inventory, node)
+            if host is None:
+                raise HostsError(f"Slurm node {node!r} is no inventory host (name it, or label one slurm_node: {node})")
+            hosts.append(host)
+        candidates = [h for h in hosts if h not in selector.exclude and h not in self.protected]
+        what = "the job's allocation" if selector.slurm == "allocated" else "the partition's spare nodes"
+        if not candidates:
+            state = f" ({', '.join(hosts)}, all excluded or protected)" if hosts else " (none now)"
+            raise HostsError(f"{what} has no node to select{state}")
+        count = selector.count if selector.count is not None else len(candidates)
+        if count > len(candidates):
+            raise HostsError(f"asked for {count} host(s) but {what} has {len(candidates)}: {', '.join(candidates)}")
+        if count < len(candidates):
+            picked = set(rng.sample(range(len(candidates)), count))
+            candidates = [h for i, h in enumerate(candidates) if i in picked]
+        if self.blast_radius is not None and len(candidates) > self.blast_radius:
+            raise HostsError(
+                f"selection hits {len(candidates)} hosts, more than the blast radius of {self.blast_radius}"
+            )
+        return candidates
 
     def job_nodes(self, selector: HostSelector, seed: int) -> list[tuple[str, str]]:
         """(name, address) of the hosts a multi-node target runs on, in inventory order. Protection and the

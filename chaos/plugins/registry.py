@@ -22,6 +22,8 @@ BUILTIN_INJECTOR_MODULES = (
     "injectors.storage.injector",
     "injectors.node",
     "injectors.container",
+    "injectors.gpu_xid",
+    "injectors.slurm.faults",
 )
 BUILTIN_CHECK_MODULES = (
     "chaos.checks.detection",
@@ -33,6 +35,7 @@ BUILTIN_CHECK_MODULES = (
     "chaos.checks.restarts",
     "chaos.checks.replicas",
     "chaos.checks.serving.verdicts",
+    "chaos.checks.slurm",
 )
 INJECTOR_GROUP = "mlchaos.injectors"
 CHECK_GROUP = "mlchaos.checks"

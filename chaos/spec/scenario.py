@@ -46,6 +46,7 @@ from chaos.spec.problems import read_yaml_mapping as read_yaml_mapping
 from chaos.spec.problems import yaml_positions as yaml_positions
 from chaos.spec.roles import RolesTarget
 from chaos.spec.serving import ServingTarget
+from chaos.spec.slurm import SlurmTarget
 from chaos.spec.targets import HttpTarget
 from chaos.spec.units import Duration, EnvVars, Name
 
@@ -145,21 +146,28 @@ class Trigger(BaseModel):
 
 class HostSelector(BaseModel):
     """Which hosts a fault hits: one ``host`` by name, the host running training ``rank`` (a multi-node
-    target, resolved when the fault fires), or ``count`` hosts of a ``group`` (default: all), never those in
-    ``exclude``. ``count`` None takes every candidate; fewer are drawn with the run's rng."""
+    target, resolved when the fault fires), ``count`` hosts of a ``group`` (default: all), or of a slurm
+    target's nodes (``slurm: allocated``: the job's allocation when the fault fires; ``slurm: spare``: the
+    partition's nodes outside it), never those in ``exclude``. ``count`` None takes every candidate; fewer are
+    drawn with the run's rng."""
 
     model_config = _STRICT
     host: Name | None = None
     rank: int | None = Field(default=None, ge=0, description="the host that runs this rank of a multi-node target")
     group: Name | None = None
+    slurm: Literal["allocated", "spare"] | None = Field(
+        default=None,
+        description="a slurm target's nodes, when the fault fires: allocated (the job's allocation) or spare "
+        "(the partition's nodes the job does not hold)",
+    )
     count: int | None = Field(default=None, ge=1)
     exclude: list[Name] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _host_or_group(self) -> HostSelector:
-        given = [key for key in ("host", "rank", "group") if getattr(self, key) is not None]
+        given = [key for key in ("host", "rank", "group", "slurm") if getattr(self, key) is not None]
         if len(given) > 1:
-            raise ValueError(f"give one of host, rank or group, not {' and '.join(given)}")
+            raise ValueError(f"give one of host, rank, group or slurm, not {' and '.join(given)}")
         if (self.host is not None or self.rank is not None) and self.count not in (None, 1):
             raise ValueError("count makes no sense with a single host")
         return self
@@ -242,8 +250,10 @@ class TorchrunTarget(BaseModel):
     def _module_or_script(self) -> TorchrunTarget:
         if (self.module is None) == (self.script is None):
             raise ValueError("a torchrun target needs exactly one of module or script")
-        if self.nodes is not None and self.nodes.rank is not None:
-            raise ValueError("nodes selects the hosts that run the job: use host, group, count or exclude, not rank")
+        if self.nodes is not None and (self.nodes.rank is not None or self.nodes.slurm is not None):
+            raise ValueError(
+                "nodes selects the hosts that run the job: use host, group, count or exclude, not rank or slurm"
+            )
         return self
 
 
@@ -272,7 +282,7 @@ class CommandTarget(BaseModel):
 
 
 TargetSpec = Annotated[
-    TorchrunTarget | CommandTarget | ServingTarget | HttpTarget | RolesTarget, Discriminator("type")
+    TorchrunTarget | CommandTarget | ServingTarget | HttpTarget | RolesTarget | SlurmTarget, Discriminator("type")
 ]
 ADDRESSED_TARGETS = (ServingTarget, HttpTarget)  # targets with an address a load's URL path is sent to
 

@@ -10,6 +10,7 @@ from chaos.cluster.local import LocalTransport
 from chaos.spec.roles import RolesTarget
 from chaos.spec.scenario import HostSelector, Scenario, TorchrunTarget
 from chaos.spec.serving import ServingTarget
+from chaos.spec.slurm import SlurmTarget
 from chaos.spec.targets import HttpTarget
 from chaos.targets import interpreter
 from chaos.targets.base import Target
@@ -43,6 +44,8 @@ def make_target(
         return ServingJob(spec, transport, run_dir, seed, extra_env)
     if isinstance(spec, HttpTarget):
         return HttpJob(spec)
+    if isinstance(spec, SlurmTarget):
+        return _slurm_job(scenario, spec, run_dir, seed, extra_env, hosts)
     if isinstance(spec, RolesTarget):
         kind = RolesJob if spec.url is None else ServingRolesJob
         placement = {name: RoleHost(name, hosts.address(name), hosts.transport(name)) for name in spec.hosts()}
@@ -50,6 +53,40 @@ def make_target(
         scenario_dir = Path(source).resolve().parent if not source.startswith("<") else None
         return kind(spec, transport, run_dir, seed, extra_env, placement, scenario_dir)
     return CommandJob(spec, transport, run_dir, seed, extra_env)
+
+
+def _slurm_job(
+    scenario: Scenario, spec: SlurmTarget, run_dir: Path, seed: int, extra_env: dict[str, str], hosts: HostSet
+) -> Target:
+    """A batch job on the scenario's Slurm cluster; it answers the hosts' ``slurm:`` selector from here on."""
+    from chaos.cluster.slurm.locate import ClusterNotFound, SlurmCluster, locate
+    from chaos.targets.slurm import SlurmJob
+
+    cluster: SlurmCluster | str
+    try:
+        cluster = locate(
+            login=spec.login,
+            conf=spec.conf,
+            completion_log=spec.accounting == "completion_log",
+            inventory=hosts.inventory,
+            inventory_path=hosts.inventory_path,
+        )
+    except ClusterNotFound as exc:
+        cluster = str(exc)  # the job's preflight refuses the run with it
+    source = scenario.located(())[0]
+    scenario_dir = Path(source).resolve().parent if not source.startswith("<") else None
+    job = SlurmJob(
+        spec,
+        cluster,
+        run_dir,
+        seed,
+        extra_env,
+        inventory=hosts.inventory,
+        scenario_dir=scenario_dir,
+        reach=hosts.transport,
+    )
+    hosts.slurm = job
+    return job
 
 
 def on_nodes(scenario: Scenario, nodes: HostSelector) -> Scenario:

@@ -24,6 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from replica_histories import FAULT as RFAULT
 from replica_histories import ReplicaRun
+from slurm_histories import FAULT as SFAULT
+from slurm_histories import SlurmRun, slurm_runs
 from test_checks_properties import FAULT, Run, mutate_steps, runs
 from test_serving_checks import FLIP, KILL, RATE, SECOND, _events, bitflip, kill_events, load, scenario
 from test_serving_checks import ev as sev
@@ -1129,6 +1131,129 @@ RESTARTS = Entry(
 )
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Slurm (the slurm target's slurm.job / slurm.node events; the simulator in slurm_histories): node_drained_within,
+# requeued_within, no_repeat_failure_on_bad_node
+
+
+def _slurm(run: SlurmRun, **params: Any) -> Case:
+    return Case(run.events(), {"fault": SFAULT, **params})
+
+
+def _drain_bound(run: SlurmRun) -> dict[str, Any]:
+    return {"within": (run.drain_after or 0) + 0.1, "by": "health_check"}
+
+
+def _rerun_bound(run: SlurmRun) -> dict[str, Any]:
+    return {"within": (run.rerun_after or 0) + 0.1}
+
+
+NODE_DRAINED = Entry(
+    holds=slurm_runs().map(lambda r: _slurm(r, **_drain_bound(r))),
+    violations=(
+        Violation(
+            "the hit node is never drained",
+            slurm_runs().map(lambda r: _slurm(r.but(drain_after=None), within=20.5)),
+        ),
+        Violation(
+            "the drain comes later than the bound",
+            slurm_runs().map(lambda r: _slurm(r, within=(r.drain_after or 0) / 2)),
+        ),
+        Violation(
+            "another node is drained, not the one the fault hit",
+            slurm_runs().map(lambda r: _slurm(r.but(drained_node="h3"), **_drain_bound(r))),
+        ),
+        Violation(
+            "by: health_check, but the node was drained by someone else",
+            slurm_runs().map(lambda r: _slurm(r.but(drain_reason="operator: looked odd"), **_drain_bound(r))),
+        ),
+        Violation(
+            "no slurm.node event: the nodes were never observed",
+            slurm_runs().map(lambda r: _slurm(r.but(node_events=False), **_drain_bound(r))),
+            expect="unknown",
+        ),
+        Violation(
+            "the fault never applied",
+            slurm_runs().map(lambda r: _slurm(r.but(with_fault=False), **_drain_bound(r))),
+            expect="unknown",
+        ),
+    ),
+)
+
+REQUEUED = Entry(
+    holds=slurm_runs().map(lambda r: _slurm(r, **_rerun_bound(r))),
+    violations=(
+        Violation(
+            "the job ended FAILED instead of being requeued",
+            slurm_runs().map(lambda r: _slurm(r.but(end_state="FAILED"), **_rerun_bound(r))),
+        ),
+        Violation(
+            "the job is RUNNING again later than the bound",
+            slurm_runs().map(lambda r: _slurm(r, within=(r.rerun_after or 0) / 2)),
+        ),
+        Violation(
+            "the job was requeued but never ran again",
+            slurm_runs().map(lambda r: _slurm(r.but(rerun_after=None), **_rerun_bound(r))),
+        ),
+        Violation(
+            "only a new job id ran (a resubmission, not a requeue)",
+            slurm_runs().map(lambda r: _slurm(r.but(new_job_id=8), **_rerun_bound(r))),
+        ),
+        Violation(
+            "the fault did not interrupt the job at all",
+            slurm_runs().map(lambda r: _slurm(r.but(requeue_after=None), **_rerun_bound(r))),
+        ),
+        Violation(
+            "no slurm.job event: the job was never observed",
+            slurm_runs().map(lambda r: _slurm(r.but(job_events=False), **_rerun_bound(r))),
+            expect="unknown",
+        ),
+        Violation(
+            "the fault never applied",
+            slurm_runs().map(lambda r: _slurm(r.but(with_fault=False), **_rerun_bound(r))),
+            expect="unknown",
+        ),
+    ),
+)
+
+NO_REPEAT = Entry(
+    holds=st.one_of(
+        slurm_runs().map(lambda r: _slurm(r)),
+        # back on the hit node only after the fault healed and the node was resumed
+        slurm_runs().map(
+            lambda r: _slurm(
+                r.but(
+                    heal_after=(r.rerun_after or 0) - 0.6,
+                    resume_after=(r.rerun_after or 0) - 0.5,
+                    drain_after=min(r.drain_after or 0, (r.rerun_after or 0) - 0.7),
+                    rerun=(r.hit, "h3"),
+                )
+            )
+        ),
+    ),
+    violations=(
+        Violation(
+            "the requeued job lands on the hit node while it is still drained",
+            slurm_runs().map(lambda r: _slurm(r.but(rerun=(r.hit, "h3"), heal_after=None))),
+        ),
+        Violation(
+            "the node was never drained (no health check) and the job lands on it while the fault is active",
+            slurm_runs().map(lambda r: _slurm(r.but(drain_after=None, rerun=(r.hit, r.survivor)))),
+        ),
+        Violation(
+            "the job never ran again",
+            slurm_runs().map(lambda r: _slurm(r.but(rerun_after=None))),
+            expect="unknown",
+        ),
+        Violation(
+            "the fault never applied",
+            slurm_runs().map(lambda r: _slurm(r.but(with_fault=False))),
+            expect="unknown",
+        ),
+    ),
+)
+
+
 TABLE: dict[str, Entry] = {
     "detected_within": DETECTED_WITHIN,
     "recovered_within": RECOVERED_WITHIN,
@@ -1146,6 +1271,9 @@ TABLE: dict[str, Entry] = {
     "survivors_progress": SURVIVORS_PROGRESS,
     "rejoined_within": REJOINED_WITHIN,
     "replicas_agree": REPLICAS_AGREE,
+    "node_drained_within": NODE_DRAINED,
+    "requeued_within": REQUEUED,
+    "no_repeat_failure_on_bad_node": NO_REPEAT,
 }
 
 

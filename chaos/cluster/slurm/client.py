@@ -36,6 +36,7 @@ _KEY = re.compile(r"(?:^|(?<=\s))([A-Za-z][A-Za-z0-9_:/.]*)=")
 # A node's reason ends with "[user@time]"; it may hold spaces and '=' of its own.
 _REASON = re.compile(r"(?:^|\s)Reason=(.*?)\s*\[[^\]\s]*@[^\]\s]*\](?=\s|$)")
 _NO_TIME = {"", "None", "Unknown", "N/A", "(null)"}
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "NodeList", "Submit", "Start", "End")
 
 
@@ -152,13 +153,19 @@ class SlurmClient:
 
     # --- plumbing ------------------------------------------------------------------------------------------
 
-    def argv(self, command: list[str]) -> list[str]:
-        """``command`` as it runs on the host: under ``env SLURM_CONF=...`` when :attr:`conf` is set."""
-        return ["env", f"SLURM_CONF={self.conf}", *command] if self.conf is not None else command
+    def argv(self, command: list[str], env: Mapping[str, str] | None = None) -> list[str]:
+        """``command`` as it runs on the host: under ``env SLURM_CONF=... [NAME=value ...]`` when :attr:`conf`
+        or ``env`` is set (sbatch exports its environment to the job: that is how ``env`` reaches it)."""
+        words = [f"SLURM_CONF={self.conf}"] if self.conf is not None else []
+        for name, value in (env or {}).items():
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"environment variable name {name!r}: letters, digits and '_' only")
+            words.append(f"{name}={value}")
+        return ["env", *words, *command] if words else command
 
-    def _run(self, command: list[str]) -> Completed:
+    def _run(self, command: list[str], env: Mapping[str, str] | None = None) -> Completed:
         try:
-            done = self.transport.run(self.argv(command), timeout=self.timeout)
+            done = self.transport.run(self.argv(command, env), timeout=self.timeout)
         except TransportError as exc:
             raise SlurmError(f"{command[0]} could not run on {self.transport.host}: {exc}", argv=command) from exc
         if done.returncode == 127:  # env's or the login shell's "command not found"
@@ -193,10 +200,13 @@ class SlurmClient:
         requeue: bool | None = None,
         partition: str | None = None,
         extra: Sequence[str] = (),
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
     ) -> int:
-        """``sbatch --parsable`` the script at ``script`` (a path on the host); the new job's id.
+        """``sbatch --parsable`` the script at ``script`` (a path on the host) with ``args``; the new job's id.
 
-        ``extra`` are further sbatch options, each one argv word (``["--time=5", "--exclusive"]``)."""
+        ``extra`` are further sbatch options, each one argv word (``["--time=5", "--exclusive"]``); ``env`` is
+        set for sbatch, which exports it (with the rest of its environment) to the job."""
         argv = ["sbatch", "--parsable"]
         if nodes is not None:
             argv.append(f"--nodes={_positive(nodes, 'nodes')}")
@@ -219,7 +229,8 @@ class SlurmClient:
                 raise ValueError(f"extra sbatch argument {word!r} is not an option (the script comes last)")
             argv.append(word)
         argv.append(str(script))
-        out = self._run(argv).stdout.strip()
+        argv.extend(args)
+        out = self._run(argv, env).stdout.strip()
         first = out.splitlines()[-1].split(";")[0] if out else ""  # "<id>" or "<id>;<cluster>"
         if not first.isdigit():
             raise SlurmError(f"sbatch printed no job id: {out[:200]!r}", argv=argv)
@@ -274,6 +285,21 @@ class SlurmClient:
         if not found:
             raise SlurmError(f"scontrol printed no node {name}: {out[:200]!r}")
         return found[0]
+
+    def partition_nodes(self, partition: str | None = None) -> list[str]:
+        """The node names of ``partition`` (None: the default partition), expanded."""
+        argv = ["scontrol", "-o", "show", "partition"]
+        if partition is not None:
+            argv.append(_checked_name(partition))
+        out = self._run(argv).stdout
+        for line in out.splitlines():
+            fields = parse_fields(line)
+            if "PartitionName" not in fields:
+                continue
+            if partition is None and fields.get("Default") != "YES":
+                continue
+            return expand_hostlist(fields.get("Nodes", ""))
+        raise SlurmError(f"no partition {partition or '(default)'} on {self.transport.host}: {out[:200]!r}", argv=argv)
 
     def drain(self, node: str, reason: str) -> None:
         """Set DRAIN on ``node`` with ``reason`` (Slurm requires one): what an operator or a health check does."""
