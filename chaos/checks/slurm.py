@@ -137,12 +137,19 @@ def interruption(history: History, hit: HitJob, op: Event) -> Event | None:
 
 
 def later_attempts(history: History, hit: HitJob, op: Event) -> list[Event]:
-    """RUNNING ``slurm.job`` events with nodes of the hit job from its interruption on (attempts after the op)."""
+    """RUNNING ``slurm.job`` events with nodes of the hit job from its interruption on (attempts after the op);
+    when Slurm's restart count is known, only those of a later attempt (a count above the hit attempt's)."""
     stop = interruption(history, hit, op)
     if stop is None:
         return []
+    before = hit.at_op.get_int("restarts")
     return [
-        e for e in job_events(history, hit.job_id) if e.ts_ns >= stop.ts_ns and _state(e) == "RUNNING" and job_nodes(e)
+        e
+        for e in job_events(history, hit.job_id)
+        if e.ts_ns >= stop.ts_ns
+        and _state(e) == "RUNNING"
+        and job_nodes(e)
+        and (before is None or (e.get_int("restarts") or 0) > before)
     ]
 
 
@@ -260,14 +267,16 @@ def requeued_within(history: History, params: BaseModel, scenario: Scenario | No
         stop = interruption(history, hit, op)
         again = later_attempts(history, hit, op)
         ran_out = _end(history) - op.ts_ns < bound_ns
-        if stop is not None and _state(stop) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY"):
+        if again:
+            # A later attempt under the same id: requeued, whatever the interrupted attempt's own end state was
+            # (a requeue on RequeueExit ends the attempt FAILED in accounting, then REQUEUED, then RUNNING).
+            found.add(seconds(again[0].ts_ns - op.ts_ns), op)
+            found.evidence += [_cite_job(history, e) for e in (stop, again[0]) if e is not None]
+        elif stop is not None and _state(stop) in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY"):
             if found.missed is None:
                 found.missed = (
                     f"job {hit.job_id} was not requeued after {cite(history, op)}: {_cite_job(history, stop)}"
                 )
-        elif again:
-            found.add(seconds(again[0].ts_ns - op.ts_ns), op)
-            found.evidence += [_cite_job(history, e) for e in (stop, again[0]) if e is not None]
         elif ran_out:
             undecided.append(
                 f"the history ends before the {fmt_seconds(p.within)} bound after {cite(history, op)} "

@@ -76,8 +76,12 @@ def up(
         ),
     ] = False,
     health_check: Annotated[
-        Path | None,  # noqa: UP007
-        typer.Option("--health-check", help="--slurm: HealthCheckProgram, an absolute path each slurmd runs"),
+        str | None,  # noqa: UP007
+        typer.Option(
+            "--health-check",
+            help="--slurm: HealthCheckProgram, an absolute path each slurmd runs, or `builtin`: mlchaos's own "
+            "(chaos.cluster.slurm.healthcheck: xid, peers, memory, cpu; config and program written to the state dir)",
+        ),
     ] = None,
     health_check_interval: Annotated[
         int, typer.Option("--health-check-interval", min=0, help="--slurm: HealthCheckInterval in seconds")
@@ -102,8 +106,11 @@ def up(
         raise typer.Exit(1)
     try:
         if slurm:
+            program = Path(health_check) if health_check not in (None, BUILTIN) else None
+            if health_check == BUILTIN:
+                program = builtin_health_check(state_dir or testbed.default_state_dir())
             settings = SlurmSettings(
-                health_check_program=health_check,
+                health_check_program=program,
                 health_check_interval=health_check_interval,
                 requeue_exit=tuple(requeue_exit or ()),
             )
@@ -239,3 +246,31 @@ def _print_health(table: Table, healthy: bool, repair: str) -> None:
     if not healthy:
         console.print(f"[red]not healthy[/red]: `{repair}` repairs it")
         raise typer.Exit(1)
+
+
+BUILTIN = "builtin"
+
+
+def builtin_health_check(state_dir: Path) -> Path:
+    """Write mlchaos's health-check config (``resume: true``) and the program slurmd runs into the testbed's Slurm
+    folder; the program's path. The XID log it reads is the ``gpu_xid`` injector's default (``/var/lib/mlchaos/xid/<node>.log``:
+    on the testbed a node's name is its host's), so a scenario's ``gpu_xid`` fault reaches it unchanged."""
+    import yaml
+
+    from chaos.cluster.slurm.healthcheck import write_program
+    from chaos.cluster.testbed.slurm_daemons import SLURM_DIR
+    from injectors.gpu_xid import DEFAULT_LOG
+
+    folder = state_dir.resolve() / SLURM_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    config = folder / "healthcheck.yaml"
+    settings = {
+        "slurm_conf": str(folder / "slurm.conf"),
+        "log": str(folder / "healthcheck-{node}.log"),
+        "xid": {"logs": [DEFAULT_LOG.replace("{host}", "{node}")]},
+        # A testbed node the check drained comes back once it passes again (the emulated fault healed), so the
+        # next run starts on a whole cluster; on a real cluster an operator decides (resume: false, the default).
+        "resume": True,
+    }
+    config.write_text(yaml.safe_dump(settings, sort_keys=False), encoding="utf-8")
+    return write_program(folder / "healthcheck", config)

@@ -137,7 +137,7 @@ def _fault(scenario: Scenario, index: int, fault: FaultSpec) -> Iterator[Finding
         )
     ranks = [(path, rank) for path, rank in _ranks(fault, at) if rank is not None]
     rank_param = getattr(fault.params, "rank", None)
-    if not in_job and isinstance(rank_param, int) and not isinstance(target, TorchrunTarget):
+    if not in_job and isinstance(rank_param, int) and not isinstance(target, (TorchrunTarget, SlurmTarget)):
         hint = (
             "select the process by replica, pid or name"
             if isinstance(target, ServingTarget)

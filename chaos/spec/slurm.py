@@ -52,7 +52,9 @@ class SlurmTarget(BaseModel):
         "at the same absolute path on the login node)"
     )
     args: Argv = Field(
-        default=[], description="the script's arguments ({run_dir}, {seed} and {scenario_dir} are filled in)"
+        default=[],
+        description="the script's arguments ({run_dir}, {seed}, {scenario_dir} and {python}, mlchaos's interpreter, "
+        "are filled in)",
     )
     nodes: int = Field(default=1, ge=1, description="sbatch --nodes")
     ntasks_per_node: int = Field(default=1, ge=1, description="sbatch --ntasks-per-node")
@@ -66,7 +68,8 @@ class SlurmTarget(BaseModel):
         default=[], description="further sbatch options, each one word starting with '-' (e.g. [--exclusive])"
     )
     env: EnvVars = Field(
-        default={}, description="exported into the job ({run_dir}, {seed} and {scenario_dir} are filled in)"
+        default={},
+        description="exported into the job ({run_dir}, {seed}, {scenario_dir} and {python} are filled in)",
     )
     login: Name | None = Field(
         default=None,

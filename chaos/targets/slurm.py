@@ -26,6 +26,7 @@ and RankResolver (process faults by rank land on the node that runs the rank), a
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -70,7 +71,9 @@ class SlurmJob:
         self.inventory = inventory
         self.scenario_dir = scenario_dir
         self._reach = reach  # inventory host -> its transport (an existing cluster's nodes)
-        self._values = {"run_dir": str(run_dir), "seed": str(seed)}
+        # {python}: mlchaos's own interpreter (it has torch and the agent), for jobs on nodes that share this
+        # machine's filesystem (the testbed's); on an existing cluster name the nodes' own interpreter instead.
+        self._values = {"run_dir": str(run_dir), "seed": str(seed), "python": sys.executable}
         if scenario_dir is not None:
             self._values["scenario_dir"] = str(scenario_dir)
         self.events_path = run_dir / "events.jsonl"

@@ -75,3 +75,21 @@ def test_no_repeat_without_fault_judges_every_applied_fault_and_names_the_repeat
     back = SlurmRun(drain_after=2.0, rerun_after=15.0, heal_after=10.0, resume_after=11.0, rerun=("h2", "h3"))
     assert judge("no_repeat_failure_on_bad_node", back.events()).status == "pass"
     assert HC_REASON.startswith("mlchaos-hc: ")
+
+
+def test_requeued_within_on_requeue_exit_counts_the_next_attempt_not_the_failed_attempts_end() -> None:
+    # A job that asks for its requeue (exit = RequeueExit): its attempt ends FAILED in accounting, then the job is
+    # REQUEUED and RUNNING again under its id with Slurm's restart count one higher (seen on the testbed).
+    running = job(1.0, "RUNNING", ("h1", "h2"))
+    requeued = [job(14.0, "FAILED", ("h1", "h2")), job(14.0, "REQUEUED", (), 1), job(14.5, "PENDING", (), 1)]
+    again = job(25.0, "RUNNING", ("h1", "h3"), 1)
+    end = job(42.0, "COMPLETED", ("h1", "h3"), 1)
+    result = judge("requeued_within", [running, applied(12.0, "h2"), *requeued, again, end], fault=FAULT, within=90)
+    assert result.status == "pass" and result.measured == 13.0, result
+    # Failed for good: no later attempt. And a RUNNING again WITHOUT a higher restart count (e.g. a suspended
+    # job resumed) is not a requeue.
+    gone = judge("requeued_within", [running, applied(12.0, "h2"), requeued[0], job(60.0, "FAILED", ("h1", "h2"))],
+                 fault=FAULT, within=90)  # fmt: skip
+    assert gone.status == "fail" and "was not requeued" in gone.reason, gone
+    resumed = [running, applied(12.0, "h2"), job(13.0, "SUSPENDED", ("h1", "h2")), job(14.0, "RUNNING", ("h1", "h2"))]
+    assert judge("requeued_within", [*resumed, job(99.0, "COMPLETED", ("h1", "h2"))], fault=FAULT, within=90).status != "pass"
