@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -37,6 +36,7 @@ from pydantic_core import core_schema
 
 from chaos.plugins import registry
 from chaos.spec.load import ScenarioLoad
+from chaos.spec.matchers import LogMatcherSpec
 from chaos.spec.problems import Path_ as Path_
 from chaos.spec.problems import Problem as Problem
 from chaos.spec.problems import ScenarioError as ScenarioError
@@ -194,23 +194,6 @@ class CheckSpec(BaseModel):
     name: str = ""
     type: str
     params: SerializeAsAny[BaseModel]
-
-
-class LogMatcherSpec(BaseModel):
-    """A regex over the target's output; a match becomes an event of kind ``event`` (named groups -> data)."""
-
-    model_config = _STRICT
-    pattern: str = Field(min_length=1)
-    event: str = Field(pattern=r"^[a-z_]+(\.[a-z0-9_*]+)+$")
-
-    @field_validator("pattern")
-    @classmethod
-    def _compiles(cls, pattern: str) -> str:
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise ValueError(f"pattern is not a valid regex: {exc}") from None
-        return pattern
 
 
 class TorchrunTarget(BaseModel):

@@ -12,33 +12,16 @@ share, at the same path (as checkpoints are).
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from chaos.spec.matchers import LogMatcherSpec
 from chaos.spec.roles import Argv
 from chaos.spec.units import Duration, EnvVars, Name
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 _SLURM_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$"
-
-
-class SlurmMatcherSpec(BaseModel):
-    """A regex over the job's output file; a match becomes an event of kind ``event`` (named groups -> data)."""
-
-    model_config = _STRICT
-    pattern: str = Field(min_length=1)
-    event: str = Field(pattern=r"^[a-z_]+(\.[a-z0-9_*]+)+$")
-
-    @field_validator("pattern")
-    @classmethod
-    def _compiles(cls, pattern: str) -> str:
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise ValueError(f"pattern is not a valid regex: {exc}") from None
-        return pattern
 
 
 class SlurmTarget(BaseModel):
@@ -84,7 +67,7 @@ class SlurmTarget(BaseModel):
     poll_interval: Duration = Field(
         default=0.5, ge=0.1, le=10, description="how often Slurm is asked for the job's and nodes' state"
     )
-    matchers: list[SlurmMatcherSpec] = []
+    matchers: list[LogMatcherSpec] = []
 
     @field_validator("sbatch")
     @classmethod
