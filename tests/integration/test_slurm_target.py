@@ -41,10 +41,19 @@ def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmTestbed]:
         namespaces.down(state)
 
 
-def _run(testbed: SlurmTestbed, tmp_path: Path, name: str, steps: list[str], **sections: Any) -> list[dict[str, Any]]:
-    """Run a scenario whose target is a 2-node job of ``slurm_steps.py STEPS``; the run's history (its
-    run.json's check results are in the last element's ``checks``)."""
+def _run(
+    testbed: SlurmTestbed,
+    tmp_path: Path,
+    name: str,
+    steps: list[str],
+    login: dict[str, str] | None = None,
+    **sections: Any,
+) -> list[dict[str, Any]]:
+    """Run a scenario whose target is a 2-node job of ``slurm_steps.py STEPS`` (``login``: target fields that
+    reach the cluster through a login node); the run's history (its run.json's check results are in the last
+    element's ``checks``)."""
     target = {
+        **(login or {}),
         "type": "slurm",
         "script": str(JOBS / "slurm_steps.sbatch"),
         "args": [str(JOBS / "slurm_steps.py"), *steps],
@@ -147,3 +156,21 @@ def test_drain_sets_drain_with_the_reason_and_heal_resumes(testbed: SlurmTestbed
     assert "DRAIN" not in seen[-1]["state"].split("+"), seen  # heal resumed it
     assert _of(history, "slurm.job")[-1]["data"]["state"] == "COMPLETED"  # a running job finishes on a drained node
     assert not testbed.client().node(victim).drained
+
+
+def test_an_existing_cluster_is_driven_through_its_login_node_over_ssh(testbed: SlurmTestbed, tmp_path: Path) -> None:
+    # The testbed's h1 plays an existing cluster's login node: sbatch, squeue, scontrol and sacct run THERE, over
+    # real OpenSSH (paramiko), with the cluster's slurm.conf named by `conf:`; nothing runs Slurm commands here.
+    history = _run(
+        testbed,
+        tmp_path,
+        "slurm-login",
+        ["--steps", "4", "--interval", "0.3"],
+        checks=[{"type": "completes"}],
+        login={"login": "h1", "conf": str(testbed.conf)},
+    )
+    [started] = _of(history, "runner.target_started")
+    assert "login node h1" in started["data"]["target"], started
+    states = [event["data"]["state"] for event in _of(history, "slurm.job")]
+    assert "RUNNING" in states and states[-1] == "COMPLETED", states
+    assert [check["status"] for check in history[-1]["checks"]] == ["pass"], history[-1]
