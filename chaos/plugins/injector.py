@@ -175,10 +175,13 @@ class RankResolver(Protocol):
 
 @dataclass(frozen=True)
 class JobTree:
-    """A target's own processes on one host: its launcher(s) and every process below them, by pid."""
+    """A target's own processes on one host: its launcher(s) and every process below them, by pid. ``here``
+    False: the target runs nothing on that host (a node it never uses), so a ``name:`` selector there cannot be
+    scoped to it and matches across that host, as for a target without a tree."""
 
     launchers: frozenset[int]
     members: frozenset[int]
+    here: bool = True
 
 
 @runtime_checkable
@@ -187,7 +190,8 @@ class ProcessTreeResolver(Protocol):
     ``name:`` selectors then match only inside it."""
 
     def job_tree(self, host: str) -> JobTree:
-        """The target's processes on ``host`` now (empty where it runs none); InjectionError if unreadable."""
+        """The target's processes on ``host`` now (``here`` False where it runs none); InjectionError if
+        unreadable."""
         ...
 
 

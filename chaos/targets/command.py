@@ -51,10 +51,12 @@ class CommandJob:
 
     def job_tree(self, host: str) -> JobTree:
         """The command's process (the launcher) and every process below it now, on the host it runs on (``name:``
-        selectors match only inside it, so a pattern never hits a stranger elsewhere on the machine); empty on
-        any other host or once it has exited."""
+        selectors match only inside it, so a pattern never hits a stranger elsewhere on the machine); empty once
+        it has exited; ``here`` False on any other host (a fault there matches across that host)."""
         pid = self.job.pid
-        if host != self.job.transport.host or pid is None or self.job.exit_code() is not None:
+        if host != self.job.transport.host:
+            return JobTree(frozenset(), frozenset(), here=False)
+        if pid is None or self.job.exit_code() is not None:
             return JobTree(frozenset(), frozenset())
         below = set(tree(pid)) - {pid}
         return JobTree(frozenset({pid}), frozenset(below))

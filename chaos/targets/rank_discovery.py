@@ -416,7 +416,7 @@ class Discovery:
     def tree(self, host: str) -> JobTree:
         """The job's processes on ``host`` now (empty where it runs none); :class:`ScanError` when unreadable."""
         watch = self._watches.get(host)
-        return watch.tree() if watch is not None else JobTree(frozenset(), frozenset())
+        return watch.tree() if watch is not None else JobTree(frozenset(), frozenset(), here=False)
 
     def restarts(self) -> dict[str, int]:
         """The restart count seen per host."""

@@ -224,7 +224,9 @@ class RolesJob:
 
     def job_tree(self, host: str) -> JobTree:
         """The launchers of the replicas on ``host`` and the processes below them now (``name:`` selectors match
-        only inside it); empty on a host no replica runs on."""
+        only inside it); ``here`` False on a host no replica runs on."""
+        if not any(replica.host.name == host for replica in self._replicas):
+            return JobTree(frozenset(), frozenset(), here=False)
         launchers: set[int] = set()
         members: set[int] = set()
         for replica in self._replicas:

@@ -255,7 +255,8 @@ def _matching_names(ctx: InjectionContext, host: ProcessHost, name: str, protect
     to it: the processes below its launcher on this host, so a pattern naming the script never hits the
     launcher (whose command line names the script too) nor a stranger elsewhere on the machine. The launcher
     is hit only when the pattern matches nothing below it (``name: torch.distributed.run`` kills the agent).
-    Other targets match across the host, as before. Never our own helpers, the harness or its ancestors."""
+    On a host the target runs nothing on (``JobTree.here`` False: a fault aimed at another service's host),
+    and for other targets, the match is across the host. Never our own helpers, the harness or its ancestors."""
     pattern = re.compile(name)
     lines = {
         pid: args
@@ -268,6 +269,8 @@ def _matching_names(ctx: InjectionContext, host: ProcessHost, name: str, protect
         return sorted(pid for pid, args in lines.items() if pattern.search(args)), f"processes matching {name!r}"
     where = ctx.extras.get("host")
     tree = ctx.target.job_tree(where if isinstance(where, str) else ctx.transport.host)
+    if not tree.here:  # the target runs nothing on this host: nothing to scope to
+        return sorted(pid for pid, args in lines.items() if pattern.search(args)), f"processes matching {name!r}"
     below = sorted(pid for pid in tree.members if pid in lines and pattern.search(lines[pid]))
     if below:
         return below, f"the target's processes matching {name!r}"
