@@ -22,7 +22,9 @@ restarts eat about half the time (1 − λu0 < 1/2 + 3/2 sqrt(λw/2)) even Δt*/
 **Measured** (:func:`goodput`): the wall time of a run, from its first ``target.start`` to its last
 ``target.exit``/``target.digest``, split into productive step time, recomputed (lost) step time, restart
 downtime, checkpoint writes and everything else; ETTR_measured = productive / wall. :func:`predict_for`
-feeds the run's own failure rate, restart cost, checkpoint cost and interval back into the model.
+feeds the run's own failure rate, restart cost, checkpoint cost and interval back into the model: a fit that
+restates the run, not a prediction (the CLI no longer prints it). A prediction is fed the scenario's inputs
+only: :mod:`chaos.analysis.ettr_inputs`; Slurm's record: :mod:`chaos.cluster.slurm.accounting`.
 """
 
 from __future__ import annotations

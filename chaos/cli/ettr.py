@@ -1,4 +1,7 @@
-"""``mlchaos ettr model|run``: the ETTR model at a given scale, and a run's measured goodput (see :mod:`chaos.analysis.ettr`).
+"""``mlchaos ettr model|run|slurm``: the ETTR model at a given scale, a run's measured goodput (see
+:mod:`chaos.analysis.ettr`), and a Slurm job's ETTR from the scheduler's record (:mod:`chaos.cli.ettr_slurm`).
+A measured ETTR is only ever compared with Eq. 2 fed the scenario's inputs (``--nodes --rate --u0
+--checkpoint-write [--interval] [--compression]``), never with a model fed the run's own numbers.
 
 ``register(app)`` adds the ``ettr`` sub-app to the main Typer app. Exit codes: 0 done; 2 invalid input (a
 malformed duration or rate, a scale at which the model predicts no progress, a missing run folder or
@@ -22,8 +25,9 @@ from chaos.analysis.ettr import (
     expected_ettr,
     goodput,
     nodes_for_gpus,
-    predict_for,
 )
+from chaos.analysis.ettr_inputs import parse_rate as parse_rate  # re-exported: this CLI's rate syntax
+from chaos.cli import ettr_slurm
 from chaos.cli.console import stderr_console, stdout_console
 from chaos.history.timeline import History
 from chaos.spec.units import format_duration, parse_duration
@@ -44,27 +48,13 @@ def register(app: typer.Typer) -> None:
     )
     group.command("model")(model)
     group.command("run")(run)
+    group.command("slurm")(ettr_slurm.slurm)
     app.add_typer(group, name="ettr")
 
 
 def _fail(message: str) -> typer.Exit:
     _err.print(f"[red]error[/red] {escape(message)}")
     return typer.Exit(EXIT_INVALID)
-
-
-def parse_rate(text: str) -> float:
-    """A failure rate per node-day: ``6.5/1000``, ``0.0065`` or ``6.5e-3``; ValueError otherwise."""
-    try:
-        if "/" in text:
-            numerator, denominator = text.split("/", 1)
-            value = float(numerator) / float(denominator)
-        else:
-            value = float(text)
-    except (ValueError, ZeroDivisionError):
-        raise ValueError(f"{text!r} is not a failure rate; write e.g. 6.5/1000 or 0.0065 (per node-day)") from None
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"a failure rate must be a finite number >= 0, got {text!r}")
-    return value
 
 
 def _duration(option: str, text: str) -> float:
@@ -147,8 +137,15 @@ def model(
 
 def run(
     run_dir: Annotated[Path, typer.Argument(help=f"a run folder holding {HISTORY_FILE} (or the file itself)")],
+    nodes: ettr_slurm.NodesOpt = None,
+    rate: ettr_slurm.RateOpt = None,
+    u0: ettr_slurm.U0Opt = "5m",
+    checkpoint_write: ettr_slurm.WriteOpt = "5m",
+    interval: ettr_slurm.IntervalOpt = None,
+    compression: ettr_slurm.CompressionOpt = "1",
 ) -> None:
-    """Goodput of a finished run: where its wall time went, measured ETTR, and the model for its own numbers."""
+    """Goodput of a finished run: where its wall time went, measured ETTR, and Eq. 2 for the scenario's inputs."""
+    prediction = ettr_slurm.scenario_prediction(nodes, rate, u0, checkpoint_write, interval, compression)
     path = run_dir if run_dir.is_file() else run_dir / HISTORY_FILE
     if not run_dir.exists():
         raise _fail(f"{run_dir}: no such run folder")
@@ -184,11 +181,4 @@ def run(
     )
     for note in measured.notes:
         _out.print(f"note: {escape(note)}")
-    prediction = predict_for(measured)
-    if prediction.model is None:
-        _out.print(f"model: no prediction ({escape(prediction.reason)})")
-    else:
-        _out.print(
-            f"model for this run's numbers: E[ETTR] = [bold]{prediction.model.ettr:.3f}[/bold] "
-            f"({escape(prediction.reason)})"
-        )
+    ettr_slurm.print_comparison(measured.training_ettr, prediction, "measured ETTR (first step to last)")

@@ -19,6 +19,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from chaos.cli import suite_schedule
 from chaos.cli.console import stderr_console, stdout_console
 from chaos.run.result import EXIT_INVALID, RunResult
 from chaos.spec.scenario import ScenarioError
@@ -47,6 +48,7 @@ def register(app: typer.Typer) -> None:
                         no_args_is_help=True)
     group.command("run")(run)
     group.command("plan")(plan)
+    group.command("schedule")(suite_schedule.schedule)  # a recurring Slurm job (chaos.suite.slurm_schedule)
     app.add_typer(group, name="suite")
     app.command("history")(history)
 

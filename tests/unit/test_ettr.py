@@ -373,7 +373,8 @@ def test_cli_run_prints_the_breakdown(tmp_path: Path) -> None:
         assert text in result.stdout, text
     assert "measured ETTR = productive / wall = 0.522" in result.stdout
     assert "productive / (first step to last) = 0.565" in result.stdout
-    assert "model for this run's numbers: E[ETTR] =" in result.stdout
+    # No scenario inputs, no prediction: the run's own numbers are not one.
+    assert "prediction: none" in result.stdout and "E[ETTR]" not in result.stdout
     assert "estimated as 0" in result.stdout
 
 
