@@ -404,6 +404,10 @@ def test_chaos_inject_kill_freeze_slow_on_real_processes(
             proc = sleeper()
             try:
                 with chaos_inject.freeze(pid=proc.pid, duration=30) as applied:
+                    # SIGSTOP is delivered asynchronously: a child that was still running reads 'R' for an instant.
+                    deadline = time.monotonic() + 5
+                    while process_state(proc.pid) != "T" and time.monotonic() < deadline:
+                        time.sleep(0.01)
                     assert process_state(proc.pid) == "T"
                     assert applied.description.startswith(f"SIGSTOP pid {proc.pid}")
                 assert process_state(proc.pid) == "S"
