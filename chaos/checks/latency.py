@@ -70,6 +70,10 @@ class Latencies:
         """Record the latency of ``op``."""
         self.measured.append((seconds, op))
 
+    def cannot_judge(self, why: str) -> None:
+        """Record why an op cannot be judged (joined into ``undecided``)."""
+        self.undecided = why if self.undecided is None else f"{self.undecided}; {why}"
+
     def worst(self) -> tuple[float, Event] | None:
         """The largest latency and its op; the earliest op on ties; None when nothing was measured."""
         return max(self.measured, key=lambda pair: pair[0], default=None)

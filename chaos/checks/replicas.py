@@ -131,15 +131,14 @@ def survivors_progress(history: History, params: BaseModel, scenario: Scenario |
     done = commits(history)
     exits = events_of(history, ROLE_EXIT)
     found = Latencies(nothing=f"no op of {p.fault!r} to judge")
-    undecided: list[str] = []
     for item in _ops(history, p.fault, scenario, done):
         op = item.op
         if not item.victims:
-            undecided.append(f"{cite(history, op)} names no replica (select one with replica: <role>.<i>)")
+            found.cannot_judge(f"{cite(history, op)} names no replica (select one with replica: <role>.<i>)")
             continue
         survivors = sorted(r for r, steps in done.items() if r not in item.victims and steps[0].ts_ns <= op.ts_ns)
         if not survivors:
-            undecided.append(
+            found.cannot_judge(
                 f"no replica other than {', '.join(item.victims)} committed a step before {cite(history, op)}"
             )
             continue
@@ -171,8 +170,6 @@ def survivors_progress(history: History, params: BaseModel, scenario: Scenario |
             )
         if worst is not None:
             found.add(*worst)
-    if undecided:
-        found.undecided = "; ".join(undecided)
     return judge_latency(
         verdict,
         found,
@@ -209,16 +206,15 @@ def rejoined_within(history: History, params: BaseModel, scenario: Scenario | No
         return verdict(status="unknown", reason=missing_fault_reason(history, p.fault))
     done = commits(history)
     found = Latencies(nothing=f"no op of {p.fault!r} to judge")
-    undecided: list[str] = []
     missed: list[str] = []
     last = _last_ts(history)
     for item in _ops(history, p.fault, scenario, done):
         op = item.op
         if not item.victims:
-            undecided.append(f"{cite(history, op)} names no replica (select one with replica: <role>.<i>)")
+            found.cannot_judge(f"{cite(history, op)} names no replica (select one with replica: <role>.<i>)")
             continue
         if item.high_step < 0:
-            undecided.append(f"{cite(history, op)} came before any committed step: nothing to rejoin")
+            found.cannot_judge(f"{cite(history, op)} came before any committed step: nothing to rejoin")
             continue
         found.evidence.append(cite(history, op, f"highest committed step before it: {item.high_step}"))
         for victim in item.victims:
@@ -236,7 +232,7 @@ def rejoined_within(history: History, params: BaseModel, scenario: Scenario | No
                     f"{step_of(stale[0])}, below step {item.high_step} (it did not heal from a peer)"
                 )
             elif seconds(last - op.ts_ns) < p.within:
-                undecided.append(
+                found.cannot_judge(
                     f"the history ends {fmt_seconds(seconds(last - op.ts_ns))} after {cite(history, op)}, "
                     f"before {victim} rejoined and before the {fmt_seconds(p.within)} bound"
                 )
@@ -246,8 +242,6 @@ def rejoined_within(history: History, params: BaseModel, scenario: Scenario | No
                 )
     if missed:
         found.missed = "; ".join(missed)
-    if undecided:
-        found.undecided = "; ".join(undecided)
     return judge_latency(
         verdict,
         found,

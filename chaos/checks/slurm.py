@@ -193,19 +193,18 @@ def node_drained_within(history: History, params: BaseModel, scenario: Scenario 
     if not ops:
         return verdict(status="unknown", reason=missing_fault_reason(history, p.fault))
     found = Latencies(nothing=f"no op of {p.fault!r} to judge")
-    undecided: list[str] = []
     for op in ops:
         host = _op_host(op)
         if host is None:
-            undecided.append(f"{cite(history, op)} names no host: which node it hit is unknown")
+            found.cannot_judge(f"{cite(history, op)} names no host: which node it hit is unknown")
             continue
         seen = node_events(history, host)
         if not seen:
-            undecided.append(f"no slurm.node event shows node {host}: the target never observed it")
+            found.cannot_judge(f"no slurm.node event shows node {host}: the target never observed it")
             continue
         before = [e for e in seen if e.ts_ns <= op.ts_ns]
         if before and is_drained(before[-1]):
-            undecided.append(f"{host} was already drained when {cite(history, op)}: {_cite_node(history, before[-1])}")
+            found.cannot_judge(f"{host} was already drained when {cite(history, op)}: {_cite_node(history, before[-1])}")
             continue
         drains = [e for e in seen if e.ts_ns > op.ts_ns and is_drained(e)]
         if p.by == "health_check":
@@ -216,7 +215,7 @@ def node_drained_within(history: History, params: BaseModel, scenario: Scenario 
             found.add(seconds(drains[0].ts_ns - op.ts_ns), op)
             found.evidence.append(f"{cite(history, op)} on {host} -> {_cite_node(history, drains[0])}")
         elif _end(history) - op.ts_ns < round(p.within * 1e9):
-            undecided.append(
+            found.cannot_judge(
                 f"the history ends {fmt_seconds(seconds(_end(history) - op.ts_ns))} after "
                 f"{cite(history, op)}, before the {fmt_seconds(p.within)} bound, and {host} is not drained"
             )
@@ -224,8 +223,6 @@ def node_drained_within(history: History, params: BaseModel, scenario: Scenario 
             what = "drained by the health check" if p.by == "health_check" else "drained"
             last = seen[-1]
             found.missed = f"{host} was never {what} after {cite(history, op)}; last seen {_cite_node(history, last)}"
-    if undecided:
-        found.undecided = "; ".join(undecided)
     return judge_latency(
         verdict,
         found,
@@ -255,14 +252,13 @@ def requeued_within(history: History, params: BaseModel, scenario: Scenario | No
     if not ops:
         return verdict(status="unknown", reason=missing_fault_reason(history, p.fault))
     found = Latencies(nothing=f"no op of {p.fault!r} to judge")
-    undecided: list[str] = []
     bound_ns = round(p.within * 1e9)
     for op in ops:
         host = _op_host(op)
         hit = job_hit(history, op, host) if host is not None else None
         if hit is None:
             where = f"on {host}" if host is not None else "(the op names no host)"
-            undecided.append(f"no slurm.job showed a job RUNNING {where} when {cite(history, op)}")
+            found.cannot_judge(f"no slurm.job showed a job RUNNING {where} when {cite(history, op)}")
             continue
         stop = interruption(history, hit, op)
         again = later_attempts(history, hit, op)
@@ -278,7 +274,7 @@ def requeued_within(history: History, params: BaseModel, scenario: Scenario | No
                     f"job {hit.job_id} was not requeued after {cite(history, op)}: {_cite_job(history, stop)}"
                 )
         elif ran_out:
-            undecided.append(
+            found.cannot_judge(
                 f"the history ends before the {fmt_seconds(p.within)} bound after {cite(history, op)} "
                 f"and job {hit.job_id} is not RUNNING again"
             )
@@ -289,8 +285,6 @@ def requeued_within(history: History, params: BaseModel, scenario: Scenario | No
                 else f"still its attempt of {_cite_job(history, hit.at_op)}"
             )
             found.missed = f"job {hit.job_id} never ran again under its id after {cite(history, op)}: last {state}"
-    if undecided:
-        found.undecided = "; ".join(undecided)
     return judge_latency(
         verdict,
         found,
