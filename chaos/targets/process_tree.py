@@ -31,19 +31,28 @@ def _parents() -> dict[int, int]:
 def tree(root: int) -> dict[int, int]:
     """``root`` and every process below it now, each pid with its kernel start time; empty when ``root`` is
     gone. A process that exits during the walk is left out."""
+    return trees([root])[root]
+
+
+def trees(roots: list[int]) -> dict[int, dict[int, int]]:
+    """:func:`tree` of each of ``roots``, from ONE read of /proc's parent links (a read touches every process
+    on the machine: a supervisor of many replicas reads it once per look, not once per replica)."""
     children: dict[int, list[int]] = {}
     for pid, ppid in _parents().items():
         children.setdefault(ppid, []).append(pid)
-    found: dict[int, int] = {}
-    todo = [root]
-    while todo:
-        pid = todo.pop()
-        start = process_start_time(pid)
-        if start is None:
-            continue
-        found[pid] = start
-        todo.extend(children.get(pid, ()))
-    return found
+    out: dict[int, dict[int, int]] = {}
+    for root in roots:
+        found: dict[int, int] = {}
+        todo = [root]
+        while todo:
+            pid = todo.pop()
+            start = process_start_time(pid)
+            if start is None:
+                continue
+            found[pid] = start
+            todo.extend(children.get(pid, ()))
+        out[root] = found
+    return out
 
 
 def kill_known(seen: dict[int, int]) -> None:

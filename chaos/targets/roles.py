@@ -55,6 +55,7 @@ from chaos.spec.roles import RoleSpec, RolesTarget, replica_names_of
 from chaos.targets.balancers import balancer_matchers
 from chaos.targets.base import SpawnedJob, TargetUnusable
 from chaos.targets.command import expand
+from chaos.targets.process_tree import trees
 from chaos.targets.role_hosts import RoleHost, installed, kill_seen, local_host, process_tree, python_on
 from chaos.targets.torchrun import TORCHRUN_MATCHERS
 
@@ -225,33 +226,38 @@ class RolesJob:
     def job_tree(self, host: str) -> JobTree:
         """The launchers of the replicas on ``host`` and the processes below them now (``name:`` selectors match
         only inside it); ``here`` False on a host no replica runs on."""
-        if not any(replica.host.name == host for replica in self._replicas):
+        here = [replica for replica in self._replicas if replica.host.name == host]
+        if not here:
             return JobTree(frozenset(), frozenset(), here=False)
         launchers: set[int] = set()
         members: set[int] = set()
-        for replica in self._replicas:
-            if replica.host.name != host:
-                continue
-            job = replica.job
-            now = self._remember_tree(replica)
-            if job is not None and job.pid in now:
-                launchers.add(job.pid)
-                members |= set(now) - {job.pid}
+        for pid, now in self._remember(here).values():
+            if pid in now:
+                launchers.add(pid)
+                members |= set(now) - {pid}
         return JobTree(frozenset(launchers), frozenset(members))
 
     # -- internals
+    def _remember(self, replicas: list[_Replica]) -> dict[str, tuple[int, dict[int, int]]]:
+        """The live ones of ``replicas``: name -> (launcher pid, its process tree now), each tree also noted in
+        the replica's ``seen``. The local ones come from one read of /proc, a remote one from one command."""
+        live = [
+            (r, r.job.pid) for r in replicas if r.job is not None and r.job.pid is not None and r.job.exit_code() is None
+        ]
+        local = trees([pid for r, pid in live if r.host.local])
+        found: dict[str, tuple[int, dict[int, int]]] = {}
+        for replica, pid in live:
+            now = local[pid] if replica.host.local else process_tree(replica.host, pid)
+            replica.seen.update(now)
+            found[replica.name] = (pid, now)
+        return found
+
     def _remember_tree(self, replica: _Replica) -> dict[int, int]:
-        job = replica.job
-        if job is None or job.pid is None or job.exit_code() is not None:
-            return {}
-        now = process_tree(replica.host, job.pid)
-        replica.seen.update(now)
-        return now
+        return self._remember([replica]).get(replica.name, (0, {}))[1]
 
     def _remember_trees(self) -> None:
         """Note every replica's processes, so stop() can reap workers that outlive a killed launcher."""
-        for replica in self._replicas:
-            self._remember_tree(replica)
+        self._remember(self._replicas)
 
     def _argv(self, replica: _Replica, values: dict[str, str]) -> tuple[list[str], list[LogMatcher]]:
         spec = replica.spec
