@@ -141,7 +141,7 @@ class PhaseFaults:
         name = raw if isinstance(raw, str) else "SIGKILL"
         number = signal.Signals[name] if name in signal.Signals.__members__ else signal.SIGKILL
         pid = os.getpid()
-        at = f"in the all-reduce of bucket {where.get('bucket')}" if phase == "allreduce" else f"in phase {phase}"
+        at = _point(phase, where)
         self._emit(
             "fault.applied",
             rank=self._rank,
@@ -163,7 +163,7 @@ class PhaseFaults:
         seconds = float(op.duration_s or 0.0)
         pid = os.getpid()
         start = _start_time(pid)
-        at = f"in the all-reduce of bucket {where.get('bucket')}" if phase == "allreduce" else f"in phase {phase}"
+        at = _point(phase, where)
         description = f"SIGSTOP rank {self._rank} (pid {pid}) by its own agent at step {step}, {at}, for {seconds:g}s"
         common: dict[str, JsonValue] = {"fault": op.fault, "op": op.op_id, "injector": op.injector, "pid": pid}
         self._emit("fault.applied", rank=self._rank, description=description, step=step, phase=phase,
@@ -179,6 +179,11 @@ class PhaseFaults:
         stopped = time.monotonic()
         os.kill(pid, signal.SIGSTOP)  # every thread of the process, until the thaw (or anyone) continues it
         self._emit("fault.healed", rank=self._rank, frozen_s=round(time.monotonic() - stopped, 3), **common)
+
+
+def _point(phase: str, where: dict[str, JsonValue]) -> str:
+    """Where in the step a phase fault fired, in words, for its description."""
+    return f"in the all-reduce of bucket {where.get('bucket')}" if phase == "allreduce" else f"in phase {phase}"
 
 
 def _start_time(pid: int) -> str:
