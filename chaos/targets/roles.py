@@ -191,12 +191,16 @@ class RolesJob:
         """Refuse (:class:`TargetUnusable`) roles whose program is not installed here, before anything starts
         (e.g. ``haproxy`` without the Debian package), instead of replicas that die at every restart."""
         missing: list[str] = []
+        asked: set[tuple[str, str, str]] = set()  # (role, host, program): replicas of a role share an answer
         for replica in self._replicas:
             role, spec, host = replica.role, replica.spec, replica.host
             if spec.command is None:
                 program = spec.python or python_on(host)
             else:
                 program = expand(spec.command[0], self._values(replica))
+            if (role, host.name, program) in asked:
+                continue
+            asked.add((role, host.name, program))
             if not installed(host, program):
                 hint = " (Debian: apt-get install haproxy, or `make setup` as root)" if program == "haproxy" else ""
                 where = "here" if host.local else f"on host {host.name!r} (or the host does not answer)"
