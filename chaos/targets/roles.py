@@ -55,6 +55,7 @@ from chaos.spec.roles import RoleSpec, RolesTarget, replica_names_of
 from chaos.targets.balancers import balancer_matchers
 from chaos.targets.base import SpawnedJob, TargetUnusable
 from chaos.targets.command import expand
+from chaos.targets.http import TARGET_READY
 from chaos.targets.process_tree import trees
 from chaos.targets.role_hosts import RoleHost, installed, kill_seen, local_host, process_tree, python_on
 from chaos.targets.torchrun import TORCHRUN_MATCHERS
@@ -64,8 +65,7 @@ ROLE_READY = "target.role_ready"
 ROLE_UNREADY = "target.role_unready"
 ROLE_EXIT = "target.role_exit"
 ROLE_RESTART = "target.role_restart"
-TARGET_READY = "target.ready"
-REPLICA_START = "serving.replica_start"
+REPLICA_START = "serving.replica_start"  # as the reference model server says it (not imported: it imports torch)
 _SUPERVISE_EVERY = 0.05  # seconds between looks at the replicas: bounds a restart's reaction time
 _TREE_EVERY = 1.0  # seconds between scans of /proc for the replicas' processes (a scan reads every process)
 
