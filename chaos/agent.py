@@ -28,6 +28,11 @@ state it sees (or ``agent.checkpoint_saved``/``agent.resumed``) and the loop's f
 ``close``. Pass the DataLoader once (``attach(..., data=loader)``) for sample ids; a job that reports some of
 these itself says which (``job_emits=``).
 
+With ``CHAOS_FLIGHT_DIR`` set (a target's ``hang_watch:``) the agent keeps the collective flight recorder the
+harness reads to name a hung job's culprit rank (:mod:`chaos.injob.flight_recorder`; it then runs DDP's
+gradient all-reduce through its comm hook, DDP's default reduction), and fires the ``spin`` and
+``skip_collective`` hang faults (:mod:`chaos.injob.hang_faults`).
+
 A fault fires once per run even across torchrun restarts: the agent leaves a marker in ``CHAOS_RUN_DIR`` so a
 recomputed step after a restart does not re-inject a transient fault.
 
@@ -79,7 +84,8 @@ from chaos.guards import torchft as ft
 from chaos.guards.anomaly import GradAnomalyGuard
 from chaos.guards.checksum import ChecksumConfig, ChecksumState, checksum_hook
 from chaos.guards.consistency import DEFAULT_EVERY, ConsistencyGuard
-from chaos.injob import fsdp
+from chaos.injob import flight_recorder, fsdp
+from chaos.injob.hang_faults import HANG_FAULTS, HangFaults
 from chaos.injob.phase_faults import ENV_REPLICA, PhaseFaults
 from chaos.injob.progress import JobEmits, Progress, ProgressCalls
 from chaos.injob.tensor_faults import ArmedFault, TensorFaultError, arm
@@ -172,6 +178,14 @@ class Agent(ProgressCalls):
             self.plan.ops, mine=self._targets_me, rank=self.rank, step=lambda: self.step, emit=emit,
             already_fired=self._already_fired, mark_fired=self._mark_fired, has_ddp=ddp is not None or manager is not None,
         )  # fmt: skip
+        self.hang_faults = HangFaults(  # spin / skip_collective on this rank (chaos.injob.hang_faults)
+            [op for op in mine if op.injector in HANG_FAULTS], rank=self.rank, step=lambda: self.step, emit=emit,
+            already_fired=self._already_fired, mark_fired=self._mark_fired,
+        )  # fmt: skip
+        # The collective flight recorder (CHAOS_FLIGHT_DIR; a skip fault needs its wrappers even without one).
+        self.recorder = flight_recorder.install(self.rank, self.world_size, _skip_dir(self.hang_faults.wants_skips))
+        if self.recorder is not None:
+            self.hang_faults.arm(self.recorder)
         self.checksum_state: ChecksumState | None = None
         self.torchft: ft.TorchftReduction | None = None
         self.fsdp: fsdp.FsdpReduction | None = None
@@ -283,8 +297,8 @@ class Agent(ProgressCalls):
             state.in_flight = self.phase_faults.in_collective
             self.checksum_state = state
             _register(ddp, state, checksum_hook)
-        elif self._grad_faults or self._anomaly_requested or self.phase_faults.in_collective_wanted:
-            _register(ddp, self, _plain_hook)
+        elif self._grad_faults or self._anomaly_requested or self.phase_faults.in_collective_wanted or self.recorder:
+            _register(ddp, self, _plain_hook)  # with the recorder on: so it sees the gradient all-reduce
 
     def _corrupt(self, site: Site, bucket_index: int, tensor: torch.Tensor) -> None:
         """The corruption hook the collective calls at each site; fires due ``grad_corrupt`` ops."""
@@ -311,6 +325,8 @@ class Agent(ProgressCalls):
     def begin_step(self, step: int) -> None:
         """Call at the top of each step (1-based); fires weight/activation faults due at this step."""
         self.step = step
+        if self.recorder is not None:
+            self.recorder.begin_step(step)
         self._skip = False
         self.progress.begin_step(step)
         if self.checksum_state is not None:
@@ -323,11 +339,13 @@ class Agent(ProgressCalls):
             self.fsdp.begin_step()
         self._tensor_phase("forward")
         self.phase_faults.at("forward")
+        self.hang_faults.at("forward")
 
     def after_backward(self, loss: torch.Tensor | None = None) -> None:
         """Call after ``loss.backward()``: gradient-phase faults, then the anomaly guard."""
         self.progress.after_backward(loss)
         self.phase_faults.at("backward")
+        self.hang_faults.at("backward")
         self._tensor_phase("backward")
         if self.anomaly_guard is not None:
             reasons = self.anomaly_guard.check(self.step, None if loss is None else float(loss.detach()))
@@ -347,6 +365,7 @@ class Agent(ProgressCalls):
         ``optimizer.step()`` then does not commit."""
         self._tensor_phase("optimizer_step")
         self.phase_faults.at("optimizer_step")
+        self.hang_faults.at("optimizer_step")
         state = self.checksum_state
         if state is not None and state.consume_skip():
             self._skip = True
@@ -420,6 +439,13 @@ class Agent(ProgressCalls):
         self.emit(
             "fault.healed", rank=self.rank, fault=op.fault, op=op_id, injector=op.injector, step=self.step, **extra
         )
+
+
+def _skip_dir(wanted: bool) -> str | None:
+    """Where the recorder writes when only a skip fault needs it (no CHAOS_FLIGHT_DIR): the run directory."""
+    if not wanted or os.environ.get(flight_recorder.ENV_FLIGHT_DIR):
+        return None
+    return str(Path(os.environ.get("CHAOS_RUN_DIR") or "/tmp") / f"flight-{os.getpid()}")
 
 
 def _without_replica(op: InJobOp) -> dict[str, JsonValue]:

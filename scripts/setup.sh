@@ -20,6 +20,7 @@ if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
     command -v ip >/dev/null 2>&1 || need+=(iproute2)
     command -v pgrep >/dev/null 2>&1 || need+=(procps)
     command -v haproxy >/dev/null 2>&1 || need+=(haproxy)   # the serving fleet scenario's load balancer
+    command -v strace >/dev/null 2>&1 || need+=(strace)     # checkpoint_torn_write cuts a save at a byte offset
     # the Slurm testbed (`mlchaos testbed up --slurm`): Debian's slurm-wlm is exactly these three, plus munge
     command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ] || need+=(slurmctld)
     command -v slurmd >/dev/null 2>&1 || [ -x /usr/sbin/slurmd ] || need+=(slurmd)

@@ -17,7 +17,8 @@ Events (``attempt`` is ``TORCHELASTIC_RESTART_COUNT``, 0 on the first launch; ``
   the agent saw (``torch.load`` / ``torch.distributed.checkpoint.load`` after ``attach``: ``seen`` names it); or
   on ``agent.resumed(step, path)``. Why the loop's first step and not the load: a job loads its checkpoint
   before it wraps the model in DDP, i.e. before ``attach``, so the load is usually not observable; the step
-  the loop starts at is, and it is what the recovery and lineage checks count from.
+  the loop starts at is, and it is what the recovery and lineage checks count from. ``agent.resumed(step, path,
+  verified=True)`` adds ``verified``: the job checked the checkpoint before loading it.
 - ``target.digest`` {digest, step, attempt} at ``close``: sha256 over the model's ``state_dict`` and the
   optimizer's state (:func:`state_digest`), after the agent healed its faults: what ``matches_golden``
   compares with a fault-free run.
@@ -419,13 +420,15 @@ class Progress:
         """The job saved the state of ``step`` (at ``path``): report it (once per step)."""
         self._checkpoint(step, None if path is None else os.fspath(path), "explicit")
 
-    def resumed(self, step: int, path: str | os.PathLike[str] | None = None) -> None:
-        """The job resumed from the checkpoint of ``step``: report it (instead of the first-step inference)."""
+    def resumed(self, step: int, path: str | os.PathLike[str] | None = None, *, verified: bool | None = None) -> None:
+        """The job resumed from the checkpoint of ``step``: report it (instead of the first-step inference);
+        ``verified``: whether the job checked it before loading (e.g. against a manifest of checksums)."""
         self._resumed = True
         if self.active:
+            extra = {} if verified is None else {"verified": verified}
             self.emit(
                 TARGET_RESUME, rank=self.rank, step=step, attempt=self.attempt,
-                path=None if path is None else os.fspath(path), seen="explicit",
+                path=None if path is None else os.fspath(path), seen="explicit", **extra,
             )  # fmt: skip
 
     def observed(self, what: Literal["save", "load"], seen: str, obj: object, where: object) -> None:
@@ -501,6 +504,7 @@ class ProgressCalls:
         """Report a checkpoint of ``step`` at ``path`` (for saves the agent cannot see)."""
         self.progress.checkpoint_saved(step, path)
 
-    def resumed(self, step: int, path: str | os.PathLike[str] | None = None) -> None:
-        """Report that this attempt resumed from the checkpoint of ``step`` (call before the first step)."""
-        self.progress.resumed(step, path)
+    def resumed(self, step: int, path: str | os.PathLike[str] | None = None, *, verified: bool | None = None) -> None:
+        """Report that this attempt resumed from the checkpoint of ``step`` (call before the first step);
+        ``verified=True`` when the job checked it first (what ``resumed_from_verified_checkpoint`` asks)."""
+        self.progress.resumed(step, path, verified=verified)

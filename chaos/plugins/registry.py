@@ -17,9 +17,11 @@ from chaos.plugins.injector import Injector
 BUILTIN_INJECTOR_MODULES = (
     "injectors.process.faults",
     "injectors.gradient",
+    "injectors.hang",
     "injectors.tensor",
     "injectors.network.faults",
     "injectors.storage.injector",
+    "injectors.checkpoint.injector",
     "injectors.node",
     "injectors.container",
     "injectors.gpu_xid",
@@ -36,6 +38,11 @@ BUILTIN_CHECK_MODULES = (
     "chaos.checks.replicas",
     "chaos.checks.serving.verdicts",
     "chaos.checks.slurm",
+    "chaos.checks.checkpoint",
+    "chaos.checks.hang",
+    "chaos.checks.storage_recovery",
+    "chaos.checks.link",
+    "chaos.checks.rollback",
 )
 INJECTOR_GROUP = "mlchaos.injectors"
 CHECK_GROUP = "mlchaos.checks"

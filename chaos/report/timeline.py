@@ -12,7 +12,8 @@ evidence, so a time in the evidence can be found on the plot):
 
 On every panel: fault windows shaded from ``fault.applied`` to its ``fault.healed`` (or the op's duration);
 one-shot faults (no heal, no duration: a kill) as solid lines; ``detect.*`` as dashed lines; restarts as
-dotted lines. Labels go on the top panel. Long runs are decimated (at most :data:`MAX_POINTS` points per line,
+dotted lines, as are in-place rollbacks (``target.rollback``). Labels go on the top panel. Long runs are
+decimated (at most :data:`MAX_POINTS` points per line,
 :data:`chaos.report.serving.MAX_BINS` bins) so a plot takes well under a second. matplotlib is imported lazily (Agg, no display).
 """
 
@@ -40,13 +41,14 @@ from chaos.report.serving import bin_requests
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
+ROLLBACK = "target.rollback"  # chaos.targets.reference.rollback: training went back to an older checkpoint
 POST_RUN = frozenset({"runner.golden", "runner.verdict"})
 """Kinds recorded after the run itself (the golden run, the verdict): kept off the x range."""
 MAX_POINTS = 2000
 LABEL_CHARS = 60  # a label on the plot is cut to this many characters
 MAX_LABELS = 25  # more label groups than this of one kind would overprint: see _overlays
 _RAIL_SKIP = frozenset({TARGET_STEP, "load.request", "serving.stats"})
-_RAIL_ROWS = ("fault", "detect", "target", "serving", "load", "runner")
+_RAIL_ROWS = ("fault", "detect", "target", "serving", "load", "runner", "storage")
 _FAULT_COLORS = ("#e53935", "#fb8c00", "#8e24aa", "#3949ab", "#00897b", "#6d4c41", "#d81b60", "#546e7a")
 _RESTART_COLOR = "#6a1b9a"
 _DETECT_COLOR = "#424242"
@@ -129,6 +131,14 @@ def _decimate(xs: Sequence[float], ys: Sequence[float], limit: int = MAX_POINTS)
 
 def _short(kind: str) -> str:
     return kind.split(".", 1)[1] if "." in kind else kind
+
+
+def _detect_label(event: Event) -> str:
+    """``hang r1`` (the event's rank); ``link r0-r1`` for a detection naming a pair (``ranks``, e.g. detect.link)."""
+    pair = event.data.get("ranks")
+    if event.rank is None and isinstance(pair, list) and len(pair) == 2:
+        return f"{_short(event.kind)} r{pair[0]}-r{pair[1]}"
+    return _short(event.kind) + ("" if event.rank is None else f" r{event.rank}")
 
 
 def _clusters(xs: list[tuple[float, str]], gap: float) -> list[tuple[float, str]]:
@@ -246,6 +256,20 @@ def _progress(ax: Axes, events: Sequence[Event], steps: Sequence[Event], origin:
         handles.append(
             Line2D([], [], color=_RESTART_COLOR, marker="o", markerfacecolor="none", linestyle="", label="resume")
         )
+    # Issue 18 (chaos.checks.storage_recovery): failed save tries, and each rank's restore end (the straggler's is late).
+    if _step_markers(ax, events, "target.checkpoint_retry", origin, marker="x", s=30, color="#c62828", zorder=5):
+        handles.append(Line2D([], [], color="#c62828", marker="x", linestyle="", label="save retried"))
+    restores = [e for e in events if e.kind == "target.restore" and e.get_int("step") is not None]
+    for e in restores:  # a bar per rank over its own reading time: duration_s up to the event
+        took = e.data.get("duration_s")
+        begin = _s(e.ts_ns, origin) - (float(took) if isinstance(took, int | float) else 0.0)
+        ax.hlines(e.get_int("step") or 0, begin, _s(e.ts_ns, origin), colors=color.get(e.rank or 0, "C0"), linewidth=6)
+    if restores:
+        handles.append(Line2D([], [], color="#757575", linewidth=6, label="restore (each rank's read)"))
+    # Issue 18 (chaos.checks.checkpoint): the checkpoint a rank rejected while choosing where to resume, drawn at
+    # its step, so the fallback reads off the plot: rejected at 30, resume circle at 20.
+    if _step_markers(ax, events, "target.checkpoint_rejected", origin, marker="X", s=60, color="#e53935", zorder=6):
+        handles.append(Line2D([], [], color="#e53935", marker="X", linestyle="", label="checkpoint rejected"))
     ax.set_ylabel("step")
     ax.set_ylim(bottom=0, top=max(max(ys) for _, ys in lines.values()) * 1.3 + 1)
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
@@ -333,7 +357,8 @@ def _overlays(axes: list[Axes], events: Sequence[Event], marks: Sequence[FaultMa
         top.text(x, 0.965, f" {text}", transform=where, va="center", fontsize=8, fontweight="bold", zorder=6)
 
     detections = [e for e in events if e.kind.startswith("detect.")]
-    restarts = _one_per_restart([e for e in events if e.kind in (TARGET_RESTART, "target.role_restart")])
+    # An in-place rollback (target.rollback, every rank) is drawn like a restart: training went back to a step.
+    restarts = _one_per_restart([e for e in events if e.kind in (TARGET_RESTART, "target.role_restart", ROLLBACK)])
     for ax in axes:
         band = ax.get_xaxis_transform()
         if detections:
@@ -342,9 +367,7 @@ def _overlays(axes: list[Axes], events: Sequence[Event], marks: Sequence[FaultMa
         if restarts:
             xs = [_s(e.ts_ns, origin) for e in restarts]
             ax.vlines(xs, 0, 1, transform=band, colors=_RESTART_COLOR, linestyles=":", linewidth=1.3, zorder=3)
-    detect_labels = _clusters(
-        [(_s(e.ts_ns, origin), _short(e.kind) + ("" if e.rank is None else f" r{e.rank}")) for e in detections], gap
-    )
+    detect_labels = _clusters([(_s(e.ts_ns, origin), _detect_label(e)) for e in detections], gap)
     restart_labels = _clusters([(_s(e.ts_ns, origin), _restart_label(e)) for e in restarts], gap)
     for labels, color, side in ((detect_labels, _DETECT_COLOR, "left"), (restart_labels, _RESTART_COLOR, "right")):
         if len(labels) > MAX_LABELS:
@@ -365,6 +388,7 @@ def _overlays(axes: list[Axes], events: Sequence[Event], marks: Sequence[FaultMa
         handles.append(Line2D([], [], color=_DETECT_COLOR, linestyle="--", linewidth=0.8, label=label))
     if restarts:
         label = "restart" if len(restarts) == 1 else f"restarts ({len(restarts)})"
+        label = label.replace("restart", "restart/rollback") if any(e.kind == ROLLBACK for e in restarts) else label
         handles.append(Line2D([], [], color=_RESTART_COLOR, linestyle=":", linewidth=1.3, label=label))
     if handles:
         axes[-1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
@@ -377,7 +401,13 @@ def _one_per_restart(events: list[Event]) -> list[Event]:
     kept = []
     for event in events:
         number = event.get_int("attempt")
-        if event.kind == TARGET_RESTART and number is not None:
+        if event.kind == ROLLBACK:  # one per rollback, not one per rank
+            number = event.get_int("rollbacks")
+            key = ("rollback", -1 if number is None else number)
+            if key in seen:
+                continue
+            seen.add(key)
+        elif event.kind == TARGET_RESTART and number is not None:
             key = (event.get_str("host") or "local", number)
             if key in seen:
                 continue
@@ -387,6 +417,8 @@ def _one_per_restart(events: list[Event]) -> list[Event]:
 
 
 def _restart_label(event: Event) -> str:
+    if event.kind == ROLLBACK:
+        return f"rollback {event.get_int('from_step')}→{event.get_int('to_step')}"
     attempt = event.get_int("attempt")
     what = "restart" if event.kind == TARGET_RESTART else f"restart {event.get_str('replica') or ''}".strip()
     return what if attempt is None else f"{what} #{attempt}"

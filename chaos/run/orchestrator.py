@@ -45,6 +45,7 @@ from chaos.plan.build import Plan, PlannedOp, fault_op, make_plan
 from chaos.plugins import registry
 from chaos.plugins.injector import InjectionContext, InjectionError, Unsupported
 from chaos.report.files import write_reports
+from chaos.run import hang_watch, link_probe
 from chaos.run.control import Order, RunControl
 from chaos.run.faults import (
     ActiveFault,
@@ -127,7 +128,10 @@ class Execution:
         self.transport = LocalTransport()
         self.journal = Journal.for_run(run_dir.name)
         self.in_job, plan_file = in_job_plan(plan, run_dir)
-        self.target = make_target(scenario, self.transport, run_dir, plan.seed, {ENV_PLAN: str(plan_file)}, hosts)
+        # detect.hang when the target asks for it; an all_waiting one (no rank is odd) has the links probed
+        self.hang_watch = link_probe.attach(hang_watch.for_scenario(scenario, run_dir), history, hosts, log)
+        env = {ENV_PLAN: str(plan_file), **hang_watch.job_env(self.hang_watch)}
+        self.target = make_target(scenario, self.transport, run_dir, plan.seed, env, hosts)
         self.ctx = InjectionContext(self.transport, history=history, target=self.target)
         self.load = LoadDriver(scenario.load, history, plan.seed) if scenario.load is not None else None
         self.pending: list[PlannedOp] = [op for op in plan.ops if op not in self.in_job]
@@ -213,7 +217,7 @@ class Execution:
             if self.control is not None and not self._obey(self.control.drain()):
                 return
             exited = False
-            for event in self.target.poll_events():
+            for event in [*self.target.poll_events(), *hang_watch.poll(self.hang_watch)]:
                 self.history.append(event)
                 exited = exited or event.kind == TARGET_EXIT
                 if event.kind == TARGET_STEP:
@@ -593,5 +597,3 @@ def evaluate(history: History, scenario: Scenario) -> list[CheckResult]:
         implicit = progress.evaluate(history, progress.Params(), scenario)
         results += [implicit] if implicit.status == "fail" else []
     return results
-
-

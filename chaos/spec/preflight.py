@@ -35,7 +35,7 @@ from chaos.plugins import registry
 from chaos.plugins.injector import InjectionContext, InjectionError, Unsupported, is_in_job, needs_duration
 from chaos.spec.problems import Path_, Problem
 from chaos.spec.roles import RolesTarget
-from chaos.spec.scenario import FaultSpec, Scenario, TorchrunTarget
+from chaos.spec.scenario import CommandTarget, FaultSpec, Scenario, TorchrunTarget
 from chaos.spec.serving import FALLBACK, PRIMARY, REPLICA_RANKS, ServingTarget
 from chaos.spec.slurm import SlurmTarget
 from chaos.spec.targets import HttpTarget
@@ -60,6 +60,7 @@ def findings(scenario: Scenario) -> Iterator[Finding]:
     """The rules of the module docstring, each broken one as a :class:`Finding` (a path, not a position)."""
     for index, fault in enumerate(scenario.faults):
         yield from _fault(scenario, index, fault)
+    yield from _hang(scenario)
 
 
 def refusal(problems: list[Problem]) -> str:
@@ -171,6 +172,31 @@ def _fault(scenario: Scenario, index: int, fault: FaultSpec) -> Iterator[Finding
     yield from _replica(target, fault, at)
     yield from _hosts(scenario, fault, at)
     yield from _phase(scenario, fault, at)
+
+
+# Hang faults (injectors.hang) fire in the agent of a training rank; culprit_named judges the hang watch's events.
+HANG_FAULTS = ("spin", "skip_collective")
+
+
+def _hang(scenario: Scenario) -> Iterator[Finding]:
+    target = scenario.target
+    if not (isinstance(target, TorchrunTarget) and target.hang_watch is not None):
+        for index, check in enumerate(scenario.checks):
+            if check.type == "culprit_named":
+                yield Finding(
+                    ("checks", index, "type"),
+                    "check culprit_named judges detect.hang, which the hang watch of a torchrun target raises, "
+                    f"and this {target.type} target has none: it could never pass",
+                    "add hang_watch: {hang_after: 3s} to the torchrun target (its script must attach the agent)",
+                )
+    for index, fault in enumerate(scenario.faults):
+        if fault.type in HANG_FAULTS and not isinstance(target, (TorchrunTarget, CommandTarget)):
+            yield Finding(
+                ("faults", index, "type"),
+                f"fault {fault.name!r} ({fault.type}) is fired by the agent of a training rank, and a {target.type} "
+                "target runs no training ranks of a script that attaches it",
+                "use a torchrun (or command) target whose script calls chaos.agent.attach",
+            )
 
 
 # The faults a job's own agent can fire at a trigger phase (chaos.injob.phase_faults.PROCESS_FAULTS; the spec

@@ -196,6 +196,15 @@ class CheckSpec(BaseModel):
     params: SerializeAsAny[BaseModel]
 
 
+class HangWatchSpec(BaseModel):
+    """The harness-side hang watch (:mod:`chaos.run.hang_watch`): names the rank a hang waits for
+    (``detect.hang``) once no rank completed a collective for ``hang_after``, from the ranks' flight recorders."""
+
+    model_config = _STRICT
+    hang_after: Duration = Field(default=3.0, gt=0, description="no collective completed for this long: a hang")
+    poll: Duration = Field(default=0.2, gt=0, description="how often the recorder files are read")
+
+
 class TorchrunTarget(BaseModel):
     """A job launched by torchrun: a module (``-m``) or a script, N ranks per node, M restarts.
 
@@ -228,6 +237,9 @@ class TorchrunTarget(BaseModel):
     )
     env: EnvVars = {}
     matchers: list[LogMatcherSpec] = []
+    hang_watch: HangWatchSpec | None = Field(
+        default=None, description="name the rank a hang waits for (the job must attach the agent); null: off"
+    )
 
     @model_validator(mode="after")
     def _module_or_script(self) -> TorchrunTarget:

@@ -1,7 +1,7 @@
 """The host-side daemon of the ``storage`` injector: a FUSE passthrough mounted OVER a directory that injects faults.
 
 ``python -m injectors.storage.fuselayer --op-id ID --path DIR --fsname chaos-fuse:TAG --control FILE --status FILE
---until-ns N [--drain S] [--log PATH] [--foreground]`` opens an fd to ``DIR`` BEFORE mounting over it,
+--until-ns N [--drain S] [--log PATH] [--hits FILE] [--foreground]`` opens an fd to ``DIR`` BEFORE mounting over it,
 detaches (:func:`chaos.safety.deadman.detach`) and mounts a FUSE filesystem on ``DIR`` whose every operation is
 served with ``*at()`` calls relative to that fd. The overlay therefore sits on the very path the job uses,
 and everything written through it lands in the real directory underneath: unmounting loses no data.
@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.safety.deadman import detach
+from injectors.storage.hits import HitCounter, matches
 
 # The mount-table helpers live in injectors.storage.mounts; re-exported here, where callers found them first.
 from injectors.storage.mounts import FSNAME_PREFIX as FSNAME_PREFIX
@@ -92,6 +93,7 @@ class Fault:
     latency_s: float = 0.0
     probability: float = 1.0
     generation: int = 0
+    files: tuple[str, ...] = ()  # globs relative to the mount (injectors.storage.hits.matches); empty: all
 
     def to_json(self) -> bytes:
         body = {
@@ -100,6 +102,7 @@ class Fault:
             "latency_s": self.latency_s,
             "probability": self.probability,
             "generation": self.generation,
+            "files": list(self.files),
         }
         return json.dumps(body, sort_keys=True).encode() + b"\n"
 
@@ -121,7 +124,10 @@ class Fault:
             raise ValueError(f"probability must be within [0, 1], got {probability!r}")
         if not isinstance(generation, int):
             raise ValueError(f"generation must be an integer, got {generation!r}")
-        return cls(str(mode), frozenset(ops), float(latency), float(probability), generation)
+        files = raw.get("files", [])
+        if not isinstance(files, list) or not all(isinstance(item, str) and item for item in files):
+            raise ValueError(f"files must be a list of non-empty glob patterns, got {files!r}")
+        return cls(str(mode), frozenset(ops), float(latency), float(probability), generation, tuple(files))
 
 
 class _FaultState:
@@ -180,7 +186,8 @@ def _stat_dict(st: os.stat_result) -> dict[str, int]:
 class Layer:
     """The FUSE operations (mfusepy's duck-typed interface): passthrough to ``root_fd`` behind a fault gate.
 
-    Errors are raised as ``OSError``; mfusepy returns their errno to the kernel. Ops on an open file work on
+    Errors are raised as ``OSError``; mfusepy returns their errno to the kernel. A fault with ``files`` hits
+    only operations on a path they select (a rename: either name); every hit is counted in ``hits``. Ops on an open file work on
     its handle (libfuse passes ``path=None`` for an open file that was unlinked meanwhile), so renamed and
     unlinked open files stay usable. ``nullpath_ok`` stays off: mfusepy drops the handle of ``ftruncate``,
     which then needs the path.
@@ -188,29 +195,39 @@ class Layer:
 
     use_ns = True
 
-    def __init__(self, root_fd: int, state: _FaultState, on_ready: Any) -> None:
+    def __init__(self, root_fd: int, state: _FaultState, on_ready: Any, hits: HitCounter | None = None) -> None:
         self.root = root_fd
         self.state = state
         self._on_ready = on_ready
+        self.hits = HitCounter() if hits is None else hits
 
-    # The gate: every operation calls it first with its own name.
-    def _gate(self, op: str, *, writes: bool = True) -> None:
+    # The gate: every operation calls it first with its own name and the path(s) it works on.
+    def _gate(self, op: str, path: str | None, *, writes: bool = True, other: str | None = None) -> None:
+        shown = (path or "").lstrip("/") or "."
+        arrived_ns, waited, hung = time.time_ns(), time.monotonic(), False
         while True:
             fault = self.state.fault
             if fault.mode == "off" or op not in fault.ops:
-                return
+                break
             if fault.mode == "readonly" and not writes:
-                return
+                break
+            if fault.files and not any(p is not None and matches(p, fault.files) for p in (path, other)):
+                break
             if not self.state.draw(fault.probability):
-                return
+                break
             if fault.mode in ("latency", "fsync_stall"):
                 self.state.wait(fault, fault.latency_s)  # a heal mid-delay releases the op at once
+                self.hits.add(op, shown, None, at_ns=arrived_ns, waited_s=time.monotonic() - waited)
                 return
             if fault.mode == "hang":
                 self.state.wait(fault, None)
+                hung = True
                 continue  # the new setting decides (usually "off": the op goes through)
             code = _ERRNO[fault.mode]
+            self.hits.add(op, shown, errno.errorcode[code], at_ns=arrived_ns)
             raise OSError(code, os.strerror(code))
+        if hung:  # released from a hang
+            self.hits.add(op, shown, None, at_ns=arrived_ns, waited_s=time.monotonic() - waited)
 
     def _owned(self, rel: str) -> None:
         """New entries belong to the caller, not to this root daemon."""
@@ -222,7 +239,7 @@ class Layer:
         self._on_ready()
 
     def getattr(self, path: str | None, fh: int | None = None) -> dict[str, int]:
-        self._gate("getattr", writes=False)
+        self._gate("getattr", path, writes=False)
         if fh:  # 0 is never ours (stdin is /dev/null), it is libfuse's "no handle"
             return _stat_dict(os.fstat(fh))
         rel = _path(path)
@@ -231,7 +248,7 @@ class Layer:
         return _stat_dict(os.stat(rel, dir_fd=self.root, follow_symlinks=False))
 
     def access(self, path: str, amode: int) -> int:
-        self._gate("access", writes=bool(amode & os.W_OK))
+        self._gate("access", path, writes=bool(amode & os.W_OK))
         if not os.access(_rel(path), amode, dir_fd=self.root):
             raise OSError(errno.EACCES, os.strerror(errno.EACCES))
         return 0
@@ -244,15 +261,15 @@ class Layer:
         return 0
 
     def readdir(self, path: str | None, fh: int) -> list[str]:
-        self._gate("readdir", writes=False)
+        self._gate("readdir", path, writes=False)
         return [".", "..", *os.listdir(fh)]  # listdir reads a dup of fh and rewinds it
 
     def readlink(self, path: str) -> str:
-        self._gate("readlink", writes=False)
+        self._gate("readlink", path, writes=False)
         return os.readlink(_rel(path), dir_fd=self.root)
 
     def statfs(self, path: str) -> dict[str, int]:
-        self._gate("statfs", writes=False)
+        self._gate("statfs", path, writes=False)
         sv = os.statvfs(self.root)
         keys = ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files", "f_ffree", "f_favail")
         found = {key: int(getattr(sv, key)) for key in keys} | {"f_namemax": sv.f_namemax}
@@ -261,42 +278,42 @@ class Layer:
         return found
 
     def open(self, path: str, flags: int) -> int:
-        self._gate("open", writes=bool(flags & _WRITE_ACCESS))
+        self._gate("open", path, writes=bool(flags & _WRITE_ACCESS))
         return os.open(_rel(path), flags & ~os.O_CREAT, dir_fd=self.root)
 
     def create(self, path: str, mode: int, flags: int) -> int:
-        self._gate("create")
+        self._gate("create", path)
         fd = os.open(_rel(path), flags | os.O_CREAT, mode, dir_fd=self.root)
         self._owned(_rel(path))
         return fd
 
     def read(self, path: str | None, size: int, offset: int, fh: int) -> bytes:
-        self._gate("read", writes=False)
+        self._gate("read", path, writes=False)
         return os.pread(fh, size, offset)
 
     def write(self, path: str | None, data: bytes, offset: int, fh: int) -> int:
-        self._gate("write")
+        self._gate("write", path)
         return os.pwrite(fh, data, offset)
 
     def flush(self, path: str | None, fh: int) -> int:
-        self._gate("flush", writes=False)
+        self._gate("flush", path, writes=False)
         os.close(os.dup(fh))  # what close() would report (e.g. a deferred write error), without closing fh
         return 0
 
     def fsync(self, path: str | None, datasync: int, fh: int) -> int:
-        self._gate("fsync", writes=False)
+        self._gate("fsync", path, writes=False)
         (os.fdatasync if datasync else os.fsync)(fh)
         return 0
 
     def release(self, path: str | None, fh: int) -> int:
         try:
-            self._gate("release", writes=False)
+            self._gate("release", path, writes=False)
         finally:  # an injected error must not leak the fd
             os.close(fh)
         return 0
 
     def rename(self, old: str, new: str) -> int:
-        self._gate("rename")
+        self._gate("rename", old, other=new)
         os.rename(_rel(old), _rel(new), src_dir_fd=self.root, dst_dir_fd=self.root)
         return 0
 
@@ -304,7 +321,7 @@ class Layer:
         return self._remove("unlink", os.unlink, path)
 
     def mkdir(self, path: str, mode: int) -> int:
-        self._gate("mkdir")
+        self._gate("mkdir", path)
         os.mkdir(_rel(path), mode, dir_fd=self.root)
         self._owned(_rel(path))
         return 0
@@ -314,29 +331,29 @@ class Layer:
 
     def _remove(self, op: str, remove: Callable[..., None], path: str) -> int:
         """unlink and rmdir: the same gate, then the same call shape relative to the backing root."""
-        self._gate(op)
+        self._gate(op, path)
         remove(_rel(path), dir_fd=self.root)
         return 0
 
     def symlink(self, target: str, source: str) -> int:
-        self._gate("symlink")
+        self._gate("symlink", target)
         os.symlink(source, _rel(target), dir_fd=self.root)
         self._owned(_rel(target))
         return 0
 
     def link(self, target: str, source: str) -> int:
-        self._gate("link")
+        self._gate("link", target, other=source)
         os.link(_rel(source), _rel(target), src_dir_fd=self.root, dst_dir_fd=self.root, follow_symlinks=False)
         return 0
 
     def mknod(self, path: str, mode: int, dev: int) -> int:
-        self._gate("mknod")
+        self._gate("mknod", path)
         os.mknod(_rel(path), mode, dev, dir_fd=self.root)
         self._owned(_rel(path))
         return 0
 
     def truncate(self, path: str | None, length: int, fh: int | None = None) -> int:
-        self._gate("truncate")
+        self._gate("truncate", path)
         if fh:
             os.ftruncate(fh, length)
             return 0
@@ -348,17 +365,17 @@ class Layer:
         return 0
 
     def chmod(self, path: str | None, mode: int) -> int:
-        self._gate("chmod")
+        self._gate("chmod", path)
         os.chmod(_path(path), stat.S_IMODE(mode), dir_fd=self.root)
         return 0
 
     def chown(self, path: str | None, uid: int, gid: int) -> int:
-        self._gate("chown")
+        self._gate("chown", path)
         os.chown(_path(path), uid, gid, dir_fd=self.root, follow_symlinks=False)
         return 0
 
     def utimens(self, path: str | None, times: tuple[int, int] | None = None) -> int:
-        self._gate("utimens")
+        self._gate("utimens", path)
         rel = _path(path)
         if times is None:
             os.utime(rel, dir_fd=self.root, follow_symlinks=False)
@@ -414,6 +431,8 @@ class _Daemon:
     until_ns: int
     drain_s: float
     state: _FaultState
+    hits_file: Path | None = None
+    hits: HitCounter = field(default_factory=HitCounter)
     mounted: threading.Event = field(default_factory=threading.Event)
     phase: str = "starting"
     _control_key: tuple[int, int, int] | None = None
@@ -427,6 +446,15 @@ class _Daemon:
             _write_atomic(self.status, json.dumps(body).encode() + b"\n")
         except OSError as exc:  # the status is a courtesy; the fault itself must go on
             _log(f"cannot write status {self.status}: {exc}")
+
+    def save_hits(self, *, always: bool = False) -> None:
+        """Write the hit counts (evidence of what the layer did) when they changed, or ``always``."""
+        if self.hits_file is None or not (always or self.hits.dirty):
+            return
+        try:
+            _write_atomic(self.hits_file, self.hits.snapshot())
+        except OSError as exc:
+            _log(f"cannot write hits {self.hits_file}: {exc}")
 
     def reload(self) -> None:
         """Adopt the control file when it changed; a bad file is logged and the current fault kept."""
@@ -454,6 +482,7 @@ class _Daemon:
         deadline_done = False
         while True:
             time.sleep(_POLL_S)
+            self.save_hits()
             if drain_until is None:
                 self.reload()
             if not deadline_done and time.time_ns() >= self.until_ns:
@@ -470,6 +499,7 @@ class _Daemon:
                 _log(f"mount gone: fault cleared, serving files still open for up to {self.drain_s:g}s")
             if drain_until is not None and time.monotonic() >= drain_until:
                 _log("drain over: exiting (files still open now fail with ENOTCONN)")
+                self.save_hits(always=True)
                 self.report("exited")
                 os._exit(0)  # closes /dev/fuse, which aborts the connection without touching any mount
 
@@ -503,11 +533,13 @@ def serve(daemon: _Daemon, root_fd: int) -> int:
     if os.geteuid() == 0:
         options["allow_other"] = True  # the job may run as another user than the harness
     try:
-        fuse.FUSE(Layer(root_fd, daemon.state, daemon.on_ready), daemon.path, **options)
+        fuse.FUSE(Layer(root_fd, daemon.state, daemon.on_ready, daemon.hits), daemon.path, **options)
     except RuntimeError as exc:
         _log(f"FUSE mount/serve failed: {exc}")
+        daemon.save_hits(always=True)
         daemon.report("failed")
         return 1
+    daemon.save_hits(always=True)
     daemon.report("exited")
     _log("unmounted; exiting")
     return 0
@@ -527,6 +559,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--until-ns", type=int, required=True, help="wall-clock deadline (time.time_ns)")
     parser.add_argument("--drain", type=float, default=5.0, help="seconds open files are served after unmount")
     parser.add_argument("--log", type=Path, default=None)
+    parser.add_argument("--hits", type=Path, default=None, help="where to count hits (injectors.storage.hits)")
     parser.add_argument("--foreground", action="store_true", help="do not detach (debugging)")
     args = parser.parse_args(argv)
     if not args.fsname.startswith(FSNAME_PREFIX) or "," in args.fsname:
@@ -554,6 +587,7 @@ def main(argv: list[str]) -> int:
         until_ns=args.until_ns,
         drain_s=args.drain,
         state=_FaultState(_seed(args.op_id)),
+        hits_file=args.hits,
     )
     _log(f"{args.op_id}: mounting {args.fsname} over {args.path}")
     return serve(daemon, root_fd)

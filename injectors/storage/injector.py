@@ -11,8 +11,14 @@ could not express. Modes:
   the data (``readonly`` fails only operations that would modify, and ``open`` only for write access;
   ``enospc`` also makes ``statfs`` report a full disk).
 
-``ops`` narrows which operations are hit (default: per mode, see :data:`injectors.storage.fuselayer.DEFAULT_OPS`)
+``ops`` narrows which operations are hit (default: per mode, see :data:`injectors.storage.fuselayer.DEFAULT_OPS`),
+``files`` narrows the paths (globs relative to the mount, e.g. ``step-*/rank-2*``: one rank's checkpoint files)
 and ``probability`` hits each call with that chance (an rng seeded by the op id).
+
+Evidence: the daemon counts its hits per (op, path, errno) with their times (:mod:`injectors.storage.hits`);
+heal records one ``storage.hit`` event per entry in the run's history {op_id, fault, op, path, mount, mode,
+errno_name (null for a delay), latency_s (longest delay waited), count, first_ns, last_ns, times_ns}, so checks
+judge what the layer really did to the job, not what the job says happened.
 
 The daemon (:mod:`injectors.storage.fuselayer`) opens the real directory before mounting over it, so everything
 written through the layer lands in the real directory: healing loses no data. Heal clears the fault first
@@ -62,6 +68,7 @@ from chaos.spec.units import Duration
 from injectors import detached
 from injectors.hostfiles import HostFiles
 from injectors.process.faults import ProcessHost, require_duration
+from injectors.storage.hits import hits_path, record_hits
 
 Mode = Literal["latency", "hang", "eio", "enospc", "fsync_stall", "readonly"]
 Op = Literal[
@@ -88,6 +95,11 @@ class StorageParams(BaseModel):
     ops: tuple[Op, ...] | None = Field(default=None, description="operations hit (default: depends on mode)")
     latency: Duration = Field(default=1.0, gt=0, description="delay per hit operation (latency, fsync_stall)")
     probability: float = Field(default=1.0, gt=0, le=1, description="chance that one call is hit")
+    files: tuple[str, ...] | None = Field(
+        default=None,
+        description="globs of the paths hit, relative to the mount (e.g. step-*/rank-2*; one without / also "
+        "matches a file name in any directory); default: every path",
+    )
     drain: Duration = Field(default=5.0, ge=0, description="how long files held open across heal keep working")
 
     @field_validator("path")
@@ -100,6 +112,20 @@ class StorageParams(BaseModel):
         if normal == "/":
             raise ValueError("refusing to mount a fault layer over /")
         return normal
+
+    @field_validator("files", mode="before")
+    @classmethod
+    def _globs(cls, value: object) -> object:
+        found = [value] if isinstance(value, str) else value
+        if isinstance(found, list | tuple):
+            for pattern in found:
+                if not isinstance(pattern, str) or not pattern.strip("/") or any(c in pattern for c in "\0\n"):
+                    raise ValueError(f"files must be non-empty glob patterns relative to the mount, got {pattern!r}")
+                if ".." in pattern.split("/"):
+                    raise ValueError(f"files patterns stay inside the mount: {pattern!r} has '..'")
+            if not found:
+                raise ValueError("files must name at least one pattern (or be left out for every path)")
+        return found
 
     @model_validator(mode="after")
     def _consistent(self) -> StorageParams:
@@ -161,6 +187,7 @@ class StorageState:
     container_path: str | None = None
     helper_pid: int | None = None
     helper_start_time: int | None = None
+    files: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, JsonValue]:
         state: dict[str, JsonValue] = {
@@ -179,6 +206,8 @@ class StorageState:
             state.update(via=self.via, container=self.container, container_path=self.container_path)
         if self.helper_pid is not None:
             state.update(helper_pid=self.helper_pid, helper_start_time=self.helper_start_time)
+        if self.files:
+            state["files"] = list(self.files)
         return state
 
     @classmethod
@@ -201,6 +230,7 @@ class StorageState:
             optional_text(state, "container_path"),
             optional_int(state, "helper_pid"),
             optional_int(state, "helper_start_time"),
+            state_texts(state, "files") if "files" in state else (),
         )
 
     @property
@@ -215,7 +245,13 @@ class StorageState:
             latency_s=self.latency_s if self.mode in ("latency", "fsync_stall") else 0.0,
             probability=self.probability,
             generation=generation,
+            files=self.files,
         )
+
+    @property
+    def hits(self) -> str:
+        """The daemon's hits file (beside its control file)."""
+        return hits_path(self.control)
 
 
 def _tag(op_id: str) -> str:
@@ -233,6 +269,7 @@ def _fault(params: StorageParams | None, generation: int) -> fuselayer.Fault:
         latency_s=params.latency if params.mode in ("latency", "fsync_stall") else 0.0,
         probability=params.probability,
         generation=generation,
+        files=tuple(params.files or ()),
     )
 
 
@@ -404,10 +441,12 @@ class StorageInjector:
             latency_s=params.latency,
             probability=params.probability,
             drain_s=params.drain,
+            files=tuple(params.files or ()),
         )
         what = f"{params.mode} ({params.latency:g}s)" if params.mode in ("latency", "fsync_stall") else params.mode
         chance = "" if params.probability >= 1 else f" with p={params.probability:g}"
-        description = f"FUSE {what} on {','.join(ops)}{chance} over {path} for {duration:g}s"
+        only = f" of {','.join(params.files)}" if params.files else ""
+        description = f"FUSE {what} on {','.join(ops)}{only}{chance} over {path} for {duration:g}s"
         return op.record(self.name, ctx.transport.host, state.to_json(), description)
 
     def _prepare_in_container(
@@ -467,6 +506,7 @@ class StorageInjector:
             "--until-ns", str(until_ns),
             "--drain", repr(drain_s),
             "--log", state.log,
+            "--hits", state.hits,
         ]  # fmt: skip
         helper = deadman.spawn_helper(
             ctx.transport, argv, what="FUSE daemon", env=deadman.python_env() if files.local else None, timeout=30
@@ -517,8 +557,11 @@ class StorageInjector:
             _wait(lambda: not _daemons(host, applied), _EXIT_GRACE_S)
         if fuselayer.is_mounted(fsname, path, files.mounts()):
             raise InjectionError(f"the FUSE layer {fsname} is still mounted on {path}: {'; '.join(errors)}")
-        if not _daemons(host, applied):  # healed: its control, status and log files have served their purpose
-            files.run(["rm", "-f", state.control, state.status, state.log])
+        # Recorded once: the file goes with it (a cleared, draining daemon counts nothing more).
+        if record_hits(ctx.history, applied, state.container_path or state.path, state.mode, files.read(state.hits)):
+            files.run(["rm", "-f", state.hits])
+        if not _daemons(host, applied):  # healed: its control, status, log and hits files have served their purpose
+            files.run(["rm", "-f", state.control, state.status, state.log, state.hits])
 
     def revert_command(self, applied: Applied) -> list[str] | None:
         """Lazy unmount; the daemon notices its mount is gone, clears the fault and stops after the drain."""

@@ -143,6 +143,12 @@ def test_resume_without_a_seen_load_comes_from_the_loop_and_an_explicit_call_win
     agent.close()
     assert _of(recorder, "target.resume") == [{"step": 3, "attempt": 1, "path": "/ckpt/3", "seen": "explicit"}]
     assert _of(recorder, "target.checkpoint") == [{"step": 3, "path": "/ckpt/3", "attempt": 1, "seen": "explicit"}]
+    # A job that checked its checkpoint before loading it says so (resumed_from_verified_checkpoint reads it).
+    recorder = Recorder()
+    agent, optimizer = _agent(model, recorder)
+    agent.resumed(3, "/ckpt/3", verified=True)
+    agent.close()
+    assert _of(recorder, "target.resume")[0]["verified"] is True
 
 
 def test_job_emits_leaves_out_what_the_job_reports_itself(tmp_path: Path) -> None:

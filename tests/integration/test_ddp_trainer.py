@@ -8,6 +8,7 @@ torchrun's process group would not reach them).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -204,7 +205,11 @@ def test_kill_rank_and_resume_is_bit_identical(baseline: Baseline, tmp_path: Pat
     resumes = [e for e in _of(events, "target.resume") if e["data"]["attempt"] == 1]
     assert sorted(e["rank"] for e in resumes) == [0, 1]
     assert {e["data"]["step"] for e in resumes} == {committed}
-    assert all(e["data"]["path"].endswith(f"ckpt-{committed:06d}.pt") for e in resumes)
+    assert all(e["data"]["path"].endswith(f"ckpt-{committed:06d}") for e in resumes)
+    assert all(e["data"]["verified"] is True and e["data"]["rejected"] == [] for e in resumes)
+    # Each rank read its own file, verified against the manifest, before loading it.
+    restores = [e for e in _of(events, "target.restore") if e["data"]["step"] == committed]
+    assert sorted(e["rank"] for e in restores) == [0, 1] and all(e["data"]["bytes"] > 0 for e in restores)
     # The resumed attempt continued at committed+1 and no further back.
     first_resumed = min(e["data"]["step"] for e in _of(events, "target.step") if e["data"]["attempt"] == 1)
     assert first_resumed == committed + 1
@@ -260,18 +265,35 @@ def test_step_sample_ids_partition_the_id_space() -> None:
 def test_checkpoints_are_pruned_and_a_corrupt_newest_falls_back(tmp_path: Path) -> None:
     import torch
 
+    from chaos.targets.reference import checkpoint_store as store
     from chaos.targets.reference import trainer
 
-    for step in (10, 20, 30):
-        trainer.save_checkpoint(tmp_path, step, {"format": trainer.CHECKPOINT_FORMAT, "step": step})
-    assert [s for s, _ in trainer.list_checkpoints(tmp_path)] == [20, 30]
-    assert not list(tmp_path.glob(".ckpt-*"))  # no temp files left behind
+    def save(step: int, state: dict[str, Any]) -> None:
+        store.commit(tmp_path, step, [store.write_part(tmp_path, step, 0, state)], 1)
+
+    for step in (10, 20, 30, 40):
+        save(step, {"format": trainer.CHECKPOINT_FORMAT, "step": step})
+    assert store.committed_steps(tmp_path) == [20, 30, 40]  # the newest KEEP
+    assert not list(tmp_path.glob("ckpt-*/.rank-*"))  # no temp files left behind
+    assert store.read_pointer(tmp_path) == 40
+
+    def restore() -> tuple[int, Any] | None:
+        found = store.restore(tmp_path, rank=0, world_size=1, attempt=1, reduce_min=lambda value: value)
+        return None if found is None else (found[0], found[2])
+
     # A truncated newest checkpoint (a storage fault) must not stop recovery from the previous one.
-    newest = trainer.checkpoint_path(tmp_path, 30)
+    newest = store.step_dir(tmp_path, 40) / store.part_name(0)
     newest.write_bytes(newest.read_bytes()[:10])
-    found = trainer._newest_loadable(tmp_path)
-    assert found is not None and found[0] == 20 and found[2]["step"] == 20
-    # weights_only loading refuses arbitrary pickles.
-    torch.save({"format": trainer.CHECKPOINT_FORMAT, "obj": object.__new__(Job)}, trainer.checkpoint_path(tmp_path, 40))
-    found = trainer._newest_loadable(tmp_path)
-    assert found is not None and found[0] == 20
+    found = restore()
+    assert found is not None and found[0] == 30 and found[1]["step"] == 30
+    # weights_only loading refuses arbitrary pickles, even ones the manifest vouches for: it falls back too.
+    torch.save({"format": trainer.CHECKPOINT_FORMAT, "obj": object.__new__(Job)}, tmp_path / "evil.pt")
+    save(50, {"format": trainer.CHECKPOINT_FORMAT, "step": 50})
+    (tmp_path / "evil.pt").replace(store.step_dir(tmp_path, 50) / store.part_name(0))
+    manifest = store.step_dir(tmp_path, 50) / store.MANIFEST
+    evil = (store.step_dir(tmp_path, 50) / store.part_name(0)).read_bytes()
+    body = json.loads(manifest.read_text())
+    body["files"][store.part_name(0)] = {"sha256": hashlib.sha256(evil).hexdigest(), "size": len(evil)}
+    manifest.write_text(json.dumps(body))
+    found = restore()
+    assert found is not None and found[0] == 30

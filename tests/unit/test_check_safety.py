@@ -20,12 +20,18 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
+from checkpoint_histories import CHECKPOINT
+from hang_histories import HANG
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from link_histories import FAULT as LFAULT
+from link_histories import LinkRun, link_runs, wrong_pair
 from replica_histories import FAULT as RFAULT
 from replica_histories import ReplicaRun
+from rollback_histories import ROLLBACK
 from slurm_histories import FAULT as SFAULT
 from slurm_histories import SlurmRun, slurm_runs
+from storage_histories import STORAGE_RECOVERY
 from test_checks_properties import FAULT, Run, mutate_steps, runs
 from test_serving_checks import FLIP, KILL, RATE, SECOND, _events, bitflip, kill_events, load, scenario
 from test_serving_checks import ev as sev
@@ -1254,6 +1260,54 @@ NO_REPEAT = Entry(
 )
 
 
+def _link(run: LinkRun, **params: Any) -> Case:
+    return Case(run.events(), {"fault": LFAULT, **params}, run.scenario)
+
+
+LINK_NAMED = Entry(
+    link_runs().map(lambda r: _link(r, small_ok=True)),
+    (
+        Violation(
+            "the probe names a pair the fault did not hit", link_runs().map(lambda r: _link(r.but(named=wrong_pair(r))))
+        ),
+        Violation(
+            "the probe names the hit pair and a wrong one",
+            link_runs().map(lambda r: _link(r.but(named=(*r.pairs_hit(), *wrong_pair(r))))),
+        ),
+        Violation(
+            "the probe saw a dead link, not a silent drop",
+            link_runs().map(lambda r: _link(r.but(small_ok=False), small_ok=True)),
+        ),
+        Violation(
+            "a probe round during the fault found every link fine", link_runs().map(lambda r: _link(r.but(named=())))
+        ),
+        Violation(
+            "the probes were sent after the heal",
+            link_runs().map(lambda r: _link(r.but(probe_offset=r.duration))),
+            "unknown",
+        ),
+        Violation(
+            "no all_waiting hang, so no probe ran", link_runs().map(lambda r: _link(r.but(hang_after=None))), "unknown"
+        ),
+        Violation("the fault never applied", link_runs().map(lambda r: _link(r.but(with_fault=False))), "unknown"),
+    ),
+)
+
+STALLED = Entry(
+    link_runs().map(_link),
+    (
+        Violation("the job kept stepping during the fault", link_runs().map(lambda r: _link(r.but(steps_during=2)))),
+        Violation("the job crashed during the fault", link_runs().map(lambda r: _link(r.but(crash_during=True)))),
+        Violation(
+            "the job reported no step before the fault",
+            link_runs().map(lambda r: _link(r.but(steps_before=False))),
+            "unknown",
+        ),
+        Violation("the fault never healed", link_runs().map(lambda r: _link(r.but(healed=False))), "unknown"),
+        Violation("the fault never applied", link_runs().map(lambda r: _link(r.but(with_fault=False))), "unknown"),
+    ),
+)
+
 TABLE: dict[str, Entry] = {
     "detected_within": DETECTED_WITHIN,
     "recovered_within": RECOVERED_WITHIN,
@@ -1274,6 +1328,24 @@ TABLE: dict[str, Entry] = {
     "node_drained_within": NODE_DRAINED,
     "requeued_within": REQUEUED,
     "no_repeat_failure_on_bad_node": NO_REPEAT,
+    **{  # issue 18, restore stragglers and retries: the cases live in storage_histories
+        name: Entry(holds.map(lambda c: Case(*c)), tuple(Violation(w, v.map(lambda c: Case(*c)), e) for w, v, e in bad))
+        for name, (holds, bad) in STORAGE_RECOVERY.items()
+    },
+    **{  # issue 18, torn and corrupt checkpoints: the cases live in checkpoint_histories
+        name: Entry(holds.map(lambda c: Case(*c)), tuple(Violation(w, v.map(lambda c: Case(*c)), e) for w, v, e in bad))
+        for name, (holds, bad) in CHECKPOINT.items()
+    },
+    **{  # issue 18, rollback after a late-detected SDC: the cases live in rollback_histories
+        name: Entry(holds.map(lambda c: Case(*c)), tuple(Violation(w, v.map(lambda c: Case(*c)), e) for w, v, e in bad))
+        for name, (holds, bad) in ROLLBACK.items()
+    },
+    **{  # issue 18, hang culprit: the cases live in hang_histories
+        name: Entry(holds.map(lambda c: Case(*c)), tuple(Violation(w, v.map(lambda c: Case(*c)), e) for w, v, e in bad))
+        for name, (holds, bad) in HANG.items()
+    },
+    "link_named": LINK_NAMED,
+    "stalled_during": STALLED,
 }
 
 

@@ -9,8 +9,12 @@ Contracts the harness and its checks rely on:
 - **Pure data.** Sample ``i`` is a pure function of ``(seed, i)``. Global step ``s`` (1-based) consumes ids
   ``[(s-1)*B*W, s*B*W)``; rank ``r`` takes the contiguous slice ``[(s-1)*B*W + r*B, (s-1)*B*W + (r+1)*B)``.
   A fault-free run therefore consumes every id ``0 .. steps*B*W-1`` exactly once.
-- **Exact resumption.** Rank 0 writes an atomic checkpoint (model, optimizer, step, RNG state, config)
-  every ``--checkpoint-every`` steps; every rank resumes from the newest complete one at ``step + 1``.
+- **Exact resumption.** Every ``--checkpoint-every`` steps the ranks write a checkpoint (model, optimizer,
+  step, RNG state, config) with a two-phase commit: each rank its own file, then rank 0 a manifest with every
+  file's sha256 and size and an atomic ``latest`` pointer (:mod:`chaos.targets.reference.checkpoint_store`).
+  On start every rank verifies its own file against the manifest and the ranks resume, at ``step + 1``, from
+  the newest checkpoint that verified on ALL of them (older ones when the newest is torn, corrupt, missing a
+  file, or only named by a stale pointer; ``checkpoint_store.KEEP`` are kept).
   Resumed training ends with the same digest as uninterrupted training (verified for world size 2; see
   :func:`main` for why larger worlds are not guaranteed bit-identical).
 - **Digest.** ``target.digest`` carries a sha256 over model parameters and optimizer state tensors in a
@@ -29,7 +33,7 @@ Contracts the harness and its checks rely on:
   steps (default 5) is at least ``--straggler-ratio`` R (default 2.0) times the median of the other ranks'
   sums AND above it by at least ``--straggler-min-excess`` S seconds (default 0.2), once per episode (it
   re-arms after K steps back under the threshold). It reads clocks only: model, optimizer and data order are
-  untouched, so the digest is the same with it on or off. Rank 0's checkpoint writes count as its local work.
+  untouched, so the digest is the same with it on or off. A rank's checkpoint writes count as its local work.
 - **Consistency guard** (on; ``--consistency-every N``, default 10, 0 for off): every N steps, after the
   optimizer step, the ranks compare a digest of their parameters (:mod:`chaos.guards.consistency`; one small
   all-reduce) and report ``guard.consistency``, ``detect.divergence`` and ``detect.nonfinite``. It only reads
@@ -38,12 +42,19 @@ Contracts the harness and its checks rely on:
   can prove the checks catch it: ``skip-optimizer-restore`` restores model and step but not the optimizer
   (momentum is lost, so the final digest differs); ``skip-restore`` ignores checkpoints and starts from
   scratch (the digest is still bit-identical because training is a pure function of the seed; what breaks
-  is progress: steps and sample ids are repeated, which progress/ETTR checks see).
+  is progress: steps and sample ids are repeated, which progress/ETTR checks see); ``rollback-newest`` (with
+  ``--rollback``) rolls back to the newest checkpoint, which may already hold the corruption.
+- **Rollback** (``--rollback``, off by default): when the consistency guard finds the ranks diverged, every rank
+  reloads in place the newest checkpoint at or before the last step the guard verified clean (scratch when
+  there is none) and replays from there, emitting ``target.rollback`` (:mod:`chaos.targets.reference.rollback`).
 
 Events (``attempt`` is ``TORCHELASTIC_RESTART_COUNT``, 0 on the first launch):
 ``target.start`` {pid, attempt, world_size}; ``target.restart`` {attempt} (rank 0, attempt > 0);
-``target.resume`` {step, attempt, path}; ``target.step`` {step, loss, samples, attempt};
-``target.checkpoint`` {step, path, attempt, duration_s} (rank 0); ``target.digest`` {digest, step, attempt};
+``target.resume`` {step, attempt, path, verified, rejected}; ``target.restore`` {step, path, duration_s, bytes};
+``target.checkpoint_rejected`` {step, path, reason}; ``target.step`` {step, loss, samples, attempt};
+``target.checkpoint`` {step, path, attempt, duration_s, files, manifest} (every rank, once committed);
+``target.digest`` {digest, step, attempt}; with ``--rollback``, ``target.rollback`` {from_step, to_step, reason,
+detected_step, last_clean_step, path, removed, ...} (every rank);
 ``detect.collective_timeout`` / ``detect.collective_error`` {detector: "gloo", message, step};
 ``detect.peer_lost`` {detector: "pg_timeout" (the process-group timeout) or "gloo" (connection lost), message,
 step, peer: "addr:port" named in the error, or null}; with ``--straggler-guard``, ``detect.straggler`` emitted
@@ -65,6 +76,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, fields
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -77,22 +89,18 @@ from chaos.agent import attach
 from chaos.events import emit
 from chaos.guards.consistency import DEFAULT_EVERY
 from chaos.guards.straggler import DEFAULT_MIN_EXCESS_S, DEFAULT_RATIO, DEFAULT_WINDOW, StragglerGuard
+from chaos.targets.reference import checkpoint_store
+from chaos.targets.reference.rollback import SdcRollback, Steps
+from chaos.targets.reference.save_retry import save_with_retry
 from chaos.targets.reference.trainer_state import (
     CHECKPOINT_FORMAT,
     HIDDEN,
     IN_FEATURES,
-    KEEP_CHECKPOINTS,
     SAMPLE_SEED_MULTIPLIER,
-    _newest_loadable,
-    _remove_stale_temp_files,
     build_model,
     build_optimizer,
-    checkpoint_path,
-    list_checkpoints,
-    load_checkpoint,
     make_batch,
     sample,
-    save_checkpoint,
     state_digest,
     step_sample_ids,
 )
@@ -105,28 +113,23 @@ __all__ = [
     "FINAL_DIGEST_FILE",
     "HIDDEN",
     "IN_FEATURES",
-    "KEEP_CHECKPOINTS",
     "SABOTAGES",
     "SAMPLE_SEED_MULTIPLIER",
     "Config",
     "build_model",
     "build_optimizer",
-    "checkpoint_path",
     "is_collective_failure",
-    "list_checkpoints",
-    "load_checkpoint",
     "main",
     "make_batch",
     "parse_args",
     "peer_address",
     "peer_loss_detector",
     "sample",
-    "save_checkpoint",
     "state_digest",
     "step_sample_ids",
 ]
 
-SABOTAGES = ("none", "skip-optimizer-restore", "skip-restore")
+SABOTAGES = ("none", "skip-optimizer-restore", "skip-restore", "rollback-newest")
 ENV_SABOTAGE = "CHAOS_SABOTAGE"
 FINAL_DIGEST_FILE = "final-digest.txt"
 # How long an error path waits for destroy_process_group before giving up on it: gloo teardown after a
@@ -156,6 +159,7 @@ class Config:
     straggler_ratio: float = DEFAULT_RATIO
     straggler_min_excess: float = DEFAULT_MIN_EXCESS_S
     consistency_every: int = DEFAULT_EVERY
+    rollback: bool = False
 
 
 def _positive_int(text: str) -> int:
@@ -199,7 +203,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
     parser.add_argument("--steps", type=_positive_int, default=60, help="global steps to train (default 60)")
     parser.add_argument("--batch-size", type=_positive_int, default=16, help="samples per rank per step")
     parser.add_argument("--checkpoint-every", type=_positive_int, default=10, help="steps between checkpoints")
-    parser.add_argument("--checkpoint-dir", type=Path, required=True, help="where ckpt-<step>.pt files live")
+    parser.add_argument("--checkpoint-dir", type=Path, required=True, help="where ckpt-<step>/ checkpoints live")
     parser.add_argument(
         "--step-time", type=_non_negative_float, default=0.05, help="sleep per step so faults land mid-run"
     )
@@ -234,7 +238,10 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         default=DEFAULT_EVERY,
         help=f"compare the ranks' parameters every N steps (default {DEFAULT_EVERY}; 0: off)",
     )
+    parser.add_argument("--rollback", action="store_true", help="on a divergence, roll back to a clean checkpoint")
     args = parser.parse_args(argv)
+    if args.rollback and args.consistency_every == 0:
+        parser.error("--rollback acts on the consistency guard's verdicts: it needs --consistency-every N > 0")
     sabotage: str = args.sabotage
     env_sabotage = os.environ.get(ENV_SABOTAGE, "").strip()
     if env_sabotage:
@@ -347,24 +354,6 @@ def _check_compatible(state: dict[str, Any], cfg: Config, world_size: int, path:
         raise ValueError(f"{path}: checkpoint config {state.get('config')} does not match this run {expected}")
 
 
-def _select_checkpoint(cfg: Config, rank: int) -> tuple[int, Path, dict[str, Any]] | None:
-    """Every rank gets the same checkpoint: rank 0 chooses and broadcasts its step (-1: none).
-
-    Ranks choosing independently could disagree (a file deleted or corrupted between two listings) and
-    then train from different states, which DDP would not notice.
-    """
-    chosen = _newest_loadable(cfg.checkpoint_dir) if rank == 0 else None
-    step_tensor = torch.tensor([chosen[0] if chosen is not None else -1], dtype=torch.int64)
-    dist.broadcast(step_tensor, src=0)
-    step = int(step_tensor.item())
-    if step < 0:
-        return None
-    if chosen is not None:
-        return chosen
-    path = checkpoint_path(cfg.checkpoint_dir, step)
-    return step, path, load_checkpoint(path)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one torchrun worker; return its exit code (0 after the final step, 1 on a collective failure).
 
@@ -394,9 +383,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         start_step = 1
         if cfg.sabotage != "skip-restore":
-            if rank == 0:
-                _remove_stale_temp_files(cfg.checkpoint_dir)
-            selected = _select_checkpoint(cfg, rank)
+            checkpoint_store.remove_own_temp_files(cfg.checkpoint_dir, rank)
+            # Every rank verifies its own file against the manifest; the ranks agree on the newest step that
+            # verified on all of them (it emits target.checkpoint_rejected, target.restore, target.resume).
+            selected = checkpoint_store.restore(cfg.checkpoint_dir, rank=rank, world_size=world_size, attempt=attempt)
             if selected is not None:
                 ckpt_step, ckpt_path, state = selected
                 _check_compatible(state, cfg, world_size, ckpt_path)
@@ -405,7 +395,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                     optimizer.load_state_dict(state["optimizer"])
                 torch.set_rng_state(state["rng"])
                 start_step = ckpt_step + 1
-                emit("target.resume", rank=rank, step=ckpt_step, attempt=attempt, path=str(ckpt_path))
         current_step = start_step
 
         # Wrapped after loading, so DDP's initial broadcast from rank 0 sends already-restored weights.
@@ -433,7 +422,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if straggler is not None:
             straggler.start()
         loss_fn = nn.MSELoss()
-        for step in range(start_step, cfg.steps + 1):
+        steps = Steps(start_step, cfg.steps)  # rewound by a rollback (--rollback)
+        rollback = (
+            SdcRollback(
+                agent.consistency, steps, model=model, optimizer=optimizer, directory=cfg.checkpoint_dir,
+                seed=cfg.seed, lr=cfg.lr, rank=rank, world_size=world_size, attempt=attempt,
+                policy="newest" if cfg.sabotage == "rollback-newest" else "clean",
+            )
+            if cfg.rollback
+            else None
+        )  # fmt: skip
+        for step in steps:
             current_step = step
             agent.begin_step(step)
             ids = step_sample_ids(step, rank, cfg.batch_size, world_size)
@@ -451,24 +450,28 @@ def main(argv: Sequence[str] | None = None) -> int:
                 optimizer.step()
             agent.end_step()
             emit("target.step", rank=rank, step=step, loss=float(loss.item()), samples=ids, attempt=attempt)
+            if rollback is not None and rollback.after_step(step):  # before this step's (poisoned) checkpoint
+                continue  # every rank reloaded a checkpoint from before the corruption: replay from there
             if step % cfg.checkpoint_every == 0:
-                if rank == 0:
-                    save_started = time.monotonic()
-                    path = save_checkpoint(
-                        cfg.checkpoint_dir, step, _checkpoint_state(step, model, optimizer, cfg, world_size)
-                    )
-                    emit(
-                        "target.checkpoint",
+                # Two-phase commit (checkpoint_store): every rank writes its own file, rank 0 commits the
+                # manifest and the pointer, and a barrier inside means no rank reports step K+1 before
+                # checkpoint K is committed ("a rank reached K+1" implies "a restart resumes from >= K").
+                # Each rank reports target.checkpoint {duration_s: its own save time, for goodput accounting}.
+                # A transient storage error (EIO, ENOSPC) in the local write is retried with backoff (save_retry).
+                save_with_retry(
+                    partial(
+                        checkpoint_store.save,
+                        cfg.checkpoint_dir,
+                        step,
+                        _checkpoint_state(step, model, optimizer, cfg, world_size),
                         rank=rank,
-                        step=step,
-                        path=str(path),
+                        world_size=world_size,
                         attempt=attempt,
-                        duration_s=round(time.monotonic() - save_started, 6),  # goodput accounting (ettr)
-                    )
-                # No rank may report step K+1 before checkpoint K is committed, so "a rank reached K+1"
-                # implies "a restart resumes from >= K".
-                with blocked():
-                    dist.barrier()
+                    ),
+                    step=step,
+                    rank=rank,
+                    collective=blocked,  # its gather and barrier are waiting, not local work
+                )
             if cfg.step_time > 0:
                 time.sleep(cfg.step_time)
     except Exception as exc:

@@ -1,5 +1,6 @@
 """What the reference trainer computes and keeps: its data (a pure function of seed and sample id), its model
-and optimizer, the digest of their state, and its atomic checkpoints. The training loop and the command line
+and optimizer and the digest of their state (its checkpoints are in
+:mod:`chaos.targets.reference.checkpoint_store`). The training loop and the command line
 are in :mod:`chaos.targets.reference.trainer`, which re-exports every name here.
 """
 
@@ -8,11 +9,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import os
-import re
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,11 +18,9 @@ from torch import nn
 IN_FEATURES = 16
 HIDDEN = 64
 CHECKPOINT_FORMAT = 1
-KEEP_CHECKPOINTS = 2
 # Large enough that any realistic seed*multiplier+id stays far below 2**64 (torch.Generator's seed range)
 # while keeping neighbouring ids' seeds well apart.
 SAMPLE_SEED_MULTIPLIER = 1_000_003
-_CHECKPOINT_NAME = re.compile(r"^ckpt-(\d{6,})\.pt$")
 
 
 # --- data -------------------------------------------------------------------------------------------------
@@ -112,82 +107,3 @@ def state_digest(model: nn.Module, optimizer: torch.optim.Optimizer) -> str:
             else:
                 hasher.update(f"optim.{index}.{key}={value!r}\n".encode())
     return hasher.hexdigest()
-
-
-# --- checkpoints -----------------------------------------------------------------------------------------
-
-
-def checkpoint_path(directory: Path, step: int) -> Path:
-    """Where the checkpoint for ``step`` lives."""
-    return directory / f"ckpt-{step:06d}.pt"
-
-
-def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
-    """Committed checkpoints in ``directory`` as (step, path), oldest first.
-
-    Only names produced by ``os.replace`` match, so a half-written temp file is never listed.
-    """
-    found: list[tuple[int, Path]] = []
-    if not directory.is_dir():
-        return found
-    for entry in directory.iterdir():
-        match = _CHECKPOINT_NAME.match(entry.name)
-        if match is not None and entry.is_file():
-            found.append((int(match.group(1)), entry))
-    return sorted(found)
-
-
-def _fsync_dir(directory: Path) -> None:
-    # The rename is durable only once the directory entry itself is on disk.
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def save_checkpoint(directory: Path, step: int, state: dict[str, Any]) -> Path:
-    """Write ``state`` atomically as ``ckpt-<step>.pt`` and keep only the newest :data:`KEEP_CHECKPOINTS`.
-
-    Temp file in the same directory (same filesystem, so ``os.replace`` is atomic), flush + fsync, rename,
-    fsync the directory. A crash at any point leaves either the old set of checkpoints or the new one.
-    """
-    directory.mkdir(parents=True, exist_ok=True)
-    final = checkpoint_path(directory, step)
-    tmp = directory / f".{final.name}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as handle:
-        torch.save(state, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, final)
-    _fsync_dir(directory)
-    for _, old in list_checkpoints(directory)[:-KEEP_CHECKPOINTS]:
-        old.unlink(missing_ok=True)
-    return final
-
-
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Load a checkpoint with ``weights_only=True``: it holds only tensors and plain containers, and a
-    checkpoint directory is exactly the kind of place a storage fault (or anyone) could plant a pickle."""
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{path}: not a ddp_trainer checkpoint (format {CHECKPOINT_FORMAT})")
-    return state
-
-
-def _newest_loadable(directory: Path) -> tuple[int, Path, dict[str, Any]] | None:
-    """Newest checkpoint that loads, falling back to older ones when the newest is corrupt."""
-    for step, path in reversed(list_checkpoints(directory)):
-        try:
-            return step, path, load_checkpoint(path)
-        except Exception as exc:  # noqa: BLE001 - any unreadable file means "try the previous one"
-            print(f"ddp_trainer: skipping unreadable checkpoint {path}: {exc}", file=sys.stderr, flush=True)
-    return None
-
-
-def _remove_stale_temp_files(directory: Path) -> None:
-    # Only rank 0 writes checkpoints and every worker of the previous attempt is dead before torchrun
-    # starts this one, so any temp file left here is debris from a writer killed mid-save.
-    if directory.is_dir():
-        for entry in directory.glob(".ckpt-*.tmp.*"):
-            entry.unlink(missing_ok=True)

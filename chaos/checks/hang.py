@@ -1,0 +1,111 @@
+"""``culprit_named``: the hang a fault caused was pinned on the rank the fault hit (``params: {fault: F}``,
+optional ``within``).
+
+For every ``fault.applied`` op of fault F: the rank it hit (:func:`chaos.checks._evidence.fault_target`: the op's
+own rank, or its params' ``rank``; exactly one rank, else the op cannot be judged) and the FIRST ``detect.hang``
+(:mod:`chaos.run.hang_watch`) strictly after the op and before F's next op. The op passes when that detection
+names exactly that rank (``culprit_rank`` = the rank and ``culprit_ranks`` = [the rank]) and, with ``within``,
+came at most ``within`` seconds after the op. It fails when the detection names another rank, several ranks,
+or nobody (``all_waiting``: whoever acts on it looks at the wrong place), or came too late. It is ``unknown``
+when F never fired, hit no single rank, or no ``detect.hang`` followed it (no hang watch: the target needs
+``hang_watch:``; or no recorder: the job does not attach the agent). The check: fail when an op fails, else
+unknown when an op is unknown, else pass; measured: the slowest op's time to the naming detection (s).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, Field
+
+from chaos.checks import _evidence as ev
+from chaos.checks.base import CheckParams, CheckResult, Status, register_check
+from chaos.history.timeline import Event, History
+from chaos.spec.units import Duration
+
+if TYPE_CHECKING:
+    from chaos.spec.scenario import Scenario
+
+CHECK_CULPRIT_NAMED = "culprit_named"
+DETECT_HANG = "detect.hang"  # chaos.run.hang_watch.DETECT_HANG (checks sit below run in the layering)
+
+
+class CulpritNamedParams(CheckParams):
+    """Parameters of ``culprit_named``."""
+
+    fault: str = Field(description="name of the scenario fault whose every applied op must be pinned on its rank")
+    within: Duration | None = Field(
+        default=None, gt=0, description="largest allowed time from each fault.applied to the detect.hang; null: any"
+    )
+
+
+def _names(detection: Event) -> list[int]:
+    listed = detection.data.get("culprit_ranks")
+    ranks = [r for r in listed if isinstance(r, int)] if isinstance(listed, list) else []
+    culprit = detection.get_int("culprit_rank")
+    return sorted(set(ranks) | ({culprit} if culprit is not None else set()))
+
+
+@register_check(
+    CHECK_CULPRIT_NAMED,
+    CulpritNamedParams,
+    summary="every hang a fault caused is pinned (detect.hang) on exactly the rank the fault hit",
+)
+def culprit_named(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
+    """See the module docstring."""
+    p = ev.narrow(params, CulpritNamedParams)
+    bound = "-" if p.within is None else f"<= {ev.fmt_seconds(p.within)}"
+    name = ev.label(CHECK_CULPRIT_NAMED, p.fault)
+
+    def result(status: Status, reason: str, evidence: list[str], measured: float | None = None) -> CheckResult:
+        return CheckResult(
+            check=CHECK_CULPRIT_NAMED, name=name, status=status, measured=measured, bound=bound, unit="s",
+            reason=reason, evidence=ev.capped(evidence),
+        )  # fmt: skip
+
+    ops = ev.applied_ops(history, p.fault)
+    if not ops:
+        return result("unknown", ev.missing_fault_reason(history, p.fault), [])
+    hangs = ev.events_of(history, DETECT_HANG)
+    failed: list[str] = []
+    unknown: list[str] = []
+    evidence: list[str] = []
+    worst: float | None = None
+    for index, op in enumerate(ops):
+        end = ops[index + 1].ts_ns if index + 1 < len(ops) else None
+        hit = ev.fault_target(history, op, scenario).ranks
+        if len(hit) != 1:
+            unknown.append(f"op {op.get_str('op')} hit {len(hit)} ranks ({sorted(hit)}): one rank is needed")
+            evidence.append(ev.cite(history, op))
+            continue
+        (rank,) = hit
+        after = [h for h in hangs if h.ts_ns > op.ts_ns and (end is None or h.ts_ns < end)]
+        evidence.append(ev.cite(history, op, f"hit rank {rank}"))
+        if not after:
+            unknown.append(
+                f"no detect.hang after op {op.get_str('op')} on rank {rank}: without a hang watch "
+                "(target hang_watch:) or a job that attaches the agent (its flight recorder) nobody was named"
+            )
+            continue
+        first = after[0]
+        latency = ev.seconds(first.ts_ns - op.ts_ns)
+        worst = latency if worst is None else max(worst, latency)
+        named = _names(first)
+        reason = first.get_str("reason") or "?"
+        evidence.append(
+            ev.cite(history, first, f"named {named or 'nobody'} ({reason}) after {ev.fmt_seconds(latency)}")
+        )
+        if named != [rank]:
+            failed.append(
+                f"the hang after op {op.get_str('op')} on rank {rank} was pinned on {named or 'nobody'} ({reason})"
+            )
+        elif p.within is not None and latency > p.within:
+            failed.append(f"rank {rank} was named after {ev.fmt_seconds(latency)}, over {ev.fmt_seconds(p.within)}")
+    if failed:
+        return result("fail", "; ".join(failed), evidence, worst)
+    if unknown:
+        return result("unknown", "; ".join(unknown), evidence, worst)
+    return result("pass", f"every hang of {p.fault} ({len(ops)} op(s)) was pinned on the rank it hit", evidence, worst)
+
+
+__all__ = ["CHECK_CULPRIT_NAMED", "CulpritNamedParams", "culprit_named"]

@@ -1,0 +1,58 @@
+"""Hang faults fired by the rank's own agent (:mod:`chaos.injob.hang_faults`): ``spin`` and ``skip_collective``.
+
+With the harness-side ``freeze`` (SIGSTOP, also at a trigger phase) they make the three hangs a hang detector
+must tell apart (:mod:`chaos.run.hang_watch`): a stopped rank, a rank stuck in a Python loop, and a rank that
+skipped one collective. Both need a job that attached the agent (``chaos.agent.attach``) and an ``at_step``
+trigger; ``spin`` needs a ``duration``.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from chaos.plugins.injector import InJobInjector
+
+
+class SpinParams(BaseModel):
+    """Which rank spins, and where in the step."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    rank: int | None = Field(
+        default=None, ge=0, description="the rank that spins (default: the trigger's rank, else 0)"
+    )
+    phase: Literal["forward", "backward", "optimizer_step"] = Field(
+        default="forward", description="where in the step: forward (begin_step), backward (after_backward), "
+        "optimizer_step (allow_optimizer_step)"
+    )  # fmt: skip
+
+
+class SkipCollectiveParams(BaseModel):
+    """Which rank skips which collective of the trigger's step."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    rank: int | None = Field(
+        default=None, ge=0, description="the rank that skips (default: the trigger's rank, else 0)"
+    )
+    index: int = Field(default=0, ge=0, description="which collective of the step (0: the step's first)")
+
+
+class SpinInjector(InJobInjector):
+    """``spin``: the rank loops in Python (GIL held, CPU busy) for the fault's duration, then goes on."""
+
+    name: ClassVar[str] = "spin"
+    Params: ClassVar[type[BaseModel]] = SpinParams
+    summary: ClassVar[str] = "one rank stuck in a Python loop for the duration (in-job; heals by itself)"
+    needs_duration: ClassVar[bool] = True
+
+
+class SkipCollectiveInjector(InJobInjector):
+    """``skip_collective``: the rank's collective at (step, index) returns without running."""
+
+    name: ClassVar[str] = "skip_collective"
+    Params: ClassVar[type[BaseModel]] = SkipCollectiveParams
+    summary: ClassVar[str] = "one rank skips one collective (in-job; its peers wait in it: restart to heal)"
+
+
+INJECTORS = (SpinInjector, SkipCollectiveInjector)

@@ -1,0 +1,28 @@
+"""The BROKEN twin of ``user_collectives.py``: the same user job WITHOUT the agent line, so no flight recorder
+runs in it and nothing can say which rank a hang waits for. Scenarios that ask ``culprit_named`` of it must not
+pass (tests/e2e/test_e2e_hang_culprit.py).
+
+Env: STEPS (default 200), STEP_TIME (seconds slept per step, default 0.02), PG_TIMEOUT (seconds, default 60).
+"""
+
+import os
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo", timeout=timedelta(seconds=float(os.environ.get("PG_TIMEOUT", "60"))))
+rank, world = dist.get_rank(), dist.get_world_size()
+metrics = dist.new_group(list(range(world)))
+steps = int(os.environ.get("STEPS", "200"))
+step_time = float(os.environ.get("STEP_TIME", "0.02"))
+for step in range(1, steps + 1):
+    grad = torch.full((4096,), float(rank + step))
+    dist.all_reduce(grad)
+    loss = torch.tensor([float(grad[0])])
+    dist.all_reduce(loss, group=metrics)
+    if step % 10 == 0:
+        dist.barrier()
+    time.sleep(step_time)
+dist.destroy_process_group()

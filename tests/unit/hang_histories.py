@@ -1,0 +1,126 @@
+"""Hand-made histories of the issue-18 hang-culprit story, for ``culprit_named`` (contract: ``detect.hang`` from
+the hang watch, :mod:`chaos.run.hang_watch`; ``fault.applied`` of a freeze/spin/skip on one rank).
+
+:class:`HangRun`: ``world`` ranks step from t=1 s; a hang fault hits rank ``hit`` at ``fault_at`` s; the hang
+watch reports ``detect.hang`` naming ``named`` (reason ``reason``) ``after`` seconds later; steps resume after
+the heal. :meth:`but` makes the variations that break the property. :data:`HANG` is the check-safety entry:
+name -> (strategy of holding cases, [(what, strategy of violating cases, verdict)]), each case a tuple
+(events, params, scenario).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from hypothesis import strategies as st
+
+from chaos.history.timeline import Event
+
+SECOND = 1_000_000_000
+FAULT = "hang-fault"
+
+
+def ns(t: float) -> int:
+    return round(t * SECOND)
+
+
+def ev(t: float, kind: str, rank: int | None = None, source: str = "target", **data: Any) -> Event:
+    return Event(ts_ns=ns(t), kind=kind, source=source, rank=rank, data=data)
+
+
+@dataclass(frozen=True)
+class HangRun:
+    world: int = 4
+    hit: int = 2
+    fault_at: float = 5.0
+    after: float | None = 1.5  # None: no detect.hang at all
+    named: tuple[int, ...] | None = None  # None: the hit rank
+    reason: str = "stopped"
+    injector: str = "freeze"
+    with_fault: bool = True
+    early_detection: bool = False  # a detect.hang naming the hit rank BEFORE the fault
+    within: float | None = 10.0
+
+    def but(self, **changes: Any) -> HangRun:
+        return replace(self, **changes)
+
+    def events(self) -> list[Event]:
+        out = [ev(0.5, "runner.start", source="runner", seed=1)]
+        out += [ev(0.6, "target.start", r, pid=100 + r, attempt=0) for r in range(self.world)]
+        for step in range(1, 40):
+            t = 1.0 + step * 0.1
+            if self.fault_at <= t < self.fault_at + 4.0:
+                continue
+            out += [ev(t, "target.step", r, step=step) for r in range(self.world)]
+        if self.early_detection:
+            out.append(self._hang(self.fault_at - 1.0, (self.hit,)))
+        if self.with_fault:
+            source = "target" if self.injector != "freeze" else "runner"
+            out.append(ev(self.fault_at, "fault.applied", self.hit, source=source, fault=FAULT, op="op-1",
+                          injector=self.injector, description=f"{self.injector} rank {self.hit}"))  # fmt: skip
+            out.append(ev(self.fault_at + 4.0, "fault.healed", self.hit, source=source, fault=FAULT, op="op-1"))
+        if self.after is not None:
+            named = (self.hit,) if self.named is None else self.named
+            out.append(self._hang(self.fault_at + self.after, named))
+        return sorted(out, key=lambda e: e.ts_ns)
+
+    def _hang(self, t: float, named: tuple[int, ...]) -> Event:
+        culprit = named[0] if len(named) == 1 else None
+        waiting = [r for r in range(self.world) if r not in named]
+        return ev(t, "detect.hang", culprit, source="runner", detector="flight_recorder", culprit_rank=culprit,
+                  culprit_ranks=list(named), reason=self.reason if named else "all_waiting", seq=40, op="all_reduce",
+                  nbytes=16384, step=12, waiting_ranks=waiting, stalled_s=1.2, hung_since_ns=ns(t - 1.2),
+                  evidence={})  # fmt: skip
+
+    def case(self) -> tuple[list[Event], dict[str, Any], None]:
+        params: dict[str, Any] = {"fault": FAULT}
+        if self.within is not None:
+            params["within"] = self.within
+        return self.events(), params, None
+
+
+@st.composite
+def hang_runs(draw: st.DrawFn) -> HangRun:
+    world = draw(st.integers(2, 8))
+    return HangRun(
+        world=world,
+        hit=draw(st.integers(0, world - 1)),
+        fault_at=draw(st.floats(2.0, 4.0)),
+        after=draw(st.floats(0.2, 5.0)),
+        reason=draw(st.sampled_from(("stopped", "spinning", "not_in_collective", "wrong_collective"))),
+        injector=draw(st.sampled_from(("freeze", "spin", "skip_collective"))),
+        within=draw(st.sampled_from((None, 10.0))),
+    )
+
+
+def _other(run: HangRun) -> int:
+    return (run.hit + 1) % run.world
+
+
+HANG: dict[str, tuple[Any, list[tuple[str, Any, str]]]] = {
+    "culprit_named": (
+        hang_runs().map(HangRun.case),
+        [
+            (
+                "the hang was pinned on another rank",
+                hang_runs().map(lambda r: r.but(named=(_other(r),)).case()),
+                "fail",
+            ),
+            ("the hang was pinned on nobody (all_waiting)", hang_runs().map(lambda r: r.but(named=()).case()), "fail"),
+            (
+                "the hang was pinned on the hit rank AND another",
+                hang_runs().map(lambda r: r.but(named=tuple(sorted({r.hit, _other(r)}))).case()),
+                "fail",
+            ),
+            ("named after the bound", hang_runs().map(lambda r: r.but(after=20.0, within=10.0).case()), "fail"),
+            ("no detect.hang followed the fault", hang_runs().map(lambda r: r.but(after=None).case()), "unknown"),
+            (
+                "only a detect.hang from BEFORE the fault names the rank",
+                hang_runs().map(lambda r: r.but(after=None, early_detection=True).case()),
+                "unknown",
+            ),
+            ("the fault never applied", hang_runs().map(lambda r: r.but(with_fault=False).case()), "unknown"),
+        ],
+    ),
+}
