@@ -117,10 +117,14 @@ def float_tensors(
 
 
 @st.composite
-def _params(draw: Any, where: Where | None, kinds: tuple[Kind, ...]) -> BitFlipParams:
+def _params(draw: Any, where: Where | None, kinds: tuple[Kind, ...], latent: bool) -> BitFlipParams:
     chosen_where: Where = where if where is not None else draw(st.sampled_from(get_args(Where)))
     kind: Kind = draw(st.sampled_from(kinds))
-    persistence: Persistence = draw(st.sampled_from(get_args(Persistence)))
+    # latent (never undone) exists only where a value stays in memory: weights and optimizer state.
+    allowed = [
+        p for p in get_args(Persistence) if p != "latent" or (latent and chosen_where in ("weights", "optimizer_state"))
+    ]
+    persistence: Persistence = draw(st.sampled_from(allowed))
     fields: dict[str, Any] = {"where": chosen_where, "kind": kind, "persistence": persistence}
     if chosen_where == "gradients":
         fields["phase"] = draw(st.sampled_from(["backward", "optimizer_step"]))
@@ -139,7 +143,7 @@ def _params(draw: Any, where: Where | None, kinds: tuple[Kind, ...]) -> BitFlipP
     else:
         fields["block"] = draw(st.integers(1, 64))
         fields["factor"] = draw(st.sampled_from([1e7, -1e7, 1e3, 0.0, 1e-7]))
-    if persistence != "transient":
+    if persistence not in ("transient", "latent"):
         fields["steps"] = draw(st.none() | st.integers(1, 10))
     if persistence == "intermittent":
         fields["probability"] = draw(st.floats(0.0, 1.0))
@@ -148,14 +152,16 @@ def _params(draw: Any, where: Where | None, kinds: tuple[Kind, ...]) -> BitFlipP
 
 
 def bitflip_params(
-    *, where: Where | None = None, kinds: tuple[Kind, ...] = get_args(Kind)
+    *, where: Where | None = None, kinds: tuple[Kind, ...] = get_args(Kind), latent: bool = True
 ) -> st.SearchStrategy[BitFlipParams]:
     """Valid :class:`~injectors.tensor.BitFlipParams` (elements < 16, bits < 16 so they fit every dtype).
+
+    ``latent=False`` leaves out ``persistence: latent`` (a flip heal never undoes), e.g. to property-test heals.
 
     ``layer`` stays None (any target), since valid names depend on your model: set it with
     ``.map(lambda p: p.model_copy(update={"layer": "fc1.weight"}))``.
     """
-    return _params(where, kinds)
+    return _params(where, kinds, latent)
 
 
 __all__ = ["bit_classes", "bitflip_params", "bits", "dtypes", "flips", "float_tensors"]

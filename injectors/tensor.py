@@ -15,6 +15,9 @@ What each ``where`` corrupts and what heal means there:
   back; one the optimizer updated becomes ``original + (current - corrupted)``, so the update is kept. A
   one-ulp flip fired after backward under Adam and healed after the optimizer step therefore leaves the
   fault-free weights, bit for bit, in the common case (see ``ArmedFault.heal`` for the exact rules).
+- ``persistence: latent`` (weights, optimizer state): fired once like a transient flip but never undone, as a
+  memory upset is not: training keeps reading and updating the corrupted value until the job itself overwrites
+  it (a reload, a rollback); heal leaves it and says so. The late-detected-SDC story needs this.
 - ``optimizer_state``: a float tensor in ``optimizer.state[param]``: the one ``state`` names (``exp_avg``,
   ``exp_avg_sq``, ``momentum_buffer`` …), else one chosen by the rng at the first fire and named in the
   history; never the ``step`` counter. Same rules as weights. The state must exist when the fault fires
@@ -46,7 +49,9 @@ BitIndex = Annotated[int, Field(ge=0, le=63)]
 Where = Literal["weights", "activations", "gradients", "optimizer_state"]
 Phase = Literal["forward", "backward", "optimizer_step"]
 Kind = Literal["bitflip", "nan", "inf", "scale"]
-Persistence = Literal["transient", "stuck", "intermittent"]
+# latent: fires once and is never undone (a memory upset stays until the job itself overwrites the value: a
+# reload, a rollback); transient: fires once and is healed at the end of its step.
+Persistence = Literal["transient", "stuck", "intermittent", "latent"]
 Emit = Callable[..., None]
 
 # Where a fault fires when ``phase`` is not given: the one point in the step where its tensor is live.
@@ -93,7 +98,10 @@ class BitFlipParams(BaseModel):
     factor: float = Field(default=1e7, description="kind=scale: the factor")
     persistence: Persistence = Field(
         default="transient",
-        description="transient (once) | stuck (re-applied every step) | intermittent (each step with probability)",
+        description=(
+            "transient (once, healed at the end of its step) | latent (once, never undone: stays until the job "
+            "overwrites it) | stuck (re-applied every step) | intermittent (each step with probability)"
+        ),
     )
     probability: float = Field(default=0.5, ge=0.0, le=1.0, description="intermittent: chance of firing each step")
     steps: int | None = Field(
@@ -149,8 +157,13 @@ class BitFlipParams(BaseModel):
             )
         if self.state == "step":
             raise ValueError("state: step is the optimizer's step counter, not a float tensor to corrupt")
-        if self.steps is not None and self.persistence == "transient":
-            raise ValueError("steps applies to stuck/intermittent faults; a transient fault fires once")
+        if self.steps is not None and self.persistence in ("transient", "latent"):
+            raise ValueError(f"steps applies to stuck/intermittent faults; a {self.persistence} fault fires once")
+        if self.persistence == "latent" and self.where not in ("weights", "optimizer_state"):
+            raise ValueError(
+                f"persistence: latent leaves a corrupted value in memory, and {self.where} are recomputed every "
+                "step: use it with where: weights or optimizer_state"
+            )
         if self.element is not None and self.count > 1:
             if self.kind in ("nan", "inf"):
                 raise ValueError(f"kind={self.kind} with an element corrupts one element: count must be 1")

@@ -30,6 +30,7 @@ from chaos.injob.bitflip import (
 from injectors.tensor import BitFlipParams, Kind
 
 Emit = Callable[..., None]
+ONCE = ("transient", "latent")  # the persistences that fire exactly once
 
 
 class TensorFaultError(RuntimeError):
@@ -111,8 +112,8 @@ class ArmedFault:
         start = step if self._start is None else self._start
         p = self.params
         if (
-            (p.persistence == "transient" and self._fired_steps)
-            or (p.persistence != "transient" and p.steps is not None and step >= start + p.steps)
+            (p.persistence in ONCE and self._fired_steps)
+            or (p.persistence not in ONCE and p.steps is not None and step >= start + p.steps)
             or (p.persistence == "intermittent" and self._rng.random() >= p.probability)
         ):
             self._start, self._last_step = start, step
@@ -139,6 +140,8 @@ class ArmedFault:
             return True
         if self._start is None:
             return False
+        if self.params.persistence == "latent":
+            return False  # never undone while the job runs: the job must overwrite it (reload, rollback)
         if self.params.persistence == "transient":
             return bool(self._fired_steps) and step >= self._fired_steps[0]
         return self.params.steps is not None and step >= self._start + self.params.steps - 1
@@ -181,6 +184,8 @@ class ArmedFault:
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        if self.params.persistence == "latent":
+            return  # a latent upset is never undone: by now the job has kept it, or overwritten it (a reload)
         self.healing = self._undo_live()
 
     @property
@@ -200,8 +205,8 @@ class ArmedFault:
         what = p.kind if p.kind != "scale" else f"scale x{p.factor:g} of {p.block}"
         if p.kind == "bitflip":
             what += f" ({p.bit if p.bit is not None else 'any'} bit, {p.count}x)"
-        if p.persistence == "transient":
-            how = "transient"
+        if p.persistence in ONCE:
+            how: str = p.persistence
         else:
             span = f"{p.steps} steps" if p.steps is not None else "until healed"
             how = p.persistence + (f" p={p.probability:g}" if p.persistence == "intermittent" else "") + f", {span}"
@@ -222,6 +227,8 @@ class ArmedFault:
         if self.params.where == "activations":
             return f"forward hook on {self.target} removed (activations are recomputed every forward)"
         where = self.params.where + (f"[{self._state_key}]" if self._state_key else "")
+        if self.params.persistence == "latent":
+            return f"latent: left as the job holds it in {where} of {self.target} (never undone by the agent)"
         if self.healing is None:
             return f"nothing applied in {where} of {self.target}: nothing to undo"
         line = f"{self.healing.summary()} in {where} of {self.target}"

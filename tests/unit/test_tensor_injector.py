@@ -128,6 +128,38 @@ def test_weight_flip_changes_one_bit_and_heal_restores_raw_bytes(dtype: torch.dt
     assert snapshot(model) == before and fault.fire(3) is None
 
 
+def test_latent_weight_flip_fires_once_never_expires_and_heal_leaves_what_the_job_holds() -> None:
+    """A memory upset nobody undoes: training keeps the corrupted value; only the job's own overwrite (a reload,
+    a rollback) removes it, and heal must not write the stale original over that."""
+    model = mlp()
+    before = snapshot(model)
+    fault = arm(model, None, BitFlipParams(layer="2.weight", element=3, bit=25, persistence="latent"), random.Random(0))
+    assert fault.fire(1) is not None and fault.fire(2) is None  # once
+    corrupted = snapshot(model)
+    assert corrupted["2.weight"] != before["2.weight"]
+    assert not fault.expired(1) and not fault.expired(10**6)  # the agent never heals it at a step's end
+    fault.heal()
+    assert snapshot(model) == corrupted  # heal left it
+    assert fault.expired(1) and "latent" in fault.describe() and "never undone" in fault.describe_heal()
+    with torch.no_grad():  # the job's reload: heal afterwards must leave the reloaded value alone too
+        model.get_parameter("2.weight").view(-1)[3] = 0.5
+    fault.heal()
+    assert float(model.get_parameter("2.weight").detach().view(-1)[3]) == 0.5
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"persistence": "latent", "steps": 3}, "fires once"),
+        ({"persistence": "latent", "where": "gradients"}, "recomputed every step"),
+        ({"persistence": "latent", "where": "activations"}, "recomputed every step"),
+    ],
+)
+def test_latent_is_refused_where_it_means_nothing(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        BitFlipParams(**fields)
+
+
 def test_stuck_weight_is_forced_back_every_step_then_healed_exactly() -> None:
     """Nobody updates the weight (a frozen or served model): the same corrupted value at every fire, never
     toggled back or compounded, and heal writes back the exact original bytes."""
@@ -390,7 +422,7 @@ def test_without_state_the_seeded_choice_is_stated_and_naming_it_changes_nothing
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(params=cs.bitflip_params(), dtype=cs.dtypes(), seed=st.integers(0, 2**32))
+@given(params=cs.bitflip_params(latent=False), dtype=cs.dtypes(), seed=st.integers(0, 2**32))
 def test_heal_restores_raw_bytes_for_any_fault(params: BitFlipParams, dtype: torch.dtype, seed: int) -> None:
     model = mlp(dtype)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
