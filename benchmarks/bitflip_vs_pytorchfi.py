@@ -1,6 +1,6 @@
 """In-place bit flips (``injectors.tensor``) against pytorchfi 0.6.0, as ratios measured within one run.
 
-Run: ``.venv/bin/python benchmarks/bitflip_vs_pytorchfi.py`` (about 10 s on 2 CPU threads).
+Run: ``.venv/bin/python benchmarks/bitflip_vs_pytorchfi.py [--json]`` (about 10 s on 2 CPU threads).
 
 Two models: a hand-written ResNet-18-like CNN (BasicBlocks [2, 2, 2, 2], 64-512 channels, 11.7M parameters)
 on one 3x64x64 image, and a 10.5M-parameter MLP (1024-2048-2048-2048-10) on a batch of 8. For each:
@@ -19,7 +19,9 @@ Bit 31 (sign) is flipped so no variant runs on Inf/NaN arithmetic; the bit does 
 
 from __future__ import annotations
 
+import argparse
 import copy
+import json
 import random
 import statistics
 import sys
@@ -103,7 +105,8 @@ def _median_s(fn: Callable[[], Any], n: int) -> float:
 
 def bench(
     name: str, model: nn.Module, input_shape: list[int], batch: int, layer: str, neuron_layer: str, rounds: int
-) -> None:
+) -> dict[str, float]:
+    """Print the set-up and forward comparison for one model; return its ratios (what ``--json`` reports)."""
     model.eval()
     x = torch.randn(batch, *input_shape)
     weight = model.get_submodule(layer).weight
@@ -211,6 +214,13 @@ def bench(
         f"activation/neuron {t['ours activation fault'] / t['pytorchfi neuron copy']:.2f}x (<= 1 is the goal)"
     )
     assert len(ours_act.records) == rounds + 1  # the activation fault really fired on every forward
+    return {
+        "ours_setup_us": t_ours * 1e6,
+        "setup_ratio_pfi_declare": t_declare / t_ours,
+        "setup_ratio_pfi_init_declare": t_full / t_ours,
+        "forward_ratio_weight": t["ours weight fault"] / t["pytorchfi weight copy"],
+        "forward_ratio_activation": t["ours activation fault"] / t["pytorchfi neuron copy"],
+    }
 
 
 def _output_numel(model: nn.Module, layer: str, x: torch.Tensor) -> int:
@@ -222,15 +232,22 @@ def _output_numel(model: nn.Module, layer: str, x: torch.Tensor) -> int:
     return seen[0]
 
 
-def main() -> None:
+def main() -> dict[str, float]:
+    """Run both models; return their figures as one flat dict (``cnn_*``, ``mlp_*``)."""
     torch.set_num_threads(2)
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     started = time.perf_counter()
-    bench("ResNet-18-like CNN", ResNet18Like(), [3, 64, 64], 1, "stages.2.0.conv1", "stages.2.0.conv2", rounds=60)
-    bench("10M-parameter MLP", mlp_10m(), [1024], 8, "4", "4", rounds=120)
+    cnn = bench("ResNet-18-like CNN", ResNet18Like(), [3, 64, 64], 1, "stages.2.0.conv1", "stages.2.0.conv2", rounds=60)
+    mlp = bench("10M-parameter MLP", mlp_10m(), [1024], 8, "4", "4", rounds=120)
     print(f"\n(total {time.perf_counter() - started:.0f} s)")
+    return {**{f"cnn_{k}": v for k, v in cnn.items()}, **{f"mlp_{k}": v for k, v in mlp.items()}}
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--json", action="store_true", help="print one JSON object of the figures as the last line")
+    args = parser.parse_args()
+    figures = main()
+    if args.json:
+        print(json.dumps(figures, sort_keys=True))

@@ -12,13 +12,14 @@ errors), the achieved rate is >= 99% of the offered one and p99 latency is <= 50
 the rate is raised until that fails, which gives the max sustainable rate on this machine.
 
 Run: ``make bench`` (section "load generator") or ``.venv/bin/python benchmarks/load_generator.py
-[--seconds 5] [--isolation thread|process|both]``.
+[--seconds 5] [--isolation thread|process|both] [--json]``; ``--json`` prints one JSON object as the last line.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import resource
 import subprocess
@@ -144,7 +145,9 @@ def _attempt(port: int, server_pid: int, rate: float, seconds: float, isolation:
     return r
 
 
-def main(seconds: float = 5.0, isolations: tuple[str, ...] = ("process", "thread")) -> None:
+def main(seconds: float = 5.0, isolations: tuple[str, ...] = ("process", "thread")) -> dict[str, float]:
+    """Find the max sustained constant rate per isolation; return ``{"max_rate_<isolation>": rate}``."""
+    figures: dict[str, float] = {}
     server = subprocess.Popen([sys.executable, __file__, "--serve"], stdout=subprocess.PIPE, text=True)
     try:
         assert server.stdout is not None
@@ -162,9 +165,11 @@ def main(seconds: float = 5.0, isolations: tuple[str, ...] = ("process", "thread
                     break
                 best = rate
             print(f"max sustained rate ({isolation}): {best:.0f}/s")
+            figures[f"max_rate_{isolation}"] = best
     finally:
         server.kill()
         server.wait()
+    return figures
 
 
 if __name__ == "__main__":
@@ -172,8 +177,11 @@ if __name__ == "__main__":
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--isolation", choices=["thread", "process", "both"], default="both")
+    parser.add_argument("--json", action="store_true", help="print one JSON object of the figures as the last line")
     args = parser.parse_args()
     if args.serve:
         serve()
     else:
-        main(args.seconds, ("process", "thread") if args.isolation == "both" else (args.isolation,))
+        figures = main(args.seconds, ("process", "thread") if args.isolation == "both" else (args.isolation,))
+        if args.json:
+            print(json.dumps(figures, sort_keys=True))

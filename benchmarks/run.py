@@ -1,12 +1,15 @@
 """Benchmarks: what our safety machinery costs, as ratios measured within one run.
 
-Run: ``make bench`` (or ``.venv/bin/python benchmarks/run.py``). Results go to stdout and are recorded by hand
+Run: ``make bench`` (or ``.venv/bin/python benchmarks/run.py [--json]``; ``--json``: every figure as one JSON
+object on the last line). Results go to stdout and are recorded by hand
 in BENCHMARKS.md together with the machine they came from. Absolute numbers drift between machines; the
 ratios are what we track.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import signal
 import statistics
@@ -15,6 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -43,7 +47,7 @@ def _per_op(fn, n: int) -> float:  # type: ignore[no-untyped-def]
     return (time.perf_counter() - start) / n
 
 
-def bench_history_and_journal(tmp: Path) -> None:
+def bench_history_and_journal(tmp: Path) -> dict[str, float]:
     memory, on_disk = History(), History(tmp / "h.jsonl")
     n = 20_000
     t_mem = _per_op(lambda i: memory.record("target.step", rank=0, step=i, loss=0.5), n)
@@ -59,9 +63,10 @@ def bench_history_and_journal(tmp: Path) -> None:
     print(
         f"journal record (fsync)          {t_journal * 1e6:8.1f} us/record  ratio to JSONL  {t_journal / t_disk:5.1f}x"
     )
+    return {"history_memory_us": t_mem * 1e6, "history_jsonl_us": t_disk * 1e6, "journal_fsync_us": t_journal * 1e6}
 
 
-def bench_freeze_roundtrip(tmp: Path) -> None:
+def bench_freeze_roundtrip(tmp: Path) -> dict[str, float]:
     """A journaled, dead-man-covered freeze+heal against a bare SIGSTOP/SIGCONT of the same process."""
     victim = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.01)"])
     try:
@@ -95,13 +100,14 @@ def bench_freeze_roundtrip(tmp: Path) -> None:
         b, f = statistics.median(bare), statistics.median(full)
         print(f"bare SIGSTOP+SIGCONT            {b * 1e3:8.2f} ms")
         print(f"freeze+heal, journaled+dead-man {f * 1e3:8.2f} ms   ratio {f / b:6.1f}x (median of 10)")
+        return {"bare_stop_cont_ms": b * 1e3, "freeze_heal_ms": f * 1e3, "freeze_heal_ratio": f / b}
     finally:
         victim.send_signal(signal.SIGCONT)
         victim.kill()
         victim.wait()
 
 
-def bench_kill_rank(tmp: Path) -> None:
+def bench_kill_rank(tmp: Path) -> dict[str, Any]:
     """The kill-rank scenario against its golden run: what one SIGKILL costs the job end to end."""
     scenario = load_scenario(ROOT / "scenarios" / "kill-rank.yaml")
     start = time.perf_counter()
@@ -119,28 +125,43 @@ def bench_kill_rank(tmp: Path) -> None:
     print(f"  recovery (past fault step)    {measured.get('recovered_within')} s")
     print(f"  steps recomputed              {measured.get('lost_work_at_most')}")
     print(f"  faulted run + golden / golden {t_faulted / t_golden:5.2f}x  (golden alone {t_golden:.1f}s)")
+    return {
+        "trigger_to_fault_ms": (applied.ts_ns - trigger.ts_ns) / 1e6,
+        "verdict": str(faulted.verdict),
+        "detected_within_s": measured.get("detected_within"),
+        "recovered_within_s": measured.get("recovered_within"),
+        "lost_steps": measured.get("lost_work_at_most"),
+        "faulted_over_golden": t_faulted / t_golden,
+    }
 
 
-def main() -> None:
+def main(as_json: bool = False) -> dict[str, Any]:
+    """Run every benchmark; with ``as_json`` print all their figures as one JSON object on the last line."""
+    figures: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="mlchaos-bench-") as tmp:
         os.environ.setdefault("MLCHAOS_STATE_DIR", str(Path(tmp) / "state"))
         print(f"mlchaos benchmarks, python {sys.version.split()[0]}, {os.cpu_count()} cpus")
         print("\n== harness: history, journal, freeze round trip, kill-rank end to end")
-        bench_history_and_journal(Path(tmp))
-        bench_freeze_roundtrip(Path(tmp))
-        bench_kill_rank(Path(tmp))
+        figures["history_and_journal"] = bench_history_and_journal(Path(tmp))
+        figures["freeze_roundtrip"] = bench_freeze_roundtrip(Path(tmp))
+        figures["kill_rank"] = bench_kill_rank(Path(tmp))
     print("\n== SDC: checksummed vs plain all-reduce (benchmarks/checksum_allreduce.py)")
-    checksum_allreduce.main()
+    figures["checksum_allreduce"] = checksum_allreduce.main()
     print("\n== SDC: in-place bit flips vs pytorchfi (benchmarks/bitflip_vs_pytorchfi.py)")
-    bitflip_vs_pytorchfi.main()
+    figures["bitflip_vs_pytorchfi"] = bitflip_vs_pytorchfi.main()
     print("\n== multi-host: partition apply+heal on 1..16 testbed hosts (benchmarks/partition_hosts.py)")
-    partition_hosts.main()
+    figures["partition_hosts"] = partition_hosts.main()
 
     print("\n== serving: open-loop load generator (benchmarks/load_generator.py)")
-    load_generator.main()
+    figures["load_generator"] = load_generator.main()
     print("\n== serving: the reference stack under load, and a failover (benchmarks/serving_stack.py)")
-    serving_stack.main()
+    figures["serving_stack"] = serving_stack.main()
+    if as_json:
+        print(json.dumps(figures, sort_keys=True, default=str))
+    return figures
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--json", action="store_true", help="print every figure as one JSON object on the last line")
+    main(parser.parse_args().json)

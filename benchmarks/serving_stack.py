@@ -9,12 +9,14 @@ the time to the first request served by the fallback, to ``detect.backend_down``
 Ratios within one run are what we track (p99 at the highest rate over p99 at the lowest; failover time over
 the probe-derived bound), because the absolute numbers move with this shared 2-core machine's load.
 
-Run: ``make bench`` (section "serving stack") or ``.venv/bin/python benchmarks/serving_stack.py [--seconds 5]``.
+Run: ``make bench`` (section "serving stack") or ``.venv/bin/python benchmarks/serving_stack.py [--seconds 5]
+[--json]``; ``--json`` prints one JSON object of the figures as the last line.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -66,7 +68,9 @@ def _first(events: list[Event], kind: str, after_ns: int, **data: object) -> Eve
     return None
 
 
-def main(seconds: float = 5.0) -> None:
+def main(seconds: float = 5.0) -> dict[str, float | None]:
+    """Run the load ladder and the failover; return the figures ``--json`` prints (seconds; None: never)."""
+    figures: dict[str, float | None] = {}
     spec = ServingTarget.model_validate(
         {"type": "serving", "request_timeout": "500ms",
          "probes": {"interval": "500ms", "timeout": "300ms", "failure_threshold": 3, "success_threshold": 2},
@@ -101,6 +105,8 @@ def main(seconds: float = 5.0) -> None:
             low, high = RATES[0], RATES[-1]
             if p99s[low] > 0:
                 print(f"p99 at {high} req/s / p99 at {low} req/s: {p99s[high] / p99s[low]:.1f}x")
+                figures["p99_ratio_high_over_low"] = p99s[high] / p99s[low]
+            figures.update({f"p99_ms_{rate}": 1000 * p99 for rate, p99 in p99s.items()})
 
             # Failover: SIGKILL the primary under 200 req/s; read the times off the history.
             failover_history = History()
@@ -128,15 +134,31 @@ def main(seconds: float = 5.0) -> None:
             def since(ns: int | None) -> str:
                 return "never" if ns is None else f"{(ns - kill_ns) / 1e9:.3f} s"
 
+            def seconds_after(ns: int | None) -> float | None:
+                return None if ns is None else (ns - kill_ns) / 1e9
+
             fallback_ns = first_fallback.get_int("scheduled_ns") if first_fallback is not None else None
             print(f"kill primary at 200 req/s: first fallback answer {since(fallback_ns)} (bound {bound:g} s),"
                   f" backend_down {since(down.ts_ns if down else None)},"
                   f" primary back {since(up.ts_ns if up else None)}, errors {errors}/{len(reqs)}")  # fmt: skip
+            figures.update(
+                first_fallback_s=seconds_after(fallback_ns),
+                failover_bound_s=bound,
+                backend_down_s=seconds_after(down.ts_ns if down else None),
+                primary_back_s=seconds_after(up.ts_ns if up else None),
+                failover_errors=float(errors),
+                failover_requests=float(len(reqs)),
+            )
         finally:
             job.stop(grace=5)
+    return figures
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds of load per rate")
-    main(parser.parse_args().seconds)
+    parser.add_argument("--json", action="store_true", help="print one JSON object of the figures as the last line")
+    args = parser.parse_args()
+    figures = main(args.seconds)
+    if args.json:
+        print(json.dumps(figures, sort_keys=True))
