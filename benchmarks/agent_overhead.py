@@ -1,0 +1,194 @@
+"""Benchmark: what the in-job agent costs a training step with nothing injected, as ratios within one run.
+
+Run: ``.venv/bin/python benchmarks/agent_overhead.py [--model reference|user] [--reps 20] [--steps 100] [--json]``.
+Two gloo ranks (one intra-op thread each) train the same model under several settings, each with its own copy
+of the model, optimizer and DDP wrapper (a DDP model takes one comm hook, and the settings differ in theirs):
+
+- ``bare``: the user's loop with no agent at all (the baseline every ratio is to);
+- ``agent``: ``Agent`` attached, no faults armed, every guard off (``consistency_every=0``);
+- ``consistency_10``: the agent with the cross-rank consistency hash every 10 steps (the default in a job of
+  more than one rank);
+- ``recorder``: the agent with the collective flight recorder on (what a scenario's ``hang_watch`` turns on:
+  the agent then routes DDP's all-reduce through a Python comm hook the recorder sees);
+- ``recorder_consistency_10``: both (a hang-watched run's default);
+- ``checksum``: the agent with the checksummed gradient all-reduce (``guard="checksum"``).
+
+``--model reference`` is the reference trainer's step (its MLP, SGD with momentum and data, without the per-step
+sleep); ``--model user`` the user-style script ``tests/jobs/user_ddp_adam.py``'s (a wider MLP under Adam).
+The settings run interleaved block by block, the order rotating each repetition, so drift on a shared machine
+hits all alike; a ratio is the median of the per-repetition ratios to ``bare``. The recorder's module-level
+switch is flipped per block (it wraps ``torch.distributed``'s functions process-wide), so blocks without it
+run the real functions. Events are dropped (``emit`` is a no-op): the cost of writing the event file is the
+harness's choice of sink, not the agent's. ``--json`` prints one JSON object as the last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from chaos.agent import Agent  # noqa: E402
+from chaos.guards._dist import Report, run_group  # noqa: E402
+from chaos.injob import flight_recorder  # noqa: E402
+from chaos.plan.agent_plan import InJobPlan  # noqa: E402
+from chaos.targets.reference.trainer import build_model, build_optimizer, make_batch, step_sample_ids  # noqa: E402
+
+SEED = 1234
+BATCH = 16
+SETTINGS = ("bare", "agent", "consistency_10", "recorder", "recorder_consistency_10", "checksum")
+Batch = Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]
+
+
+def _quiet(kind: str, **data: Any) -> None:
+    """An emit that drops events."""
+
+
+def _reference() -> tuple[nn.Module, torch.optim.Optimizer, Batch]:
+    model = build_model(SEED)
+
+    def batch(step: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return make_batch(SEED, step_sample_ids(step, rank, BATCH, world))
+
+    return model, build_optimizer(model, 0.05), batch
+
+
+def _user() -> tuple[nn.Module, torch.optim.Optimizer, Batch]:
+    """tests/jobs/user_ddp_adam.py's model, optimizer and data."""
+    torch.manual_seed(SEED)
+    model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 4))
+
+    def batch(step: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+        data = torch.Generator().manual_seed(SEED * 1_000_003 + step * world + rank)
+        x = torch.randn(BATCH, 8, generator=data)
+        return x, torch.sin(x[:, :4]) + 0.1 * torch.randn(BATCH, 4, generator=data)
+
+    return model, torch.optim.Adam(model.parameters(), lr=1e-3), batch
+
+
+class _Setting:
+    """One setting's own model, optimizer, DDP and (but for ``bare``) agent."""
+
+    def __init__(self, name: str, model_name: str, flight_dir: Path) -> None:
+        self.name = name
+        self.model, self.optimizer, self.batch = _reference() if model_name == "reference" else _user()
+        self.ddp = DistributedDataParallel(self.model)
+        self.recorder: flight_recorder.Recorder | None = None
+        self.agent: Agent | None = None
+        if name == "bare":
+            return
+        if name.startswith("recorder"):
+            self.recorder = flight_recorder.install(dist.get_rank(), dist.get_world_size(), str(flight_dir))
+        flight_recorder._ACTIVE = self.recorder  # noqa: SLF001 - the per-block switch (see the docstring)
+        self.agent = Agent(
+            self.model,
+            optimizer=self.optimizer,
+            ddp=self.ddp,
+            guard="checksum" if name == "checksum" else "none",
+            consistency_every=10 if name.endswith("consistency_10") else 0,
+            plan=InJobPlan(),
+            emit=_quiet,
+        )
+        flight_recorder._ACTIVE = None  # noqa: SLF001
+
+    def block(self, first_step: int, steps: int) -> float:
+        """Seconds per step over ``steps`` steps from ``first_step``."""
+        flight_recorder._ACTIVE = self.recorder  # noqa: SLF001
+        rank, world = dist.get_rank(), dist.get_world_size()
+        loss_fn = nn.MSELoss()
+        agent = self.agent
+        dist.barrier()
+        start = time.perf_counter()
+        for step in range(first_step, first_step + steps):
+            if agent is not None:
+                agent.begin_step(step)
+            features, labels = self.batch(step, rank, world)
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = loss_fn(self.ddp(features), labels)
+            loss.backward()
+            if agent is None:
+                self.optimizer.step()
+                continue
+            agent.after_backward(loss)
+            if agent.allow_optimizer_step():
+                self.optimizer.step()
+            agent.end_step()
+        elapsed = (time.perf_counter() - start) / steps
+        flight_recorder._ACTIVE = None  # noqa: SLF001
+        return elapsed
+
+
+def _rank(rank: int, world: int, report: Report, model_name: str, reps: int, steps: int) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory(prefix="mlchaos-bench-flight-") as flight_dir:
+        settings = [_Setting(name, model_name, Path(flight_dir)) for name in SETTINGS]
+        step = 1
+        for setting in settings:  # warm-up: allocations, DDP's bucket rebuild, guards' scratch buffers
+            setting.block(step, steps)
+            step += steps
+        times: dict[str, list[float]] = {s.name: [] for s in settings}
+        for rep in range(reps):
+            shift = rep % len(settings)
+            for setting in settings[shift:] + settings[:shift]:
+                times[setting.name].append(setting.block(step, steps))
+                step += steps
+            if rank == 0:
+                report(f"rep {rep + 1}/{reps}")
+        for setting in settings:
+            if setting.agent is not None:
+                flight_recorder._ACTIVE = setting.recorder  # noqa: SLF001 - close takes the last verdict
+                setting.agent.close()
+        flight_recorder.uninstall()
+    bare = times["bare"]
+    return {
+        "model": model_name,
+        "params": sum(p.numel() for p in settings[0].model.parameters()),
+        "step_ms": {name: statistics.median(values) * 1e3 for name, values in times.items()},
+        **{
+            f"ratio_{name}": statistics.median(t / b for t, b in zip(times[name], bare, strict=True))
+            for name in SETTINGS[1:]
+        },
+        "reps": reps,
+        "steps_per_block": steps,
+        "world": world,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--model", choices=["reference", "user"], default="reference")
+    parser.add_argument("--reps", type=int, default=20, help="interleaved repetitions (default 20)")
+    parser.add_argument("--steps", type=int, default=100, help="steps per block (default 100)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    args = parser.parse_args(argv)
+    row: dict[str, Any] = run_group(_rank, 2, args.model, args.reps, args.steps, timeout_s=1800)[0]
+    ms = row["step_ms"]
+    print(
+        f"{args.model} model ({row['params']} params), 2 gloo ranks, 1 thread each; medians of {row['reps']} "
+        f"interleaved blocks of {row['steps_per_block']} steps; ratio = median of per-block ratios to bare"
+    )
+    print(f"  {'bare':<24} {ms['bare']:7.3f} ms/step")
+    for name in SETTINGS[1:]:
+        print(f"  {name:<24} {ms[name]:7.3f} ms/step   {row[f'ratio_{name}']:.4f}x")
+    if args.json:
+        print(json.dumps(row, sort_keys=True))
+    return row
+
+
+if __name__ == "__main__":
+    main()
