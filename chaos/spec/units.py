@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 from typing import Annotated
 from urllib.parse import urlsplit
@@ -104,3 +105,15 @@ def check_http_url(url: str) -> str:
         raise ValueError(f"{url!r} is not an http:// or https:// URL with a host")
     parts.port  # noqa: B018 - raises ValueError on a bad port
     return url
+
+
+def check_host_directory(value: str, *, refusing_root: str) -> str:
+    """The normalized form of ``value``, an absolute directory on a fault's host or ``{run_dir}/…`` (expanded to
+    the run's report dir when the fault fires); raise ValueError for anything else, and for ``/`` itself
+    (``refusing_root`` says why: "refusing to mount a fault layer over /")."""
+    if not value.startswith(("/", "{run_dir}/")) or any(ch in value for ch in "\0\n"):
+        raise ValueError(f"path must be an absolute directory path (or {{run_dir}}/…), got {value!r}")
+    normal = os.path.normpath(value)
+    if normal == "/":
+        raise ValueError(refusing_root)
+    return normal

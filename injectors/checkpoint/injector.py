@@ -46,7 +46,7 @@ from chaos.plugins.injector import (
     state_text,
 )
 from chaos.safety.state import state_dir
-from chaos.spec.units import Duration
+from chaos.spec.units import Duration, check_host_directory
 from injectors import detached
 from injectors.checkpoint import ops, tear
 from injectors.hostfiles import HostFiles
@@ -64,12 +64,7 @@ class _DirParams(BaseModel):
     @field_validator("path")
     @classmethod
     def _absolute(cls, value: str) -> str:
-        if not value.startswith(("/", "{run_dir}/")) or any(ch in value for ch in "\0\n"):
-            raise ValueError(f"path must be an absolute directory path (or {{run_dir}}/…), got {value!r}")
-        normal = os.path.normpath(value)
-        if normal == "/":
-            raise ValueError("refusing to treat / as a checkpoint directory")
-        return normal
+        return check_host_directory(value, refusing_root="refusing to treat / as a checkpoint directory")
 
     @field_validator("files", check_fields=False)
     @classmethod

@@ -64,7 +64,7 @@ from chaos.plugins.injector import (
 )
 from chaos.safety import deadman
 from chaos.safety.state import state_dir
-from chaos.spec.units import Duration
+from chaos.spec.units import Duration, check_host_directory
 from injectors import detached
 from injectors.hostfiles import HostFiles
 from injectors.process.faults import ProcessHost, require_duration
@@ -106,12 +106,7 @@ class StorageParams(BaseModel):
     @classmethod
     def _absolute_dir(cls, value: str) -> str:
         # "{run_dir}/…" is expanded to the run's absolute report dir when the fault fires (then re-checked).
-        if not value.startswith(("/", "{run_dir}/")) or any(ch in value for ch in "\0\n"):
-            raise ValueError(f"path must be an absolute directory path (or {{run_dir}}/…), got {value!r}")
-        normal = os.path.normpath(value)
-        if normal == "/":
-            raise ValueError("refusing to mount a fault layer over /")
-        return normal
+        return check_host_directory(value, refusing_root="refusing to mount a fault layer over /")
 
     @field_validator("files", mode="before")
     @classmethod
