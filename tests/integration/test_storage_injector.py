@@ -235,6 +235,47 @@ def test_hang_blocks_a_reader_until_heal(tmp_path: Path) -> None:
         assert time.monotonic() - start < 8
 
 
+def test_a_save_into_hung_storage_is_reported_by_the_save_watchdog(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Storage every rank writes to hangs (a shared filesystem): no rank waits in a collective, so no
+    process-group timeout can fire; the reference trainer's save watchdog reports detect.checkpoint_stall
+    from the blocked rank, once, and the save completes after heal."""
+    import json
+
+    import torch.distributed as dist
+
+    from chaos.targets.reference import checkpoint_store
+
+    events = tmp_path / "events.jsonl"
+    monkeypatch.setenv("CHAOS_EVENTS", str(events))
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        done: list[Path] = []
+        with layer(ckpt, mode="hang") as (injector, ctx, applied):
+            saver = threading.Thread(
+                target=lambda: done.append(
+                    checkpoint_store.save(ckpt, 10, {"w": 1}, rank=0, world_size=1, attempt=0, stall_after=0.5)[0]
+                ),
+                daemon=True,
+            )
+            saver.start()
+            assert wait_for(lambda: events.exists() and "detect.checkpoint_stall" in events.read_text(), 15)
+            assert saver.is_alive() and not done, "the save should still hang"
+            injector.heal(ctx, applied)
+            saver.join(timeout=20)
+        assert done == [ckpt / "ckpt-000010"] and checkpoint_store.committed_steps(ckpt) == [10]
+        kinds = [json.loads(line)["kind"] for line in events.read_text().splitlines()]
+        assert kinds.count("detect.checkpoint_stall") == 1 and kinds[-1] == "target.checkpoint"
+        stall = next(json.loads(line) for line in events.read_text().splitlines() if "checkpoint_stall" in line)
+        assert stall["rank"] == 0 and stall["data"]["step"] == 10 and stall["data"]["phase"] == "write"
+        assert stall["data"]["elapsed_s"] >= 0.5
+    finally:
+        dist.destroy_process_group()
+
+
 def test_fault_changes_live(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()

@@ -26,7 +26,8 @@ completed is reported as rejected and ignored.
 
 Events (``chaos.events.emit``; ``attempt`` is the torchrun restart count):
 ``target.checkpoint`` {step, path (the step's directory), attempt, duration_s, files: n, manifest} on every rank
-once the checkpoint is committed; ``target.checkpoint_rejected`` {step, path, reason} from each rank that found
+once the checkpoint is committed; ``detect.checkpoint_stall`` {detector: "save_watchdog", step, path, elapsed_s,
+phase} from a rank whose own write or commit has taken ``stall_after`` seconds (see :func:`save`); ``target.checkpoint_rejected`` {step, path, reason} from each rank that found
 a candidate bad while choosing where to resume; ``target.restore`` {step, path, duration_s (this rank's own
 reading and hashing, collectives excluded), bytes} and then ``target.resume`` {step, attempt, path, verified,
 rejected: [steps]} on every rank.
@@ -40,6 +41,7 @@ import json
 import os
 import re
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -175,33 +177,91 @@ def save(
     world_size: int,
     attempt: int,
     collective: Callable[[], AbstractContextManager[None]] = nullcontext,
+    stall_after: float | None = None,
 ) -> tuple[Path, float]:
     """Both phases, called by every rank at the same step: returns the step directory and this rank's seconds.
 
     Collective (a gather and a barrier, each run inside ``collective()``, e.g. a straggler guard's "waiting"
     clock): when this returns on any rank, the checkpoint is committed, and only then does each rank report
     ``target.checkpoint``. ``duration_s`` is this rank's write plus, on rank 0, the commit.
+
+    ``stall_after``: a watchdog. When this rank's own storage work (its write, and rank 0's commit) has not
+    finished ``stall_after`` seconds after it began, a thread reports ``detect.checkpoint_stall`` {detector:
+    "save_watchdog", step, path, elapsed_s, phase: "write" | "commit"} once. It is what detects a stall of
+    storage every rank writes to (a shared filesystem): then every rank blocks in I/O, none waits in a
+    collective, and no process-group timeout fires.
     """
-    started = time.monotonic()
-    part = write_part(directory, step, rank, state)
-    written = time.monotonic() - started
-    gathered: list[Any] = [None] * world_size
-    with collective():
-        dist.all_gather_object(gathered, part)
-    manifest = step_dir(directory, step) / MANIFEST
-    duration = written
-    if rank == 0:
-        committing = time.monotonic()
-        manifest = commit(directory, step, [p for p in gathered if isinstance(p, Part)], world_size)
-        duration += time.monotonic() - committing
+    path = step_dir(directory, step)
+    with _Watchdog(stall_after, step=step, rank=rank, path=path) as watchdog:
+        started = time.monotonic()
+        part = write_part(directory, step, rank, state)
+        written = time.monotonic() - started
+        watchdog.pause()
+        gathered: list[Any] = [None] * world_size
+        with collective():
+            dist.all_gather_object(gathered, part)
+        manifest = path / MANIFEST
+        duration = written
+        if rank == 0:
+            watchdog.resume("commit")
+            committing = time.monotonic()
+            manifest = commit(directory, step, [p for p in gathered if isinstance(p, Part)], world_size)
+            duration += time.monotonic() - committing
+            watchdog.pause()
     with collective():
         dist.barrier()  # nobody reports or trains past step K before checkpoint K is committed
-    path = step_dir(directory, step)
     emit(
         "target.checkpoint", rank=rank, step=step, path=str(path), attempt=attempt,
         duration_s=round(duration, 6), files=world_size, manifest=str(manifest),
     )  # fmt: skip
     return path, duration
+
+
+class _Watchdog:
+    """Reports ``detect.checkpoint_stall`` once when the storage work it times runs past ``limit`` seconds.
+
+    Timed: from entering to :meth:`pause` and from :meth:`resume` to the next pause (collectives in between are
+    the process-group timeout's business, not this one's). A daemon thread waits on an event, so a main thread
+    blocked in a system call (a hung filesystem) does not stop it; ``limit`` None: off.
+    """
+
+    def __init__(self, limit: float | None, *, step: int, rank: int, path: Path) -> None:
+        self.limit, self.step, self.rank, self.path = limit, step, rank, path
+        self.phase = "write"
+        self._since: float | None = None
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> _Watchdog:
+        if self.limit is not None:
+            self.resume("write")
+            self._thread = threading.Thread(target=self._watch, name="mlchaos-save-watchdog", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+
+    def resume(self, phase: str) -> None:
+        with self._lock:
+            self.phase, self._since = phase, time.monotonic()
+
+    def pause(self) -> None:
+        with self._lock:
+            self._since = None
+
+    def _watch(self) -> None:
+        assert self.limit is not None
+        while not self._done.wait(min(0.1, self.limit / 10)):
+            with self._lock:
+                since, phase = self._since, self.phase
+            if since is not None and time.monotonic() - since >= self.limit:
+                emit(
+                    "detect.checkpoint_stall", rank=self.rank, detector="save_watchdog", step=self.step,
+                    path=str(self.path), elapsed_s=round(time.monotonic() - since, 3), phase=phase,
+                )  # fmt: skip
+                return
 
 
 # --- restore ---------------------------------------------------------------------------------------------

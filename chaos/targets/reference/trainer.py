@@ -25,6 +25,9 @@ Contracts the harness and its checks rely on:
   timeout, or a connection closed/reset/refused, a gloo read/write error) the rank also reports
   ``detect.peer_lost``, right after the collective_* event (scenarios that take the first detection keep
   seeing that one).
+  A rank whose own checkpoint write (or rank 0's commit) has not finished after ``--pg-timeout`` seconds reports
+  ``detect.checkpoint_stall`` (a save watchdog, :func:`checkpoint_store.save`): storage that every rank writes to
+  (a shared filesystem) stalls them all in I/O, where no collective is waiting to time out.
 - **Guards** (all off by default): ``--guard checksum`` (checksummed gradient
   all-reduce, ``detect.sdc``), ``--anomaly-guard`` (``detect.grad_anomaly``), ``--straggler-guard`` (a rank
   whose local work per step is far above its peers', :mod:`chaos.guards.straggler`): once per step, right
@@ -467,6 +470,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         rank=rank,
                         world_size=world_size,
                         attempt=attempt,
+                        stall_after=cfg.pg_timeout,  # storage stalled as long as a collective may wait
                     ),
                     step=step,
                     rank=rank,
