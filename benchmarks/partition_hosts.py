@@ -1,39 +1,59 @@
-"""Apply + heal of one partition fault on 1, 4, 8 and 16 testbed hosts, through the runner's own path.
+"""Apply + heal of one partition fault on 1, 4, 16 and 64 testbed hosts, through the runner's own path.
 
-Each host gets what the runner does for it: prepare, journal intent (fsync), a remote dead-man armed over
-SSH, the iptables chains applied, then heal and disarm. The runner applies one fault's hosts in parallel
-(up to 8 threads). Ratios are to 1 host, in one run. On a testbed every host shares this machine's cores, so
-once the cores are busy the ratio tracks the CPU work per host (mostly SSH commands), not the latency; the
-remote commands per host (SSH command channels + SFTP writes) are printed too, as a count that no load skews.
-Needs root (network namespaces + sshd); run with ``make bench`` or ``.venv/bin/python benchmarks/partition_hosts.py``.
+Each host gets what the runner does for it (:meth:`chaos.run.orchestrator.Execution._fire_on` and ``_heal``):
+prepare, journal intent (fsync), the remote dead-man armed and the iptables chains applied, journal applied;
+then heal, the switch cancelled, journal healed. Now: every host issued at once (a thread per host), the
+switch armed and the fault applied in ONE SSH command, heal and cancel in one more, host facts asked once.
+``--before`` also measures the previous path in the same run (4 prepare commands, a separate arm, SFTP +
+restore + rm per apply and per heal, ``pkill`` to cancel, at most 8 hosts at a time).
+
+Wall time is the median of 5 rounds; ratios are to 1 host, within one run. CPU is measured apart from the wall
+time, per host and round: the harness's own (``getrusage``: every thread, paramiko's included) and the hosts'
+(a cpuacct cgroup around the testbed's sshd, so every session, command and dead-man below it counts). On a
+testbed every host shares this machine's cores, so past a few hosts the wall time is total CPU / cores; on a
+real cluster each host's share runs on that host, and only the harness's share adds up in one place: the
+projection to 1,000 hosts (``projected_ms_1000``) is the 1-host wall time + 999 x the harness CPU per host.
+Needs root (network namespaces + sshd). ``--json``: the figures as one JSON object on the last line.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import resource
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from chaos.cluster.base import Completed  # noqa: E402
+from chaos.cluster.inventory import Host, Inventory  # noqa: E402
 from chaos.cluster.ssh import SshTransport  # noqa: E402
 from chaos.cluster.testbed import namespaces as tb  # noqa: E402
-from chaos.plugins.injector import FaultOp, InjectionContext  # noqa: E402
-from chaos.run.faults import parallel  # noqa: E402
+from chaos.plugins.injector import Applied, FaultOp, InjectionContext  # noqa: E402
+from chaos.run.faults import DeadMan, heal_and_disarm, one_command, parallel  # noqa: E402
 from chaos.safety import remote_deadman  # noqa: E402
 from chaos.safety.journal import Journal  # noqa: E402
+from chaos.spec.scenario import SafetySpec  # noqa: E402
+from injectors.network import host as nethost  # noqa: E402
 from injectors.network.faults import PartitionInjector, PartitionParams  # noqa: E402
 
-SIZES = (1, 4, 8, 16)
+SIZES = (1, 4, 16, 64)
 REPS = 5
+CGROUP_ROOT = Path("/sys/fs/cgroup/cpuacct")
 
 
 class _Counted(SshTransport):
-    """The SSH transport, counting the remote commands (``run``) and file writes (``put``) it makes."""
+    """The SSH transport, counting its round trips: remote commands (``run``) and file writes (``put``)."""
 
     calls = 0
 
@@ -46,69 +66,268 @@ class _Counted(SshTransport):
         super().put(data, path)
 
 
-def _round(hosts: list[str], transports: dict[str, _Counted], inventory: object, journal: Journal, k: int) -> float:
-    injector = PartitionInjector()
-    params = PartitionParams(peers=["group:all"])
-    start = time.perf_counter()
-    applied_list = []
+class _HostCpu:
+    """CPU seconds spent below the testbed's sshd processes (a cpuacct cgroup they, and so every session,
+    command and detached dead-man they start, belong to). ``seconds()`` is None where no cgroup can be made."""
 
-    def apply(host: str) -> None:
-        ctx = InjectionContext(transports[host], extras={"host": host, "inventory": inventory})
+    def __init__(self, pids: Sequence[int]) -> None:
+        self.path: Path | None = CGROUP_ROOT / f"mlchaos-bench-{os.getpid()}"
+        try:
+            self.path.mkdir(exist_ok=True)
+            for pid in pids:
+                (self.path / "cgroup.procs").write_text(str(pid))
+        except OSError:
+            self.path = None
+
+    def seconds(self) -> float | None:
+        return int((self.path / "cpuacct.usage").read_text()) / 1e9 if self.path is not None else None
+
+    def remove(self) -> None:
+        """Hand what is still in the group (a testbed left up) back to the root group, then remove it."""
+        if self.path is not None:
+            try:
+                for pid in (self.path / "cgroup.procs").read_text().split():
+                    (CGROUP_ROOT / "cgroup.procs").write_text(pid)
+                self.path.rmdir()
+            except OSError:
+                pass
+
+
+def _touch(transport: SshTransport) -> None:
+    transport.run(["true"])
+
+
+def _harness_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _eight_at_a_time(calls: list[Callable[[], None]]) -> None:
+    """The runner's fan-out before: at most 8 hosts at once."""
+    with ThreadPoolExecutor(max_workers=min(8, len(calls))) as pool:
+        for future in [pool.submit(call) for call in calls]:
+            future.result()
+
+
+class _Bench:
+    def __init__(self, inventory: Inventory, transports: dict[str, _Counted], journal: Journal) -> None:
+        self.inventory, self.transports, self.journal = inventory, transports, journal
+        self.injector, self.safety, self.k = PartitionInjector(), SafetySpec(), 0
+
+    def _prepare(self, host: str, k: int) -> tuple[InjectionContext, Applied]:
+        ctx = InjectionContext(self.transports[host], extras={"host": host, "inventory": self.inventory})
+        params = PartitionParams(peers=["group:all"])
         op = FaultOp(op_id=f"bench#{k}@{host}", fault="bench", injector="partition", params=params, duration_s=60)
-        applied = injector.prepare(ctx, op).model_copy(update={"host": host})
+        applied = self.injector.prepare(ctx, op).model_copy(update={"host": host})
+        self.journal.intent(applied)
+        return ctx, applied
+
+    def round_now(self, hosts: list[str]) -> float:
+        """The runner's path today: all hosts at once, one round trip per host per action."""
+        self.k += 1
+        k, injector, journal = self.k, self.injector, self.journal
+        done: list[tuple[InjectionContext, Applied, DeadMan | None]] = []
+        start = time.perf_counter()
+
+        def fire(host: str) -> None:
+            ctx, applied = self._prepare(host, k)
+            revert = injector.revert_command(applied)
+            then = one_command(injector, applied, "apply")
+            switch = DeadMan.arm(ctx, journal.path, applied.op_id, revert, 60, self.safety, local=False, then=then)
+            if switch is None or not switch.applied_with_arm:
+                injector.apply(ctx, applied)
+            journal.applied(applied.op_id, applied.state)
+            done.append((ctx, applied, switch))
+
+        parallel([partial(fire, h) for h in hosts])
+
+        def heal(item: tuple[InjectionContext, Applied, DeadMan | None]) -> None:
+            ctx, applied, switch = item
+            heal_and_disarm(injector, ctx, applied, switch)
+            journal.healed(applied.op_id, "harness")
+
+        parallel([partial(heal, i) for i in done])
+        return time.perf_counter() - start
+
+    def round_before(self, hosts: list[str]) -> float:
+        """The path before this change: host facts asked per fault, arm apart, SFTP batches, pkill, 8 at once."""
+        self.k += 1
+        k, injector, journal = self.k, self.injector, self.journal
+        nethost.forget_facts()
+        done: list[tuple[InjectionContext, Applied, str]] = []
+        start = time.perf_counter()
+
+        def fire(host: str) -> None:
+            ctx, applied = self._prepare(host, k)
+            mark = remote_deadman.arm(ctx.transport, applied.op_id, injector.revert_command(applied) or [], 65)
+            injector.apply(ctx, applied)
+            journal.applied(applied.op_id, applied.state)
+            done.append((ctx, applied, mark))
+
+        _eight_at_a_time([partial(fire, h) for h in hosts])
+
+        def heal(item: tuple[InjectionContext, Applied, str]) -> None:
+            ctx, applied, mark = item
+            injector.heal(ctx, applied)
+            remote_deadman.disarm(ctx.transport, mark)
+            journal.healed(applied.op_id, "harness")
+
+        _eight_at_a_time([partial(heal, i) for i in done])
+        return time.perf_counter() - start
+
+
+class _Answers:
+    """A root host with nf_tables iptables that answers every question at once (no SSH): what is left of a
+    fault's cost is the harness's own Python work, for :func:`_python_ms`."""
+
+    host = "h1"
+
+    def run(self, argv: list[str], *, timeout: float = 30.0, check: bool = False) -> Completed:
+        out = {"id": "0\n", "ip": "10.0.0.1 dev eth0 src 10.0.0.1\n"}.get(argv[0], "iptables v1.8.9 (nf_tables)\n")
+        return Completed(tuple(argv), 0, out, "")
+
+
+def _python_ms(peers: int, journal: Journal, reps: int = 20) -> float:
+    """The harness's Python work per host for one partition from ``peers`` other hosts (prepare, 3 journal
+    records, the revert, the apply and heal batches): CPU ms, no SSH. It grows with the peers (the rules)."""
+    hosts = [Host(name=f"h{i}", address=f"10.{i // 250}.{i % 250}.1") for i in range(1, peers + 2)]
+    ctx = InjectionContext(_Answers(), extras={"host": "h1", "inventory": Inventory(hosts=hosts)})  # type: ignore[arg-type]
+    injector, params = PartitionInjector(), PartitionParams(peers=["group:all"])
+    start = time.process_time()
+    for k in range(reps):
+        op = FaultOp(op_id=f"py{peers}#{k}@h1", fault="bench", injector="partition", params=params, duration_s=60)
+        applied = injector.prepare(ctx, op).model_copy(update={"host": "h1"})
         journal.intent(applied)
-        mark = remote_deadman.arm(ctx.transport, op.op_id, injector.revert_command(applied) or [], 120)
-        injector.apply(ctx, applied)
-        applied_list.append((ctx, applied, mark))
-
-    parallel([lambda h=h: apply(h) for h in hosts])
-
-    def heal(item: tuple[InjectionContext, object, str]) -> None:
-        ctx, applied, mark = item
-        injector.heal(ctx, applied)  # type: ignore[arg-type]
-        remote_deadman.disarm(ctx.transport, mark)
-
-    parallel([lambda i=i: heal(i) for i in applied_list])
-    return time.perf_counter() - start
+        injector.revert_command(applied)
+        one_command(injector, applied, "apply")
+        journal.applied(applied.op_id, applied.state)
+        one_command(injector, applied, "heal")
+        journal.healed(applied.op_id, "harness")
+    return (time.process_time() - start) / reps * 1e3
 
 
-def main() -> None:
+def _measure(
+    run_round: Callable[[list[str]], float],
+    names: list[str],
+    transports: dict[str, _Counted],
+    host_cpu: _HostCpu,
+    sizes: Sequence[int],
+) -> dict[int, dict[str, float | None]]:
+    rows: dict[int, dict[str, float | None]] = {}
+    for n in sizes:
+        for transport in transports.values():
+            transport.calls = 0
+        cpu0, remote0 = _harness_cpu(), host_cpu.seconds()
+        times = [run_round(names[:n]) for _ in range(REPS)]
+        cpu, remote = _harness_cpu() - cpu0, host_cpu.seconds()
+        per = REPS * n
+        rows[n] = {
+            "wall_ms": statistics.median(times) * 1e3,
+            "harness_cpu_ms": cpu / per * 1e3,
+            "host_cpu_ms": (remote - remote0) / per * 1e3 if remote is not None and remote0 is not None else None,
+            "round_trips": sum(t.calls for t in transports.values()) / per,
+        }
+    return rows
+
+
+def _print(title: str, rows: dict[int, dict[str, float | None]]) -> None:
+    print(title)
+    print("  hosts    wall  ratio  harness CPU/host  hosts' CPU/host  round trips/host")
+    base = rows[min(rows)]["wall_ms"] or 1.0
+    for n, row in rows.items():
+        wall, host = row["wall_ms"] or 0.0, row["host_cpu_ms"]
+        on_host = f"{host:10.1f} ms" if host is not None else "         n/a"
+        print(
+            f"  {n:5d} {wall:6.0f} ms {wall / base:5.2f}x  {row['harness_cpu_ms'] or 0:11.1f} ms  {on_host}"
+            f"  {row['round_trips'] or 0:10g}"
+        )
+
+
+def _figures(rows: dict[int, dict[str, float | None]], prefix: str = "") -> dict[str, Any]:
+    sizes = sorted(rows)
+    base = rows[sizes[0]]["wall_ms"] or 1.0
+    big = rows[sizes[-1]]
+    harness, host = big["harness_cpu_ms"] or 0.0, big["host_cpu_ms"]
+    figures: dict[str, Any] = {
+        f"{prefix}ratio_{n}_over_1": round((rows[n]["wall_ms"] or 0) / base, 3) for n in sizes[1:]
+    }
+    figures[f"{prefix}wall_ms"] = {str(n): round(rows[n]["wall_ms"] or 0, 1) for n in sizes}
+    figures[f"{prefix}cpu_ms_per_host"] = round(harness + (host or 0.0), 2)
+    figures[f"{prefix}harness_cpu_ms_per_host"] = round(harness, 2)
+    figures[f"{prefix}host_cpu_ms_per_host"] = round(host, 2) if host is not None else None
+    figures[f"{prefix}round_trips_per_host"] = round(big["round_trips"] or 0, 2)
+    figures[f"{prefix}projected_ms_1000"] = round(base + 999 * harness, 0)
+    return figures
+
+
+def main(
+    as_json: bool = False, before: bool = False, state_dir: Path | None = None, sizes: Sequence[int] = SIZES
+) -> dict[str, Any]:
+    """Measure; return the figures (``ratio_16_over_1``, ``ratio_64_over_1``, ``cpu_ms_per_host``, ...; with
+    ``before`` the old path's too, prefixed ``before_``). ``state_dir``: a testbed to (re)use and leave up."""
     reason = tb.unsupported_reason()
     if reason is not None:
         print(f"skipped: {reason}")
-        return
+        return {"skipped": reason}
     with tempfile.TemporaryDirectory(prefix="mlchaos-bench-tb-") as tmp:
-        state = Path(tmp)
+        state = state_dir or Path(tmp) / "tb"
+        host_cpu = _HostCpu([])
         try:
-            inventory = tb.up(max(SIZES), state / "tb")
-            transports = {h.name: _Counted.for_host(inventory, h.name) for h in inventory.hosts}
-            journal = Journal(state / "journal.jsonl")
+            inventory = tb.up(max(sizes), state)
+            host_cpu = _HostCpu([h.sshd_pid for h in tb.status(state).hosts if h.sshd_pid is not None])
+            transports = {
+                h.name: _Counted(
+                    h, known_hosts=inventory.known_hosts, accept_unknown=inventory.accept_unknown_host_keys
+                )
+                for h in inventory.hosts
+            }
+            journal = Journal(Path(tmp) / "journal.jsonl")
+            bench = _Bench(inventory, transports, journal)
             names = [h.name for h in inventory.hosts]
-            results = {}
-            k = 0
-            # Warm-up, not measured: every SSH connection (as a runner's earlier check() opens it) and first use.
-            parallel([lambda t=t: t.run(["true"]) and None for t in transports.values()])
-            _round(names[:1], transports, inventory, journal, k)
-            for transport in transports.values():
-                transport.calls = 0
-            for n in SIZES:
-                times = []
-                for _ in range(REPS):
-                    k += 1
-                    times.append(_round(names[:n], transports, inventory, journal, k))
-                results[n] = statistics.median(times)
-            per_host = sum(t.calls for t in transports.values()) / (REPS * sum(SIZES))
+            # Warm-up, not measured: every SSH connection (a runner's preflight check opens it) and first use.
+            parallel([partial(_touch, t) for t in transports.values()])
+            bench.round_now(names)  # and each host's facts, asked once per host (as by a run's first fault)
+            now = _measure(bench.round_now, names, transports, host_cpu, sizes)
+            old = _measure(bench.round_before, names, transports, host_cpu, sizes) if before else None
+            python_ms = {peers: round(_python_ms(peers, journal), 2) for peers in (len(names) - 1, 999)}
+            rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             journal.close()
             for transport in transports.values():
                 transport.close()
         finally:
-            tb.down(state / "tb")
-    base = results[SIZES[0]]
-    print(f"partition apply+heal (journal, remote dead-man, iptables over SSH), median of {REPS}")
-    print(f"  remote commands per host: {per_host:g} (SSH command channels + SFTP writes)")
-    for n in SIZES:
-        print(f"  {n:2d} hosts  {results[n] * 1e3:8.1f} ms   ratio to 1 host {results[n] / base:5.2f}x")
+            if state_dir is None:
+                tb.down(state)
+            host_cpu.remove()
+    print(f"partition apply+heal on N testbed hosts (journal, remote dead-man, iptables over SSH), median of {REPS}")
+    _print("now: all hosts at once, arm+apply and heal+cancel one command each", now)
+    figures = _figures(now)
+    if old is not None:
+        _print("before: 8 hosts at a time, prepare 4 + arm 1 + apply 3 + heal 3 + cancel 1 commands", old)
+        figures.update(_figures(old, "before_"))
+    figures["python_ms_per_host_by_peers"] = python_ms
+    # Partitioned from all 999 others, each host's harness share grows by the Python work of the extra rules.
+    peers = min(python_ms)  # what each testbed host was partitioned from: every other host
+    extra = python_ms[999] - python_ms[peers]
+    figures["projected_ms_1000_all_peers"] = round(figures["projected_ms_1000"] + 999 * extra, 0)
+    figures["harness_max_rss_mb"] = round(rss_mb, 1)
+    print(
+        f"  harness Python per host, no SSH: {python_ms[peers]:.1f} ms ({peers} peers), {python_ms[999]:.1f} ms (999)"
+    )
+    print(f"  harness max RSS with {max(sizes)} SSH connections: {rss_mb:.0f} MiB")
+    print(
+        f"  projection, 1000 hosts (each host's own work on that host; the harness's CPU adds up): "
+        f"{figures['projected_ms_1000']:.0f} ms ({peers} peers each), {figures['projected_ms_1000_all_peers']:.0f} ms (999)"
+    )
+    if as_json:
+        print(json.dumps(figures, sort_keys=True))
+    return figures
 
 
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object on the last line")
+    parser.add_argument("--before", action="store_true", help="also measure the previous path, in the same run")
+    parser.add_argument("--state-dir", type=Path, help="testbed state dir to (re)use and leave up")
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="host counts, e.g. 1,4,16,64")
+    args = parser.parse_args()
+    main(args.json, args.before, args.state_dir, [int(n) for n in args.sizes.split(",")])

@@ -149,7 +149,7 @@ def main(as_json: bool = False) -> dict[str, Any]:
     figures["checksum_allreduce"] = checksum_allreduce.main()
     print("\n== SDC: in-place bit flips vs pytorchfi (benchmarks/bitflip_vs_pytorchfi.py)")
     figures["bitflip_vs_pytorchfi"] = bitflip_vs_pytorchfi.main()
-    print("\n== multi-host: partition apply+heal on 1..16 testbed hosts (benchmarks/partition_hosts.py)")
+    print("\n== multi-host: partition apply+heal on 1..64 testbed hosts (benchmarks/partition_hosts.py)")
     figures["partition_hosts"] = partition_hosts.main()
 
     print("\n== serving: open-loop load generator (benchmarks/load_generator.py)")

@@ -6,6 +6,11 @@ Every reversible fault gets a dead-man switch (:class:`DeadMan`). One with a ``d
 ``safety.heal_grace``; one without fires at ``safety.max_duration`` + ``heal_grace`` and is re-armed (its
 deadline pushed a whole window on) whenever half of the window is left, for as long as the harness lives and
 the fault is active; so a SIGKILLed harness leaves a duration-less fault in place at most one window.
+
+Fan-out: one fault's hosts are all issued at once (:func:`parallel`, a thread per host up to
+:data:`MAX_PARALLEL`), and on a remote host an injector with a one-command apply and heal (:class:`OneCommand`)
+costs one round trip per action: the switch is armed and the fault applied by ONE command (the switch first;
+the fault only once the switch runs), and heal and cancelling the switch are one command too.
 """
 
 from __future__ import annotations
@@ -15,12 +20,15 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal, Protocol, runtime_checkable
 
+from chaos.cluster.base import TransportError
 from chaos.plan.agent_plan import InJobOp, write_plan
 from chaos.plan.build import Plan, PlannedOp
 from chaos.plugins import registry
 from chaos.plugins.injector import Applied, InjectionContext, Injector, is_in_job
 from chaos.safety import deadman, remote_deadman
+from chaos.safety.remote_deadman import HostCommand
 from chaos.spec.scenario import FaultSpec, SafetySpec
 
 
@@ -49,16 +57,39 @@ def in_job_plan(plan: Plan, run_dir: Path) -> tuple[list[PlannedOp], Path]:
     return in_job, path
 
 
+MAX_PARALLEL = 256  # threads for one fan-out: every host's call is issued before any is waited on, up to this
+
+
 def parallel(calls: list[Callable[[], None]]) -> None:
-    """Run ``calls`` on up to 8 threads (inline when there is one); the first exception propagates."""
+    """Run ``calls`` at once, a thread each (up to :data:`MAX_PARALLEL`; inline when there is one): the calls
+    wait on remote hosts, not on this machine's cores, so the pool grows with the hosts. Every call runs to
+    its end; the first exception then propagates."""
     if not calls:
         return
     if len(calls) == 1:
         calls[0]()
         return
-    with ThreadPoolExecutor(max_workers=min(8, len(calls)), thread_name_prefix="mlchaos-fault") as pool:
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(calls)), thread_name_prefix="mlchaos-fault") as pool:
         for future in [pool.submit(call) for call in calls]:
             future.result()
+
+
+@runtime_checkable
+class OneCommand(Protocol):
+    """Optional injector capability: its apply and its heal, each as ONE command on the fault's host (None when
+    it cannot say so; the runner then calls ``apply``/``heal``, as it does when the command fails, so a failing
+    command must change nothing)."""
+
+    def apply_command(self, applied: Applied) -> HostCommand | None: ...
+
+    def heal_command(self, applied: Applied) -> HostCommand | None: ...
+
+
+def one_command(injector: object, applied: Applied, action: Literal["apply", "heal"]) -> HostCommand | None:
+    """``injector``'s one command for ``action`` on ``applied``, or None."""
+    if not isinstance(injector, OneCommand):
+        return None
+    return injector.apply_command(applied) if action == "apply" else injector.heal_command(applied)
 
 
 @dataclass
@@ -79,6 +110,8 @@ class DeadMan:
     generation: int | None = None
     fires_at: float = field(default=0.0)
     next_try: float = field(default=0.0)  # after a failed renewal, not before this (no retry storm)
+    remote_pid: int | None = None  # the switch's pid on the host, when it reported one (cancelled by pid)
+    applied_with_arm: bool = False  # the ``then`` command given to :meth:`arm` ran and succeeded
 
     @classmethod
     def arm(
@@ -91,11 +124,16 @@ class DeadMan:
         safety: SafetySpec,
         *,
         local: bool,
+        then: HostCommand | None = None,
     ) -> DeadMan | None:
         """Arm ``op_key``'s switch (on this machine when ``local``, else on ``ctx``'s host): at ``duration_s`` +
         heal_grace, or, without a duration, at max_duration + heal_grace and renewable. None when the fault has
         no revert command (nothing a switch could run). Raises what starting it raises (RuntimeError,
-        TransportError): the caller has applied nothing yet."""
+        TransportError): the caller has applied nothing yet.
+
+        ``then`` (the fault's :class:`OneCommand` apply) rides along on a remote host: one command arms the switch
+        and, only once it runs, applies the fault. ``applied_with_arm`` says whether it did; when not (no
+        ``then``, a local switch, or a command that failed and so changed nothing) the caller applies."""
         if not revert:
             return None
         renewable = duration_s is None
@@ -104,9 +142,19 @@ class DeadMan:
         switch.fires_at = time.monotonic() + window
         if local:
             switch.pid = deadman.arm(journal_path, op_key, revert, window)  # journals itself
-        else:
-            switch.generation = 0 if renewable else None
-            remote_deadman.arm(ctx.transport, op_key, revert, window, generation=switch.generation)
+            return switch
+        switch.generation = 0 if renewable else None
+        if then is None or not then.fits():
+            _, switch.remote_pid = remote_deadman.start(
+                ctx.transport, op_key, revert, window, generation=switch.generation
+            )
+            return switch
+        argv = remote_deadman.armed_argv(op_key, revert, window, then, switch.generation)
+        done = ctx.transport.run(argv, timeout=30.0)
+        switch.remote_pid = remote_deadman.pid_of(done.stdout)
+        if switch.remote_pid is None:  # the script stopped before the command (ARMED_FAILED)
+            raise TransportError(f"dead-man switch not started on {ctx.transport.host}: {done.stderr.strip()[:300]}")
+        switch.applied_with_arm = done.ok
         return switch
 
     def renew_if_due(self, now: float) -> bool:
@@ -124,12 +172,39 @@ class DeadMan:
             generation = self.generation or 0
             remote_deadman.rearm(self.ctx.transport, self.op_key, self.revert, self.window_s, generation)
             self.generation = generation + 1
+            self.remote_pid = None  # a renewed switch is cancelled by its marker (every generation)
         self.fires_at = now + self.window_s
         return True
 
     def disarm(self) -> None:
         """Stand the switch down: the local process, or every generation on the host."""
         disarm(self.ctx, self.pid, None if self.pid is not None else remote_deadman.marker(self.op_key))
+
+    def heal_and_disarm(self, then: HostCommand | None) -> bool:
+        """Heal with ``then`` (the fault's :class:`OneCommand` heal) and cancel the remote switch, in ONE command;
+        True when both happened. False, with the switch still armed, when that is not possible here (a local or
+        renewed switch, no pid, no ``then``) or the command failed (it changed nothing): then the caller heals
+        and disarms the usual way."""
+        if then is None or not then.fits() or self.pid is not None or self.remote_pid is None or self.generation:
+            return False
+        mark = remote_deadman.marker(self.op_key, self.generation)
+        try:
+            return self.ctx.transport.run(remote_deadman.disarmed_argv(mark, self.remote_pid, then), timeout=30.0).ok
+        except TransportError:
+            return False
+
+
+def heal_and_disarm(injector: Injector, ctx: InjectionContext, applied: Applied, switch: DeadMan | None) -> None:
+    """Heal one fault on one host and stand its switch down: one round trip where the injector and the switch
+    allow (:meth:`DeadMan.heal_and_disarm`), else the injector's ``heal`` then :meth:`DeadMan.disarm` (which runs
+    even when the heal raises, as it always has)."""
+    if switch is not None and switch.heal_and_disarm(one_command(injector, applied, "heal")):
+        return
+    try:
+        injector.heal(ctx, applied)
+    finally:
+        if switch is not None:
+            switch.disarm()
 
 
 @dataclass

@@ -51,7 +51,9 @@ from chaos.run.faults import (
     ActiveFault,
     DeadMan,
     disarm,
+    heal_and_disarm,
     in_job_plan,
+    one_command,
     parallel,
     rank_of,
     renew_switches,
@@ -352,9 +354,8 @@ class Execution:
             self.history.record(FAULT_FAILED, fault=op.fault, op=op.op_id, injector=op.injector, error=str(exc))
             self.log(f"fault {op.op_id} has no host: {exc}")
             return
-        # One fault on many hosts is applied in parallel (bounded), so 16 hosts cost about what 1 costs.
+        # One fault on many hosts: every host is issued at once (a thread each), none waits for another.
         parallel([partial(self._fire_on, op, h, op.op_id if h == LOCAL else f"{op.op_id}@{h}") for h in hosts])
-
 
     def _fire_on(self, op: PlannedOp, host: str, journal_id: str) -> None:
         injector = registry.injector(op.injector)
@@ -377,9 +378,11 @@ class Execution:
         local = host == LOCAL or reverts_on_harness(injector, applied)
         revert = injector.revert_command(applied)
         safety = self.scenario.safety
-        switch = DeadMan.arm(ctx, self.journal.path, journal_id, revert, op.duration_s, safety, local=local)
+        then = one_command(injector, applied, "apply")  # on a remote host: armed and applied in one round trip
+        switch = DeadMan.arm(ctx, self.journal.path, journal_id, revert, op.duration_s, safety, local=local, then=then)
         try:
-            injector.apply(ctx, applied)
+            if switch is None or not switch.applied_with_arm:
+                injector.apply(ctx, applied)
         except (InjectionError, ValueError, OSError, TransportError) as exc:
             self.journal.failed(journal_id, str(exc))
             if switch is not None:
@@ -413,10 +416,8 @@ class Execution:
 
     def _heal(self, active: ActiveFault) -> None:
         try:
-            active.injector.heal(active.ctx, active.applied)
+            heal_and_disarm(active.injector, active.ctx, active.applied, active.switch)
         finally:
-            if active.switch is not None:
-                active.switch.disarm()
             with self._lock:
                 self.active.remove(active)
         self.journal.healed(active.applied.op_id, "harness")

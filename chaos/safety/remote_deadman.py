@@ -7,6 +7,11 @@ scenario text is ever interpolated into the script. The marker (``$0``, a hash o
 so heal can cancel it with ``pkill -f``; reverts are idempotent, so a switch that fires after a heal (or after
 ``mlchaos cleanup``) changes nothing.
 
+One round trip per host per action: :func:`armed_argv` arms the switch and, only once it runs, the fault's own
+command (its text on stdin), in ONE command; :func:`disarmed_argv` runs the heal command and then cancels the
+switch by its pid (its process group, so its ``sleep`` goes too; only while that pid still carries the marker,
+so a reused pid is never hit). Both scripts are constants too; data reach them only as positional parameters.
+
 A sleeping ``sh`` cannot be told a new deadline, so a switch is re-armed (a duration-less fault kept alive by a
 live harness) by starting its next *generation* and then cancelling the previous one. Generation markers
 extend the op's marker with a fixed-width ``g000001``, so cancelling one generation never matches another,
@@ -16,12 +21,43 @@ and cancelling the op's plain marker matches every generation at once.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 
 from chaos.cluster.base import Transport, TransportError
 
 MARKER_PREFIX = "mlchaos-deadman-"
-# $0 = marker, $1 = seconds, $2.. = revert argv. Stdio is detached first so the SSH channel closes at once.
-SCRIPT = 'exec </dev/null >/dev/null 2>&1; sleep "$1"; shift; exec "$@"'
+# $0 = marker, $1 = seconds, $2.. = revert argv. It prints its pid (a session leader: ``setsid``), then detaches
+# stdio so the SSH channel closes at once. It waits on a background ``sleep`` that a SIGTERM (a cancel) takes
+# down with it, so a cancelled switch leaves no ``sleep`` behind. One line: :data:`DISARMED_SCRIPT` finds the
+# marker with one ``read``.
+SCRIPT = (
+    "echo $$; exec </dev/null >/dev/null 2>&1; trap 'kill $! 2>/dev/null; exit 143' TERM; "
+    'sleep "$1" & wait $!; trap - TERM; shift; exec "$@"'
+)
+
+# $1 = k, $2 = stdin text, $3..$(k+2) = the switch's arm argv (prints its pid), the rest = the fault's command.
+# The subshell keeps only the first k words and starts the switch; the command runs only once a pid came back.
+ARMED_SCRIPT = """\
+k=$1 input=$2; shift 2
+pid=$(i=0; for w in "$@"; do if [ "$i" -eq 0 ]; then set --; fi; \
+if [ "$i" -lt "$k" ]; then set -- "$@" "$w"; fi; i=$((i + 1)); done; exec "$@")
+case $pid in ''|*[!0-9]*) echo "mlchaos: the dead-man switch did not start" >&2; exit 125;; esac
+echo "$pid"
+shift "$k"
+printf '%s' "$input" | "$@"
+"""
+
+# $1 = marker, $2 = the switch's pid, $3 = stdin text, the rest = the heal command. The switch is cancelled only
+# when the command succeeded (a failed heal keeps it armed) and only while that pid still carries the marker.
+DISARMED_SCRIPT = """\
+mark=$1 pid=$2 input=$3; shift 3
+printf '%s' "$input" | "$@" || exit
+{ IFS= read -r cmd; } 2>/dev/null <"/proc/$pid/cmdline"
+case $cmd in *"$mark"*) kill -TERM "-$pid" 2>/dev/null;; esac
+exit 0
+"""
+ARMED_FAILED = 125  # the exit status of ARMED_SCRIPT when the switch did not start (the command never ran)
+MAX_INPUT = 96 * 1024  # one argv word may hold 128 KiB (Linux MAX_ARG_STRLEN); larger texts take the long way
 
 
 def marker(op_key: str, generation: int | None = None) -> str:
@@ -45,8 +81,47 @@ def arm(
 ) -> str:
     """Start the switch on the transport's host; returns its marker (of ``generation`` when given).
     Raises TransportError if it cannot."""
-    transport.run(arm_argv(op_key, revert_argv, fires_in_s, generation), timeout=15, check=True)
-    return marker(op_key, generation)
+    return start(transport, op_key, revert_argv, fires_in_s, generation=generation)[0]
+
+
+def start(
+    transport: Transport, op_key: str, revert_argv: list[str], fires_in_s: float, *, generation: int | None = None
+) -> tuple[str, int | None]:
+    """:func:`arm`, also returning the switch's pid (None when the host did not report one)."""
+    done = transport.run(arm_argv(op_key, revert_argv, fires_in_s, generation), timeout=15, check=True)
+    return marker(op_key, generation), pid_of(done.stdout)
+
+
+def pid_of(stdout: str) -> int | None:
+    """The switch's pid from the first line a starting switch printed, or None."""
+    first = stdout.split("\n", 1)[0].strip()
+    return int(first) if first.isdigit() else None
+
+
+@dataclass(frozen=True)
+class HostCommand:
+    """A fault's whole apply or heal as ONE command on its host: ``argv`` with ``input`` on its stdin."""
+
+    argv: list[str]
+    input: str = ""
+
+    def fits(self) -> bool:
+        """Whether ``input`` is small enough to travel as one argv word (see :data:`MAX_INPUT`)."""
+        return len(self.input.encode()) <= MAX_INPUT
+
+
+def armed_argv(
+    op_key: str, revert_argv: list[str], fires_in_s: float, then: HostCommand, generation: int | None = None
+) -> list[str]:
+    """The argv that arms the switch and, only once it runs, runs ``then``: prints the switch's pid first, exits
+    with ``then``'s status, or :data:`ARMED_FAILED` without running ``then`` when the switch did not start."""
+    arm = arm_argv(op_key, revert_argv, fires_in_s, generation)
+    return ["sh", "-c", ARMED_SCRIPT, "mlchaos-armed", str(len(arm)), then.input, *arm, *then.argv]
+
+
+def disarmed_argv(mark: str, pid: int, then: HostCommand) -> list[str]:
+    """The argv that runs ``then`` and, when it succeeded, cancels the switch ``mark`` running as ``pid``."""
+    return ["sh", "-c", DISARMED_SCRIPT, "mlchaos-disarmed", _checked(mark), str(int(pid)), then.input, *then.argv]
 
 
 def rearm(transport: Transport, op_key: str, revert_argv: list[str], fires_in_s: float, generation: int) -> str:
@@ -60,9 +135,13 @@ def rearm(transport: Transport, op_key: str, revert_argv: list[str], fires_in_s:
 
 def disarm(transport: Transport, mark: str) -> bool:
     """Cancel the switch named ``mark`` on the host; True if one was running. Never raises for 'not found'."""
-    if not mark.startswith(MARKER_PREFIX) or not mark[len(MARKER_PREFIX) :].isalnum():
-        raise ValueError(f"not a dead-man marker: {mark!r}")
     try:
-        return transport.run(["pkill", "-f", "--", mark], timeout=15).returncode == 0
+        return transport.run(["pkill", "-f", "--", _checked(mark)], timeout=15).returncode == 0
     except TransportError:
         return False
+
+
+def _checked(mark: str) -> str:
+    if not mark.startswith(MARKER_PREFIX) or not mark[len(MARKER_PREFIX) :].isalnum():
+        raise ValueError(f"not a dead-man marker: {mark!r}")
+    return mark

@@ -10,7 +10,9 @@ iptables faults put their DROP rules only in per-op chains reached through tagge
 one root qdisc with a per-op handle; :mod:`injectors.network.iptables` and :mod:`injectors.network.tc` hold those
 disciplines (and why heal removes exactly ours). Where the host's ``iptables-restore`` uses the same backend
 as its ``iptables`` (decided in ``prepare``, journaled as :attr:`FilterState.restore`), apply and heal are one
-``iptables-restore --noflush`` each, fed through a temporary file (transports have no stdin).
+``iptables-restore --noflush`` each, fed through a temporary file (transports have no stdin); a runner that
+sends a remote dead-man's arming (or cancelling) together with the fault takes :meth:`_FilterFault.apply_command`
+and :meth:`_FilterFault.heal_command` instead: the same batch on stdin, one round trip per host per action.
 ``revert_command`` is a constant ``sh -c`` script that gets only validated, generated names as positional
 parameters: it needs nothing but sh, iptables/tc on the host, which is what a dead-man switch can rely on
 when the harness (and maybe Python) is gone.
@@ -20,7 +22,7 @@ Commands run as root; a non-root transport user with password-less sudo gets ``s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Annotated, ClassVar, Literal
 
@@ -41,11 +43,20 @@ from chaos.plugins.injector import (
     state_texts,
 )
 from chaos.safety import deadman
+from chaos.safety.remote_deadman import HostCommand
 from chaos.spec.units import Duration
 from injectors import detached
 from injectors.network import flap_helper as netflap
 from injectors.network import iptables as netfilter
-from injectors.network.host import TIMEOUT_S, Host, Peers, probe_address, resolve_peers, shares_machine
+from injectors.network.host import (
+    TIMEOUT_S,
+    Host,
+    Peers,
+    probe_address,
+    remembered,
+    resolve_peers,
+    shares_machine,
+)
 from injectors.network.iptables import ChainSpec
 from injectors.network.tc import (
     BandwidthInjector,
@@ -265,14 +276,12 @@ class _FilterFault:
         chains = netfilter.chain_names(op.op_id, ctx.transport.host, directions)
         specs = filter_specs(chains, peers, params.protocol, params.ports, self._extra(params))
         local = host.route(probe_address(peers[0]))[1] or ctx.transport.host
-        backend = netfilter.backend(host.run)
+        backend = remembered(ctx.transport, ("iptables", str(host.sudo)), lambda: netfilter.backend(host.run), bool)
+        restore = remembered(
+            ctx.transport, ("iptables-restore", str(host.sudo)), lambda: netfilter.restore_backend(host.run), bool
+        )
         state = FilterState(
-            tuple(specs),
-            netfilter.comment_for(op.op_id),
-            host.sudo,
-            backend,
-            netfilter.restore_backend(host.run) == backend,
-            tuple(peers),
+            tuple(specs), netfilter.comment_for(op.op_id), host.sudo, backend, restore == backend, tuple(peers)
         )
         return state, f"{self._what(params)} {_between(local, peers, params.direction)}{_selection(params)}"
 
@@ -298,10 +307,35 @@ class _FilterFault:
         restore = self._restore(ctx, applied, state, host)
         netfilter.uninstall(host.run, list(state.chains), state.comment, restore=restore)
 
+    def apply_command(self, applied: Applied) -> HostCommand | None:
+        """The whole :meth:`apply` as one command: the :func:`~injectors.network.iptables.install_text` batch on
+        ``iptables-restore``'s stdin. None where prepare found no usable ``iptables-restore`` or the text is too
+        big for one argv word; a runner then calls :meth:`apply`, as it does when this command fails (a failed
+        batch changes nothing: e.g. a retried apply whose chain already exists)."""
+        state = FilterState.from_json(applied.state)
+        return _batch(state, lambda comment: netfilter.install_text(list(state.chains), comment))
+
+    def heal_command(self, applied: Applied) -> HostCommand | None:
+        """The whole :meth:`heal` as one command (:func:`~injectors.network.iptables.uninstall_text`), as
+        :meth:`apply_command`; when it fails (an extra copy of a jump, say), :meth:`heal` removes every copy."""
+        state = FilterState.from_json(applied.state)
+        return _batch(state, lambda comment: netfilter.uninstall_text(list(state.chains), comment))
+
     def revert_command(self, applied: Applied) -> list[str] | None:
         """``sh -c <constant script> mlchaos-netrevert CHAIN...``: see :data:`injectors.network.iptables.REVERT_SCRIPT`."""
         state = FilterState.from_json(applied.state)
         return netfilter.revert_argv(state.chain_names, sudo=state.sudo)
+
+
+def _batch(state: FilterState, text: Callable[[str], str]) -> HostCommand | None:
+    """``iptables-restore --noflush`` reading ``text(comment)`` from stdin, or None (see ``apply_command``)."""
+    if not state.restore or state.comment is None:
+        return None
+    try:
+        command = HostCommand([*(["sudo", "-n"] if state.sudo else []), *netfilter.restore_argv()], text(state.comment))
+    except InjectionError:
+        return None  # a word that cannot be written into a batch: the command path reports it precisely
+    return command if command.fits() else None
 
 
 class PartitionInjector(_FilterFault):
@@ -401,6 +435,14 @@ class FlapInjector(_FilterFault):
         log = "netflap.log" if shares_machine(ctx.transport) else None
         helper = detached.launch(ctx.transport, argv, what="flap helper", log=log, timeout=TIMEOUT_S)
         applied.state.update(replace(state, helper_pid=helper).to_json())
+
+    def apply_command(self, applied: Applied) -> HostCommand | None:
+        """None: the helper starts after the chains, which :meth:`apply` does."""
+        return None
+
+    def heal_command(self, applied: Applied) -> HostCommand | None:
+        """None: the helper must be stopped first, which :meth:`heal` does."""
+        return None
 
     def heal(self, ctx: InjectionContext, applied: Applied) -> None:
         """Stop the helper (it removes the chains as it leaves), then remove whatever is still there."""

@@ -8,16 +8,47 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Sequence
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from typing import TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from chaos.cluster.base import Completed, Transport, TransportError
 from chaos.cluster.local import LocalTransport
 from chaos.cluster.netns import NetnsTransport
+from chaos.cluster.remote_process import RemoteTransport
 from chaos.plugins.injector import InjectionContext, InjectionError
 
 TIMEOUT_S = 30.0
+T = TypeVar("T")
+_FACTS: weakref.WeakKeyDictionary[object, dict[tuple[str, ...], object]] = weakref.WeakKeyDictionary()
+_FACTS_LOCK = threading.Lock()
+
+
+def remembered(transport: Transport, key: tuple[str, ...], find: Callable[[], T], keep: Callable[[T], bool]) -> T:
+    """``find()``, asked once per remote transport and ``key`` while ``keep(answer)``: what a host is (root or
+    sudo, its iptables backends, a route) does not change within a run, and on an SSH or container host asking
+    again is a round trip per host per fault. Transports on this machine are always asked (cheap, and tests
+    change PATH between calls); exceptions are never remembered."""
+    if not isinstance(transport, RemoteTransport):
+        return find()
+    with _FACTS_LOCK:
+        known = _FACTS.setdefault(transport, {})
+        if key in known:
+            return cast(T, known[key])
+    answer = find()
+    if keep(answer):
+        with _FACTS_LOCK:
+            known[key] = answer
+    return answer
+
+
+def forget_facts() -> None:
+    """Forget every remembered host fact (benchmarks measuring the cost of asking)."""
+    with _FACTS_LOCK:
+        _FACTS.clear()
 
 
 _INVENTORY_PEER = re.compile(r"^(host|group):[A-Za-z0-9_.-]+$")
@@ -71,6 +102,10 @@ class Host:
     @staticmethod
     def privilege(transport: Transport) -> bool | str:
         """False when the transport is root, True when it needs (and has) ``sudo -n``, else why neither."""
+        return remembered(transport, ("privilege",), lambda: Host._privilege(transport), lambda v: type(v) is bool)
+
+    @staticmethod
+    def _privilege(transport: Transport) -> bool | str:
         try:
             done = transport.run(["id", "-u"], timeout=TIMEOUT_S)
             if done.ok and done.stdout.strip() == "0":
@@ -90,6 +125,9 @@ class Host:
 
     def route(self, address: str) -> tuple[str | None, str | None]:
         """(interface, source address) this host uses to reach ``address``; Nones when it has no route."""
+        return remembered(self.transport, ("route", address), lambda: self._route(address), lambda v: v[0] is not None)
+
+    def _route(self, address: str) -> tuple[str | None, str | None]:
         try:
             done = self.transport.run(["ip", "-o", "-4", "route", "get", address], timeout=TIMEOUT_S)
         except TransportError:

@@ -252,6 +252,12 @@ def uninstall_text(specs: Sequence[ChainSpec], comment: str) -> str:
     return _restore_lines(commands)
 
 
+def restore_argv() -> list[str]:
+    """``iptables-restore`` that waits for the xtables lock and adds to (never flushes) the filter table,
+    reading the batch from stdin."""
+    return [RESTORE, *_WAIT, "--noflush"]
+
+
 def file_restore(run: Run, put: Put, tag: str) -> Restore:
     """A :data:`Restore` for hosts reached through a transport without stdin: ``put`` the text to a fresh
     ``/tmp/mlchaos-iptables-<tag>-<random>.rules``, run ``iptables-restore -w 5 --noflush FILE``, and always
