@@ -8,6 +8,12 @@ From those each rank recomputes the correct reduction of those blocks and classi
   (``in_transit``); the culprit is the rank whose contribution, with ONE bit flipped, reproduces the wrong
   values exactly (checked for up to 16 wrong elements); ambiguous or unexplained -> no culprit;
 - nobody received a wrong result: the data were fine and the checksum exchange itself was hit (``checksum``).
+
+With W = 2 the recomputation is bit for bit (one addition, commutative). What it cannot do: tell a flip in a
+sender's buffer from one on the wire into the reducer (both look the same), or attribute multi-bit corruption.
+Comparing "what each rank sent" with "what it declared" is not possible after the fact: the all-reduce
+overwrites the send buffer, and keeping a copy of what was sent would cost a full extra pass on every clean
+reduction.
 """
 
 from __future__ import annotations

@@ -11,7 +11,10 @@ What it does, per bucket
 The bucket is cut into blocks of ``block_elems`` elements. Each rank keeps an intact copy of its local data
 (the DDP hook gets one for free: the bucket itself, since the scaled send buffer is built out of place) and,
 in one read of it, declares per block its sum ``s`` and a cheap LOWER bound ``L <= sum|x|``. The ``(s, L)``
-vectors are all-reduced (float64, a small collective running concurrently with the bucket's); then every rank
+vectors travel appended to the DDP hook's send buffer, in the SAME all-reduce (float32 and float64 buckets; the
+rounding of float32-carried checksums is steps 5-6 of the derivation, in :mod:`chaos.guards.rounding`); 16-bit
+buckets, and the standalone all-reduce (whose buffer is the caller's, ``ChecksumConfig.carry_checksums``), send
+them in a separate float64 collective running concurrently with the bucket's; then every rank
 sums each block of the reduced bucket it received and compares with the reduced ``s``. A block within the
 tolerance built from ``L`` is certainly within the exact one (built from an UPPER bound ``A``), so it passes;
 the few others (a real mismatch, or values cancelling inside every 64-element sub-block) get ``A`` from the
@@ -24,42 +27,25 @@ step is skipped), ``skip`` (``state.skip_step`` becomes True on every rank: the 
 ``detect.sdc``.
 
 Cost on a clean reduction: the intact copy (one read + one write; the DDP hook's is the scaling pass DDP's
-default hook makes anyway), one read to declare, one read to verify, the small checksum all-reduce and the
-verdict all-reduce. ``benchmarks/checksum_allreduce.py`` measures it.
+default hook makes anyway), one read to declare (of data the copy just brought into cache), one read to
+verify, 2 floats per block more in the collective (0.1% at 2048; or the concurrent checksum collective) and
+the tiny verdict all-reduce: 1.3-1.5x DDP's default hook at 25 MB on 2 gloo ranks of a 2-core machine, 1.4-1.6x
+a plain all-reduce for the standalone (BENCHMARKS.md says where the time goes).
+``config.verify_every = k`` trades coverage for cost, declared: k - 1 reductions in k skip all of it.
+``benchmarks/checksum_allreduce.py`` measures it. Integer (bit-exact) checksums are not used: the float
+reduction itself rounds, so the exact sum of what was received differs from the exact sum of what was sent
+by up to gamma_{W-1}(u_d) * sum|x| on clean data; an integer checksum of the received values can only be
+compared within that same tolerance (or the data would have to be reduced as integers, which DDP's result
+is not).
 
 Why blocks: one checksum over a 25 MB bucket needs a tolerance that grows with the bucket (the reduction's
 legitimate rounding error is proportional to the sum of |x| over everything it covers), and measured here it
 catches only a few percent of single-bit flips. A block's tolerance is proportional to that block's sum of |x|
 only, so a flip that changes one element by about its own magnitude stands far above it.
 
-Tolerance derivation (rigorous, IEEE round-to-nearest; u = unit roundoff, gamma_k(u) = k*u / (1 - k*u))
-----------------------------------------------------------------------------------------------------------
-Let rank r hold x_r (dtype d, unit roundoff u_d: 2^-24 float32, 2^-8 bfloat16, 2^-11 float16) and let a block
-have n elements. Sums accumulate in float32 (u_a = 2^-24; float64 for float64 buckets) in sub-blocks of m = 64
-elements, whose sums are then added in float64 (u_64 = 2^-53). Any summation order of k terms errs by at most
-gamma_{k-1} * sum|terms| (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., sec. 4.2), so:
-
-1. declared sum  s_r = sum_i x_ri + e1,  |e1| <= (gamma_{m-1}(u_a) + gamma_n(u_64)) * S1_r,  S1_r = sum_i |x_ri|;
-2. the reduction (gloo, W ranks, W-1 additions per element in dtype d):
-   y_i = sum_r x_ri + e2_i,  |e2_i| <= gamma_{W-1}(u_d) * sum_r |x_ri|  (exact only for sums of subnormals);
-3. the check sum over the received block  t = sum_i y_i + e3,  |e3| <= (gamma_{m-1}(u_a) + gamma_n(u_64)) * sum_i |y_i|,
-   with sum_i |y_i| <= (1 + gamma_{W-1}(u_d)) * A*,  A* = sum_r S1_r;
-4. the reduced declared sums  S = sum_r s_r + e4,  |e4| <= gamma_{W-1}(u_64) * sum_r |s_r|.
-
-Adding up, with A >= A* (below):  |t - S| <= rel * A + abs,  where
-``rel = gamma_{W-1}(u_d) + 2 * gamma_{m-1}(u_a) * (1 + gamma_{W-1}(u_d)) + 3 * gamma_{n+W+2}(u_64)`` and
-``abs = n * W * 2^-126`` covers a reduction that flushes subnormals to zero. The tolerance is
-``tolerance_factor * (rel * A + abs)`` (factor 2 by default: margin, not a fudge; the bound alone is rigorous).
-For float32 and W = 2, rel is about 7.6e-6 and A about n * W * RMS(x) for Gaussian-like data, so a block of
-2048 tolerates ~0.06 RMS, while every sign or exponent flip of an element with |x| >= RMS moves it by at least
-|x| / 2. (The DDP hook's 1/W scaling adds u_d to rel unless W is a power of two, and a subnormal term.)
-
-The exact upper bound A comes from torch's fused float32 2-norm (one fast read) and Cauchy-Schwarz,
-sum|x| <= sqrt(n) * ||x||_2: the computed norm N satisfies ``||x||_2 <= (N / (1 - u_a) + sqrt(n * tiny)) /
-sqrt(1 - gamma_{n+1}(u_a))`` (squares below ``tiny`` = 2^-126 may underflow to zero), so
-``A_r = sqrt(n) * (N / (1 - u_a) + sqrt(n * tiny)) / sqrt(1 - gamma_{n+1}(u_a))``. The cheap lower bound is
-``L_r = sum_k |p_k| / ((1 + gamma_{m-1}(u_a)) * (1 + gamma_{n+1}(u_64)))`` over the block's float32 sub-block
-partial sums p_k, which the declaring read computes anyway (each |p_k| <= (1 + gamma_{m-1}) * sum_k |x|).
+Tolerance: a block's tolerance is the rigorous bound on the legitimate rounding of the declaring sums,
+the reduction and the check sum (Higham's gamma bounds), derived in :mod:`chaos.guards.rounding`: about
+0.06 RMS for a float32 block of 2048 on 2 ranks.
 
 Low precision: u_bf16 = 2^-8 makes the reduction's own legitimate rounding large (the tolerance of a block is
 ~u_d * n * W * RMS), so bfloat16/float16 buckets use blocks of ``low_precision_block_elems`` (64 by default:
@@ -70,18 +56,10 @@ Blocks that cannot be verified: where the declared sum is not finite (Inf/NaN in
 gradient anomaly guard's job) or where A reaches the dtype's maximum (the reduction may legitimately overflow).
 They are counted in ``stats.unverifiable_blocks`` and never flagged.
 
-Localization, and what it can and cannot tell
----------------------------------------------
-On a mismatch every rank all-gathers, for the first few mismatched blocks, the values it meant to send and
-the values it received (a few KB). From them each rank recomputes the reduction exactly (W = 2: bit for bit)
-and sees which ranks received a wrong result: only some ranks -> the fault hit those ranks after the
-reduction (``site_hint`` "post_reduce", ``culprit_rank`` the one rank); every rank -> it entered before or
-during the reduction ("in_transit"), and ``culprit_rank`` is the one rank whose contribution, changed by a
-single bit, reproduces the wrong result exactly (a single-bit model; None when no rank or several ranks do).
-What it cannot do: tell a flip in a sender's buffer from one on the wire into the reducer (both look the
-same), or attribute multi-bit corruption. Comparing "what each rank sent" with "what it declared" is not
-possible after the fact: the all-reduce is in place and overwrites the send buffer, and keeping a copy of what
-was sent would cost a full extra pass on every clean reduction. Nothing of this runs on the clean path.
+Localization: on a mismatch every rank all-gathers, for the first few mismatched blocks, what it meant to
+send and what it received, and names the site (``post_reduce`` on the ranks that alone got a wrong result, else
+``in_transit``) and, under a single-bit model, the culprit rank: :mod:`chaos.guards._localize`, which also
+says what it cannot tell. Nothing of this runs on the clean path.
 Fault-injection points (``state.corrupt``) are called on every attempt; the injecting agent decides (a
 transient fault fires once, ``state.attempt`` says which attempt it is).
 """
@@ -90,7 +68,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -98,121 +76,25 @@ from torch._C._distributed_c10d import GradBucket  # the stub's home; torch.dist
 
 from chaos import events
 from chaos.guards import _localize
+from chaos.guards._checksum_types import (
+    SITES,
+    ChecksumConfig,
+    ChecksumStats,
+    CorruptionHook,
+    Detection,
+    Policy,
+    SdcDetected,
+    Site,
+)
 from chaos.guards.rounding import (
-    SUB_BLOCK,
     BlockLayout,
     abs_sum_bounds,
     block_sums,
+    pack_declared,
     sums_and_lower_bounds,
     tolerance_coefficients,
+    unpack_reduced,
 )
-
-Site = Literal["local", "in_transit", "post_reduce"]
-Policy = Literal["retry", "skip", "raise"]
-SITES: tuple[Site, ...] = ("local", "in_transit", "post_reduce")
-
-
-class CorruptionHook(Protocol):
-    """An injection point of the in-job agent; it corrupts ``tensor`` in place, or leaves it alone.
-
-    ``local``: the bucket BEFORE checksums are taken (a compute fault; no checksum of the reduction can see it);
-    ``in_transit``: the send buffer AFTER checksums are taken and BEFORE the reduction;
-    ``post_reduce``: the reduced result on this rank BEFORE verification.
-    """
-
-    def __call__(self, site: Site, bucket_index: int, tensor: torch.Tensor) -> None: ...
-
-
-@dataclass
-class ChecksumConfig:
-    """How buckets are checked and what a mismatch does.
-
-    ``block_elems`` elements per block for float32/float64, ``low_precision_block_elems`` for float16/bfloat16
-    (each a multiple of 64, or at most 64). ``policy``: ``retry`` (up to ``max_retries`` re-reductions from
-    the intact local data, then skip), ``skip`` or ``raise``. ``tolerance_factor`` (>= 1) multiplies the
-    rigorous rounding-error bound. ``emit`` has the signature of :func:`chaos.events.emit` (the default).
-    ``localize``: run the localization exchange on a mismatch; ``max_reported_blocks`` caps the block list in
-    events and the blocks localization looks at. Every rank must use the same config (it decides which
-    collectives run).
-    """
-
-    block_elems: int = 2048
-    low_precision_block_elems: int = 64
-    policy: Policy = "retry"
-    max_retries: int = 1
-    tolerance_factor: float = 2.0
-    emit: Callable[..., None] | None = None
-    localize: bool = True
-    max_reported_blocks: int = 8
-
-    def __post_init__(self) -> None:
-        for name in ("block_elems", "low_precision_block_elems"):
-            value = getattr(self, name)
-            if value < 1 or (value > SUB_BLOCK and value % SUB_BLOCK):
-                raise ValueError(f"{name} must be >= 1 and, above {SUB_BLOCK}, a multiple of it; got {value}")
-        if self.policy not in ("retry", "skip", "raise"):
-            raise ValueError(f"policy must be retry, skip or raise, got {self.policy!r}")
-        if self.max_retries < 0:
-            raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
-        if not self.tolerance_factor >= 1.0:
-            raise ValueError(
-                f"tolerance_factor must be >= 1 (below 1 the bound no longer holds): {self.tolerance_factor}"
-            )
-        if self.max_reported_blocks < 1:
-            raise ValueError(f"max_reported_blocks must be >= 1, got {self.max_reported_blocks}")
-
-    def layout(self, numel: int, dtype: torch.dtype) -> BlockLayout:
-        """The block layout of a bucket of ``numel`` elements of ``dtype``."""
-        low = dtype in (torch.float16, torch.bfloat16)
-        block = self.low_precision_block_elems if low else self.block_elems
-        return BlockLayout(numel, block, min(SUB_BLOCK, block))
-
-
-@dataclass(frozen=True)
-class Detection:
-    """One mismatched attempt as every rank agreed on it (``blocks``/``n_blocks``: this rank's own)."""
-
-    bucket: int
-    attempt: int
-    step: int | None
-    ranks: tuple[int, ...]
-    blocks: tuple[int, ...]
-    n_blocks: int
-    site_hint: str
-    culprit_rank: int | None
-    action: str
-
-
-class SdcDetected(RuntimeError):
-    """Raised on every rank under ``policy="raise"``; ``detection`` says where."""
-
-    def __init__(self, detection: Detection) -> None:
-        super().__init__(
-            f"silent data corruption in the all-reduce of bucket {detection.bucket} (step {detection.step}, "
-            f"attempt {detection.attempt}): ranks {list(detection.ranks)} saw mismatched blocks; "
-            f"site {detection.site_hint}, culprit rank {detection.culprit_rank}"
-        )
-        self.detection = detection
-
-
-@dataclass
-class ChecksumStats:
-    """Counters, the same on every rank except ``mismatched_here`` (failed attempts this rank saw itself).
-
-    ``second_checks``: reductions where the cheap first-tier tolerance did not clear every block and the
-    exact bound had to be computed for some (see :func:`guarded_reduce`).
-    """
-
-    buckets_checked: int = 0
-    blocks_checked: int = 0
-    unverifiable_blocks: int = 0
-    second_checks: int = 0
-    mismatches: int = 0
-    mismatched_here: int = 0
-    retries: int = 0
-    repaired: int = 0
-    skipped_steps: int = 0
-    raised: int = 0
 
 
 class ChecksumState:
@@ -253,6 +135,7 @@ class ChecksumState:
         )
         self._buffers: dict[Any, torch.Tensor] = {}
         self._lengths: dict[BlockLayout, torch.Tensor] = {}
+        self._calls: dict[int, int] = {}
 
     def consume_skip(self) -> bool:
         """Whether this step must be skipped; resets the flag for the next step."""
@@ -266,6 +149,20 @@ class ChecksumState:
             held = torch.empty_like(like, memory_format=torch.contiguous_format)
             self._buffers[key] = held
         return held
+
+    def carrier(self, key: Any, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A persistent flat buffer of ``numel`` elements of ``dtype`` (re-allocated only when those change)."""
+        held = self._buffers.get(key)
+        if held is None or held.numel() != numel or held.dtype != dtype:
+            held = self._buffers[key] = torch.empty(numel, dtype=dtype)
+        return held
+
+    def due(self, bucket_index: int) -> bool:
+        """Whether this reduction of ``bucket_index`` is verified (``config.verify_every``; the same answer on
+        every rank, which call in lockstep)."""
+        calls = self._calls.get(bucket_index, 0)
+        self._calls[bucket_index] = calls + 1
+        return calls % self.config.verify_every == 0
 
     def lengths(self, layout: BlockLayout) -> torch.Tensor:
         """Cached ``layout.lengths()``."""
@@ -293,6 +190,7 @@ class _Job:
     scale: float | None
     layout: BlockLayout
     lengths: torch.Tensor
+    checksum_dtype: torch.dtype = torch.float64
 
     def collective(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> None:
         dist.all_reduce(tensor, op=op, group=self.state.group)
@@ -300,7 +198,7 @@ class _Job:
     def tolerance(self, a_total: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         st = self.state
         rel, absolute = tolerance_coefficients(
-            self.layout, self.send.dtype, st.world_size, st.config.tolerance_factor, self.scale
+            self.layout, self.send.dtype, st.world_size, st.config.tolerance_factor, self.scale, self.checksum_dtype
         )
         return a_total * rel + lengths * absolute
 
@@ -313,13 +211,24 @@ class _Job:
 
 
 def guarded_reduce(
-    state: ChecksumState, bucket_index: int, send: torch.Tensor, intact: torch.Tensor, scale: float | None
+    state: ChecksumState,
+    bucket_index: int,
+    send: torch.Tensor,
+    intact: torch.Tensor,
+    scale: float | None,
+    carrier: torch.Tensor | None = None,
+    declared: torch.Tensor | None = None,
 ) -> bool:
     """All-reduce (SUM) flat ``send`` in place and verify it; True when the final result verified clean.
 
     ``send`` must hold ``intact`` (``scale`` None) or ``torch.mul(intact, scale)``: that is how a retry
-    rebuilds it. Collective: every rank calls it. Raises :class:`SdcDetected` under ``policy="raise"``;
-    sets ``state.skip_step`` when it gives up.
+    rebuilds it. ``carrier``: a flat buffer whose first elements ARE ``send`` and whose
+    ``config.carried_numel`` elements leave room for the checksums: they are appended there and travel in the
+    same collective (float32/float64 only; None: a separate float64 collective, concurrent with the bucket's).
+    ``declared``: ``sums_and_lower_bounds(intact, layout)`` when the caller computed it already (fused with the
+    copy that filled ``send`` or ``intact``), unscaled; None: computed here.
+    Collective: every rank calls it. Raises :class:`SdcDetected` under ``policy="raise"``; sets
+    ``state.skip_step`` when it gives up.
 
     Two tiers keep the clean path at one read of the data for the checksums: the declared checksums carry a
     cheap LOWER bound L <= sum|x| (from the same pass as the sums), and a block within the tolerance built
@@ -328,32 +237,51 @@ def guarded_reduce(
     reduced in a second small round. The verdict is the same as computing A everywhere.
     """
     cfg = state.config
-    layout = cfg.layout(send.numel(), send.dtype)
+    n = send.numel()
+    layout = cfg.layout(n, send.dtype)
+    whole: torch.Tensor | None = None  # the one buffer reduced when the checksums ride along
+    tail: torch.Tensor | None = None
+    if carrier is not None and cfg.carried_numel(n, send.dtype) > n:
+        whole = carrier[: cfg.carried_numel(n, send.dtype)]
+        if whole.numel() < cfg.carried_numel(n, send.dtype) or whole.data_ptr() != send.data_ptr():
+            raise ValueError("carrier must start with send and have room for the checksums (config.carried_numel)")
+        tail = whole[n:].view(2, layout.n_blocks)
     job = _Job(state, bucket_index, send, intact, scale, layout, state.lengths(layout))
-    declared: torch.Tensor | None = None
+    if tail is not None:
+        job.checksum_dtype = tail.dtype
+    if layout.n_blocks:
+        if declared is None:
+            declared = sums_and_lower_bounds(intact, layout)
+        if scale is not None:
+            declared.mul_(scale)
+        if tail is not None:
+            declared = pack_declared(declared, tail.dtype)
     attempts = cfg.max_retries + 1 if cfg.policy == "retry" else 1
     for attempt in range(attempts):
         state.attempt = attempt
         if attempt:
             _refill(send, intact, scale)
-        if declared is None and layout.n_blocks:
-            declared = sums_and_lower_bounds(intact, layout)
-            if scale is not None:
-                declared.mul_(scale)
+        if tail is not None and declared is not None:
+            tail.copy_(declared)  # every attempt: the reduction overwrote the previous one's
         state._inject("in_transit", bucket_index, send)
         if declared is None:  # an empty bucket: nothing to verify
             job.collective(send)
             state._inject("post_reduce", bucket_index, send)
             return True
-        reduced = declared.clone()
-        # Both in flight at once: gloo runs the bucket and the small checksum vector on separate threads.
-        bucket_work = dist.all_reduce(send, group=state.group, async_op=True)
+        reduced = declared.clone() if tail is None else None
+        # One collective when the checksums ride along; otherwise both in flight at once (gloo runs the bucket
+        # and the small checksum vector on separate threads).
+        bucket_work = dist.all_reduce(send if whole is None else whole, group=state.group, async_op=True)
         if state.in_flight is not None:
             state.in_flight(bucket_index)  # the agent's phase-allreduce faults: this rank is inside the collective
-        job.collective(reduced)
+        if reduced is not None:
+            job.collective(reduced)
         assert bucket_work is not None
         bucket_work.wait()
         state._inject("post_reduce", bucket_index, send)
+        if reduced is None:
+            assert tail is not None
+            reduced = unpack_reduced(tail, state.world_size)
         bad, counts = _verify(job, reduced)
         if int(counts.sum()) == 0:
             if attempt:
@@ -370,6 +298,18 @@ def guarded_reduce(
         state.stats.skipped_steps += 1
     state.skip_step = True
     return False
+
+
+def _unverified_reduce(state: ChecksumState, bucket_index: int, send: torch.Tensor) -> None:
+    """A reduction ``config.verify_every`` leaves unchecked: the same collective and injection sites, no checksums."""
+    state.stats.unverified_reductions += 1
+    state._inject("in_transit", bucket_index, send)
+    work = dist.all_reduce(send, group=state.group, async_op=True)
+    if state.in_flight is not None:
+        state.in_flight(bucket_index)
+    assert work is not None
+    work.wait()
+    state._inject("post_reduce", bucket_index, send)
 
 
 def _refill(send: torch.Tensor, intact: torch.Tensor, scale: float | None) -> None:
@@ -462,27 +402,48 @@ def checksum_hook(state: ChecksumState, bucket: GradBucket) -> torch.futures.Fut
 
     Register with ``ddp.register_comm_hook(state, checksum_hook)``. The bucket buffer itself stays intact (it
     is what a retry rebuilds from); the average goes into a per-bucket buffer of ``state`` through the same
-    ``mul`` by 1/W that DDP's reducer applies, then the same all-reduce, and that buffer is returned (DDP
-    copies it into ``.grad``): a clean step is bit-identical to default DDP and costs no clone. The future is
-    already complete (the work is synchronous, as gloo's is anyway). Under ``policy="raise"`` the future
-    carries :class:`SdcDetected`, which DDP re-raises from ``backward()``.
+    ``mul`` by 1/W that DDP's reducer applies, then the same all-reduce, and (a view of) that buffer is
+    returned (DDP copies it into ``.grad``): a clean step is bit-identical to default DDP and costs no clone.
+    The buffer has room behind the bucket for its checksums (float32/float64), which ride in the same
+    all-reduce. The future is already complete (the work is synchronous, as gloo's is anyway). Under
+    ``policy="raise"`` the future carries :class:`SdcDetected`, which DDP re-raises from ``backward()``.
     """
-    grads = bucket.buffer()
-    index = bucket.index()
-    state._inject("local", index, grads)
-    if state.observe is not None:
-        state.observe(index, grads)
-    send = state.buffer(("send", index), grads)
-    scale = 1.0 / state.world_size
-    torch.mul(grads, scale, out=send)
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     try:
-        guarded_reduce(state, index, send, grads, scale)
+        future.set_result(average_bucket(state, bucket.index(), bucket.buffer()))
     except SdcDetected as exc:
         future.set_exception(exc)  # type: ignore[arg-type]  # the stub types it as the result type
-        return future
-    future.set_result(send)
     return future
+
+
+def average_bucket(state: ChecksumState, bucket_index: int, grads: torch.Tensor) -> torch.Tensor:
+    """What :func:`checksum_hook` does with a bucket's flat buffer ``grads``: the verified average, in a view of
+    the state's per-bucket send buffer (``grads`` is left intact); on a reduction ``config.verify_every`` leaves
+    unverified, ``grads`` itself, averaged in place as DDP's default hook does. Raises :class:`SdcDetected` under
+    ``policy="raise"``; sets ``state.skip_step`` when it gives up."""
+    state._inject("local", bucket_index, grads)
+    if state.observe is not None:
+        state.observe(bucket_index, grads)
+    scale = 1.0 / state.world_size
+    if not state.due(bucket_index):  # no retry possible without a check: scale and reduce in place, like DDP
+        grads.mul_(scale)
+        _unverified_reduce(state, bucket_index, grads)
+        return grads
+    n = grads.numel()
+    carrier = state.carrier(("send", bucket_index), state.config.carried_numel(n, grads.dtype), grads.dtype)
+    send = carrier[:n]
+    declared = _fill_and_declare(state, grads, send, scale)
+    guarded_reduce(state, bucket_index, send, grads, scale, carrier, declared)
+    return send
+
+
+def _fill_and_declare(
+    state: ChecksumState, src: torch.Tensor, dst: torch.Tensor, scale: float | None
+) -> torch.Tensor | None:
+    """Write ``src`` (times ``scale``) into ``dst`` and declare ``src``'s block checksums in the same read."""
+    if not src.numel():
+        return None
+    return sums_and_lower_bounds(src, state.config.layout(src.numel(), src.dtype), copy_to=dst, scale=scale)
 
 
 def checksummed_all_reduce(
@@ -497,12 +458,19 @@ def checksummed_all_reduce(
 ) -> bool:
     """In-place SUM all-reduce of a contiguous ``tensor`` (like ``dist.all_reduce``), verified by checksums.
 
-    Returns True when the final result verified clean (after any retries); False when the guard gave up
-    (``policy`` skip, or retries exhausted: the result may then be corrupt, and ``state.skip_step`` is set).
-    Raises :class:`SdcDetected` under ``policy="raise"``. A long-lived ``state`` (whose group, config and
-    hook are then used; do not pass ``group``/``config``/``corrupt`` with it) reuses its intact-copy buffer
-    and keeps counters; without one a fresh state, and a fresh buffer, are made per call. ``bucket_index``
-    labels events and keys the buffer.
+    Returns True when the final result verified clean (after any retries) or was not due for verification
+    (``config.verify_every``); False when the guard gave up (``policy`` skip, or retries exhausted: the
+    result may then be corrupt, and ``state.skip_step`` is set). Raises :class:`SdcDetected` under
+    ``policy="raise"`` (``tensor`` then holds either the reduced result or, when the checksums were carried,
+    this rank's own input). A long-lived ``state`` (whose group, config and hook are then used; do not pass
+    ``group``/``config``/``corrupt`` with it) reuses its buffer and keeps counters; without one a fresh state,
+    and a fresh buffer, are made per call. ``bucket_index`` labels events and keys the buffer.
+
+    The reduction is in place, so the guard must keep an intact copy of the input for a retry: a separate
+    buffer, filled by the pass that declares the checksums; the tensor is reduced in place and the checksums
+    take a second, concurrent collective. With ``config.carry_checksums=True`` (float32/float64) the copy is the
+    input itself instead: the data go into a buffer with room for the checksums, that one buffer is reduced and
+    verified, and the result is copied back (one more pass: slower, measured in ``benchmarks/``).
     """
     if state is None:
         state = ChecksumState(config, group, corrupt=corrupt)
@@ -516,9 +484,21 @@ def checksummed_all_reduce(
     state._inject("local", bucket_index, flat)
     if state.observe is not None:
         state.observe(bucket_index, flat)
+    if not state.due(bucket_index):
+        _unverified_reduce(state, bucket_index, flat)
+        return True
+    n = flat.numel()
+    carried = state.config.carried_numel(n, flat.dtype)
+    if carried > n and state.config.carry_checksums:
+        carrier = state.carrier(("carrier", bucket_index), carried, flat.dtype)
+        send = carrier[:n]
+        declared = _fill_and_declare(state, flat, send, None)
+        ok = guarded_reduce(state, bucket_index, send, flat, None, carrier, declared)
+        flat.copy_(send)
+        return ok
     intact = state.buffer(("intact", bucket_index), flat)
-    intact.copy_(flat)
-    return guarded_reduce(state, bucket_index, flat, intact, None)
+    declared = _fill_and_declare(state, flat, intact, None)
+    return guarded_reduce(state, bucket_index, flat, intact, None, declared=declared)
 
 
 # DDP's register_comm_hook compares the annotations with the real objects, and ``from __future__ import
@@ -536,6 +516,7 @@ __all__ = [
     "Policy",
     "SdcDetected",
     "Site",
+    "average_bucket",
     "checksum_hook",
     "checksummed_all_reduce",
     "guarded_reduce",

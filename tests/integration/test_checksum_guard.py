@@ -25,7 +25,15 @@ from chaos.guards.checksum import (
     checksum_hook,
     checksummed_all_reduce,
 )
-from chaos.guards.rounding import BlockLayout, abs_sum_bounds, sums_and_lower_bounds
+from chaos.guards.rounding import (
+    BlockLayout,
+    abs_sum_bounds,
+    carried_sums_term,
+    pack_declared,
+    sums_and_lower_bounds,
+    tolerance_coefficients,
+    unpack_reduced,
+)
 from chaos.injob.bitflip import Flip, flip_bits
 
 TIMEOUT_S = 180.0
@@ -70,6 +78,50 @@ def test_lower_and_upper_bounds_bracket_the_exact_abs_sum(dtype: torch.dtype) ->
             assert abs(declared[0, b].item() - math.fsum(values)) <= 1e-5 * exact_abs + 1e-30
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_declaring_fused_with_the_copy_copies_exactly_and_declares_the_same(dtype: torch.dtype) -> None:
+    for n, chunk in ((10_000, 4096), (2048 * 3, 2048), (100, 64), (5, 64)):
+        x = (torch.randn(n, generator=torch.Generator().manual_seed(n)) * 1e-3).to(dtype)
+        layout = BlockLayout(n, 2048 if dtype == torch.float32 else 64, 64)
+        for scale in (None, 0.5, 1 / 3):
+            out = torch.full((n,), float("nan"), dtype=dtype)
+            fused = sums_and_lower_bounds(x, layout, copy_to=out, scale=scale, chunk=chunk)
+            expected = x.clone() if scale is None else torch.mul(x, scale)
+            assert torch.equal(out, expected)  # what the hook and the standalone send: bit for bit
+            assert torch.equal(fused, sums_and_lower_bounds(x, layout))
+
+
+@pytest.mark.parametrize("world", [2, 3, 8])
+def test_checksums_carried_in_float32_keep_the_bound(world: int) -> None:
+    """Steps 5-6 of the derivation: declared sums rounded to float32 and reduced in float32 stay within the
+    carried term, and the carried lower bound stays below the exact sum of |x| over the ranks."""
+    gen = torch.Generator().manual_seed(world)
+    layout = BlockLayout(4 * 2048 + 100, 2048, 64)
+    rel, absolute = carried_sums_term(layout, torch.float32, world, torch.float32)
+    for trial in range(30):
+        ranks = []
+        for _ in range(world):
+            x = torch.randn(layout.numel, generator=gen) * 10.0 ** (trial % 9 - 40 if trial % 5 == 0 else trial % 9 - 4)
+            if trial % 3 == 0:
+                x = x.abs()  # every sub-block sum is as large as it gets: L as tight as it gets
+            ranks.append(x)
+        declared = [sums_and_lower_bounds(x, layout) for x in ranks]
+        reduced = pack_declared(declared[0], torch.float32)
+        for d in declared[1:]:  # the reduction, in float32, in one of its orders
+            reduced += pack_declared(d, torch.float32)
+        got = unpack_reduced(reduced, world)
+        for b in range(layout.n_blocks):
+            start, stop = layout.span(b)
+            exact_abs = math.fsum(math.fsum(abs(v) for v in x[start:stop].double().tolist()) for x in ranks)
+            declared_sum = math.fsum(float(d[0, b]) for d in declared)
+            assert got[1, b].item() <= exact_abs
+            assert abs(got[0, b].item() - declared_sum) <= rel * exact_abs + absolute * (stop - start)
+    # The carried term is what tolerance_coefficients adds, and it is small next to the rest of the bound.
+    base = tolerance_coefficients(layout, torch.float32, world, 1.0, None)
+    carried = tolerance_coefficients(layout, torch.float32, world, 1.0, None, torch.float32)
+    assert carried[0] == pytest.approx(base[0] + rel) and rel < 0.1 * base[0]
+
+
 # -- clean reductions ---------------------------------------------------------------------------------------------
 
 
@@ -77,6 +129,8 @@ def _clean_worker(rank: int, world: int, report: Report, trials: int) -> dict[st
     rng = random.Random(1000 + rank)
     shared = random.Random(7)  # sizes and dtypes must match across ranks
     states = {d: ChecksumState(config=ChecksumConfig(emit=Recorder())) for d in ("float32", "bfloat16", "float16")}
+    # Every other float32 trial carries its checksums in the reduced buffer itself (rounded to float32).
+    states["carried"] = ChecksumState(config=ChecksumConfig(emit=Recorder(), carry_checksums=True))
     mismatched_results = 0
     for t in range(trials):
         dtype_name = shared.choice(["float32"] * 6 + ["bfloat16", "float16"])
@@ -99,7 +153,8 @@ def _clean_worker(rank: int, world: int, report: Report, trials: int) -> dict[st
         x = x.to(dtype)
         ref = x.clone()
         dist.all_reduce(ref)
-        ok = checksummed_all_reduce(x, state=states[dtype_name], bucket_index=n)
+        state = states["carried" if dtype == torch.float32 and t % 2 else dtype_name]
+        ok = checksummed_all_reduce(x, state=state, bucket_index=n)
         assert ok
         ints = torch.int32 if dtype == torch.float32 else torch.int16
         mismatched_results += int(not torch.equal(x.view(ints), ref.view(ints)))
@@ -139,10 +194,10 @@ def test_heavy_cancellation_goes_to_the_exact_tier_and_still_passes() -> None:
 
 
 def _fault_worker(
-    rank: int, world: int, report: Report, site: str, bit: int, policy: str, persistent: bool
+    rank: int, world: int, report: Report, site: str, bit: int, policy: str, persistent: bool, carry: bool | None = None
 ) -> dict[str, Any]:
     recorder = Recorder()
-    state = ChecksumState(config=ChecksumConfig(policy=policy, emit=recorder))
+    state = ChecksumState(config=ChecksumConfig(policy=policy, emit=recorder, carry_checksums=carry))
     x = _gradient_like(300_000, 11 + rank)
     index = int(torch.argmax(x.abs()))  # |x| >= RMS for sure (the post_reduce flip hits the reduced value)
     ref = x.clone()
@@ -162,9 +217,10 @@ def _fault_worker(
     return outcome
 
 
-@pytest.mark.parametrize("bit", [23, 27, 30, 31])
-def test_in_transit_flip_is_detected_everywhere_localized_and_retried_bit_exact(bit: int) -> None:
-    results = run_group(_fault_worker, 2, "in_transit", bit, "retry", False, timeout_s=TIMEOUT_S)
+@pytest.mark.parametrize(("bit", "carry"), [(23, None), (27, None), (30, None), (31, None), (30, True)])
+def test_in_transit_flip_is_detected_everywhere_localized_and_retried_bit_exact(bit: int, carry: bool | None) -> None:
+    # None: the standalone's default (a separate checksum collective); True: appended to the reduced buffer.
+    results = run_group(_fault_worker, 2, "in_transit", bit, "retry", False, carry, timeout_s=TIMEOUT_S)
     for rank, r in enumerate(results):
         assert r["ok"] and r["identical"] and not r["skip"]  # one retry, then bit-for-bit the clean result
         [detection] = r["detections"]
@@ -209,6 +265,49 @@ def test_local_corruption_is_invisible_to_the_checksum() -> None:
         assert r["ok"] and not r["identical"] and r["detections"] == []  # the anomaly guard's job
 
 
+def _float64_and_sampling_worker(rank: int, world: int, report: Report) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    # float64 buckets carry float64 checksums: clean reductions pass, an exponent flip in transit is repaired.
+    state = ChecksumState(config=ChecksumConfig(emit=Recorder()))
+    gen = torch.Generator().manual_seed(rank)
+    for k in range(20):
+        x = torch.randn(50_000, generator=gen, dtype=torch.float64) * 10.0 ** (k - 10)
+        assert checksummed_all_reduce(x, state=state)
+    x = _gradient_like(50_000, 3 + rank).double()
+    ref = x.clone()
+    dist.all_reduce(ref)
+    index = int(torch.argmax(x.abs()))
+    fired: list[int] = []
+
+    def blow_up(site: str, bucket_index: int, tensor: torch.Tensor) -> None:  # bit flips are 16/32-bit only
+        if site == "in_transit" and rank == 1 and not fired:
+            fired.append(1)
+            tensor[index] *= -(2.0**40)  # a sign and exponent change of one element
+
+    state.corrupt = blow_up
+    out["f64_ok"] = checksummed_all_reduce(x, state=state)
+    out["f64_identical"] = torch.equal(x, ref)
+    out["f64_stats"] = state.stats
+    # verify_every=4: a flip injected into every reduction is caught exactly in the verified ones (1 in 4).
+    sampled = ChecksumState(config=ChecksumConfig(emit=Recorder(), verify_every=4, policy="skip"))
+    caught = []
+    for k in range(12):
+        sampled.corrupt = OneFlip(1, "in_transit", 17, 30)
+        y = _gradient_like(30_000, 100 + k + rank)
+        caught.append(not checksummed_all_reduce(y, state=sampled, bucket_index=5))
+    out["caught"] = caught
+    out["sampled_stats"] = sampled.stats
+    return out
+
+
+def test_float64_carried_checksums_and_verify_every() -> None:
+    for r in run_group(_float64_and_sampling_worker, 2, timeout_s=TIMEOUT_S):
+        assert r["f64_ok"] and r["f64_identical"]
+        assert r["f64_stats"].mismatches == 1 and r["f64_stats"].repaired == 1
+        assert r["caught"] == [k % 4 == 0 for k in range(12)]  # the declared coverage: 1/4, on schedule
+        assert r["sampled_stats"].unverified_reductions == 9 and r["sampled_stats"].buckets_checked == 3
+
+
 # -- one global checksum vs blocks --------------------------------------------------------------------------------
 
 
@@ -251,13 +350,15 @@ def _model() -> nn.Module:
     return nn.Sequential(nn.Linear(32, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 1))
 
 
-def _train(rank: int, hook: str, steps: int, as_view: bool, fault_step: int | None, policy: str) -> dict[str, Any]:
+def _train(
+    rank: int, hook: str, steps: int, as_view: bool, fault_step: int | None, policy: str, every: int = 1
+) -> dict[str, Any]:
     model = _model()
     # Small buckets, so several buckets (and bucket rebuilding after step 1) are exercised.
     ddp = DistributedDataParallel(model, bucket_cap_mb=0.05, gradient_as_bucket_view=as_view)
     state = None
     if hook == "checksum":
-        state = ChecksumState(config=ChecksumConfig(policy=policy, emit=Recorder()))
+        state = ChecksumState(config=ChecksumConfig(policy=policy, emit=Recorder(), verify_every=every))
         ddp.register_comm_hook(state, checksum_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     gen = torch.Generator().manual_seed(100 + rank)
@@ -283,10 +384,10 @@ def _train(rank: int, hook: str, steps: int, as_view: bool, fault_step: int | No
 
 
 def _ddp_worker(
-    rank: int, world: int, report: Report, as_view: bool, fault_step: int | None, policy: str
+    rank: int, world: int, report: Report, as_view: bool, fault_step: int | None, policy: str, every: int = 1
 ) -> dict[str, Any]:
     default = _train(rank, "default", 12, as_view, None, policy)
-    guarded = _train(rank, "checksum", 12, as_view, fault_step, policy)
+    guarded = _train(rank, "checksum", 12, as_view, fault_step, policy, every)
     same = all(
         torch.equal(a.view(torch.int32), b.view(torch.int32))
         for a, b in zip(default["params"], guarded["params"], strict=True)
@@ -294,11 +395,12 @@ def _ddp_worker(
     return {"same": same, "raised": guarded["raised"], "stats": guarded["stats"]}
 
 
-@pytest.mark.parametrize("as_view", [False, True])
-def test_ddp_hook_trains_bit_identically_to_default_ddp(as_view: bool) -> None:
-    for r in run_group(_ddp_worker, 2, as_view, None, "retry", timeout_s=TIMEOUT_S):
+@pytest.mark.parametrize(("as_view", "every"), [(False, 1), (True, 1), (False, 3)])
+def test_ddp_hook_trains_bit_identically_to_default_ddp(as_view: bool, every: int) -> None:
+    for r in run_group(_ddp_worker, 2, as_view, None, "retry", every, timeout_s=TIMEOUT_S):
         assert r["same"], "a clean checksummed step must equal default DDP bit for bit"
-        assert r["stats"].buckets_checked > 12 and r["stats"].mismatches == 0
+        assert r["stats"].buckets_checked > 12 // every and r["stats"].mismatches == 0
+        assert (r["stats"].unverified_reductions > 0) == (every > 1)
 
 
 def test_ddp_hook_retries_an_in_transit_fault_and_still_ends_bit_identical() -> None:
