@@ -21,6 +21,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from chaos.history.timeline import Event
+
 # tests/support.py -> the repository root, whatever folder a test module sits in.
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios"
@@ -208,6 +210,21 @@ class Recorder:
 
     def __call__(self, kind: str, *, rank: int | None = None, **data: Any) -> None:
         self.events.append((kind, rank, data))
+
+
+# -- building histories by hand (the check unit tests) ----------------------------------------------------------
+
+SECOND = 1_000_000_000  # nanoseconds
+
+
+def ns(t: float) -> int:
+    """``t`` seconds as the nanoseconds an Event carries."""
+    return round(t * SECOND)
+
+
+def ev(t: float, kind: str, rank: int | None = None, source: str = "target", **data: Any) -> Event:
+    """An Event at ``t`` seconds (from the target unless ``source`` says otherwise)."""
+    return Event(ts_ns=ns(t), kind=kind, source=source, rank=rank, data=data)
 
 
 # -- reading a written HTML report (these helpers assert: a page that does not parse is a failure) -------------

@@ -18,19 +18,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from hypothesis import strategies as st
+from support import ev, ns
 
 from chaos.history.timeline import Event
 
-SECOND = 1_000_000_000
 FAULT = "ckpt-storage"
-
-
-def ns(t: float) -> int:
-    return round(t * SECOND)
-
-
-def ev(t: float, kind: str, rank: int | None = None, source: str = "target", **data: Any) -> Event:
-    return Event(ts_ns=ns(t), kind=kind, source=source, rank=rank, data=data)
 
 
 def applied(t: float, mode: str) -> Event:
