@@ -170,6 +170,14 @@ def _exists(ctx: InjectionContext, path: str) -> bool:
         raise InjectionError(f"cannot reach {ctx.transport.host}: {exc}") from exc
 
 
+def _newest_file(ctx: InjectionContext, path: str, pattern: str) -> tuple[str, str, JsonValue]:
+    """The fault's checkpoint directory on its host, and the newest finished file there matching ``pattern``
+    (path, size); InjectionError from the host when there is none."""
+    directory = _resolve_dir(ctx, path)
+    found = host_op(ctx.transport, {"op": "newest", "directory": directory, "pattern": pattern})
+    return directory, str(found["path"]), found["size"]
+
+
 def _backup_path(op_id: str, name: str) -> str:
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in op_id)[:60]
     return str(state_dir() / "checkpoint" / f"{safe}-{time.time_ns()}-{os.path.basename(name)}")
@@ -257,11 +265,9 @@ class CorruptInjector(_Base):
 
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
         params = op.params_as(CorruptParams)
-        directory = _resolve_dir(ctx, params.path)
-        found = host_op(ctx.transport, {"op": "newest", "directory": directory, "pattern": params.files})
-        path = str(found["path"])
+        directory, path, size = _newest_file(ctx, params.path, params.files)
         state = CheckpointState(directory, path, backup=_backup_path(op.op_id, path), detail={"bytes": params.bytes})
-        text = f"flip {params.bytes} bytes of {path} ({found['size']} bytes)"
+        text = f"flip {params.bytes} bytes of {path} ({size} bytes)"
         return op.record(self.name, ctx.transport.host, state.to_json(), text)
 
     def apply(self, ctx: InjectionContext, applied: Applied) -> None:
@@ -296,11 +302,9 @@ class DropShardInjector(_Base):
 
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
         params = op.params_as(DropShardParams)
-        directory = _resolve_dir(ctx, params.path)
-        found = host_op(ctx.transport, {"op": "newest", "directory": directory, "pattern": params.files})
-        path = str(found["path"])
+        directory, path, size = _newest_file(ctx, params.path, params.files)
         state = CheckpointState(directory, path, backup=_backup_path(op.op_id, path))
-        return op.record(self.name, ctx.transport.host, state.to_json(), f"remove {path} ({found['size']} bytes)")
+        return op.record(self.name, ctx.transport.host, state.to_json(), f"remove {path} ({size} bytes)")
 
     def apply(self, ctx: InjectionContext, applied: Applied) -> None:
         state = CheckpointState.from_json(applied.state)

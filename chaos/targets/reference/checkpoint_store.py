@@ -329,8 +329,7 @@ class _Choice:
             return False
         started = time.monotonic()
         try:
-            data = verify_part(self.directory, step, self.rank, self.world_size)
-            state = _load(data)
+            data, state = read_part(self.directory, step, self.rank, self.world_size)
         except Rejected as exc:
             self.reject(step, str(exc))
             return False
@@ -346,26 +345,29 @@ class _Choice:
             emit("target.checkpoint_rejected", rank=self.rank, step=step, path=path, reason=reason)
 
 
-def _load(data: bytes) -> dict[str, Any]:
-    """Unpickle with ``weights_only=True``: a checkpoint directory is exactly where a storage fault (or anyone)
+def read_part(directory: Path, step: int, rank: int, world_size: int) -> tuple[bytes, dict[str, Any]]:
+    """This rank's file of checkpoint ``step``, verified against the manifest and unpickled; Rejected says why
+    not. Unpickled with ``weights_only=True``: a checkpoint directory is exactly where a storage fault (or anyone)
     could plant a pickle, and a file the manifest vouches for can still have been written wrong."""
+    data = verify_part(directory, step, rank, world_size)
     try:
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - whatever the unpickler says, this checkpoint cannot be used
         raise Rejected(f"verified but does not load: {str(exc)[:200]}") from exc
     if not isinstance(state, dict):
         raise Rejected("verified but does not hold a state dict")
-    return state
+    return data, state
 
 
-def _all_min(value: int) -> int:
+def all_min(value: int) -> int:
+    """``value``'s minimum over the ranks (an all-reduce MIN on the default group)."""
     tensor = torch.tensor([value], dtype=torch.int64)
     dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
     return int(tensor.item())
 
 
 def restore(
-    directory: Path, *, rank: int, world_size: int, attempt: int, reduce_min: Callable[[int], int] = _all_min
+    directory: Path, *, rank: int, world_size: int, attempt: int, reduce_min: Callable[[int], int] = all_min
 ) -> tuple[int, Path, dict[str, Any]] | None:
     """The newest checkpoint every rank verified, loaded from this rank's own file; None when there is none.
 

@@ -13,7 +13,7 @@ the rollback target; with none, the job starts again from scratch (the initial s
 - :class:`SdcRollback`: the trainer side. After each step it reads the guard's newest verdict (identical on every
   rank: the guard judges gathered values), so every rank decides to roll back at the same step without another
   collective. Rank 0 lists the committed checkpoints and broadcasts the candidates; every rank verifies its own
-  file against the manifest (:func:`checkpoint_store.verify_part`) and the ranks take the newest candidate that
+  file against the manifest (:func:`checkpoint_store.read_part`) and the ranks take the newest candidate that
   verified on all of them (an all-reduce MIN), else the next older one, else scratch. Every rank then loads it
   IN PLACE (model, optimizer, RNG), takes rank 0's tensors (a broadcast, as DDP does at construction, so the
   replicas are identical whatever the checkpoint held), deletes the checkpoints newer than the target (they may
@@ -42,7 +42,6 @@ attempt, duration_s (this rank's verify + load)}.
 
 from __future__ import annotations
 
-import io
 import shutil
 import sys
 import time
@@ -141,12 +140,6 @@ class Restored:
     path: Path | None
     rejected: tuple[int, ...]
     duration_s: float
-
-
-def _all_min(value: int) -> int:
-    tensor = torch.tensor([value], dtype=torch.int64)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
-    return int(tensor.item())
 
 
 def _broadcast_list(values: list[int], rank: int) -> list[int]:
@@ -272,16 +265,15 @@ class SdcRollback:
         started = time.monotonic()
         rejected: list[int] = []
         for candidate in candidates:
-            data: bytes | None = None
+            state: dict[str, Any] | None = None
             try:
-                data = checkpoint_store.verify_part(self.directory, candidate, self.rank, self.world_size)
+                _, state = checkpoint_store.read_part(self.directory, candidate, self.rank, self.world_size)
             except checkpoint_store.Rejected as exc:
                 print(f"rollback rank {self.rank}: checkpoint {candidate} rejected: {exc}", file=sys.stderr, flush=True)
-            if _all_min(0 if data is None else 1) == 0:
+            if checkpoint_store.all_min(0 if state is None else 1) == 0:
                 rejected.append(candidate)
                 continue
-            assert data is not None
-            state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+            assert state is not None
             self._load(state)
             path = checkpoint_store.step_dir(self.directory, candidate)
             return Restored(candidate, path, tuple(rejected), time.monotonic() - started)
