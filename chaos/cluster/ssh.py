@@ -12,6 +12,13 @@ Contracts worth knowing:
 * A remote process is the command itself (the shell ``exec``s it), so ``pid`` and signals reach the real
   process, and a death by signal reads as ``-signum`` like :class:`subprocess.Popen`.
 * A dropped connection is re-opened once, but only before a command starts: a command is never run twice.
+* ``run`` goes through ONE long-lived command channel per host (:mod:`chaos.cluster.command_channel`: a plain
+  ``sh`` reading framed requests), opened at the first ``run`` and reused, so a command costs no new SSH session.
+  A second concurrent ``run`` on the same host does not wait: it takes a session of its own. A channel found
+  dead before a request, or one that took not a byte of it, is re-opened and the request sent there (it never
+  ran); one that dies with a request (or part of one) in flight is a TransportError, never a retry. On the channel a death by
+  signal reads as ``128 + signum`` and the reply comes when the command exits (a detached child's later output
+  is not waited for); ``command_channel=False`` gives one session per command (``-signum``, output to EOF).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from typing import Any, TypeVar
 import paramiko
 from paramiko.common import MSG_CHANNEL_REQUEST
 
+from chaos.cluster import command_channel as cmdchan
 from chaos.cluster.base import Completed, Transport, TransportError, kill_reported_group
 from chaos.cluster.inventory import Host, Inventory
 from chaos.cluster.remote_process import (
@@ -163,8 +171,10 @@ class SshTransport(RemoteTransport[SshProcess]):
         accept_unknown: bool = False,
         connect_timeout: float = 10.0,
         clock_cache_s: float = 60.0,
+        command_channel: bool = True,
     ) -> None:
         self.host = host.name
+        self.command_channel = command_channel
         self.spec = host
         self.known_hosts = known_hosts
         self.accept_unknown = accept_unknown
@@ -174,6 +184,8 @@ class SshTransport(RemoteTransport[SshProcess]):
         self._lock = threading.Lock()
         self._accepted: dict[tuple[str, str], paramiko.PKey] = {}
         self._clock: tuple[float, ClockEstimate] | None = None
+        self._channel: cmdchan.CommandChannel | None = None
+        self._channel_lock = threading.Lock()  # one request in flight on the command channel
 
     @classmethod
     def for_host(cls, inventory: Inventory, name: str, **options: Any) -> SshTransport:
@@ -190,11 +202,20 @@ class SshTransport(RemoteTransport[SshProcess]):
         return str(self.known_hosts) if self.known_hosts is not None else "~/.ssh/known_hosts"
 
     def close(self) -> None:
-        """Close the connection; a later call reconnects."""
+        """Close the command channel (its shell on the host exits) and the connection; a later call reconnects."""
         with self._lock:
             client, self._client = self._client, None
+            channel, self._channel = self._channel, None
+        if channel is not None:
+            channel.close()
         if client is not None:
             client.close()
+
+    @property
+    def channel_pid(self) -> int | None:
+        """The pid of the command channel's shell on the host, once it reported it (None without one)."""
+        channel = self._channel
+        return channel.pid if channel is not None else None
 
     # --- connection -------------------------------------------------------------------------------------
 
@@ -289,7 +310,71 @@ class SshTransport(RemoteTransport[SshProcess]):
 
     def run(self, argv: list[str], *, timeout: float = 30.0, check: bool = False) -> Completed:
         """Run ``argv`` (stdin: /dev/null) and capture its output. On timeout the remote process group is
-        SIGKILLed and TransportError raised; ``check`` raises TransportError on a non-zero exit."""
+        SIGKILLed and TransportError raised; ``check`` raises TransportError on a non-zero exit.
+
+        Through the host's command channel when there is one free (see the module's contracts), else in a
+        session of its own."""
+        if self.command_channel and self._channel_lock.acquire(blocking=False):
+            try:
+                code, out, err = self._run_on_channel(argv, timeout)
+            finally:
+                self._channel_lock.release()
+            return self._completed(argv, code, out, err.decode(errors="replace"), check)
+        return self._run_in_session(argv, timeout=timeout, check=check)
+
+    def _run_on_channel(self, argv: list[str], timeout: float) -> tuple[int, bytes, bytes]:
+        """``argv`` on the command channel (caller holds ``_channel_lock``). A request not one byte of which left
+        (:class:`~chaos.cluster.command_channel.NotSent`) is sent once more on a new channel; any
+        other failure drops the channel (a timed-out one with its process group) and raises TransportError."""
+        text = remote_command(argv, self.spec.sudo)
+        for attempt in (1, 2):
+            channel = self._live_channel()
+            try:
+                return channel.run(text, timeout)
+            except cmdchan.NotSent as exc:
+                self._drop_channel(channel)
+                if attempt == 2:
+                    raise TransportError(f"cannot run {argv[0]} on {self.host}: {exc}") from None
+            except cmdchan.TimedOut as exc:
+                self._drop_channel(channel)
+                if exc.pid is not None:
+                    kill_reported_group(self, str(exc.pid).encode())  # the shell and its command; another session
+                raise TransportError(f"{argv[0]} timed out after {timeout:.0f}s on {self.host}") from None
+            except cmdchan.Lost as exc:
+                self._drop_channel(channel)
+                raise TransportError(f"connection to {self.host} lost while running {argv[0]}: {exc}") from None
+        raise AssertionError("unreachable")
+
+    def _live_channel(self) -> cmdchan.CommandChannel:
+        """The command channel, (re)opened when missing or dead (nothing is in flight on it: the caller holds
+        ``_channel_lock``); a dropped connection is re-opened once, as for any session."""
+        for attempt in (1, 2):
+            transport = self.connect()
+            channel = self._channel
+            if channel is not None and channel.usable(transport):
+                return channel
+            if channel is not None:
+                self._drop_channel(channel)
+            try:
+                fresh = cmdchan.CommandChannel.open(transport, self.host, self.connect_timeout)
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                self.close()
+                if attempt == 2:
+                    raise TransportError(f"cannot open the command channel on {self.host}: {exc}") from None
+                continue
+            with self._lock:
+                self._channel = fresh
+            return fresh
+        raise AssertionError("unreachable")
+
+    def _drop_channel(self, channel: cmdchan.CommandChannel) -> None:
+        with self._lock:
+            if self._channel is channel:
+                self._channel = None
+        channel.close()
+
+    def _run_in_session(self, argv: list[str], *, timeout: float, check: bool) -> Completed:
+        """``argv`` in a session of its own: what ``run`` did before the command channel."""
         command = run_command(argv, self.spec.sudo)
         channel = self._open_channel()
         out: list[bytes] = []

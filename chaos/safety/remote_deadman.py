@@ -56,6 +56,9 @@ printf '%s' "$input" | "$@" || exit
 case $cmd in *"$mark"*) kill -TERM "-$pid" 2>/dev/null;; esac
 exit 0
 """
+# $@ = the switch's arm argv. Its pid line comes from the detached switch, which may write it after ``setsid``
+# itself has exited: the command substitution waits for it (for a transport whose ``run`` returns at exit).
+STARTED_SCRIPT = 'pid=$("$@") || exit; echo "$pid"'
 ARMED_FAILED = 125  # the exit status of ARMED_SCRIPT when the switch did not start (the command never ran)
 MAX_INPUT = 96 * 1024  # one argv word may hold 128 KiB (Linux MAX_ARG_STRLEN); larger texts take the long way
 
@@ -88,7 +91,8 @@ def start(
     transport: Transport, op_key: str, revert_argv: list[str], fires_in_s: float, *, generation: int | None = None
 ) -> tuple[str, int | None]:
     """:func:`arm`, also returning the switch's pid (None when the host did not report one)."""
-    done = transport.run(arm_argv(op_key, revert_argv, fires_in_s, generation), timeout=15, check=True)
+    argv = ["sh", "-c", STARTED_SCRIPT, "mlchaos-arm", *arm_argv(op_key, revert_argv, fires_in_s, generation)]
+    done = transport.run(argv, timeout=15, check=True)
     return marker(op_key, generation), pid_of(done.stdout)
 
 
