@@ -5,11 +5,15 @@ runs it too). For each size of float32 it times, interleaved rep by rep so drift
 
 - ``plain`` (a SUM all-reduce) against ``checksummed`` (:func:`checksummed_all_reduce` with a long-lived state:
   intact copy, checksums in a second collective), ``checksummed_carried`` (``carry_checksums=True``: checksums
-  appended, one collective, result copied back) and ``checksummed_every4`` (``verify_every=4``: one reduction
-  in four verified; 4 calls per timing);
+  appended, one collective, result copied back), ``checksummed_every4`` (``verify_every=4``: one reduction
+  in four verified; 4 calls per timing) and ``checksummed_nocopy`` (``policy="skip", localize=False``: nothing
+  is redone or localized, so no intact copy; every block's exact bound declared up front);
 - ``default_hook`` (DDP's Python default hook: divide in place, all-reduce) against ``checksum_hook`` (what
-  :func:`checksum_hook` does with a bucket: :func:`average_bucket`; checksums appended to its send buffer),
-  ``checksum_hook_separate`` (``carry_checksums=False``: a second collective) and ``checksum_hook_every4``;
+  :func:`checksum_hook` does with a bucket under DDP's default ``gradient_as_bucket_view=False``:
+  :func:`average_bucket` with the local gradients to rebuild from, so the bucket is averaged in place and the
+  checksums take a concurrent collective), ``checksum_hook_copy`` (the path for ``gradient_as_bucket_view=True``:
+  the bucket kept intact, the average built in a send buffer with the checksums appended, one collective) and
+  ``checksum_hook_every4``;
 
 and prints medians and paired ratios. Then, each alone: one extra read of the buffer (the floor the issue
 names), the guard's own passes (the scaling copy, declare, verify), a tiny all-reduce (the verdict) and the
@@ -73,8 +77,8 @@ def _rank(rank: int, world: int, report: Report, sizes: tuple[float, ...], reps:
     states = {
         "default": ChecksumState(ChecksumConfig()),
         "carry": ChecksumState(ChecksumConfig(carry_checksums=True)),
-        "separate": ChecksumState(ChecksumConfig(carry_checksums=False)),
         "every4": ChecksumState(ChecksumConfig(verify_every=EVERY)),
+        "nocopy": ChecksumState(ChecksumConfig(policy="skip", localize=False)),
     }
     rows = []
     for mb in sizes:
@@ -100,8 +104,11 @@ def _measure(rank: int, world: int, states: dict[str, ChecksumState], mb: float,
         work.div_(world)
         dist.all_reduce(work)
 
-    def hook(state: ChecksumState) -> Callable[[], Any]:
-        return lambda: average_bucket(state, 0, work)
+    def local(out: torch.Tensor) -> None:  # the parameters' .grad, for a retry (never needed on clean data)
+        out.copy_(base)
+
+    def hook(state: ChecksumState, in_place: bool = True) -> Callable[[], Any]:
+        return lambda: average_bucket(state, 0, work, local if in_place else None)
 
     def standalone(state: ChecksumState) -> Callable[[], Any]:
         return lambda: checksummed_all_reduce(work, state=state)
@@ -111,9 +118,10 @@ def _measure(rank: int, world: int, states: dict[str, ChecksumState], mb: float,
         "checksummed": standalone(states["default"]),
         "checksummed_carried": standalone(states["carry"]),
         "checksummed_every4": standalone(states["every4"]),
+        "checksummed_nocopy": standalone(states["nocopy"]),
         "default_hook": default_hook,
         "checksum_hook": hook(states["default"]),
-        "checksum_hook_separate": hook(states["separate"]),
+        "checksum_hook_copy": hook(states["default"], in_place=False),
         "checksum_hook_every4": hook(states["every4"]),
     }
     times: dict[str, list[float]] = {name: [] for name in variants}
@@ -134,8 +142,9 @@ def _measure(rank: int, world: int, states: dict[str, ChecksumState], mb: float,
         ("checksummed", "plain"),
         ("checksummed_carried", "plain"),
         ("checksummed_every4", "plain"),
+        ("checksummed_nocopy", "plain"),
         ("checksum_hook", "default_hook"),
-        ("checksum_hook_separate", "default_hook"),
+        ("checksum_hook_copy", "default_hook"),
         ("checksum_hook_every4", "default_hook"),
     ):
         row[f"{name}_ratio"] = statistics.median(g / p for g, p in zip(times[name], times[against], strict=True))
@@ -168,8 +177,9 @@ def _breakdown(
     row["allreduce_with_checksums_ms"] = statistics.median(c for c, _ in pairs) * 1e3
 
 
-def _phases(rank: int, world: int, report: Report, mb: float, reps: int) -> dict[str, float]:
-    """Median milliseconds per phase of the hook (in context: right after the collective, as in training)."""
+def _phases(rank: int, world: int, report: Report, mb: float, reps: int, in_place: bool) -> dict[str, float]:
+    """Median milliseconds per phase of the hook (in context: right after the collective, as in training);
+    ``in_place``: the default path (bucket averaged in place), else the out-of-place one."""
     spent: dict[str, list[float]] = {}
 
     def timed(owner: Any, name: str, key: str) -> None:
@@ -193,6 +203,10 @@ def _phases(rank: int, world: int, report: Report, mb: float, reps: int) -> dict
     base = torch.randn(n, generator=torch.Generator().manual_seed(rank)) * 1e-3
     work = base.clone()
     state = ChecksumState(ChecksumConfig())
+
+    def local(out: torch.Tensor) -> None:  # the parameters' .grad, for a retry (never needed on clean data)
+        out.copy_(base)
+
     for _ in range(reps + 3):
         work.copy_(base)
         dist.barrier()
@@ -207,7 +221,7 @@ def _phases(rank: int, world: int, report: Report, mb: float, reps: int) -> dict
         work.copy_(base)
         dist.barrier()
         start = time.perf_counter()
-        average_bucket(state, 0, work)
+        average_bucket(state, 0, work, local if in_place else None)
         spent.setdefault("hook_total", []).append(time.perf_counter() - start)
     out = {key: statistics.median(values[3:]) * 1e3 for key, values in spent.items()}
     out["hook_verify"] = out["hook_verify_and_verdict"] - out["hook_verdict"]
@@ -222,10 +236,11 @@ def figures(rows: list[dict[str, float]]) -> dict[str, float]:
         mb = f"{r['mb']:g}mb"
         out[f"hook_ratio_{mb}"] = round(r["checksum_hook_ratio"], 3)
         out[f"standalone_ratio_{mb}"] = round(r["checksummed_ratio"], 3)
-        out[f"hook_separate_ratio_{mb}"] = round(r["checksum_hook_separate_ratio"], 3)
+        out[f"hook_copy_ratio_{mb}"] = round(r["checksum_hook_copy_ratio"], 3)
         out[f"standalone_carried_ratio_{mb}"] = round(r["checksummed_carried_ratio"], 3)
         out[f"hook_every4_ratio_{mb}"] = round(r["checksum_hook_every4_ratio"], 3)
         out[f"standalone_every4_ratio_{mb}"] = round(r["checksummed_every4_ratio"], 3)
+        out[f"standalone_nocopy_ratio_{mb}"] = round(r["checksummed_nocopy_ratio"], 3)
         out[f"floor_{mb}"] = round(1 + r["read_ms"] / r["plain_ms"], 3)
     if rows:
         # Share of reductions verified; a transient sign/exponent flip is caught with this probability (the
@@ -239,20 +254,21 @@ def main(sizes: tuple[float, ...] = SIZES_MB, reps: int = 15, as_json: bool = Fa
     rows: list[dict[str, float]] = run_group(_rank, 2, sizes, reps, timeout_s=1800)[0]
     print("float32, 2 gloo ranks on this machine, 1 intra-op thread each; medians, ratios = median of per-rep ratios")
     print(
-        f"{'size':>6} | {'plain':>8} {'checksummed':>11} {'ratio':>6} {'carried':>8} {'every4':>6} |"
-        f" {'DDP default hook':>16} {'checksum_hook':>13} {'ratio':>6} {'separate':>8} {'every4':>6} | {'floor':>6}"
+        f"{'size':>6} | {'plain':>8} {'checksummed':>11} {'ratio':>6} {'carried':>8} {'every4':>6} {'nocopy':>6} |"
+        f" {'DDP default hook':>16} {'checksum_hook':>13} {'ratio':>6} {'copy':>8} {'every4':>6} | {'floor':>6}"
     )
     for r in rows:
         floor = 1 + r["read_ms"] / r["plain_ms"]
         print(
             f"{r['mb']:4g}MB | {r['plain_ms']:6.2f}ms {r['checksummed_ms']:9.2f}ms {r['checksummed_ratio']:5.2f}x"
-            f" {r['checksummed_carried_ratio']:7.2f}x {r['checksummed_every4_ratio']:5.2f}x |"
+            f" {r['checksummed_carried_ratio']:7.2f}x {r['checksummed_every4_ratio']:5.2f}x"
+            f" {r['checksummed_nocopy_ratio']:5.2f}x |"
             f" {r['default_hook_ms']:14.2f}ms {r['checksum_hook_ms']:11.2f}ms {r['checksum_hook_ratio']:5.2f}x"
-            f" {r['checksum_hook_separate_ratio']:7.2f}x {r['checksum_hook_every4_ratio']:5.2f}x | {floor:5.2f}x"
+            f" {r['checksum_hook_copy_ratio']:7.2f}x {r['checksum_hook_every4_ratio']:5.2f}x | {floor:5.2f}x"
         )
     print(
-        "carried: checksums appended (carry_checksums=True); separate: in a second collective (carry_checksums=False);"
-        " every4: verify_every=4"
+        "carried: checksums appended (carry_checksums=True); copy: the hook's out-of-place path"
+        " (gradient_as_bucket_view=True); every4: verify_every=4; nocopy: policy skip, localize=False"
     )
     print("floor = 1 + one extra read of the buffer (a float32 sum) relative to the plain all-reduce")
     print(
@@ -276,10 +292,11 @@ if __name__ == "__main__":
     parser.add_argument("--sizes", default=",".join(str(s) for s in SIZES_MB), help="MB per bucket, comma-separated")
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--phases", action="store_true", help="time the hook's phases in place (first size only)")
+    parser.add_argument("--copy", action="store_true", help="with --phases: the hook's out-of-place path")
     args = parser.parse_args()
     sizes = tuple(float(s) for s in args.sizes.split(","))
     if args.phases:
-        per_rank = run_group(_phases, 2, sizes[0], args.reps, timeout_s=900)
+        per_rank = run_group(_phases, 2, sizes[0], args.reps, not args.copy, timeout_s=900)
         for rank, phases in enumerate(per_rank):
             print(f"rank {rank}, {sizes[0]:g} MB, ms: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(phases.items())))
         if args.json:

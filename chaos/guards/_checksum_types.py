@@ -38,9 +38,12 @@ class ChecksumConfig:
     the intact local data, then skip), ``skip`` or ``raise``. ``tolerance_factor`` (>= 1) multiplies the
     rigorous rounding-error bound. ``emit`` has the signature of :func:`chaos.events.emit` (the default).
     ``localize``: run the localization exchange on a mismatch; ``max_reported_blocks`` caps the block list in
-    events and the blocks localization looks at. ``carry_checksums``: float32/float64 buckets carry their
-    checksums appended to the bucket's own collective, else (and always for 16-bit buckets) a separate float64
-    collective carries them; None (the default): the DDP hook carries them (its send buffer is its own), while
+    events and the blocks localization looks at (with ``policy`` skip or raise and ``localize=False`` the
+    standalone keeps no intact copy of its input: nothing would read it). ``carry_checksums``: float32/float64
+    buckets carry their checksums appended to the bucket's own collective, else (and always for 16-bit
+    buckets) a separate float64 collective carries them; None (the default): the DDP hook carries them only
+    on its out-of-place path (``gradient_as_bucket_view=True``: its send buffer is its own) and sends them
+    separately when it reduces the bucket in place; ``True`` forces the out-of-place, carried path;
     :func:`~chaos.guards.checksum.checksummed_all_reduce`, which reduces the caller's tensor in place, sends them
     separately (carrying them would cost a copy of the result back into the tensor: measured dearer).
     ``verify_every``: verify one reduction in k per bucket (1: every one); the others are plain reductions, so

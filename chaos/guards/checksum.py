@@ -8,44 +8,40 @@ Two entry points share one verified reduction:
 
 What it does, per bucket
 ------------------------
-The bucket is cut into blocks of ``block_elems`` elements. Each rank keeps an intact copy of its local data
-(the DDP hook gets one for free: the bucket itself, since the scaled send buffer is built out of place) and,
-in one read of it, declares per block its sum ``s`` and a cheap LOWER bound ``L <= sum|x|``. The ``(s, L)``
-vectors travel appended to the DDP hook's send buffer, in the SAME all-reduce (float32 and float64 buckets; the
-rounding of float32-carried checksums is steps 5-6 of the derivation, in :mod:`chaos.guards.rounding`); 16-bit
-buckets, and the standalone all-reduce (whose buffer is the caller's, ``ChecksumConfig.carry_checksums``), send
-them in a separate float64 collective running concurrently with the bucket's; then every rank
-sums each block of the reduced bucket it received and compares with the reduced ``s``. A block within the
-tolerance built from ``L`` is certainly within the exact one (built from an UPPER bound ``A``), so it passes;
-the few others (a real mismatch, or values cancelling inside every 64-element sub-block) get ``A`` from the
-intact data of just those blocks, reduced in a second small round, and are judged exactly. The verdict is the
-one computing ``A`` everywhere would give, at one read instead of two. All ranks then agree with one tiny
-all-reduce and take the same action: ``retry`` (rebuild the send buffer from the intact copy and reduce
-again: a transient fault in transit costs one retry, not a corrupted model; if the retry mismatches too the
-step is skipped), ``skip`` (``state.skip_step`` becomes True on every rank: the trainer must not call
-``optimizer.step()``) or ``raise`` (:class:`SdcDetected` on every rank). Ranks that saw a mismatch emit
-``detect.sdc``.
+The bucket is cut into blocks of ``block_elems`` elements; one read of the local data declares per block its
+sum ``s`` and a cheap LOWER bound ``L <= sum|x|``. The DDP hook (DDP's default ``gradient_as_bucket_view=False``)
+scales the bucket by 1/W in place like DDP's default hook, the declaring sums fused into that pass, and
+all-reduces it in place, the ``(s, L)`` in a concurrent float64 collective: no copy, as every ``.grad`` still
+holds the local gradient until the hook's future completes and a retry rebuilds the bucket from them. Where the
+``.grad`` tensors are the bucket (``gradient_as_bucket_view=True``) the bucket stays intact and the average is
+built in a send buffer with the ``(s, L)`` appended, in the SAME all-reduce (float32-carried rounding: steps 5-6
+of :mod:`chaos.guards.rounding`). The standalone reduces the caller's tensor in place, so it keeps an intact
+copy (filled by the declaring pass) unless nothing could use one (``policy`` skip/raise with ``localize=False``:
+every block's exact bound ``A`` is then declared up front). Every rank sums each block of the reduced bucket
+and compares with the reduced ``s``. A block within the tolerance built from ``L`` is certainly within the
+exact one (built from an UPPER bound ``A``); the few others (a real mismatch, or values cancelling inside
+every 64-element sub-block) get ``A`` from the intact data of just those blocks, reduced in a second small
+round, and are judged exactly: the verdict computing ``A`` everywhere would give, at one read instead of two.
+All ranks agree with one tiny all-reduce and take the same action: ``retry`` (rebuild the send buffer from the
+intact data and reduce again; a second mismatch skips the step, and so does a rebuild that differs from what
+was declared, e.g. after a ``local`` fault in the bucket only: never applied), ``skip`` (``state.skip_step``
+on every rank: the trainer must not call ``optimizer.step()``) or ``raise`` (:class:`SdcDetected` on every
+rank). Ranks that saw a mismatch emit ``detect.sdc``.
 
-Cost on a clean reduction: the intact copy (one read + one write; the DDP hook's is the scaling pass DDP's
-default hook makes anyway), one read to declare (of data the copy just brought into cache), one read to
-verify, 2 floats per block more in the collective (0.1% at 2048; or the concurrent checksum collective) and
-the tiny verdict all-reduce: 1.3-1.5x DDP's default hook at 25 MB on 2 gloo ranks of a 2-core machine, 1.4-1.6x
-a plain all-reduce for the standalone (BENCHMARKS.md says where the time goes).
-``config.verify_every = k`` trades coverage for cost, declared: k - 1 reductions in k skip all of it.
-``benchmarks/checksum_allreduce.py`` measures it. Integer (bit-exact) checksums are not used: the float
-reduction itself rounds, so the exact sum of what was received differs from the exact sum of what was sent
-by up to gamma_{W-1}(u_d) * sum|x| on clean data; an integer checksum of the received values can only be
-compared within that same tolerance (or the data would have to be reduced as integers, which DDP's result
-is not).
+Cost on a clean reduction: the declaring read (fused with the hook's 1/W pass or the standalone's intact copy),
+one read to verify, the concurrent checksum collective (or 2 floats per block appended) and the tiny verdict
+all-reduce (on gloo about a data pass). At 25 MB on 2 gloo ranks of a 2-core machine (BENCHMARKS.md, "issue 19
+data path", says where the time goes): the DDP hook 1.26-1.30x DDP's default (out of place 1.30-1.34x), the
+standalone ~1.6x a plain all-reduce, with or without its intact copy. ``config.verify_every = k`` trades
+coverage for cost, declared. Integer (bit-exact) checksums are not used: the float reduction itself rounds, so
+the received sum differs from the sent one by up to gamma_{W-1}(u_d) * sum|x| on clean data, and an integer
+checksum could only be compared within that same tolerance.
 
-Why blocks: one checksum over a 25 MB bucket needs a tolerance that grows with the bucket (the reduction's
-legitimate rounding error is proportional to the sum of |x| over everything it covers), and measured here it
-catches only a few percent of single-bit flips. A block's tolerance is proportional to that block's sum of |x|
-only, so a flip that changes one element by about its own magnitude stands far above it.
-
-Tolerance: a block's tolerance is the rigorous bound on the legitimate rounding of the declaring sums,
-the reduction and the check sum (Higham's gamma bounds), derived in :mod:`chaos.guards.rounding`: about
-0.06 RMS for a float32 block of 2048 on 2 ranks.
+Why blocks: one checksum over a 25 MB bucket needs a tolerance that grows with the bucket (legitimate rounding
+is proportional to the sum of |x| it covers) and catches a few percent of single-bit flips; a block's is
+proportional to that block's sum of |x| only. Tolerance: the rigorous bound on the legitimate rounding of the
+declaring sums, the reduction and the check sum (Higham's gamma bounds), derived in :mod:`chaos.guards.rounding`:
+about 0.06 RMS for a float32 block of 2048 on 2 ranks.
 
 Low precision: u_bf16 = 2^-8 makes the reduction's own legitimate rounding large (the tolerance of a block is
 ~u_d * n * W * RMS), so bfloat16/float16 buckets use blocks of ``low_precision_block_elems`` (64 by default:
@@ -59,9 +55,8 @@ They are counted in ``stats.unverifiable_blocks`` and never flagged.
 Localization: on a mismatch every rank all-gathers, for the first few mismatched blocks, what it meant to
 send and what it received, and names the site (``post_reduce`` on the ranks that alone got a wrong result, else
 ``in_transit``) and, under a single-bit model, the culprit rank: :mod:`chaos.guards._localize`, which also
-says what it cannot tell. Nothing of this runs on the clean path.
-Fault-injection points (``state.corrupt``) are called on every attempt; the injecting agent decides (a
-transient fault fires once, ``state.attempt`` says which attempt it is).
+says what it cannot tell. Nothing of this runs on the clean path. Fault-injection points (``state.corrupt``) are
+called on every attempt; the agent decides (a transient fault fires once; ``state.attempt`` says which).
 """
 
 from __future__ import annotations
@@ -89,6 +84,7 @@ from chaos.guards._checksum_types import (
 from chaos.guards.rounding import (
     BlockLayout,
     abs_sum_bounds,
+    all_abs_sum_bounds,
     block_sums,
     pack_declared,
     sums_and_lower_bounds,
@@ -136,6 +132,7 @@ class ChecksumState:
         self._buffers: dict[Any, torch.Tensor] = {}
         self._lengths: dict[BlockLayout, torch.Tensor] = {}
         self._calls: dict[int, int] = {}
+        self._rebuildable: dict[tuple[int, int, int], bool] = {}  # DDP hook: per bucket buffer (_local_gradients)
 
     def consume_skip(self) -> bool:
         """Whether this step must be skipped; resets the flag for the next step."""
@@ -179,6 +176,9 @@ class ChecksumState:
         (self.config.emit or events.emit)(kind, rank=self.global_ranks[self.rank], **data)
 
 
+Intact = torch.Tensor | Callable[[], torch.Tensor]  # local data before scaling, or a function rebuilding it
+
+
 @dataclass
 class _Job:
     """One bucket's verified reduction: what a retry, the exact check and localization need."""
@@ -186,11 +186,19 @@ class _Job:
     state: ChecksumState
     bucket: int
     send: torch.Tensor
-    intact: torch.Tensor
+    source: Intact | None
     scale: float | None
     layout: BlockLayout
     lengths: torch.Tensor
     checksum_dtype: torch.dtype = torch.float64
+
+    def intact(self) -> torch.Tensor:
+        """The intact local data, rebuilt on first use when ``source`` is a function."""
+        if self.source is None:
+            raise RuntimeError("this reduction keeps no intact copy of its input")
+        if not isinstance(self.source, torch.Tensor):
+            self.source = self.source()
+        return self.source
 
     def collective(self, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> None:
         dist.all_reduce(tensor, op=op, group=self.state.group)
@@ -202,19 +210,21 @@ class _Job:
         )
         return a_total * rel + lengths * absolute
 
-    def verdict(self, flags: torch.Tensor) -> torch.Tensor:
-        """Every rank's count of flagged blocks (one tiny SUM all-reduce; each rank fills its own slot)."""
-        counts = torch.zeros(self.state.world_size, dtype=torch.int64)
-        counts[self.state.rank] = int(flags.sum())
+    def verdict(self, flags: torch.Tensor, *more: torch.Tensor) -> torch.Tensor:
+        """Every rank's count of flagged blocks (one tiny SUM all-reduce; each rank fills its own slot); with
+        ``more`` flag vectors, a row of counts per vector (``[1 + len(more), world]``), in the same round."""
+        counts = torch.zeros(1 + len(more), self.state.world_size, dtype=torch.int64)
+        for row, f in enumerate((flags, *more)):
+            counts[row, self.state.rank] = int(f.sum())
         self.collective(counts)
-        return counts
+        return counts[0] if not more else counts
 
 
 def guarded_reduce(
     state: ChecksumState,
     bucket_index: int,
     send: torch.Tensor,
-    intact: torch.Tensor,
+    intact: Intact | None,
     scale: float | None,
     carrier: torch.Tensor | None = None,
     declared: torch.Tensor | None = None,
@@ -222,7 +232,11 @@ def guarded_reduce(
     """All-reduce (SUM) flat ``send`` in place and verify it; True when the final result verified clean.
 
     ``send`` must hold ``intact`` (``scale`` None) or ``torch.mul(intact, scale)``: that is how a retry
-    rebuilds it. ``carrier``: a flat buffer whose first elements ARE ``send`` and whose
+    rebuilds it. ``intact`` may be a function returning it, called only on a retry, an exact second-tier
+    check or localization (the DDP hook's in-place path rebuilds it from the parameters' ``.grad``). None: no
+    intact copy at all (``send`` holds the input, ``scale`` None, no ``carrier``): nothing can be redone or
+    localized, so the policy's retry becomes a skip, and every block's exact upper bound A is declared up front
+    (one more read, of data in cache) and reduced with the sums, so the exact tier needs no data afterwards. ``carrier``: a flat buffer whose first elements ARE ``send`` and whose
     ``config.carried_numel`` elements leave room for the checksums: they are appended there and travel in the
     same collective (float32/float64 only; None: a separate float64 collective, concurrent with the bucket's).
     ``declared``: ``sums_and_lower_bounds(intact, layout)`` when the caller computed it already (fused with the
@@ -249,18 +263,21 @@ def guarded_reduce(
     job = _Job(state, bucket_index, send, intact, scale, layout, state.lengths(layout))
     if tail is not None:
         job.checksum_dtype = tail.dtype
+    assert intact is not None or (carrier is None and scale is None), "no intact copy: no carrier, no scale"
     if layout.n_blocks:
         if declared is None:
-            declared = sums_and_lower_bounds(intact, layout)
+            declared = sums_and_lower_bounds(send if intact is None else job.intact(), layout)
+        if intact is None:
+            declared = torch.cat([declared, all_abs_sum_bounds(send, layout).unsqueeze(0)])
         if scale is not None:
             declared.mul_(scale)
         if tail is not None:
             declared = pack_declared(declared, tail.dtype)
-    attempts = cfg.max_retries + 1 if cfg.policy == "retry" else 1
+    attempts = cfg.max_retries + 1 if cfg.policy == "retry" and intact is not None else 1
     for attempt in range(attempts):
         state.attempt = attempt
         if attempt:
-            _refill(send, intact, scale)
+            _refill(send, job.intact(), scale)
         if tail is not None and declared is not None:
             tail.copy_(declared)  # every attempt: the reduction overwrote the previous one's
         state._inject("in_transit", bucket_index, send)
@@ -330,10 +347,17 @@ def _verify(job: _Job, reduced: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     verifiable = torch.isfinite(expected) & (lower < dmax)
     # "Not within" rather than "beyond", so that NaN or Inf in the received data counts as outside.
     suspect = ~(diff <= job.tolerance(lower, job.lengths)) & verifiable
-    counts = job.verdict(suspect)
     st.stats.buckets_checked += 1
     st.stats.blocks_checked += layout.n_blocks
     st.stats.unverifiable_blocks += layout.n_blocks - int(verifiable.sum())
+    if reduced.shape[0] > 2:  # every block's exact bound came with the sums: both tiers here, one agreement round
+        beyond = ~(reduced[2] < dmax) & suspect
+        bad = suspect & ~(diff <= job.tolerance(reduced[2], job.lengths)) & ~beyond
+        both = job.verdict(bad, suspect)
+        st.stats.unverifiable_blocks += int(beyond.sum())
+        st.stats.second_checks += int(both[1].sum() > 0)
+        return bad, both[0]
+    counts = job.verdict(suspect)
     if int(counts.sum()) == 0:
         return suspect, counts
     # Second tier: the exact bound for the union of every rank's suspects (so the collectives line up).
@@ -341,7 +365,7 @@ def _verify(job: _Job, reduced: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     union = suspect.to(torch.int32)
     job.collective(union, dist.ReduceOp.MAX)
     blocks = torch.nonzero(union).reshape(-1)
-    upper = abs_sum_bounds(job.intact, layout, blocks)
+    upper = abs_sum_bounds(job.intact(), layout, blocks)
     if job.scale is not None:
         upper.mul_(job.scale)
     job.collective(upper)
@@ -361,9 +385,9 @@ def _on_mismatch(job: _Job, attempt: int, action: str, bad: torch.Tensor, counts
     job.collective(union, dist.ReduceOp.MAX)
     union_blocks = [int(b) for b in torch.nonzero(union).reshape(-1)[: cfg.max_reported_blocks]]
     site_hint, culprit = "unknown", None
-    if cfg.localize:
+    if cfg.localize and job.source is not None:
         site_hint, culprit = _localize.localize(
-            union_blocks, job.layout.span, job.send, job.intact, job.scale, st.world_size, st.group
+            union_blocks, job.layout.span, job.send, job.intact(), job.scale, st.world_size, st.group
         )
     own = tuple(int(b) for b in torch.nonzero(bad).reshape(-1)[: cfg.max_reported_blocks])
     detection = Detection(
@@ -400,27 +424,68 @@ def _on_mismatch(job: _Job, attempt: int, action: str, bad: torch.Tensor, counts
 def checksum_hook(state: ChecksumState, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: average the bucket across ranks like DDP's default, verified by checksums.
 
-    Register with ``ddp.register_comm_hook(state, checksum_hook)``. The bucket buffer itself stays intact (it
-    is what a retry rebuilds from); the average goes into a per-bucket buffer of ``state`` through the same
-    ``mul`` by 1/W that DDP's reducer applies, then the same all-reduce, and (a view of) that buffer is
-    returned (DDP copies it into ``.grad``): a clean step is bit-identical to default DDP and costs no clone.
-    The buffer has room behind the bucket for its checksums (float32/float64), which ride in the same
-    all-reduce. The future is already complete (the work is synchronous, as gloo's is anyway). Under
-    ``policy="raise"`` the future carries :class:`SdcDetected`, which DDP re-raises from ``backward()``.
+    Register with ``ddp.register_comm_hook(state, checksum_hook)``. In place when the parameters' ``.grad``
+    can rebuild the bucket (DDP's default ``gradient_as_bucket_view=False``; the reducer copies the result
+    back only after the future completes: ``test_param_grads_hold_the_local_gradient_while_the_hook_runs``),
+    else (or with ``config.carry_checksums=True``) out of place into a send buffer of ``state``, checksums
+    appended. A clean step is bit-identical to default DDP. The future is already complete; under
+    ``policy="raise"`` it carries :class:`SdcDetected`, which DDP re-raises from ``backward()``.
     """
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    grads = bucket.buffer()
+    local = None if state.config.carry_checksums else _local_gradients(state, bucket, grads)
     try:
-        future.set_result(average_bucket(state, bucket.index(), bucket.buffer()))
+        future.set_result(average_bucket(state, bucket.index(), grads, local))
     except SdcDetected as exc:
         future.set_exception(exc)  # type: ignore[arg-type]  # the stub types it as the result type
     return future
 
 
-def average_bucket(state: ChecksumState, bucket_index: int, grads: torch.Tensor) -> torch.Tensor:
-    """What :func:`checksum_hook` does with a bucket's flat buffer ``grads``: the verified average, in a view of
-    the state's per-bucket send buffer (``grads`` is left intact); on a reduction ``config.verify_every`` leaves
-    unverified, ``grads`` itself, averaged in place as DDP's default hook does. Raises :class:`SdcDetected` under
-    ``policy="raise"``; sets ``state.skip_step`` when it gives up."""
+def _local_gradients(
+    state: ChecksumState, bucket: GradBucket, grads: torch.Tensor
+) -> Callable[[torch.Tensor], None] | None:
+    """A function writing the parameters' ``.grad`` (None: zeros, as the reducer does) into a tensor laid out
+    like ``grads``; None if a ``.grad`` shares the bucket's storage (``gradient_as_bucket_view``) or is not a
+    dense tensor of its dtype and device: checked once per bucket buffer (a rebuild that differs mismatches)."""
+    key = (bucket.index(), grads.data_ptr(), grads.numel())
+    if key not in state._rebuildable:
+        storage = grads.untyped_storage().data_ptr()
+        params = bucket.parameters()
+        state._rebuildable[key] = len(params) == len(bucket.gradients()) and not any(
+            p.grad is not None
+            and (
+                p.grad.layout != torch.strided
+                or p.grad.dtype != grads.dtype
+                or p.grad.device != grads.device
+                or p.grad.untyped_storage().data_ptr() == storage
+            )
+            for p in params
+        )
+    if not state._rebuildable[key]:
+        return None
+
+    def write(out: torch.Tensor) -> None:
+        out.zero_()  # gaps between views, if any, as zeros; None grads stay zeros (the reducer zero-fills them)
+        base = grads.storage_offset()
+        for view, p in zip(bucket.gradients(), bucket.parameters(), strict=True):
+            if p.grad is not None:
+                out.narrow(0, view.storage_offset() - base, view.numel()).view(view.shape).copy_(p.grad)
+
+    return write
+
+
+def average_bucket(
+    state: ChecksumState,
+    bucket_index: int,
+    grads: torch.Tensor,
+    local: Callable[[torch.Tensor], None] | None = None,
+) -> torch.Tensor:
+    """What :func:`checksum_hook` does with a bucket's flat buffer ``grads``: the verified average.
+
+    ``local`` writes this rank's local data (``grads`` on entry) into a flat tensor: given it, ``grads`` is
+    averaged in place and returned; None: ``grads`` stays intact and the average is returned in a view of the
+    state's send buffer. Unverified (``config.verify_every``): ``grads`` averaged in place, like DDP's default.
+    Raises :class:`SdcDetected` under ``policy="raise"``; sets ``state.skip_step`` when it gives up."""
     state._inject("local", bucket_index, grads)
     if state.observe is not None:
         state.observe(bucket_index, grads)
@@ -428,6 +493,16 @@ def average_bucket(state: ChecksumState, bucket_index: int, grads: torch.Tensor)
     if not state.due(bucket_index):  # no retry possible without a check: scale and reduce in place, like DDP
         grads.mul_(scale)
         _unverified_reduce(state, bucket_index, grads)
+        return grads
+    if local is not None:
+        declared = _fill_and_declare(state, grads, grads, scale)  # scales in place, each chunk after its sums
+
+        def rebuild() -> torch.Tensor:
+            held = state.buffer(("intact", bucket_index), grads)
+            local(held)
+            return held
+
+        guarded_reduce(state, bucket_index, grads, rebuild, scale, declared=declared)
         return grads
     n = grads.numel()
     carrier = state.carrier(("send", bucket_index), state.config.carried_numel(n, grads.dtype), grads.dtype)
@@ -466,11 +541,10 @@ def checksummed_all_reduce(
     ``group``/``config``/``corrupt`` with it) reuses its buffer and keeps counters; without one a fresh state,
     and a fresh buffer, are made per call. ``bucket_index`` labels events and keys the buffer.
 
-    The reduction is in place, so the guard must keep an intact copy of the input for a retry: a separate
-    buffer, filled by the pass that declares the checksums; the tensor is reduced in place and the checksums
-    take a second, concurrent collective. With ``config.carry_checksums=True`` (float32/float64) the copy is the
-    input itself instead: the data go into a buffer with room for the checksums, that one buffer is reduced and
-    verified, and the result is copied back (one more pass: slower, measured in ``benchmarks/``).
+    In place, so a retry or localization needs an intact copy of the input (filled by the declaring pass; the
+    checksums take a concurrent collective); with ``policy`` skip/raise and ``localize=False`` none is kept.
+    ``config.carry_checksums=True``: the input is the copy, the data go into a buffer with room for the
+    checksums, reduced, verified and copied back (one more pass: slower, measured in ``benchmarks/``).
     """
     if state is None:
         state = ChecksumState(config, group, corrupt=corrupt)
@@ -488,8 +562,11 @@ def checksummed_all_reduce(
         _unverified_reduce(state, bucket_index, flat)
         return True
     n = flat.numel()
-    carried = state.config.carried_numel(n, flat.dtype)
-    if carried > n and state.config.carry_checksums:
+    cfg = state.config
+    carried = cfg.carried_numel(n, flat.dtype)
+    if cfg.policy != "retry" and not cfg.localize and not (carried > n and cfg.carry_checksums):
+        return guarded_reduce(state, bucket_index, flat, None, None)  # nothing needs the input afterwards
+    if carried > n and cfg.carry_checksums:
         carrier = state.carrier(("carrier", bucket_index), carried, flat.dtype)
         send = carrier[:n]
         declared = _fill_and_declare(state, flat, send, None)

@@ -139,16 +139,31 @@ def _copy_and_partials(
         torch.split(partial, step // layout.sub),
         strict=True,
     )
+    in_place = out.data_ptr() == x.data_ptr()
     for src, dst, part in pieces:
+        # Sum first: ``out`` may be ``x`` itself (the DDP hook scales its bucket in place), and the sums are of x.
+        torch.sum(src.view(-1, layout.sub), 1, dtype=dtype, out=part)
         if scale is None:
-            dst.copy_(src)
+            if not in_place:
+                dst.copy_(src)
+        elif in_place:
+            dst.mul_(scale)
         else:
             torch.mul(src, scale, out=dst)
-        torch.sum(src.view(-1, layout.sub), 1, dtype=dtype, out=part)
     if main < x.numel():
-        rest = out[main:]
-        rest.copy_(x[main:]) if scale is None else torch.mul(x[main:], scale, out=rest)
+        _copy_scaled(x[main:], out[main:], scale)
     return partial.view(layout.full, -1)
+
+
+def _copy_scaled(src: torch.Tensor, dst: torch.Tensor, scale: float | None) -> None:
+    """``dst = src * scale`` (``src`` when ``scale`` is None); ``dst`` may be ``src`` itself."""
+    if dst.data_ptr() == src.data_ptr():
+        if scale is not None:
+            dst.mul_(scale)
+    elif scale is None:
+        dst.copy_(src)
+    else:
+        torch.mul(src, scale, out=dst)
 
 
 def sums_and_lower_bounds(
@@ -164,19 +179,23 @@ def sums_and_lower_bounds(
     comes from the same single read as the sums. It can be far below sum|x| (a sub-block whose values cancel
     contributes ~0), which only ever makes the tolerance derived from it smaller: a block within that
     tolerance is certainly within the full one. ``copy_to``: also write ``x`` (times ``scale``) there, fused
-    with the sums in ``chunk``-element pieces (one read of ``x`` from memory for both); the sums are of ``x``.
+    with the sums in ``chunk``-element pieces (one read of ``x`` from memory for both); the sums are of ``x``
+    as it was. ``copy_to`` may be ``x`` itself: ``x`` is then scaled in place, each piece after its sums.
     """
-    if copy_to is not None and not layout.full:
-        copy_to.copy_(x) if scale is None else torch.mul(x, scale, out=copy_to)
     sums, lows = [], []
+    tail_sums: list[torch.Tensor] = []
+    if layout.tail:  # before any copy: ``copy_to`` may be ``x``
+        tail = x[layout.full * layout.block :].to(torch.float64)
+        tail_sums = [tail.sum().reshape(1), tail.abs().sum().reshape(1)]
+    if copy_to is not None and not layout.full:
+        _copy_scaled(x, copy_to, scale)
     if layout.full:
         partial = _partials(x, layout) if copy_to is None else _copy_and_partials(x, layout, copy_to, scale, chunk)
         sums.append(partial.sum(1, dtype=torch.float64))
         lows.append(partial.abs().sum(1, dtype=torch.float64))
-    if layout.tail:
-        tail = x[layout.full * layout.block :].to(torch.float64)
-        sums.append(tail.sum().reshape(1))
-        lows.append(tail.abs().sum().reshape(1))
+    if tail_sums:
+        sums.append(tail_sums[0])
+        lows.append(tail_sums[1])
     out = torch.stack([torch.cat(sums), torch.cat(lows)])
     growth = (1.0 + gamma(layout.sub - 1, unit_roundoff(acc_dtype(x.dtype)))) * (1.0 + gamma(layout.block + 1, U64))
     out[1].div_(growth)
@@ -202,6 +221,25 @@ def abs_sum_bounds(x: torch.Tensor, layout: BlockLayout, blocks: torch.Tensor) -
         tail = x[layout.full * layout.block :].to(torch.float64)
         norms[-1] = torch.linalg.vector_norm(tail)
         lengths[-1] = float(layout.tail)
+    return _bound_from_norms(norms, lengths, acc)
+
+
+def all_abs_sum_bounds(x: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
+    """:func:`abs_sum_bounds` of every block (one read of ``x``, no copy): for a reduction that keeps no intact
+    copy of its input, whose exact tier cannot look at the data afterwards."""
+    acc = acc_dtype(x.dtype)
+    parts = []
+    if layout.full:
+        rows = x[: layout.full * layout.block].view(layout.full, layout.block)
+        parts.append(torch.linalg.vector_norm(rows, dim=1, dtype=None if rows.dtype == acc else acc).to(torch.float64))
+    if layout.tail:
+        parts.append(torch.linalg.vector_norm(x[layout.full * layout.block :].to(torch.float64)).reshape(1))
+    norms = parts[0] if len(parts) == 1 else torch.cat(parts)
+    return _bound_from_norms(norms, layout.lengths(), acc)
+
+
+def _bound_from_norms(norms: torch.Tensor, lengths: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
+    """``A >= sum|x|`` per block from the computed 2-norms ``norms`` of blocks of ``lengths`` elements."""
     u_a = unit_roundoff(acc)
     tiny = float(torch.finfo(acc).tiny)
     gam = lengths.add(1.0).mul_(u_a)

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from support import Recorder
 from torch import nn
+from torch._C._distributed_c10d import GradBucket
 from torch.nn.parallel import DistributedDataParallel
 
 from chaos.guards._dist import Report, run_group
@@ -89,6 +90,10 @@ def test_declaring_fused_with_the_copy_copies_exactly_and_declares_the_same(dtyp
             expected = x.clone() if scale is None else torch.mul(x, scale)
             assert torch.equal(out, expected)  # what the hook and the standalone send: bit for bit
             assert torch.equal(fused, sums_and_lower_bounds(x, layout))
+            # In place (the DDP hook's path): the sums are of x as it was, and x ends scaled bit for bit.
+            inplace = x.clone()
+            assert torch.equal(sums_and_lower_bounds(inplace, layout, copy_to=inplace, scale=scale, chunk=chunk), fused)
+            assert torch.equal(inplace, expected)
 
 
 @pytest.mark.parametrize("world", [2, 3, 8])
@@ -380,7 +385,12 @@ def _train(
             continue
         opt.step()
     params = [p.detach().clone() for p in model.parameters()]
-    return {"params": params, "raised": raised, "stats": state.stats if state else None}
+    return {
+        "params": params,
+        "raised": raised,
+        "stats": state.stats if state else None,
+        "send_buffers": state is not None and any(k[0] == "send" for k in state._buffers),
+    }
 
 
 def _ddp_worker(
@@ -392,7 +402,12 @@ def _ddp_worker(
         torch.equal(a.view(torch.int32), b.view(torch.int32))
         for a, b in zip(default["params"], guarded["params"], strict=True)
     )
-    return {"same": same, "raised": guarded["raised"], "stats": guarded["stats"]}
+    return {
+        "same": same,
+        "raised": guarded["raised"],
+        "stats": guarded["stats"],
+        "send_buffers": guarded["send_buffers"],
+    }
 
 
 @pytest.mark.parametrize(("as_view", "every"), [(False, 1), (True, 1), (False, 3)])
@@ -403,11 +418,102 @@ def test_ddp_hook_trains_bit_identically_to_default_ddp(as_view: bool, every: in
         assert (r["stats"].unverified_reductions > 0) == (every > 1)
 
 
-def test_ddp_hook_retries_an_in_transit_fault_and_still_ends_bit_identical() -> None:
-    for r in run_group(_ddp_worker, 2, False, 5, "retry", timeout_s=TIMEOUT_S):
+@pytest.mark.parametrize("as_view", [False, True])
+def test_ddp_hook_retries_an_in_transit_fault_and_still_ends_bit_identical(as_view: bool) -> None:
+    # False: the bucket is averaged in place and the retry rebuilds it from the parameters' .grad; True: the
+    # .grad tensors are the bucket, so it stays intact and the average goes into the state's send buffer.
+    for r in run_group(_ddp_worker, 2, as_view, 5, "retry", timeout_s=TIMEOUT_S):
         assert r["same"] and r["stats"].mismatches == 1 and r["stats"].repaired == 1
+        assert r["send_buffers"] == as_view
 
 
 def test_ddp_hook_policy_raise_surfaces_from_backward() -> None:
     for r in run_group(_ddp_worker, 2, False, 5, "raise", timeout_s=TIMEOUT_S):
         assert r["raised"] is not None and "silent data corruption" in r["raised"]
+
+
+def _grads_during_hook_worker(rank: int, world: int, report: Report, as_view: bool) -> list[tuple[bool, bool, bool]]:
+    """Per bucket seen by a hook: (every .grad outside the bucket's storage, every .grad equal to its slot of the
+    bucket, every .grad unchanged after the bucket was overwritten in place), then the same after backward."""
+    seen: list[tuple[bool, bool, bool]] = []
+
+    def hook(_: None, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
+        buffer = bucket.buffer()
+        grads = [p.grad for p in bucket.parameters()]
+        views = bucket.gradients()
+        outside = all(
+            g is not None and g.untyped_storage().data_ptr() != buffer.untyped_storage().data_ptr() for g in grads
+        )
+        equal = all(g is not None and torch.equal(g, v) for g, v in zip(grads, views, strict=True))
+        before = [None if g is None else g.clone() for g in grads]
+        buffer.mul_(0.5)
+        dist.all_reduce(buffer)  # what the in-place path does to the bucket
+        kept = all(g is not None and b is not None and torch.equal(g, b) for g, b in zip(grads, before, strict=True))
+        seen.append((outside, equal, kept))
+        future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        future.set_result(buffer)
+        return future
+
+    hook.__annotations__.update({"bucket": GradBucket, "return": torch.futures.Future[torch.Tensor]})
+    model = _model()
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.05, gradient_as_bucket_view=as_view)
+    ddp.register_comm_hook(None, hook)
+    gen = torch.Generator().manual_seed(rank)
+    for _ in range(3):  # the first step runs with the initial buckets, later ones with the rebuilt ones
+        x = torch.randn(16, 32, generator=gen)
+        ddp.zero_grad()
+        ddp(x).square().mean().backward()
+    return seen
+
+
+@pytest.mark.parametrize("as_view", [False, True])
+def test_param_grads_hold_the_local_gradient_while_the_hook_runs(as_view: bool) -> None:
+    # The DDP hook's in-place path rests on this reducer behaviour (torch 2.13): with
+    # gradient_as_bucket_view=False each .grad is a separate copy of its bucket slot, untouched until the
+    # hook's future completes; with True, the .grad tensors are views of the bucket (the hook must keep a copy).
+    for seen in run_group(_grads_during_hook_worker, 2, as_view, timeout_s=TIMEOUT_S):
+        assert len(seen) >= 3  # a bucket per step at least (several once buckets are rebuilt)
+        if as_view:
+            assert not any(outside for outside, _, _ in seen[len(seen) // 2 :])  # views once buckets are rebuilt
+        else:
+            assert all(all(flags) for flags in seen)
+
+
+def _no_intact_worker(rank: int, world: int, report: Report, policy: str) -> dict[str, Any]:
+    """The standalone with nothing to redo or localize (policy skip/raise, localize=False): no intact copy."""
+    config = ChecksumConfig(policy=policy, localize=False, emit=Recorder())  # type: ignore[arg-type]
+    state = ChecksumState(config=config)
+    out: dict[str, Any] = {"differs": 0}
+    signs = torch.tensor([1.0, -1.0]).repeat(10_240)
+    for k in range(12):
+        if k % 3 == 0:  # cancellation in every sub-block: only the exact bound clears it
+            x = signs * (1.0 + torch.rand(signs.numel(), generator=torch.Generator().manual_seed(k)) * 2.0**-20)
+            x = x * (0.125 if rank else 1.0)
+        else:
+            x = _gradient_like(50_001, 10 * k + rank, 10.0 ** (k % 5 - 3))
+        ref = x.clone()
+        dist.all_reduce(ref)
+        assert checksummed_all_reduce(x, state=state)
+        out["differs"] += int(not torch.equal(x, ref))
+    out["clean"] = (state.stats.mismatches, state.stats.second_checks)
+    x = _gradient_like(300_000, 11 + rank)
+    state.corrupt = OneFlip(1, "in_transit", int(torch.argmax(x.abs())), 30)
+    try:
+        out["ok"] = checksummed_all_reduce(x, state=state)
+    except SdcDetected as exc:
+        out["raised"] = exc.detection
+    out["skip"] = state.consume_skip()
+    out["stats"] = state.stats
+    out["buffers"] = list(state._buffers)
+    return out
+
+
+@pytest.mark.parametrize("policy", ["skip", "raise"])
+def test_standalone_without_an_intact_copy_passes_clean_data_and_catches_a_flip(policy: str) -> None:
+    for r in run_group(_no_intact_worker, 2, policy, timeout_s=TIMEOUT_S):
+        assert r["differs"] == 0 and r["clean"] == (0, 4)  # 4 cancellation reductions went to the exact tier
+        assert r["buffers"] == []  # no copy of the input was ever made
+        if policy == "skip":
+            assert r["ok"] is False and r["skip"] and r["stats"].skipped_steps == 1
+        else:
+            assert r["raised"].action == "raise" and r["raised"].site_hint == "unknown" and r["stats"].raised == 1
