@@ -7,16 +7,22 @@ of the model, optimizer and DDP wrapper (a DDP model takes one comm hook, and th
 - ``bare``: the user's loop with no agent at all (the baseline every ratio is to);
 - ``agent``: ``Agent`` attached, no faults armed, every guard off (``consistency_every=0``);
 - ``consistency_10``: the agent with the cross-rank consistency hash every 10 steps (the default in a job of
-  more than one rank);
+  more than one rank), its digest carried in the next step's gradient all-reduce (``chaos.guards.digest_carrier``:
+  the agent registers a comm hook that is DDP's default reduction plus the slots on a carrying step);
+- ``consistency_10_separate``: the same check through the guard's own 64-byte all-reduce and no comm hook (how
+  the agent did it before the carrier; kept to compare within one run);
 - ``recorder``: the agent with the collective flight recorder on (what a scenario's ``hang_watch`` turns on:
   the agent then routes DDP's all-reduce through a Python comm hook the recorder sees);
-- ``recorder_consistency_10``: both (a hang-watched run's default);
+- ``recorder_consistency_10``: both (a hang-watched run's default; the digest rides in the recorder's hook);
+- ``recorder_consistency_10_separate``: both, the digest through the guard's own all-reduce;
 - ``checksum``: the agent with the checksummed gradient all-reduce (``guard="checksum"``).
 
 ``--model reference`` is the reference trainer's step (its MLP, SGD with momentum and data, without the per-step
 sleep); ``--model user`` the user-style script ``tests/jobs/user_ddp_adam.py``'s (a wider MLP under Adam).
 The settings run interleaved block by block, the order rotating each repetition, so drift on a shared machine
-hits all alike; a ratio is the median of the per-repetition ratios to ``bare``. The recorder's module-level
+hits all alike; a ratio is the median of the per-repetition ratios to ``bare``, of the wall time per step
+(``ratio_*``) and of rank 0's process CPU time per step, all its threads (``cpu_ratio_*``: what the agent costs
+in CPU, gloo's threads included, less moved by other work on a shared machine than the wall time). The recorder's module-level
 switch is flipped per block (it wraps ``torch.distributed``'s functions process-wide), so blocks without it
 run the real functions. Events are dropped (``emit`` is a no-op): the cost of writing the event file is the
 harness's choice of sink, not the agent's. ``--json`` prints one JSON object as the last line.
@@ -45,13 +51,23 @@ if str(ROOT) not in sys.path:
 
 from chaos.agent import Agent  # noqa: E402
 from chaos.guards._dist import Report, run_group  # noqa: E402
+from chaos.guards.consistency import ConsistencyGuard  # noqa: E402
 from chaos.injob import flight_recorder  # noqa: E402
 from chaos.plan.agent_plan import InJobPlan  # noqa: E402
 from chaos.targets.reference.trainer import build_model, build_optimizer, make_batch, step_sample_ids  # noqa: E402
 
 SEED = 1234
 BATCH = 16
-SETTINGS = ("bare", "agent", "consistency_10", "recorder", "recorder_consistency_10", "checksum")
+SETTINGS = (
+    "bare",
+    "agent",
+    "consistency_10",
+    "consistency_10_separate",
+    "recorder",
+    "recorder_consistency_10",
+    "recorder_consistency_10_separate",
+    "checksum",
+)
 Batch = Callable[[int, int, int], tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -104,16 +120,19 @@ class _Setting:
             plan=InJobPlan(),
             emit=_quiet,
         )
+        if name.endswith("_separate"):  # the guard as before the carrier: its own all-reduce, no carrier hook
+            self.agent.consistency = ConsistencyGuard(self.model, optimizer=self.optimizer, every=10, emit=_quiet)
         flight_recorder._ACTIVE = None  # noqa: SLF001
 
-    def block(self, first_step: int, steps: int) -> float:
-        """Seconds per step over ``steps`` steps from ``first_step``."""
+    def block(self, first_step: int, steps: int) -> tuple[float, float]:
+        """Wall seconds and this process's CPU seconds (all its threads, gloo's included) per step over
+        ``steps`` steps from ``first_step``."""
         flight_recorder._ACTIVE = self.recorder  # noqa: SLF001
         rank, world = dist.get_rank(), dist.get_world_size()
         loss_fn = nn.MSELoss()
         agent = self.agent
         dist.barrier()
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for step in range(first_step, first_step + steps):
             if agent is not None:
                 agent.begin_step(step)
@@ -129,8 +148,9 @@ class _Setting:
                 self.optimizer.step()
             agent.end_step()
         elapsed = (time.perf_counter() - start) / steps
+        used = (time.process_time() - cpu) / steps
         flight_recorder._ACTIVE = None  # noqa: SLF001
-        return elapsed
+        return elapsed, used
 
 
 def _rank(rank: int, world: int, report: Report, model_name: str, reps: int, steps: int) -> dict[str, Any]:
@@ -142,19 +162,25 @@ def _rank(rank: int, world: int, report: Report, model_name: str, reps: int, ste
             setting.block(step, steps)
             step += steps
         times: dict[str, list[float]] = {s.name: [] for s in settings}
+        cpu: dict[str, list[float]] = {s.name: [] for s in settings}
         for rep in range(reps):
             shift = rep % len(settings)
             for setting in settings[shift:] + settings[:shift]:
-                times[setting.name].append(setting.block(step, steps))
+                wall, used = setting.block(step, steps)
+                times[setting.name].append(wall)
+                cpu[setting.name].append(used)
                 step += steps
             if rank == 0:
                 report(f"rep {rep + 1}/{reps}")
+        exchanges: dict[str, dict[str, int]] = {}
         for setting in settings:
             if setting.agent is not None:
                 flight_recorder._ACTIVE = setting.recorder  # noqa: SLF001 - close takes the last verdict
                 setting.agent.close()
+                if setting.agent.consistency is not None:
+                    exchanges[setting.name] = dict(setting.agent.consistency.exchanges)
         flight_recorder.uninstall()
-    bare = times["bare"]
+    bare, bare_cpu = times["bare"], cpu["bare"]
     return {
         "model": model_name,
         "params": sum(p.numel() for p in settings[0].model.parameters()),
@@ -163,6 +189,12 @@ def _rank(rank: int, world: int, report: Report, model_name: str, reps: int, ste
             f"ratio_{name}": statistics.median(t / b for t, b in zip(times[name], bare, strict=True))
             for name in SETTINGS[1:]
         },
+        "cpu_ms": {name: statistics.median(values) * 1e3 for name, values in cpu.items()},
+        **{
+            f"cpu_ratio_{name}": statistics.median(t / b for t, b in zip(cpu[name], bare_cpu, strict=True))
+            for name in SETTINGS[1:]
+        },
+        "exchanges": exchanges,
         "reps": reps,
         "steps_per_block": steps,
         "world": world,
@@ -182,9 +214,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"{args.model} model ({row['params']} params), 2 gloo ranks, 1 thread each; medians of {row['reps']} "
         f"interleaved blocks of {row['steps_per_block']} steps; ratio = median of per-block ratios to bare"
     )
-    print(f"  {'bare':<24} {ms['bare']:7.3f} ms/step")
+    cpu = row["cpu_ms"]
+    print(f"  {'bare':<34} {ms['bare']:7.3f} ms/step            CPU {cpu['bare']:7.3f} ms/step (rank 0's process)")
     for name in SETTINGS[1:]:
-        print(f"  {name:<24} {ms[name]:7.3f} ms/step   {row[f'ratio_{name}']:.4f}x")
+        print(
+            f"  {name:<34} {ms[name]:7.3f} ms/step   {row[f'ratio_{name}']:.4f}x   "
+            f"CPU {cpu[name]:7.3f} ms/step   {row[f'cpu_ratio_{name}']:.4f}x"
+        )
+    print(f"  verdicts by exchange: {row['exchanges']}")
     if args.json:
         print(json.dumps(row, sort_keys=True))
     return row

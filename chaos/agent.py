@@ -80,6 +80,7 @@ from torch import nn
 from torch._C._distributed_c10d import GradBucket
 
 from chaos import events
+from chaos.guards import digest_carrier
 from chaos.guards import torchft as ft
 from chaos.guards.anomaly import GradAnomalyGuard
 from chaos.guards.checksum import ChecksumConfig, ChecksumState, checksum_hook
@@ -222,6 +223,8 @@ class Agent(ProgressCalls):
             if consistency_every > 0 and distributed and manager is None and not sharded
             else None
         )
+        if self.consistency is not None and ddp is not None:  # its digest rides in DDP's gradient all-reduce
+            self.consistency.carrier = digest_carrier.install(ddp, self.group)
         # Last: the steps, checkpoints, resume, samples and digest the checks need (chaos.injob.progress).
         self.progress = Progress(
             model, optimizer, rank=self.rank, world_size=self.world_size, emit=emit, job_emits=job_emits, data=data
@@ -516,10 +519,13 @@ def _plain_hook(agent: Agent, bucket: GradBucket) -> torch.futures.Future[torch.
         agent.anomaly_guard.observe(index, tensor)
     tensor.div_(dist.get_world_size(agent.group))
     agent._corrupt("in_transit", index, tensor)
-    work = dist.all_reduce(tensor, group=agent.group, async_op=True)  # started, then waited: a phase fault fires in between
+    carrier = None if agent.consistency is None else agent.consistency.carrier  # the consistency digest, clean
+    sent = tensor if carrier is None else carrier.pack(index, tensor)
+    work = dist.all_reduce(sent, group=agent.group, async_op=True)  # started, then waited: a phase fault fires in between
     assert work is not None
     agent.phase_faults.in_collective(index)
     work.wait()
+    tensor = tensor if carrier is None else carrier.unpack(sent, tensor.numel())
     agent._corrupt("post_reduce", index, tensor)
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     future.set_result(tensor)

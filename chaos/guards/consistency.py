@@ -41,6 +41,12 @@ at the end; a loop whose ranks run different numbers of steps must not use this 
 exchanged tensors live on the current CUDA device; on any other backend on the CPU. Non-finite values are
 counted when the tensors are hashed (a host sync per check on an accelerator).
 
+Carried instead (``carrier``, set by the agent in a 2-rank DDP job): the words ride in the next step's gradient
+all-reduce (:mod:`chaos.guards.digest_carrier`), which hands back every rank's words, so no collective of the
+guard's own runs and no gather is needed to name who differs; :meth:`~ConsistencyGuard.finish` falls back to the
+all-reduce above when no gradient reduction carried them (the check of the last step, taken at ``close``).
+``exchanges`` counts the verdicts taken each way.
+
 Who is odd: the ranks outside the group sharing the majority digest (more than half of the ranks). Without a
 majority (two ranks that differ, or an even split), when exactly the finite ranks share one digest the
 non-finite ranks are the odd ones (NaN/Inf weights are wrong whatever the others hold); otherwise nobody is
@@ -72,6 +78,7 @@ import torch.distributed as dist
 from torch import nn
 
 from chaos import events
+from chaos.guards.digest_carrier import DigestCarrier
 
 Emit = Callable[..., None]
 
@@ -176,6 +183,7 @@ class _Pending:
     v1: torch.Tensor  # per-tensor s1 (to name the tensors at an onset)
     v2: torch.Tensor
     nonfinite: int  # non-finite elements on this rank
+    carried: bool = False  # the words ride in the next gradient reduction (``carrier``), not in ``spread``
 
 
 @dataclass(frozen=True)
@@ -295,6 +303,10 @@ class ConsistencyGuard:
         self._split: tuple[tuple[int, ...], ...] | None = None  # the groups of the ongoing divergence
         self._nonfinite_reported = False
         self._multipliers: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # Set by the agent on the DDP path: the digest then rides in the next gradient all-reduce
+        # (chaos.guards.digest_carrier) instead of this guard's own exchange.
+        self.carrier: DigestCarrier | None = None
+        self.exchanges = {"carried": 0, "own": 0}  # how the verdicts' words travelled
 
     # -- what is hashed --------------------------------------------------------------------------------------
     def tensors(self) -> list[tuple[str, torch.Tensor]]:
@@ -381,9 +393,14 @@ class ConsistencyGuard:
         mine = torch.cat([torch.stack([h1, h2]), counts])
         spread = torch.cat([mine, torch.bitwise_not(mine)])
         work = None
-        if self.world_size > 1:
+        nonfinite = sum(n for _, n in bad)
+        carried = self.world_size > 1 and self.carrier is not None
+        if carried:
+            assert self.carrier is not None
+            self.carrier.load([*mine[:3].tolist(), nonfinite])  # the per-rank row of the slow path
+        elif self.world_size > 1:
             work = dist.all_reduce(spread, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
-        self._pending = _Pending(step, [n for n, _ in named], mine, spread, work, v1, v2, sum(n for _, n in bad))
+        self._pending = _Pending(step, [n for n, _ in named], mine, spread, work, v1, v2, nonfinite, carried)
 
     def finish(self) -> Judgement | None:
         """Wait for the exchange in flight and judge it (emitting its events); None when none is in flight.
@@ -391,16 +408,29 @@ class ConsistencyGuard:
         pending, self._pending = self._pending, None
         if pending is None:
             return None
-        if pending.work is not None:
+        rows = None
+        if pending.carried:
+            assert self.carrier is not None
+            rows = self.carrier.take()
+            if rows is None:  # no gradient reduction since the check (the last step's check): exchange now
+                dist.all_reduce(pending.spread, op=dist.ReduceOp.MAX, group=self.group)
+        elif pending.work is not None:
             pending.work.wait()
-        values = pending.spread.tolist()
-        high, low = values[:4], [~v for v in values[4:]]
+        self.exchanges["carried" if rows is not None else "own"] += 1
         words = pending.mine.tolist()
         self.checks += 1
-        if high[:3] == low[:3] and high[3] == 0:  # the common case: one digest, nothing non-finite anywhere
-            verdict = judge(pending.step, [hex_digest(words[:2])] * self.world_size, [0] * self.world_size)
+        if rows is not None:  # every rank's row arrived: no gather needed to judge
+            if all(r[:3] == rows[0][:3] for r in rows) and not any(r[3] for r in rows):
+                verdict = judge(pending.step, [hex_digest(words[:2])] * self.world_size, [0] * self.world_size)
+            else:
+                verdict = self._gathered(pending, words, same_shape=len({r[2] for r in rows}) == 1, rows=rows)
         else:
-            verdict = self._gathered(pending, words, same_shape=high[2] == low[2])
+            values = pending.spread.tolist()
+            high, low = values[:4], [~v for v in values[4:]]
+            if high[:3] == low[:3] and high[3] == 0:  # the common case: one digest, nothing non-finite anywhere
+                verdict = judge(pending.step, [hex_digest(words[:2])] * self.world_size, [0] * self.world_size)
+            else:
+                verdict = self._gathered(pending, words, same_shape=high[2] == low[2])
         self.last = verdict
         self._report(verdict, len(pending.names))
         return verdict
@@ -412,10 +442,16 @@ class ConsistencyGuard:
         dist.all_gather(gathered, tensor, group=self.group)
         return gathered
 
-    def _gathered(self, pending: _Pending, words: list[int], *, same_shape: bool) -> Judgement:
-        """The slow path: every rank's digest and non-finite count, and at an onset the tensors that differ."""
-        row = torch.tensor([words[0], words[1], pending.nonfinite], dtype=torch.int64, device=self.device)
-        values = [r.tolist() for r in self._all_gather(row)]
+    def _gathered(
+        self, pending: _Pending, words: list[int], *, same_shape: bool, rows: list[list[int]] | None = None
+    ) -> Judgement:
+        """The slow path: every rank's digest and non-finite count (gathered, unless the carried ``rows`` of
+        ``[h1, h2, tensors, non-finite elements]`` hold them), and at an onset the tensors that differ."""
+        if rows is None:
+            row = torch.tensor([words[0], words[1], pending.nonfinite], dtype=torch.int64, device=self.device)
+            values = [r.tolist() for r in self._all_gather(row)]
+        else:
+            values = [[r[0], r[1], r[3]] for r in rows]
         verdict = judge(pending.step, [hex_digest(v[:2]) for v in values], [v[2] for v in values])
         if verdict.agree or verdict.groups == self._split or not same_shape:
             return verdict

@@ -25,9 +25,9 @@ from chaos.plan.agent_plan import ENV_PLAN, InJobOp, InJobPlan, write_plan
 TIMEOUT_S = 180.0
 
 
-def _model() -> nn.Module:
+def _model(hidden: int = 32) -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
+    return nn.Sequential(nn.Linear(8, hidden), nn.Tanh(), nn.Linear(hidden, 1))
 
 
 def _corrupt(action: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -47,11 +47,22 @@ def _corrupt(action: str, model: nn.Module, optimizer: torch.optim.Optimizer) ->
 
 
 def _train(
-    rank: int, world: int, report: Report, steps: int, every: int, script: dict[int, str], optimizer_state: bool
+    rank: int,
+    world: int,
+    report: Report,
+    steps: int,
+    every: int,
+    script: dict[int, str],
+    optimizer_state: bool,
+    options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    model = _model()
+    options = dict(options or {})
+    # "wide": 5.6 MB of parameters, the last layer's and a bias over DDP's 1 MiB first bucket: two buckets a step
+    # (the carrying bucket 0 is then reduced asynchronously)
+    wide = options.pop("wide", False)
+    model = _model(140_000 if wide else 32)
     ddp = DistributedDataParallel(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-5 if wide else 0.05, momentum=0.9)  # wide: stays finite
     recorder = Recorder()
     agent = Agent(
         model,
@@ -61,6 +72,7 @@ def _train(
         consistency_optimizer=optimizer_state,
         plan=InJobPlan(),
         emit=recorder,
+        **options,
     )
     gen = torch.Generator().manual_seed(100 + rank)
     for step in range(1, steps + 1):
@@ -78,7 +90,16 @@ def _train(
         agent.end_step()
     agent.close()
     state = b"".join(p.detach().numpy().tobytes() for p in model.parameters())
-    return {"events": recorder.events, "state": state, "guarded": agent.consistency is not None}
+    guard = agent.consistency
+    exchanges = None if guard is None else dict(guard.exchanges)
+    buckets = len(str(ddp._get_ddp_logging_data().get("rebuilt_bucket_sizes", "")).split(","))
+    return {
+        "events": recorder.events,
+        "state": state,
+        "guarded": guard is not None,
+        "exchanges": exchanges,
+        "buckets": buckets,
+    }
 
 
 def _of(events: list[tuple[str, int | None, dict[str, Any]]], kind: str) -> list[tuple[int | None, dict[str, Any]]]:
@@ -97,6 +118,10 @@ def test_clean_training_agrees_at_every_check_and_is_bit_identical_to_the_guard_
     assert all(d["agree"] and d["odd_ranks"] == [] and d["tensors"] == 4 + 4 for _, d in checks)  # params + momenta
     assert _of(guarded[1]["events"], "guard.consistency") == []  # the reporter (rank 0) reports, once
     assert not any(k.startswith("detect.") for r in guarded for k, _, _ in r["events"])
+    # the digests of steps 1-19 rode in the next step's gradient all-reduce (DDP's default reduction plus the
+    # slots, so the comparison above is the carrier's bit-identity with DDP's own); step 20's had no next
+    # reduction and went through the guard's own exchange at close
+    assert all(r["exchanges"] == {"carried": 19, "own": 1} for r in guarded)
 
 
 def test_a_diverged_rank_is_named_once_per_onset_and_again_after_a_resync() -> None:
@@ -118,6 +143,9 @@ def test_a_diverged_rank_is_named_once_per_onset_and_again_after_a_resync() -> N
     assert "rank 1 diverged from rank(s) 0, 2 at step 10 in 2.weight" in first["message"]
     for other in results[1:]:  # the verdict is emitted once, by the reporter
         assert _of(other["events"], "detect.divergence") == []
+    # 3 ranks: the guard's own exchange (the digest rides in the gradient all-reduce in 2-rank groups only,
+    # where that keeps the gradients bit-identical: chaos.guards.digest_carrier)
+    assert all(r["exchanges"] == {"carried": 0, "own": 5} for r in results)
 
 
 def test_non_finite_weights_are_a_detection_and_name_the_rank_among_two() -> None:
@@ -130,6 +158,47 @@ def test_non_finite_weights_are_a_detection_and_name_the_rank_among_two() -> Non
     assert blamed == 1 and divergence["culprit_rank"] == 1 and "(non-finite)" in divergence["message"]
     [*_, (_, last)] = _of(results[0]["events"], "guard.consistency")
     assert last["nonfinite_ranks"] == [1] and last["odd_ranks"] == [1]
+
+
+def test_a_non_finite_rank_is_named_from_the_digest_carried_in_the_gradient_all_reduce() -> None:
+    # checks at 5 and 10; step 10's digest rides in step 11's gradient all-reduce, and close takes that verdict
+    results = run_group(_train, 2, 12, 5, {10: "nan"}, False, timeout_s=TIMEOUT_S)
+    assert all(r["exchanges"] == {"carried": 2, "own": 0} for r in results)
+    [(blamed, divergence)] = _of(results[0]["events"], "detect.divergence")
+    assert blamed == 1 and divergence["culprit_rank"] == 1 and divergence["step"] == 10
+    assert divergence["tensors"] == ["2.weight"] and "(non-finite)" in divergence["message"]
+    [(rank, _)] = _of(results[1]["events"], "detect.nonfinite")
+    assert rank == 1
+
+
+def test_the_digest_rides_in_the_agents_plain_hook_too_and_training_is_bit_identical() -> None:
+    # the anomaly guard needs the agent's plain hook (DDP's reduction with the fault sites); the digest rides there
+    on = run_group(_train, 2, 12, 2, {}, False, {"anomaly": True}, timeout_s=TIMEOUT_S)
+    off = run_group(_train, 2, 12, 0, {}, False, {"anomaly": True}, timeout_s=TIMEOUT_S)
+    assert [r["state"] for r in on] == [r["state"] for r in off] and on[0]["state"] == on[1]["state"]
+    assert all(r["exchanges"] == {"carried": 5, "own": 1} for r in on)
+    nan = run_group(_train, 2, 12, 5, {10: "nan"}, False, {"anomaly": True}, timeout_s=TIMEOUT_S)
+    [(blamed, divergence)] = _of(nan[0]["events"], "detect.divergence")
+    assert blamed == 1 and divergence["step"] == 10 and nan[0]["exchanges"] == {"carried": 2, "own": 0}
+
+
+def test_the_digest_rides_in_the_first_of_several_buckets_and_training_is_bit_identical() -> None:
+    options = {"wide": True}
+    on = run_group(_train, 2, 12, 2, {}, False, options, timeout_s=TIMEOUT_S)
+    off = run_group(_train, 2, 12, 0, {}, False, options, timeout_s=TIMEOUT_S)
+    assert on[0]["buckets"] > 1  # bucket 0, which carries, is then reduced asynchronously
+    assert [r["state"] for r in on] == [r["state"] for r in off] and on[0]["state"] == on[1]["state"]
+    assert all(r["exchanges"] == {"carried": 5, "own": 1} for r in on)
+    nan = run_group(_train, 2, 12, 5, {10: "nan"}, False, options, timeout_s=TIMEOUT_S)
+    [(blamed, divergence)] = _of(nan[0]["events"], "detect.divergence")
+    assert blamed == 1 and divergence["step"] == 10 and nan[0]["exchanges"] == {"carried": 2, "own": 0}
+
+
+def test_under_the_checksum_guards_hook_the_guard_keeps_its_own_exchange() -> None:
+    results = run_group(_train, 3, 10, 5, {7: "flip"}, False, {"guard": "checksum"}, timeout_s=TIMEOUT_S)
+    assert all(r["exchanges"] == {"carried": 0, "own": 2} for r in results)
+    [(blamed, divergence)] = _of(results[0]["events"], "detect.divergence")
+    assert blamed == 1 and divergence["step"] == 10
 
 
 def test_two_finite_ranks_that_differ_are_reported_with_no_culprit() -> None:
