@@ -38,6 +38,7 @@ def launch(
     env.update(
         CHAOS_EVENTS=str(events),
         TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+        PYTHONFAULTHANDLER="1",  # a rank that dies in C++ leaves its Python stacks in the log
         PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     )
     if ops:
