@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
-from chaos.checks._evidence import capped, cite, events_of, label, narrow, step_of
+from chaos.checks._evidence import capped, cite, events_of, label, narrow, step_events, step_of
 from chaos.checks.base import CheckParams, CheckResult, register_check
-from chaos.history.timeline import TARGET_CHECKPOINT, TARGET_RESUME, Event, History
+from chaos.history.timeline import TARGET_CHECKPOINT, TARGET_RESUME, TARGET_START, Event, History
 
 if TYPE_CHECKING:
     from chaos.spec.scenario import Scenario
@@ -181,7 +181,9 @@ def fell_back_to(history: History, params: BaseModel, scenario: Scenario | None)
     """``measured`` is the step the job resumed from at its first restart after the damage (every rank that
     reported it). ``pass`` when every rank resumed from the expected step; ``fail`` when any resumed elsewhere
     (the damaged checkpoint, an older one: work lost for nothing) or the ranks disagree; ``unknown`` without a
-    damaged checkpoint, without a resume after it, or (``newest_intact``) without a committed checkpoint to expect."""
+    damaged checkpoint, without a resume after it, when a rank that started or stepped in that attempt (after the
+    damage) reported no resume (where it resumed from is unknown), or (``newest_intact``) without a committed
+    checkpoint to expect."""
     p = narrow(params, FellBackParams)
     verdict = partial(CheckResult, check=CHECK_FELL_BACK, name=label(CHECK_FELL_BACK, p.fault))
     hits = damages(history, p.fault)
@@ -197,6 +199,20 @@ def fell_back_to(history: History, params: BaseModel, scenario: Scenario | None)
     chosen = [e for e in resumes if e.get_int("attempt") == attempt]
     steps = sorted({step for e in chosen if (step := step_of(e)) is not None})
     damage_lines = [cite(history, d.event, f"damaged {d.path}") for d in hits]
+    # One rank's resume is not every rank's: a rank of the same attempt that says nothing may have started over.
+    present = [
+        e
+        for e in [*events_of(history, TARGET_START), *step_events(history)]
+        if e.rank is not None and e.ts_ns > first and e.get_int("attempt") == attempt
+    ]
+    silent = sorted({e.rank for e in present if e.rank is not None} - {e.rank for e in chosen})
+    if silent:
+        return verdict(
+            status="unknown",
+            reason=f"rank(s) {', '.join(map(str, silent))} ran in attempt {attempt} but reported no resume: where "
+            "they resumed from is unknown",
+            evidence=capped([*(cite(history, e) for e in chosen), *damage_lines]),
+        )
     if p.step == "newest_intact":
         expected, damaged = newest_intact(history, hits, chosen[0].ts_ns)
         if expected is None:

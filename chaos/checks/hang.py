@@ -3,11 +3,14 @@ optional ``within``).
 
 For every ``fault.applied`` op of fault F: the rank it hit (:func:`chaos.checks._evidence.fault_target`: the op's
 own rank, or its params' ``rank``; exactly one rank, else the op cannot be judged) and the FIRST ``detect.hang``
-(:mod:`chaos.run.hang_watch`) strictly after the op and before F's next op. The op passes when that detection
-names exactly that rank (``culprit_rank`` = the rank and ``culprit_ranks`` = [the rank]) and, with ``within``,
-came at most ``within`` seconds after the op. It fails when the detection names another rank, several ranks,
-or nobody (``all_waiting``: whoever acts on it looks at the wrong place), or came too late. It is ``unknown``
-when F never fired, hit no single rank, or no ``detect.hang`` followed it (no hang watch: the target needs
+(:mod:`chaos.run.hang_watch`) strictly after the op and before F's next op whose episode began while the op held
+(its ``hung_since_ns``, else its own time, at or before the op's ``fault.healed``; any time when it never
+healed): a hang that began after the heal is another episode, not this fault's. The op passes when that
+detection names exactly that rank (``culprit_rank`` = the rank and ``culprit_ranks`` = [the rank]) and, with
+``within``, came at most ``within`` seconds after the op. It fails when the detection names another rank,
+several ranks, or nobody (``all_waiting``: whoever acts on it looks at the wrong place), or when the first
+``detect.hang`` after the op, of whatever episode, came later than ``within``. It is ``unknown`` when F never
+fired, hit no single rank, or no ``detect.hang`` of its episode followed it (no hang watch: the target needs
 ``hang_watch:``; or no recorder: the job does not attach the agent). The check: fail when an op fails, else
 unknown when an op is unknown, else pass; measured: the slowest op's time to the naming detection (s).
 """
@@ -20,7 +23,7 @@ from pydantic import BaseModel, Field
 
 from chaos.checks import _evidence as ev
 from chaos.checks.base import CheckParams, CheckResult, Status, register_check
-from chaos.history.timeline import Event, History
+from chaos.history.timeline import FAULT_HEALED, Event, History
 from chaos.spec.units import Duration
 
 if TYPE_CHECKING:
@@ -44,6 +47,23 @@ def _names(detection: Event) -> list[int]:
     ranks = [r for r in listed if isinstance(r, int)] if isinstance(listed, list) else []
     culprit = detection.get_int("culprit_rank")
     return sorted(set(ranks) | ({culprit} if culprit is not None else set()))
+
+
+def _healed_at(history: History, op: Event) -> int | None:
+    """When ``op`` healed: the first ``fault.healed`` of its fault after it (of its op id when both carry one)."""
+    op_id = op.get_str("op")
+    for healed in ev.events_of(history, FAULT_HEALED):
+        if healed.ts_ns <= op.ts_ns or healed.get_str("fault") != op.get_str("fault"):
+            continue
+        if op_id is None or healed.get_str("op") in (None, op_id):
+            return healed.ts_ns
+    return None
+
+
+def _began(detection: Event) -> int:
+    """When the hang ``detection`` reports began (``hung_since_ns``), else the detection's own time."""
+    since = detection.get_int("hung_since_ns")
+    return since if since is not None else detection.ts_ns
 
 
 @register_check(
@@ -81,13 +101,33 @@ def culprit_named(history: History, params: BaseModel, scenario: Scenario) -> Ch
         (rank,) = hit
         after = [h for h in hangs if h.ts_ns > op.ts_ns and (end is None or h.ts_ns < end)]
         evidence.append(ev.cite(history, op, f"hit rank {rank}"))
-        if not after:
+        if p.within is not None and after and ev.seconds(after[0].ts_ns - op.ts_ns) > p.within:
+            # Nothing was named within the bound, whichever episode the first later detection belongs to.
+            latency = ev.seconds(after[0].ts_ns - op.ts_ns)
+            worst = latency if worst is None else max(worst, latency)
+            evidence.append(ev.cite(history, after[0], f"the first detect.hang, {ev.fmt_seconds(latency)} after"))
+            failed.append(
+                f"no hang was named within {ev.fmt_seconds(p.within)} of op {op.get_str('op')} on rank {rank}"
+            )
+            continue
+        # A detection whose hang began after the heal is a later episode (another fault's, or the job's own):
+        # taking it for this op's would credit the watch with a hang it never saw.
+        healed = _healed_at(history, op)
+        ours = [h for h in after if healed is None or _began(h) <= healed]
+        if after and not ours:
+            unknown.append(
+                f"the {len(after)} detect.hang(s) after op {op.get_str('op')} on rank {rank} all began after its "
+                "heal: later episodes, not the hang it caused"
+            )
+            evidence.extend(ev.cite(history, h, "began after the heal") for h in after[:3])
+            continue
+        if not ours:
             unknown.append(
                 f"no detect.hang after op {op.get_str('op')} on rank {rank}: without a hang watch "
                 "(target hang_watch:) or a job that attaches the agent (its flight recorder) nobody was named"
             )
             continue
-        first = after[0]
+        first = ours[0]
         latency = ev.seconds(first.ts_ns - op.ts_ns)
         worst = latency if worst is None else max(worst, latency)
         named = _names(first)

@@ -21,7 +21,8 @@ Verdicts, per op:
 from ``grace`` after the ``fault.applied`` (a step whose collective finished just before the fault may still
 report) until 1 s before its ``fault.healed`` (:data:`HEAL_SLACK_NS`), and the job neither exited nor restarted in that window (a crash is no
 stall). ``unknown`` when the fault never applied or never healed, the window is empty (the fault was shorter
-than ``grace``), or the job reported no step before the fault (then silence proves nothing).
+than ``grace``), or the job reported no step before the fault since it last exited or restarted (then silence
+proves nothing: a job that had ended, or was still loading after a restart, was not there to stall).
 """
 
 from __future__ import annotations
@@ -277,6 +278,14 @@ def stalled_during(history: History, params: BaseModel, scenario: Scenario | Non
             continue
         if not before:
             unknowns.append(f"the job reported no step before {ev.describe(op)}: its silence proves no stall")
+            continue
+        gone = ev.ordered(e for e in ends if before[-1].ts_ns < e.ts_ns <= op.ts_ns)
+        if gone:
+            unknowns.append(
+                f"the job {'exited' if gone[-1].kind == TARGET_EXIT else 'restarted'} before {ev.describe(op)} and "
+                "reported no step since: its silence proves no stall"
+            )
+            evidence.append(ev.cite(history, gone[-1]))
             continue
         evidence.append(ev.cite(history, before[-1], "last step before the fault"))
         closes -= HEAL_SLACK_NS  # the rule is gone before the heal command returns and fault.healed is recorded

@@ -189,7 +189,7 @@ def restore_straggler_named(history: History, params: BaseModel, scenario: Scena
     straggler = max(durations, key=lambda r: (durations[r], -r))
     others = max(d for r, d in durations.items() if r != straggler)
     excess = durations[straggler] - others
-    resume, resume_text = _time_to_resume(history, attempt)
+    resume, resume_text = _time_to_resume(history, attempt, min(e.ts_ns for e in first.values()))
     evidence.append(resume_text)
     named = f"rank {straggler} was the restore straggler: {fmt_seconds(durations[straggler])} against at most " + (
         f"{fmt_seconds(others)} for the others (+{fmt_seconds(excess)}); {resume_text}"
@@ -222,10 +222,13 @@ def _attempt(history: History, event: Event) -> int:
     return attempt_of(starts[-1]) if starts else 0
 
 
-def _time_to_resume(history: History, attempt: int) -> tuple[float | None, str]:
-    """Seconds from the attempt's first ``target.start`` (the restart) to its first ``target.step``."""
+def _time_to_resume(history: History, attempt: int, restored_ns: int) -> tuple[float | None, str]:
+    """Seconds from the attempt's first ``target.start`` (the restart) to its first ``target.step`` after
+    ``restored_ns`` (its first restore)."""
     starts = [e for e in events_of(history, TARGET_START) if attempt_of(e) == attempt]
-    steps = [e for e in events_of(history, TARGET_STEP) if attempt_of(e) == attempt]
+    # Only a step after the restore shows the job resumed: a job that reports no attempts puts every step
+    # in attempt 0, those from before the fault too.
+    steps = [e for e in events_of(history, TARGET_STEP) if attempt_of(e) == attempt and e.ts_ns > restored_ns]
     if not starts:
         return None, f"time to resume unknown: no target.start of attempt {attempt}"
     if not steps:
@@ -242,7 +245,9 @@ class RetryParams(CheckParams):
     """Parameters of ``retried_with_backoff``."""
 
     fault: str = Field(description="the storage fault (mode eio or enospc) over the checkpoint dir")
-    min_attempts: int = Field(default=3, ge=1, description="failed attempts needed to judge the backoff")
+    min_attempts: int = Field(
+        default=3, ge=3, description="failed attempts needed to judge the backoff (3 or more: two gaps to compare)"
+    )  # two attempts make one gap: nothing could show it grew, and the check would pass on a fixed delay
     growth: float = Field(default=1.5, gt=1, description="each gap between failed attempts >= growth x the previous")
     max_attempts: int = Field(default=12, ge=1, description="the most failed attempts a save may take")
     cap: Duration | None = Field(default=None, gt=0, description="a gap this long counts as capped: need not grow")

@@ -39,6 +39,7 @@ class CkptRun:
     verified: bool = True
     with_damage: bool = True
     with_resume: bool = True
+    silent_ranks: bool = False  # only rank 0 reports its resume; the others restart and step from scratch
 
     @property
     def damaged_step(self) -> int:
@@ -82,14 +83,22 @@ class CkptRun:
             steps = self.resume_steps or (self.expected,) * self.world
             for rank, chosen in enumerate(steps):
                 at = damaged if chosen is None else chosen
-                data: dict[str, JsonValue] = {"step": at, "attempt": 1, "path": ckpt(at)}
-                if self.verified:
-                    data |= {"verified": True, "rejected": [s for s in (damaged,) if s > at]}
+                start: dict[str, JsonValue] = {"attempt": 1, "pid": 200 + rank}
+                events.append(Event(ts_ns=t + rank, kind="target.start", source="target", rank=rank, data=start))
+                if self.silent_ranks and rank > 0:
+                    at = 0  # started over: the first step is 1, and no target.resume is reported
                 else:
-                    data = {"step": at, "attempt": 1, "path": None, "seen": "first step"}  # the agent's inference
-                events.append(
-                    Event(ts_ns=t + SECOND + rank, kind="target.resume", source="target", rank=rank, data=data)
-                )
+                    data: dict[str, JsonValue] = {"step": at, "attempt": 1, "path": ckpt(at)}
+                    if self.verified:
+                        data |= {"verified": True, "rejected": [s for s in (damaged,) if s > at]}
+                    else:
+                        data = {"step": at, "attempt": 1, "path": None, "seen": "first step"}  # the agent's inference
+                    events.append(
+                        Event(ts_ns=t + SECOND + rank, kind="target.resume", source="target", rank=rank, data=data)
+                    )
+                stepped: dict[str, JsonValue] = {"step": at + 1, "attempt": 1}
+                events.append(Event(ts_ns=t + 2 * SECOND + rank, kind="target.step", source="target", rank=rank,
+                                    data=stepped))  # fmt: skip
         return events
 
 
@@ -154,6 +163,11 @@ CHECKPOINT: dict[str, tuple[Cases, list[tuple[str, Cases, str]]]] = {
             ("resumed from the damaged checkpoint", RUNS.map(lambda r: _case(resumed_damaged(r))), "fail"),
             ("resumed further back than the newest intact", RUNS.map(lambda r: _case(resumed_older(r))), "fail"),
             ("the ranks resumed from different steps", RUNS.map(lambda r: _case(ranks_disagree(r))), "fail"),
+            (
+                "only rank 0 reported a resume; the other ranks restarted and stepped from scratch",
+                RUNS.map(lambda r: _case(r.but(world=max(r.world, 2), silent_ranks=True))),
+                "unknown",
+            ),
             (
                 "resumed from the newest intact, but the scenario expects another step",
                 RUNS.map(lambda r: _case(r, step=r.expected - r.every)),

@@ -112,6 +112,16 @@ HANG: dict[str, tuple[Any, list[tuple[str, Any, str]]]] = {
                 hang_runs().map(lambda r: r.but(after=None, early_detection=True).case()),
                 "unknown",
             ),
+            (
+                "only a detect.hang of a later episode (hung since after the heal) names the rank",
+                hang_runs().map(lambda r: r.but(after=12.0, within=None).case()),
+                "unknown",
+            ),
+            (
+                "only a detect.hang of a later episode names the rank, within the bound",
+                hang_runs().map(lambda r: r.but(after=8.0, within=10.0).case()),
+                "unknown",
+            ),
             ("the fault never applied", hang_runs().map(lambda r: r.but(with_fault=False).case()), "unknown"),
         ],
     ),

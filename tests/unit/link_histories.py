@@ -76,6 +76,7 @@ class LinkRun:
     steps_during: int = 0  # steps the job still reports in the middle of the fault
     steps_before: bool = True
     crash_during: bool = False
+    exited_before: float | None = None  # the job exits this long before the fault and reports nothing after
 
     def but(self, **changes: Any) -> LinkRun:
         return replace(self, **changes)
@@ -100,6 +101,9 @@ class LinkRun:
                 )
             )
         end = self.fault_at + self.duration + 5.0
+        if self.exited_before is not None:
+            end = self.fault_at - self.exited_before
+            ev.append(Event(ts_ns=ns(end), kind="target.exit", source="runner", data={"code": 0}))
         t, step = 1.0, 1
         while t < end:
             stalled = self.fault_at <= t < self.fault_at + self.duration

@@ -51,6 +51,7 @@ class StragglerRun:
     aimed_restores: bool = True
     hits: bool = True
     resumes: bool = True
+    attempts: bool = True  # False: no event carries an attempt (a job that does not report them)
 
     def but(self, **changes: Any) -> StragglerRun:
         return replace(self, **changes)
@@ -79,6 +80,8 @@ class StragglerRun:
         if self.resumes:
             found += [ev(max(ends) + 0.1 + 0.2 * i, "target.step", r, step=11 + i, attempt=1)
                       for i in range(4) for r in range(self.world)]  # fmt: skip
+        if not self.attempts:
+            found = [e.model_copy(update={"data": {k: v for k, v in e.data.items() if k != "attempt"}}) for e in found]
         return found
 
 
@@ -188,6 +191,7 @@ STORAGE_RECOVERY: dict[str, tuple[Cases, list[tuple[str, Cases, str]]]] = {
         st.one_of(
             straggler_runs().map(lambda r: _straggler(r)),
             straggler_runs().map(lambda r: _straggler(r, rank=r.aimed, min_excess=0.2, resume_within=30)),
+            straggler_runs().map(lambda r: _straggler(r.but(attempts=False))),
         ),
         [
             (
@@ -208,6 +212,11 @@ STORAGE_RECOVERY: dict[str, tuple[Cases, list[tuple[str, Cases, str]]]] = {
             (
                 "the job never steps after the restore",
                 straggler_runs().map(lambda r: _straggler(r.but(resumes=False))),
+                "fail",
+            ),
+            (
+                "the job never steps after the restore, and reports no attempts (steps before the fault remain)",
+                straggler_runs().map(lambda r: _straggler(r.but(resumes=False, attempts=False))),
                 "fail",
             ),
             (

@@ -1299,6 +1299,11 @@ STALLED = Entry(
         Violation("the job kept stepping during the fault", link_runs().map(lambda r: _link(r.but(steps_during=2)))),
         Violation("the job crashed during the fault", link_runs().map(lambda r: _link(r.but(crash_during=True)))),
         Violation(
+            "the job had exited before the fault: nothing was there to stall",
+            link_runs().map(lambda r: _link(r.but(exited_before=0.5))),
+            "unknown",
+        ),
+        Violation(
             "the job reported no step before the fault",
             link_runs().map(lambda r: _link(r.but(steps_before=False))),
             "unknown",

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+from pydantic import ValidationError
 from storage_histories import FAULT, RetryRun, StragglerRun
 
 from chaos.checks.base import CheckResult
@@ -59,3 +61,13 @@ def test_a_tight_loop_and_a_crash_are_told_apart() -> None:
     assert spin.status == "fail" and spin.reason.startswith("a tight loop: the layer returned 2000 errors")
     crash = judge("retried_with_backoff", RetryRun(crashes=True).events())
     assert crash.status == "fail" and "exited after the first storage error" in crash.reason
+
+
+def test_a_backoff_needs_two_gaps_to_be_judged() -> None:
+    # Two failures a fixed 0.5 s apart show one gap, so nothing shows it grew: a min_attempts below 3 would
+    # let such a run pass "with growing gaps", so it is refused, and the default judges it unknown.
+    events = RetryRun(base=0.5, growth=1.0, window=0.8).events()
+    assert len([e for e in events if e.kind == "target.checkpoint_retry"]) == 2
+    with pytest.raises(ValidationError, match="min_attempts"):
+        judge("retried_with_backoff", events, min_attempts=2)
+    assert judge("retried_with_backoff", events).status == "unknown"
