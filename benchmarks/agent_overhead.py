@@ -1,6 +1,7 @@
 """Benchmark: what the in-job agent costs a training step with nothing injected, as ratios within one run.
 
-Run: ``.venv/bin/python benchmarks/agent_overhead.py [--model reference|user] [--reps 20] [--steps 100] [--json]``.
+Run: ``.venv/bin/python benchmarks/agent_overhead.py [--model reference|user] [--reps 20] [--steps 100]
+[--settings agent,consistency_10] [--json]``.
 Two gloo ranks (one intra-op thread each) train the same model under several settings, each with its own copy
 of the model, optimizer and DDP wrapper (a DDP model takes one comm hook, and the settings differ in theirs):
 
@@ -25,13 +26,16 @@ hits all alike; a ratio is the median of the per-repetition ratios to ``bare``, 
 in CPU, gloo's threads included, less moved by other work on a shared machine than the wall time). The recorder's module-level
 switch is flipped per block (it wraps ``torch.distributed``'s functions process-wide), so blocks without it
 run the real functions. Events are dropped (``emit`` is a no-op): the cost of writing the event file is the
-harness's choice of sink, not the agent's. ``--json`` prints one JSON object as the last line.
+harness's choice of sink, not the agent's. ``--json`` prints one JSON object as the last line; ``ci95_ratio_*``
+is a seeded bootstrap 95% interval of each wall-time median (how far the figure could move on a like run).
+``--settings`` picks the ones compared with ``bare`` (fewer settings: more repetitions in the same time).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import tempfile
@@ -153,10 +157,20 @@ class _Setting:
         return elapsed, used
 
 
-def _rank(rank: int, world: int, report: Report, model_name: str, reps: int, steps: int) -> dict[str, Any]:
+def _ci95(ratios: list[float], seed: int = 0, draws: int = 2000) -> tuple[float, float]:
+    """A bootstrap 95% interval of the median of ``ratios`` (percentile method, seeded: the same figures give the
+    same interval): how far the reported ratio could move on another run like this one."""
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(draws))
+    return medians[int(0.025 * draws)], medians[int(0.975 * draws) - 1]
+
+
+def _rank(
+    rank: int, world: int, report: Report, model_name: str, reps: int, steps: int, names: tuple[str, ...]
+) -> dict[str, Any]:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="mlchaos-bench-flight-") as flight_dir:
-        settings = [_Setting(name, model_name, Path(flight_dir)) for name in SETTINGS]
+        settings = [_Setting(name, model_name, Path(flight_dir)) for name in names]
         step = 1
         for setting in settings:  # warm-up: allocations, DDP's bucket rebuild, guards' scratch buffers
             setting.block(step, steps)
@@ -181,18 +195,17 @@ def _rank(rank: int, world: int, report: Report, model_name: str, reps: int, ste
                     exchanges[setting.name] = dict(setting.agent.consistency.exchanges)
         flight_recorder.uninstall()
     bare, bare_cpu = times["bare"], cpu["bare"]
+    ratios = {name: [t / b for t, b in zip(times[name], bare, strict=True)] for name in names[1:]}
     return {
         "model": model_name,
         "params": sum(p.numel() for p in settings[0].model.parameters()),
         "step_ms": {name: statistics.median(values) * 1e3 for name, values in times.items()},
-        **{
-            f"ratio_{name}": statistics.median(t / b for t, b in zip(times[name], bare, strict=True))
-            for name in SETTINGS[1:]
-        },
+        **{f"ratio_{name}": statistics.median(ratios[name]) for name in names[1:]},
+        **{f"ci95_ratio_{name}": list(_ci95(ratios[name])) for name in names[1:]},
         "cpu_ms": {name: statistics.median(values) * 1e3 for name, values in cpu.items()},
         **{
             f"cpu_ratio_{name}": statistics.median(t / b for t, b in zip(cpu[name], bare_cpu, strict=True))
-            for name in SETTINGS[1:]
+            for name in names[1:]
         },
         "exchanges": exchanges,
         "reps": reps,
@@ -206,9 +219,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--model", choices=["reference", "user"], default="reference")
     parser.add_argument("--reps", type=int, default=20, help="interleaved repetitions (default 20)")
     parser.add_argument("--steps", type=int, default=100, help="steps per block (default 100)")
+    parser.add_argument(
+        "--settings",
+        default=",".join(SETTINGS[1:]),
+        help="comma-separated settings to compare with bare (default: all); fewer settings, more repetitions each",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = parser.parse_args(argv)
-    row: dict[str, Any] = run_group(_rank, 2, args.model, args.reps, args.steps, timeout_s=1800)[0]
+    chosen = [name for name in args.settings.split(",") if name]
+    unknown = sorted(set(chosen) - set(SETTINGS[1:]))
+    if unknown:
+        parser.error(f"unknown setting(s) {', '.join(unknown)}; choose from {', '.join(SETTINGS[1:])}")
+    names = ("bare", *(name for name in SETTINGS[1:] if name in chosen))
+    row: dict[str, Any] = run_group(_rank, 2, args.model, args.reps, args.steps, names, timeout_s=3600)[0]
     ms = row["step_ms"]
     print(
         f"{args.model} model ({row['params']} params), 2 gloo ranks, 1 thread each; medians of {row['reps']} "
@@ -216,9 +239,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     cpu = row["cpu_ms"]
     print(f"  {'bare':<34} {ms['bare']:7.3f} ms/step            CPU {cpu['bare']:7.3f} ms/step (rank 0's process)")
-    for name in SETTINGS[1:]:
+    for name in names[1:]:
+        low, high = row[f"ci95_ratio_{name}"]
         print(
-            f"  {name:<34} {ms[name]:7.3f} ms/step   {row[f'ratio_{name}']:.4f}x   "
+            f"  {name:<34} {ms[name]:7.3f} ms/step   {row[f'ratio_{name}']:.4f}x [{low:.4f}, {high:.4f}]   "
             f"CPU {cpu[name]:7.3f} ms/step   {row[f'cpu_ratio_{name}']:.4f}x"
         )
     print(f"  verdicts by exchange: {row['exchanges']}")
