@@ -11,7 +11,8 @@ target tags each replica's events with it), and a step counts as COMMITTED unles
   committing steps, with no gap longer than ``max_stall``, and does not die.
 - ``rejoined_within`` {fault, within}: after each apply, the replica it hit commits a step again within
   ``within``, and its first commit after the fault is at a step no lower than the highest step committed
-  before it (it healed from a peer; a replica that restarted from scratch and trains alone has not rejoined).
+  before it (it healed from a peer; a replica that restarted from scratch and trains alone has not rejoined, and
+  one that had committed nothing before the fault has nothing to rejoin: ``unknown``).
 - ``replicas_agree`` {fault?}: at every step two or more replicas reported a digest for (with ``fault``: every
   step after the faulted replica rejoined, the rejoined replica among them), the digests are identical.
 """
@@ -199,7 +200,8 @@ def rejoined_within(history: History, params: BaseModel, scenario: Scenario | No
     ``fail`` when a hit replica never commits a step at or above the pre-fault high-water mark although the
     history runs past the bound (its commits below the mark are cited: it trained from scratch instead of
     healing), or the worst time exceeds ``within``; ``unknown`` when the fault never applied, names no
-    replica, came before any commit, or the history ends before the bound elapsed without a rejoin."""
+    replica, came before any commit or before the hit replica's first commit (a first join is no rejoin), or the
+    history ends before the bound elapsed without a rejoin."""
     p = narrow(params, RejoinedWithinParams)
     verdict = latency_verdict(CHECK_REJOINED_WITHIN, p.fault, p.within)
     if not applied_ops(history, p.fault):
@@ -218,6 +220,10 @@ def rejoined_within(history: History, params: BaseModel, scenario: Scenario | No
             continue
         found.evidence.append(cite(history, op, f"highest committed step before it: {item.high_step}"))
         for victim in item.victims:
+            if not any(e.ts_ns <= op.ts_ns for e in done.get(victim, [])):
+                # It never committed before the fault: its first commit after it is a first join, not a rejoin.
+                found.cannot_judge(f"{victim} committed no step before {cite(history, op)}: it had not joined yet")
+                continue
             back = item.back.get(victim)
             if back is not None:
                 taken = seconds(back.ts_ns - op.ts_ns)

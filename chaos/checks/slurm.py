@@ -16,9 +16,9 @@ names are inventory host names, so the node a fault hit is its ``fault.applied``
   while it is drained or down from a drain/down that began after the op. Without ``fault`` every applied op
   counts.
 
-Never vacuous: a fault that never applied, an op without a host, a node or job Slurm was never seen to show,
-a node already drained when the op hit, a history that ends before the bound, a job that never ran again:
-``unknown``, naming what was missing.
+Never vacuous: a fault that never applied, an op without a host, a node or job Slurm was not seen to show at
+or before the op, a node already drained when the op hit, a history that ends before the bound, a job that never
+ran again: ``unknown``, naming what was missing.
 """
 
 from __future__ import annotations
@@ -203,7 +203,12 @@ def node_drained_within(history: History, params: BaseModel, scenario: Scenario 
             found.cannot_judge(f"no slurm.node event shows node {host}: the target never observed it")
             continue
         before = [e for e in seen if e.ts_ns <= op.ts_ns]
-        if before and is_drained(before[-1]):
+        if not before:
+            # A drain first seen after the op may have begun before it: only a sighting at or before the op shows
+            # the node was not drained already.
+            found.cannot_judge(f"no slurm.node event showed {host} before {cite(history, op)}: its state is unknown")
+            continue
+        if is_drained(before[-1]):
             found.cannot_judge(f"{host} was already drained when {cite(history, op)}: {_cite_node(history, before[-1])}")
             continue
         drains = [e for e in seen if e.ts_ns > op.ts_ns and is_drained(e)]

@@ -105,7 +105,7 @@ class LinkRun:
             end = self.fault_at - self.exited_before
             ev.append(Event(ts_ns=ns(end), kind="target.exit", source="runner", data={"code": 0}))
         t, step = 1.0, 1
-        while t < end:
+        while ns(t) < ns(end):  # in nanoseconds: a step at the exit's own instant would be a step after it
             stalled = self.fault_at <= t < self.fault_at + self.duration
             if (self.steps_before or t >= self.fault_at) and not stalled:
                 ev.extend(

@@ -37,6 +37,7 @@ class ReplicaRun:
     survivor_stalls: tuple[float, float] | None = None  # the first survivor commits nothing in [a, b)
     from_scratch: bool = False  # the victim commits steps 1, 2 … again instead of the peers' step
     stale_digest: bool = False  # the victim's digests after its return differ from the others'
+    victim_joined: bool = True  # False: the victim commits nothing before the fault (it was still starting)
     applied: bool = True
 
     def name(self, index: int) -> str:
@@ -64,6 +65,8 @@ class ReplicaRun:
             for index in range(self.replicas):
                 name = self.name(index)
                 step = k
+                if index == self.victim and not self.victim_joined and at(t) < at(self.fault_at):
+                    continue
                 if index == self.victim and at(t) >= at(self.fault_at):  # compared in ns, as the check does
                     if self.back_at is None or at(t) < at(self.back_at):
                         continue

@@ -62,6 +62,7 @@ class SlurmRun:
     resume_after: float | None = None  # the drained node IDLE again this long after the fault
     end: float = 60.0
     node_events: bool = True
+    seen_before_fault: bool = True  # False: Slurm's first sight of the hit node is after the fault
     job_events: bool = True
     with_fault: bool = True
 
@@ -90,6 +91,8 @@ class SlurmRun:
                     out.append(node(later, target, "IDLE+DRAIN", self.drain_reason))
                 if self.resume_after is not None:
                     out.append(node(t0 + self.resume_after, target, "IDLE"))
+        if not self.seen_before_fault:
+            out = [e for e in out if e.get_str("node") != self.hit or e.ts_ns > ns(t0)]
         if self.job_events:
             out += [job(0.2, "PENDING"), job(1.0, "RUNNING", ("h1", "h2"))]
             if self.end_state is not None:

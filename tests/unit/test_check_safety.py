@@ -1054,6 +1054,11 @@ REJOINED_WITHIN = Entry(
             "the replica never came back",
             replica_runs().map(lambda r: _replica_case(r.but(back_at=None), **_within(r))),
         ),
+        Violation(
+            "the replica had committed nothing before the fault: its first commit is a first join, not a rejoin",
+            replica_runs().map(lambda r: _replica_case(r.but(victim_joined=False), **_within(r))),
+            expect="unknown",
+        ),
     ),
 )
 
@@ -1176,6 +1181,11 @@ NODE_DRAINED = Entry(
         Violation(
             "no slurm.node event: the nodes were never observed",
             slurm_runs().map(lambda r: _slurm(r.but(node_events=False), **_drain_bound(r))),
+            expect="unknown",
+        ),
+        Violation(
+            "the hit node was first seen after the fault, already drained (maybe before the fault)",
+            slurm_runs().map(lambda r: _slurm(r.but(seen_before_fault=False), **_drain_bound(r))),
             expect="unknown",
         ),
         Violation(

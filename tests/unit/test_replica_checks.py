@@ -133,3 +133,9 @@ def test_replicas_agree_compares_a_step_only_within_one_run_of_the_job() -> None
     broken = [*events, _digest(13, "g.0", 4, "b4"), _digest(13, "g.1", 4, "XX")]
     result = spec.evaluate(History.from_events(broken), spec.Params(), None)
     assert result.status == "fail" and "at step 4" in result.reason
+
+
+def test_rejoined_within_cannot_tell_for_a_replica_that_had_not_joined_before_the_fault() -> None:
+    # g.1 committed nothing before the fault: its first commit after it (at the peers' step) is a first join.
+    result = judge("rejoined_within", HEALTHY.but(victim_joined=False), fault=FAULT, within="10s")
+    assert result.status == "unknown" and "g.1 committed no step before" in result.reason, result

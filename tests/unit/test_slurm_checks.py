@@ -93,3 +93,10 @@ def test_requeued_within_on_requeue_exit_counts_the_next_attempt_not_the_failed_
     assert gone.status == "fail" and "was not requeued" in gone.reason, gone
     resumed = [running, applied(12.0, "h2"), job(13.0, "SUSPENDED", ("h1", "h2")), job(14.0, "RUNNING", ("h1", "h2"))]
     assert judge("requeued_within", [*resumed, job(99.0, "COMPLETED", ("h1", "h2"))], fault=FAULT, within=90).status != "pass"
+
+
+def test_node_drained_within_cannot_tell_for_a_node_first_seen_drained_after_the_fault() -> None:
+    # Slurm's first sight of h2 is the drain, after the fault: it may have been drained before the fault hit.
+    unseen = SlurmRun(seen_before_fault=False).events()
+    result = judge("node_drained_within", unseen, fault=FAULT, within="10s", by="health_check")
+    assert result.status == "unknown" and "no slurm.node event showed h2 before" in result.reason, result
