@@ -79,6 +79,7 @@ from torch import nn
 
 from chaos import events
 from chaos.guards.digest_carrier import DigestCarrier
+from chaos.guards.sum_batch import BatchResult, SumBatch
 
 Emit = Callable[..., None]
 
@@ -294,6 +295,7 @@ class ConsistencyGuard:
         # NCCL only moves device tensors; every other backend here (gloo) gets CPU tensors.
         self.device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in backend else torch.device("cpu")
         self.sums = TensorSums()
+        self.batch = SumBatch()  # the small tensors' sums in a few calls instead of ~9 per tensor
         self.checks = 0
         self.last: Judgement | None = None
         self.detections: list[Judgement] = []  # every divergence onset seen (on every rank)
@@ -334,29 +336,15 @@ class ConsistencyGuard:
     def _local(self, named: list[tuple[str, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor, list[tuple[str, int]]]:
         """Per-tensor sums as two int64 vectors on the exchange device, and ``(name, count)`` of this rank's
         tensors that hold non-finite values (a host sync, to count them exactly while they are still there)."""
-        s1: list[torch.Tensor] = []
-        s2: list[torch.Tensor] = []
-        floats: dict[torch.dtype, tuple[list[int], list[torch.Tensor]]] = {}
-        for index, (_name, tensor) in enumerate(named):
-            a, b = self.sums.sums(tensor)
-            s1.append(a)
-            s2.append(b)
-            total = _float_sum(tensor)
-            if total is not None:
-                where, values = floats.setdefault(total.dtype, ([], []))
-                where.append(index)
-                values.append(total if total.device == self.device else total.to(self.device))
-        flagged: list[int] = []
-        for where, values in floats.values():
-            stacked = torch.isfinite(torch.stack(values))
-            if not bool(stacked.all()):  # the rare case: find which ones
-                flagged.extend(where[i] for i in torch.nonzero(~stacked).reshape(-1).tolist())
+        here = self.device
+        batch = self.batch.sums([t for _, t in named])
+        flagged = list(batch.flagged)
+        if len(batch.s1) == 1 and batch.positions == list(range(len(named))):  # the common case: one batch, in order
+            v1, v2 = batch.s1[0].to(here), batch.s2[0].to(here)
+        else:
+            v1, v2 = self._one_by_one(named, batch, flagged)
         # Exact counts for the flagged tensors only (a finite tensor whose sum overflowed counts 0: no alarm).
         counted = [(named[i][0], int((~torch.isfinite(named[i][1].detach())).sum())) for i in sorted(flagged)]
-        empty = torch.zeros(0, dtype=torch.int64, device=self.device)
-        here = self.device
-        v1 = torch.stack([a if a.device == here else a.to(here) for a in s1]) if s1 else empty
-        v2 = torch.stack([b if b.device == here else b.to(here) for b in s2]) if s2 else empty.clone()
         return v1, v2, [(name, n) for name, n in counted if n > 0]
 
     # -- the check ------------------------------------------------------------------------------------------
@@ -469,6 +457,37 @@ class ConsistencyGuard:
                 if not same and name not in differing:
                     differing.append(name)
         return replace(verdict, tensors=tuple(differing[:MAX_NAMED]))
+
+    def _one_by_one(
+        self, named: list[tuple[str, torch.Tensor]], batch: BatchResult, flagged: list[int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_local`'s sums where the batch did not take every tensor: the rest one by one (their non-finite
+        ones appended to ``flagged``), merged with the batch's in ``named``'s order."""
+        here = self.device
+        s1: list[torch.Tensor | None] = [None] * len(named)
+        s2: list[torch.Tensor | None] = [None] * len(named)
+        for position, a, b in zip(batch.positions, torch.cat(batch.s1 or [torch.zeros(0, dtype=torch.int64)]),
+                                  torch.cat(batch.s2 or [torch.zeros(0, dtype=torch.int64)]), strict=True):  # fmt: skip
+            s1[position], s2[position] = a, b
+        floats: dict[torch.dtype, tuple[list[int], list[torch.Tensor]]] = {}
+        for index, (_name, tensor) in enumerate(named):
+            if s1[index] is not None:
+                continue
+            s1[index], s2[index] = self.sums.sums(tensor)
+            total = _float_sum(tensor)
+            if total is not None:
+                where, values = floats.setdefault(total.dtype, ([], []))
+                where.append(index)
+                values.append(total if total.device == here else total.to(here))
+        for where, values in floats.values():
+            stacked = torch.isfinite(torch.stack(values))
+            if not bool(stacked.all()):  # the rare case: find which ones
+                flagged.extend(where[i] for i in torch.nonzero(~stacked).reshape(-1).tolist())
+        if not named:
+            empty = torch.zeros(0, dtype=torch.int64, device=here)
+            return empty, empty.clone()
+        v1 = torch.stack([a.to(here) for a in s1 if a is not None])
+        return v1, torch.stack([b.to(here) for b in s2 if b is not None])
 
     def _local_nonfinite(self, step: int, bad: list[tuple[str, int]]) -> None:
         """``detect.nonfinite`` on this rank when its parameters start holding NaN/Inf (local, no collective)."""
