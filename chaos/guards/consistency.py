@@ -24,6 +24,9 @@ arithmetic). Measured on a 2-core CPU machine (1 thread): 25 ms per 100 MB of fl
 for sha256 over the same bytes and 3.5 ms for one float sum (``benchmarks/consistency_guard.py`` measures the
 cost per training step). Non-finite values are found with one float sum per tensor (a non-finite sum flags
 the tensor; only flagged tensors are then counted exactly, so an overflowing sum of finite values is no alarm).
+Small floating-point CPU tensors (most of a model's tensors by count) are hashed together instead
+(:mod:`chaos.guards.sum_batch`: the same int64 sums in ~10 torch calls for all of them, not ~9 per tensor), which
+took the reference trainer's check from 0.64 to 0.29 ms on a 2-core VM.
 
 The exchange (one small asynchronous all-reduce; more only when something is wrong)
 ----------------------------------------------------------------------------------
