@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
-from chaos.history.timeline import FAULT_APPLIED, FAULT_FAILED, TARGET_START, TARGET_STEP, Event, History
+from chaos.history.timeline import FAULT_APPLIED, FAULT_FAILED, FAULT_HEALED, TARGET_START, TARGET_STEP, Event, History
 from chaos.spec.serving import REPLICA_RANKS, ServingTarget
 
 P = TypeVar("P", bound=BaseModel)
@@ -134,6 +134,18 @@ def label(check: str, fault: str | None = None) -> str:
 def applied_ops(history: History, fault: str) -> list[Event]:
     """Every ``fault.applied`` event of the fault named ``fault``, in time order (one per applied op)."""
     return [e for e in events_of(history, FAULT_APPLIED) if e.get_str("fault") == fault]
+
+
+def healed_at(history: History, op: Event, by: str) -> int | None:
+    """When ``op`` healed: the time of the first ``fault.healed`` of its fault after it whose ``by`` field (``"op"``:
+    the op id, ``"host"``) is ``op``'s, or is absent on either; None when it never healed."""
+    mine = op.get_str(by)
+    for healed in events_of(history, FAULT_HEALED):
+        if healed.ts_ns <= op.ts_ns or healed.get_str("fault") != op.get_str("fault"):
+            continue
+        if mine is None or healed.get_str(by) in (None, mine):
+            return healed.ts_ns
+    return None
 
 
 def missing_fault_reason(history: History, fault: str) -> str:

@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 
 from chaos.checks import _evidence as ev
 from chaos.checks.base import CheckParams, CheckResult, Status, register_check
-from chaos.history.timeline import FAULT_HEALED, Event, History
+from chaos.history.timeline import Event, History
 from chaos.spec.units import Duration
 
 if TYPE_CHECKING:
@@ -47,17 +47,6 @@ def _names(detection: Event) -> list[int]:
     ranks = [r for r in listed if isinstance(r, int)] if isinstance(listed, list) else []
     culprit = detection.get_int("culprit_rank")
     return sorted(set(ranks) | ({culprit} if culprit is not None else set()))
-
-
-def _healed_at(history: History, op: Event) -> int | None:
-    """When ``op`` healed: the first ``fault.healed`` of its fault after it (of its op id when both carry one)."""
-    op_id = op.get_str("op")
-    for healed in ev.events_of(history, FAULT_HEALED):
-        if healed.ts_ns <= op.ts_ns or healed.get_str("fault") != op.get_str("fault"):
-            continue
-        if op_id is None or healed.get_str("op") in (None, op_id):
-            return healed.ts_ns
-    return None
 
 
 def _began(detection: Event) -> int:
@@ -112,7 +101,7 @@ def culprit_named(history: History, params: BaseModel, scenario: Scenario) -> Ch
             continue
         # A detection whose hang began after the heal is a later episode (another fault's, or the job's own):
         # taking it for this op's would credit the watch with a hang it never saw.
-        healed = _healed_at(history, op)
+        healed = ev.healed_at(history, op, by="op")
         ours = [h for h in after if healed is None or _began(h) <= healed]
         if after and not ours:
             unknown.append(

@@ -36,7 +36,7 @@ from pydantic import BaseModel, Field
 
 from chaos.checks import _evidence as ev
 from chaos.checks.base import CheckParams, CheckResult, register_check
-from chaos.history.timeline import FAULT_HEALED, TARGET_EXIT, TARGET_RESTART, Event, History
+from chaos.history.timeline import TARGET_EXIT, TARGET_RESTART, Event, History
 from chaos.spec.units import Duration
 
 if TYPE_CHECKING:
@@ -131,17 +131,6 @@ def probed_at(event: Event) -> int:
     return started if started is not None else event.ts_ns
 
 
-def healed_at(history: History, op: Event) -> int | None:
-    """The time of ``op``'s heal: the first ``fault.healed`` of its fault after it, on its host (or naming none)."""
-    host = op.get_str("host")
-    for healed in ev.events_of(history, FAULT_HEALED):
-        if healed.ts_ns <= op.ts_ns or healed.get_str("fault") != op.get_str("fault"):
-            continue
-        if host is None or healed.get_str("host") in (None, host):
-            return healed.ts_ns
-    return None
-
-
 def _listed(value: object) -> list[object]:
     return list(value) if isinstance(value, list) else []
 
@@ -191,7 +180,7 @@ def link_named(history: History, params: BaseModel, scenario: Scenario | None) -
     worst = 0.0
     for op in ops:
         host = ev.host_of(op)
-        opened, closes = op.ts_ns, healed_at(history, op)
+        opened, closes = op.ts_ns, ev.healed_at(history, op, by="host")
 
         def inside(event: Event, opened: int = opened, closes: int | None = closes) -> bool:
             return opened < probed_at(event) and (closes is None or probed_at(event) <= closes)
@@ -266,7 +255,7 @@ def stalled_during(history: History, params: BaseModel, scenario: Scenario | Non
     unknowns: list[str] = []
     longest = 0.0
     for op in ops:
-        closes = healed_at(history, op)
+        closes = ev.healed_at(history, op, by="host")
         opens = op.ts_ns + round(p.grace * 1e9)
         before = [s for s in steps if s.ts_ns < op.ts_ns]
         evidence.append(ev.cite(history, op))
