@@ -90,9 +90,9 @@ def culprit_named(history: History, params: BaseModel, scenario: Scenario) -> Ch
         (rank,) = hit
         after = [h for h in hangs if h.ts_ns > op.ts_ns and (end is None or h.ts_ns < end)]
         evidence.append(ev.cite(history, op, f"hit rank {rank}"))
-        if p.within is not None and after and ev.seconds(after[0].ts_ns - op.ts_ns) > p.within:
+        latency = ev.seconds(after[0].ts_ns - op.ts_ns) if after else 0.0
+        if p.within is not None and latency > p.within:
             # Nothing was named within the bound, whichever episode the first later detection belongs to.
-            latency = ev.seconds(after[0].ts_ns - op.ts_ns)
             worst = latency if worst is None else max(worst, latency)
             evidence.append(ev.cite(history, after[0], f"the first detect.hang, {ev.fmt_seconds(latency)} after"))
             failed.append(

@@ -128,7 +128,8 @@ class TensorSums:
     def __init__(self) -> None:
         self._scratch: dict[torch.device, torch.Tensor] = {}
 
-    def _buffer(self, device: torch.device, size: int) -> torch.Tensor:
+    def buffer(self, device: torch.device, size: int) -> torch.Tensor:
+        """The device's int64 scratch buffer, at least ``size`` elements (grown, never shrunk)."""
         buf = self._scratch.get(device)
         if buf is None or buf.numel() < size:
             buf = torch.empty(size, dtype=torch.int64, device=device)
@@ -148,7 +149,7 @@ class TensorSums:
             ints = flat.view(torch.uint8)
         chunk = _CHUNK_CPU if flat.device.type == "cpu" else _CHUNK_OTHER
         numel = ints.numel()
-        scratch = self._buffer(flat.device, min(chunk, numel))
+        scratch = self.buffer(flat.device, min(chunk, numel))
         if numel <= chunk:  # most tensors: one pass, no slicing
             buf = scratch[:numel]
             buf.copy_(ints)  # widen to int64 first: the square of a 32-bit value is then exact
@@ -298,7 +299,7 @@ class ConsistencyGuard:
         # NCCL only moves device tensors; every other backend here (gloo) gets CPU tensors.
         self.device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in backend else torch.device("cpu")
         self.sums = TensorSums()
-        self.batch = SumBatch()  # the small tensors' sums in a few calls instead of ~9 per tensor
+        self.batch = SumBatch(self.sums.buffer)  # the small tensors in a few calls, through the same scratch
         self.checks = 0
         self.last: Judgement | None = None
         self.detections: list[Judgement] = []  # every divergence onset seen (on every rank)

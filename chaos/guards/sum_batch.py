@@ -19,6 +19,7 @@ replaced by a new tensor, or optimizer state appearing after the first step, mak
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +36,8 @@ GROUP_LIMIT = 1 << 18
 """The most elements in one batch (its int64 widening stays in cache, like the per-tensor path's chunks)."""
 
 Key = tuple[tuple[int, int, torch.dtype, torch.device], ...]
+Scratch = Callable[[torch.device, int], torch.Tensor]
+"""An int64 scratch buffer of at least the given size on the device (the per-tensor path's, shared)."""
 
 
 @dataclass(frozen=True)
@@ -61,12 +64,13 @@ def _key(tensors: list[torch.Tensor]) -> Key:
 
 
 class SumBatch:
-    """Batched ``s1``/``s2`` of the small floating-point CPU tensors of a list (see the module docstring)."""
+    """Batched ``s1``/``s2`` of the small floating-point CPU tensors of a list (see the module docstring);
+    ``scratch`` lends the int64 buffer the widening goes through."""
 
-    def __init__(self) -> None:
+    def __init__(self, scratch: Scratch) -> None:
         self._key: Key | None = None
         self._groups: list[_Group] = []
-        self._scratch: dict[torch.device, torch.Tensor] = {}
+        self._scratch = scratch
 
     def _plan(self, tensors: list[torch.Tensor], key: Key) -> None:
         open_groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
@@ -93,12 +97,6 @@ class SumBatch:
             self._groups.append(_Group(positions, views, segments, first.dtype, int(lengths.sum())))
         self._key = key
 
-    def _buffer(self, device: torch.device, size: int) -> torch.Tensor:
-        held = self._scratch.get(device)
-        if held is None or held.numel() < size:
-            held = self._scratch[device] = torch.empty(size, dtype=torch.int64, device=device)
-        return held
-
     def sums(self, tensors: list[torch.Tensor]) -> BatchResult:
         """``s1``/``s2`` of every small floating-point tensor of ``tensors`` and which of them hold NaN/Inf
         (exactly those with at least one non-finite element; a host sync per group). The others (large, integer,
@@ -109,7 +107,7 @@ class SumBatch:
         result = BatchResult([], [], [], [])
         for group in self._groups:
             joined = torch.cat(group.views)
-            wide = self._buffer(joined.device, group.numel)[: group.numel]
+            wide = self._scratch(joined.device, group.numel)[: group.numel]
             wide.copy_(joined)  # widen first: the square of a 32-bit value is exact in int64
             count = len(group.positions)
             s1 = torch.zeros(count, dtype=torch.int64, device=joined.device).index_add_(0, group.segments, wide)
@@ -126,4 +124,4 @@ class SumBatch:
         return result
 
 
-__all__ = ["BATCHED_DTYPES", "GROUP_LIMIT", "SMALL", "BatchResult", "SumBatch"]
+__all__ = ["BATCHED_DTYPES", "GROUP_LIMIT", "SMALL", "BatchResult", "Scratch", "SumBatch"]

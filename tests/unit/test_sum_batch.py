@@ -30,7 +30,7 @@ def _mixed(seed: int) -> list[torch.Tensor]:
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_batched_sums_equal_the_per_tensor_sums(seed: int) -> None:
     tensors = _mixed(seed)
-    batch = SumBatch()
+    batch = SumBatch(TensorSums().buffer)
     for _ in range(2):  # the second call runs on the cached plan
         got = batch.sums(tensors)
         assert sorted(got.positions) == [0, 1, 2, 3, 4, 8, 9]  # grouped by dtype
@@ -43,7 +43,7 @@ def test_batched_sums_equal_the_per_tensor_sums(seed: int) -> None:
 
 def test_a_changed_tensor_storage_makes_a_new_plan_and_nonfinite_tensors_are_flagged() -> None:
     tensors = _mixed(3)
-    batch = SumBatch()
+    batch = SumBatch(TensorSums().buffer)
     batch.sums(tensors)
     tensors[3] = torch.full((33,), float("nan"), dtype=torch.bfloat16)  # replaced: new storage
     tensors[0][5, 5] = float("inf")  # in place: same storage, the cached view sees it
@@ -66,7 +66,7 @@ def test_the_guard_digest_is_the_same_with_and_without_the_batch() -> None:
     guard = ConsistencyGuard(model, optimizer=optimizer, every=1, emit=lambda *a, **k: None, optimizer_state=True)
     named = guard.tensors()
     batched = guard._local(named)
-    guard.batch.sums = lambda tensors: SumBatch().sums([])  # type: ignore[method-assign]  # every tensor one by one
+    guard.batch.sums = lambda tensors: SumBatch(TensorSums().buffer).sums([])  # type: ignore[method-assign]  # every tensor one by one
     single = guard._local(named)
     assert torch.equal(batched[0], single[0]) and torch.equal(batched[1], single[1])
     assert batched[2] == single[2] == [("0.bias", 1)]
