@@ -183,6 +183,11 @@ class Agent(ProgressCalls):
             [op for op in mine if op.injector in HANG_FAULTS], rank=self.rank, step=lambda: self.step, emit=emit,
             already_fired=self._already_fired, mark_fired=self._mark_fired,
         )  # fmt: skip
+        # The phases at which any of this rank's faults can fire: the loop hooks skip the dispatch at the others
+        # (they run at every step; with nothing planned the agent's per-step calls are then a few attribute reads).
+        self._fault_phases = frozenset(
+            {params.phase for _, params in self._tensor_ops} | self.phase_faults.phases | self.hang_faults.phases
+        )
         # The collective flight recorder (CHAOS_FLIGHT_DIR; a skip fault needs its wrappers even without one).
         self.recorder = flight_recorder.install(self.rank, self.world_size, _skip_dir(self.hang_faults.wants_skips))
         if self.recorder is not None:
@@ -340,18 +345,20 @@ class Agent(ProgressCalls):
             self.torchft.begin_step(step)
         if self.fsdp is not None:
             self.fsdp.begin_step()
-        self._tensor_phase("forward")
-        self.phase_faults.at("forward")
-        self.hang_faults.at("forward")
+        if "forward" in self._fault_phases:
+            self._tensor_phase("forward")
+            self.phase_faults.at("forward")
+            self.hang_faults.at("forward")
 
     def after_backward(self, loss: torch.Tensor | None = None) -> None:
         """Call after ``loss.backward()``: gradient-phase faults, then the anomaly guard."""
         self.progress.after_backward(loss)
-        self.phase_faults.at("backward")
-        self.hang_faults.at("backward")
-        self._tensor_phase("backward")
+        if "backward" in self._fault_phases:
+            self.phase_faults.at("backward")
+            self.hang_faults.at("backward")
+            self._tensor_phase("backward")
         if self.anomaly_guard is not None:
-            reasons = self.anomaly_guard.check(self.step, None if loss is None else float(loss.detach()))
+            reasons = self.anomaly_guard.check(self.step, None if loss is None else float(loss.item()))
             if self.manager is not None:
                 if reasons:  # torchft's error path: this replica does not commit the step
                     self.manager.report_error(RuntimeError(f"gradient anomaly at step {self.step}: {reasons}"))
@@ -366,9 +373,10 @@ class Agent(ProgressCalls):
         """False when a guard (checksum after a failed retry, anomaly) agreed on every rank to skip this step.
         Always True under torchft (``manager=``): there a detection is reported to torchft, whose
         ``optimizer.step()`` then does not commit."""
-        self._tensor_phase("optimizer_step")
-        self.phase_faults.at("optimizer_step")
-        self.hang_faults.at("optimizer_step")
+        if "optimizer_step" in self._fault_phases:
+            self._tensor_phase("optimizer_step")
+            self.phase_faults.at("optimizer_step")
+            self.hang_faults.at("optimizer_step")
         state = self.checksum_state
         if state is not None and state.consume_skip():
             self._skip = True
@@ -379,9 +387,10 @@ class Agent(ProgressCalls):
     def end_step(self) -> None:
         """Call at the end of each step (after the optimizer step): heals tensor faults whose persistence ran
         out, then, at every ``consistency_every``-th step, compares the ranks' parameters (a collective)."""
-        for op_id, armed in list(self._armed.items()):
-            if armed.expired(self.step):
-                self._heal(op_id)
+        if self._armed:
+            for op_id, armed in list(self._armed.items()):
+                if armed.expired(self.step):
+                    self._heal(op_id)
         if self.consistency is not None:
             # After the heal: what the ranks carry into the next step is what must agree. Pipelined: this
             # takes the verdict of the previous check and starts this step's exchange (see the guard).

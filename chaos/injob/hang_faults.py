@@ -64,6 +64,11 @@ class HangFaults:
                 self._skips[(op.at_step, index if isinstance(index, int) else 0)] = op
 
     @property
+    def phases(self) -> frozenset[str]:
+        """The phases at which :meth:`at` may fire a spin on this rank (empty: never)."""
+        return frozenset(str(op.params.get("phase", "forward")) for op in self._spins)
+
+    @property
     def wants_skips(self) -> bool:
         return bool(self._skips)
 
@@ -86,6 +91,8 @@ class HangFaults:
 
     def at(self, phase: str) -> None:
         """Fire the spins due at (this step, ``phase``)."""
+        if not self._spins:
+            return
         step = self._step()
         for op in [op for op in self._spins if op.at_step == step and op.params.get("phase", "forward") == phase]:
             self._spins.remove(op)

@@ -85,6 +85,7 @@ class PhaseFaults:
         planned = [op for op in ops if op.phase is not None and op.params.get("replica") in (None, here)]
         self._in_collective_wanted = any(op.phase == "allreduce" for op in planned)
         self._ops = [op for op in planned if mine(op)]
+        self._phases = frozenset(str(op.phase) for op in self._ops)
         self._rank = rank
         self._step = step
         self._emit = emit
@@ -112,13 +113,20 @@ class PhaseFaults:
                 )
 
     @property
+    def phases(self) -> frozenset[str]:
+        """The phases at which :meth:`at` may fire something on this process (empty: never; the agent then
+        skips the call, which runs at every phase of every step)."""
+        return self._phases
+
+    @property
     def in_collective_wanted(self) -> bool:
         """Whether an ``allreduce`` op is planned on any rank (the agent then installs a comm hook that calls us)."""
         return self._in_collective_wanted
 
     def in_collective(self, bucket_index: int) -> None:
         """Call inside the comm hook right after starting the bucket's all-reduce, before waiting for it."""
-        self.at("allreduce", bucket=bucket_index, site=IN_FLIGHT)
+        if "allreduce" in self._phases:  # called at every bucket of every step: nothing planned, nothing to do
+            self.at("allreduce", bucket=bucket_index, site=IN_FLIGHT)
 
     def at(self, phase: str, **where: JsonValue) -> None:
         """Fire every op due at (this step, ``phase``) that has not fired in this run; ``where`` (bucket,

