@@ -8,10 +8,8 @@ of the model, optimizer and DDP wrapper (a DDP model takes one comm hook, and th
 - ``bare``: the user's loop with no agent at all (the baseline every ratio is to);
 - ``agent``: ``Agent`` attached, no faults armed, every guard off (``consistency_every=0``);
 - ``consistency_10``: the agent with the cross-rank consistency hash every 10 steps (the default in a job of
-  more than one rank), its digest carried in the next step's gradient all-reduce (``chaos.guards.digest_carrier``:
-  the agent registers a comm hook that is DDP's default reduction plus the slots on a carrying step);
-- ``consistency_10_separate``: the same check through the guard's own 64-byte all-reduce and no comm hook (how
-  the agent did it before the carrier; kept to compare within one run);
+  more than one rank), its digest through the guard's own 64-byte all-reduce; DDP keeps its default reduction
+  (until 2026-11-27 a comm hook of the carrier's carried it, at a higher cost: ``chaos.guards.digest_carrier``);
 - ``recorder``: the agent with the collective flight recorder on (what a scenario's ``hang_watch`` turns on:
   the agent then routes DDP's all-reduce through a Python comm hook the recorder sees);
 - ``recorder_consistency_10``: both (a hang-watched run's default; the digest rides in the recorder's hook);
@@ -66,7 +64,6 @@ SETTINGS = (
     "bare",
     "agent",
     "consistency_10",
-    "consistency_10_separate",
     "recorder",
     "recorder_consistency_10",
     "recorder_consistency_10_separate",
@@ -124,7 +121,7 @@ class _Setting:
             plan=InJobPlan(),
             emit=_quiet,
         )
-        if name.endswith("_separate"):  # the guard as before the carrier: its own all-reduce, no carrier hook
+        if name.endswith("_separate"):  # the guard without the carrier in the recorder's hook: its own all-reduce
             self.agent.consistency = ConsistencyGuard(self.model, optimizer=self.optimizer, every=10, emit=_quiet)
         flight_recorder._ACTIVE = None  # noqa: SLF001
 

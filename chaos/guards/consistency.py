@@ -182,8 +182,8 @@ class _Pending:
 
     step: int
     names: list[str]
-    mine: torch.Tensor  # [h1, h2, tensors, non-finite tensors]
-    spread: torch.Tensor  # [mine, ~mine], all-reduced with MAX
+    mine: list[int]  # [h1, h2, tensors, non-finite tensors]
+    spread: torch.Tensor | None  # [mine, ~mine], all-reduced with MAX (None: not exchanged this way)
     work: dist.Work | None
     v1: torch.Tensor  # per-tensor s1 (to name the tensors at an onset)
     v2: torch.Tensor
@@ -380,19 +380,24 @@ class ConsistencyGuard:
         v1, v2, bad = self._local(named)
         self._local_nonfinite(step, bad)
         c1, c2 = self._multiplier_pair(len(named))
-        h1, h2 = (v1 * c1).sum(), (v2 * c2).sum()  # int64 arithmetic wraps: a fold mod 2^64
-        counts = torch.tensor([len(named), len(bad)], dtype=torch.int64, device=self.device)
-        mine = torch.cat([torch.stack([h1, h2]), counts])
-        spread = torch.cat([mine, torch.bitwise_not(mine)])
+        # int64 arithmetic wraps: a fold mod 2^64 (dot: the same value as (v * c).sum(), in one call).
+        mine = [int(torch.dot(v1, c1)), int(torch.dot(v2, c2)), len(named), len(bad)]
+        spread = None
         work = None
         nonfinite = sum(n for _, n in bad)
         carried = self.world_size > 1 and self.carrier is not None
         if carried:
             assert self.carrier is not None
-            self.carrier.load([*mine[:3].tolist(), nonfinite])  # the per-rank row of the slow path
+            self.carrier.load([*mine[:3], nonfinite])  # the per-rank row of the slow path
         elif self.world_size > 1:
+            spread = self._spread(mine)
             work = dist.all_reduce(spread, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
         self._pending = _Pending(step, [n for n, _ in named], mine, spread, work, v1, v2, nonfinite, carried)
+
+    def _spread(self, mine: list[int]) -> torch.Tensor:
+        """``[mine, ~mine]`` as int64: all-reduced with MAX, every rank learns the largest and (negated back)
+        the smallest of each word, equal exactly when the ranks agree."""
+        return torch.tensor([*mine, *(~w for w in mine)], dtype=torch.int64, device=self.device)
 
     def finish(self) -> Judgement | None:
         """Wait for the exchange in flight and judge it (emitting its events); None when none is in flight.
@@ -405,11 +410,12 @@ class ConsistencyGuard:
             assert self.carrier is not None
             rows = self.carrier.take()
             if rows is None:  # no gradient reduction since the check (the last step's check): exchange now
+                pending.spread = self._spread(pending.mine)
                 dist.all_reduce(pending.spread, op=dist.ReduceOp.MAX, group=self.group)
         elif pending.work is not None:
             pending.work.wait()
         self.exchanges["carried" if rows is not None else "own"] += 1
-        words = pending.mine.tolist()
+        words = pending.mine
         self.checks += 1
         if rows is not None:  # every rank's row arrived: no gather needed to judge
             if all(r[:3] == rows[0][:3] for r in rows) and not any(r[3] for r in rows):
@@ -417,7 +423,8 @@ class ConsistencyGuard:
             else:
                 verdict = self._gathered(pending, words, same_shape=len({r[2] for r in rows}) == 1, rows=rows)
         else:
-            values = pending.spread.tolist()
+            # [max, ~min] of each word over the ranks; a single rank's own words when nothing was exchanged.
+            values = [*words, *(~w for w in words)] if pending.spread is None else pending.spread.tolist()
             high, low = values[:4], [~v for v in values[4:]]
             if high[:3] == low[:3] and high[3] == 0:  # the common case: one digest, nothing non-finite anywhere
                 verdict = judge(pending.step, [hex_digest(words[:2])] * self.world_size, [0] * self.world_size)

