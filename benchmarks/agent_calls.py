@@ -96,7 +96,8 @@ def _rank(rank: int, world: int, report: Report, model: str, setting: str, reps:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--model", choices=["reference", "user"], default="reference")
-    parser.add_argument("--setting", choices=agent_overhead.SETTINGS[2:], default="consistency_10")
+    others = [name for name in agent_overhead.SETTINGS if name not in ("bare", "agent")]
+    parser.add_argument("--setting", choices=others, default="consistency_10")
     parser.add_argument("--reps", type=int, default=30, help="interleaved repetitions (default 30)")
     parser.add_argument("--steps", type=int, default=100, help="steps per block (default 100)")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")

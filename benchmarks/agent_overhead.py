@@ -6,6 +6,9 @@ Two gloo ranks (one intra-op thread each) train the same model under several set
 of the model, optimizer and DDP wrapper (a DDP model takes one comm hook, and the settings differ in theirs):
 
 - ``bare``: the user's loop with no agent at all (the baseline every ratio is to);
+- ``bare_again``: a second, independent copy of ``bare`` (its own model, optimizer and DDP): an A/A control. Its
+  ratio to ``bare`` is what the method reads for two identical loops, i.e. how far from 1.0 a ratio can land
+  with no cost at all;
 - ``agent``: ``Agent`` attached, no faults armed, every guard off (``consistency_every=0``);
 - ``consistency_10``: the agent with the cross-rank consistency hash every 10 steps (the default in a job of
   more than one rank), its digest through the guard's own 64-byte all-reduce; DDP keeps its default reduction
@@ -62,6 +65,7 @@ SEED = 1234
 BATCH = 16
 SETTINGS = (
     "bare",
+    "bare_again",
     "agent",
     "consistency_10",
     "recorder",
@@ -107,7 +111,7 @@ class _Setting:
         self.ddp = DistributedDataParallel(self.model)
         self.recorder: flight_recorder.Recorder | None = None
         self.agent: Agent | None = None
-        if name == "bare":
+        if name in ("bare", "bare_again"):
             return
         if name.startswith("recorder"):
             self.recorder = flight_recorder.install(dist.get_rank(), dist.get_world_size(), str(flight_dir))
