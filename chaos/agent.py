@@ -228,7 +228,7 @@ class Agent(ProgressCalls):
             if consistency_every > 0 and distributed and manager is None and not sharded
             else None
         )
-        if self.consistency is not None and ddp is not None:  # its digest rides in DDP's gradient all-reduce
+        if self.consistency is not None and ddp is not None:  # its digest rides in the agent's hook, if there is one
             self.consistency.carrier = digest_carrier.install(ddp, self.group)
         # Last: the steps, checkpoints, resume, samples and digest the checks need (chaos.injob.progress).
         self.progress = Progress(
