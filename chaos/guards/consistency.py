@@ -44,9 +44,10 @@ at the end; a loop whose ranks run different numbers of steps must not use this 
 exchanged tensors live on the current CUDA device; on any other backend on the CPU. Non-finite values are
 counted when the tensors are hashed (a host sync per check on an accelerator).
 
-Carried instead (``carrier``, set by the agent in a 2-rank DDP job whose gradients its plain comm hook reduces): the words ride in the next step's gradient
-all-reduce (:mod:`chaos.guards.digest_carrier`), which hands back every rank's words, so no collective of the
-guard's own runs and no gather is needed to name who differs; :meth:`~ConsistencyGuard.finish` falls back to the
+Carried instead (``carrier``, set by the agent in a 2-rank DDP job whose gradients its plain comm hook
+reduces): the words ride in the next step's gradient all-reduce (:mod:`chaos.guards.digest_carrier`), which
+hands back every rank's words, so no collective of the guard's own runs and no gather is needed to name who
+differs; :meth:`~ConsistencyGuard.finish` falls back to the
 all-reduce above when no gradient reduction carried them (the check of the last step, taken at ``close``).
 ``exchanges`` counts the verdicts taken each way.
 
