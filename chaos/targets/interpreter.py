@@ -34,7 +34,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -184,6 +184,19 @@ def torchrun_launcher(spec: TorchrunTarget, python: str) -> tuple[list[str], str
     if spec.python is None:
         return list(spec.torchrun), None
     return [*spec.torchrun, "--no-python"], spec.python
+
+
+TORCHRUN_LOG_DIR = "torchelastic"
+"""Under the run directory: torchrun's own files (its workers' error files) for one run."""
+
+
+def torchrun_log_dir(launcher: Sequence[str], run_dir: str) -> list[str]:
+    """``--log-dir <run_dir>/torchelastic`` for a torchrun ``launcher`` (its argv up to its options): without it
+    torchrun makes a ``/tmp/torchelastic_*`` directory at every launch and never removes it. Nothing when the
+    launcher already sets a log directory (``torchrun:`` with ``--log-dir``)."""
+    if any(arg.split("=", 1)[0] in ("--log-dir", "--log_dir") for arg in launcher):
+        return []
+    return ["--log-dir", f"{run_dir}/{TORCHRUN_LOG_DIR}"]
 
 
 def command_argv(spec: CommandTarget, values: dict[str, str]) -> list[str]:

@@ -56,6 +56,7 @@ from chaos.targets.balancers import balancer_matchers
 from chaos.targets.base import SpawnedJob, TargetUnusable
 from chaos.targets.command import expand
 from chaos.targets.http import TARGET_READY
+from chaos.targets.interpreter import torchrun_log_dir
 from chaos.targets.process_tree import trees
 from chaos.targets.role_hosts import RoleHost, installed, kill_seen, local_host, process_tree, python_on
 from chaos.targets.torchrun import TORCHRUN_MATCHERS
@@ -270,7 +271,8 @@ class RolesJob:
         run = spec.torchrun
         if run is None:  # the model guarantees one of them
             raise AssertionError("a role without command or torchrun")
-        argv = [values["python"], "-m", "torch.distributed.run", "--standalone", "--nnodes", "1"]
+        launcher = [values["python"], "-m", "torch.distributed.run"]
+        argv = [*launcher, *torchrun_log_dir(launcher, values["run_dir"]), "--standalone", "--nnodes", "1"]
         argv += ["--nproc-per-node", str(run.nproc_per_node), "--max-restarts", str(run.max_restarts)]
         argv += ["--monitor-interval", f"{run.monitor_interval:g}"]
         argv += ["-m", run.module] if run.module is not None else [expand(run.script or "", values)]

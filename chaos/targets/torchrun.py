@@ -29,7 +29,7 @@ from chaos.plugins.injector import InjectionError, JobTree
 from chaos.spec.scenario import TorchrunTarget
 from chaos.targets.base import SpawnedJob
 from chaos.targets.command import expand
-from chaos.targets.interpreter import describe_python, torchrun_launcher, torchrun_python
+from chaos.targets.interpreter import describe_python, torchrun_launcher, torchrun_log_dir, torchrun_python
 from chaos.targets.rank_discovery import Discovery, ScanError, Worker, scan_local
 
 LOCAL_HOST = "local"  # the host name of this machine in rank tables (chaos.cluster.hosts.LOCAL)
@@ -165,7 +165,7 @@ class TorchrunJob(RankLookup):
         values = {"run_dir": str(run_dir), "seed": str(seed)}
         self.interpreter = torchrun_python(spec)  # the user's python3, a python: given, or mlchaos's own
         launcher, job_python = torchrun_launcher(spec, self.interpreter.command)
-        argv = [*launcher, "--standalone", "--nnodes", "1"]
+        argv = [*launcher, *torchrun_log_dir(launcher, str(run_dir)), "--standalone", "--nnodes", "1"]
         argv += ["--nproc-per-node", str(spec.nproc_per_node), *torchrun_tail(spec, values, job_python)]
         self.spec = spec
         self.job = SpawnedJob(

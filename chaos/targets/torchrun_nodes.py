@@ -34,7 +34,7 @@ from chaos.cluster.base import Transport, TransportError, host_python, kill_if_s
 from chaos.history.timeline import TARGET_EXIT, TARGET_START, Event, now_ns
 from chaos.spec.scenario import TorchrunTarget
 from chaos.targets.base import SpawnedJob, TargetUnusable
-from chaos.targets.interpreter import torchrun_launcher
+from chaos.targets.interpreter import torchrun_launcher, torchrun_log_dir
 from chaos.targets.rank_discovery import Discovery, scan_local, scan_remote
 from chaos.targets.torchrun import RankLookup, RankTable, job_what, torchrun_env, torchrun_matchers, torchrun_tail
 
@@ -139,6 +139,7 @@ class MultiNodeTorchrunJob(RankLookup):
         launcher, job_python = torchrun_launcher(self.spec, self.spec.python or host_python(node.transport))
         return [
             *launcher,
+            *torchrun_log_dir(launcher, str(self.run_dir)),
             "--nnodes", str(len(self.nodes)),
             "--nproc-per-node", str(self.spec.nproc_per_node),
             "--rdzv-backend", "c10d",

@@ -105,7 +105,8 @@ def start_job(workdir: Path, *, seed: int = SEED, steps: int = STEPS, env: dict[
     )
     child_env.update(env or {})
     argv = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(WORLD),
+        sys.executable, "-m", "torch.distributed.run", "--log-dir", str(log_path.parent / "torchelastic"),
+        "--standalone", "--nproc-per-node", str(WORLD),
         "--max-restarts", "3", "--monitor-interval", "0.5", "-m", "chaos.targets.reference.trainer",
         "--steps", str(steps), "--batch-size", str(BATCH), "--checkpoint-every", str(CHECKPOINT_EVERY),
         "--checkpoint-dir", str(checkpoint_dir), "--seed", str(seed), "--step-time", "0.05",

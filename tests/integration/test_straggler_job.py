@@ -67,7 +67,8 @@ class _Job:
             }
         )
         argv = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
+            sys.executable, "-m", "torch.distributed.run", "--log-dir", str(workdir / "torchelastic"),
+            "--standalone", "--nnodes", "1",
             "--nproc-per-node", str(WORLD), "--max-restarts", "0", "--monitor-interval", "0.5",
             "-m", "chaos.targets.reference.trainer", "--steps", str(STEPS), "--step-time", "0.05",
             # No checkpoint inside the run: rank 0's checkpoint write is local work of rank 0 only.

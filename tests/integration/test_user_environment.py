@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -210,3 +212,29 @@ def test_a_torchrun_job_runs_with_the_python_and_launcher_the_target_names(tmp_p
     used = mark.read_text()
     assert str(job) in used, used  # torchrun (--no-python) started the worker with the user's interpreter
     assert result.history.of("target.step") and result.history.of("target.start")  # the agent line reported
+
+
+def test_torchrun_keeps_its_log_directory_in_the_run_directory(tmp_path: Path) -> None:
+    # Without --log-dir torchrun makes a /tmp/torchelastic_* directory at every launch and never removes it.
+    argv = TorchrunJob(_torchrun(python=sys.executable), LOCAL, tmp_path, 1).job.argv
+    assert argv[argv.index("--log-dir") + 1] == f"{tmp_path}/torchelastic"
+    own = TorchrunJob(_torchrun(torchrun=["/opt/env/bin/torchrun", "--log-dir=/logs"]), LOCAL, tmp_path, 1).job.argv
+    assert "--log-dir" not in own and own.count("--log-dir=/logs") == 1  # the user's own is kept, not doubled
+
+    script = tmp_path / "one_rank.py"
+    script.write_text("import os\nprint('rank', os.environ['RANK'])\n")
+    before = set(Path(tempfile.gettempdir()).glob("torchelastic_*"))
+    job = TorchrunJob(
+        TorchrunTarget(type="torchrun", script=str(script), nproc_per_node=1, python=sys.executable), LOCAL, tmp_path, 1
+    )
+    job.start()
+    try:
+        deadline = time.monotonic() + 120
+        while job.exit_code() is None and time.monotonic() < deadline:
+            job.poll_events()
+            time.sleep(0.2)
+        assert job.exit_code() == 0
+    finally:
+        job.stop()
+    assert any((tmp_path / "torchelastic").iterdir())  # torchrun wrote its run's directory here
+    assert set(Path(tempfile.gettempdir()).glob("torchelastic_*")) <= before

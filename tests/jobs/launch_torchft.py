@@ -80,7 +80,8 @@ def launch_groups(
             name = f"group.{index}"
             events = workdir / f"events-{name}.jsonl"
             env = {**base, "REPLICA_GROUP_ID": str(index), "CHAOS_REPLICA": name, "CHAOS_EVENTS": str(events)}
-            argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+            argv = [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(workdir / "torchelastic"),
+                    "--standalone", "--nproc-per-node", "1",
                     "--max-restarts", "0", *job]  # fmt: skip
             with open(workdir / f"{name}.log", "wb") as log:
                 proc = subprocess.Popen(
