@@ -86,7 +86,7 @@ from chaos.guards.anomaly import GradAnomalyGuard
 from chaos.guards.checksum import ChecksumConfig, ChecksumState, checksum_hook
 from chaos.guards.consistency import DEFAULT_EVERY, ConsistencyGuard
 from chaos.injob import flight_recorder, fsdp
-from chaos.injob.hang_faults import HANG_FAULTS, HangFaults
+from chaos.injob.hang_faults import HANG_FAULTS, SKIP, HangFaults
 from chaos.injob.phase_faults import ENV_REPLICA, PhaseFaults
 from chaos.injob.progress import JobEmits, Progress, ProgressCalls
 from chaos.injob.tensor_faults import ArmedFault, TensorFaultError, arm
@@ -305,8 +305,23 @@ class Agent(ProgressCalls):
             state.in_flight = self.phase_faults.in_collective
             self.checksum_state = state
             _register(ddp, state, checksum_hook)
-        elif self._grad_faults or self._anomaly_requested or self.phase_faults.in_collective_wanted or self.recorder:
+        elif self._plain_hook_wanted():
             _register(ddp, self, _plain_hook)  # with the recorder on: so it sees the gradient all-reduce
+
+    def _plain_hook_wanted(self) -> bool:
+        """Whether the ranks reduce through :func:`_plain_hook`: decided alike on every rank, from the whole
+        plan (not from this rank's own faults) and the job's settings. Every rank must run the same collectives:
+        the consistency digest rides in the plain hook, so a rank without it would exchange on its own while
+        the others carried, and the job would hang at the next check."""
+        here = os.environ.get(ENV_REPLICA)
+        planned = [op for op in self.plan.ops if op.params.get("replica") in (None, here)]
+        return (
+            self._anomaly_requested
+            or self.phase_faults.in_collective_wanted
+            or bool(os.environ.get(flight_recorder.ENV_FLIGHT_DIR))
+            or self.recorder is not None
+            or any(op.injector in ("grad_corrupt", SKIP) for op in planned)
+        )
 
     def _corrupt(self, site: Site, bucket_index: int, tensor: torch.Tensor) -> None:
         """The corruption hook the collective calls at each site; fires due ``grad_corrupt`` ops."""

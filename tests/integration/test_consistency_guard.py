@@ -69,7 +69,7 @@ def _train(
         ddp=ddp,
         consistency_every=every,
         consistency_optimizer=optimizer_state,
-        plan=InJobPlan(),
+        plan=options.pop("plan", InJobPlan()),
         emit=recorder,
         **options,
     )
@@ -189,6 +189,18 @@ def test_the_digest_rides_in_the_first_of_several_buckets_and_training_is_bit_id
     nan = run_group(_train, 2, 12, 5, {10: "nan"}, False, options, timeout_s=TIMEOUT_S)
     [(blamed, divergence)] = _of(nan[0]["events"], "detect.divergence")
     assert blamed == 1 and divergence["step"] == 10 and nan[0]["exchanges"] == {"carried": 2, "own": 0}
+
+
+def test_a_fault_planned_on_one_rank_puts_every_rank_on_the_same_hook_and_exchange() -> None:
+    # Only rank 1 corrupts its gradients (in transit, step 3), but every rank must reduce through the agent's
+    # plain hook: the digest rides there, and a rank on DDP's default reduction would exchange on its own while
+    # the other carried, and the job would hang at the next check (found in the sdc-in-transit scenario).
+    grad = InJobOp(op_id="flip#1", fault="flip", injector="grad_corrupt", at_step=3,
+                   params={"site": "in_transit", "rank": 1, "kind": "bitflip", "bit": "mantissa"})  # fmt: skip
+    results = run_group(_train, 2, 12, 5, {}, False, {"plan": InJobPlan(seed=7, ops=[grad])}, timeout_s=TIMEOUT_S)
+    assert [r["comm_hook"] for r in results] == ["_plain_hook", "_plain_hook"]
+    assert all(r["exchanges"] == {"carried": 2, "own": 0} for r in results)
+    assert [rank for k, rank, _ in results[1]["events"] if k == "fault.applied"] == [1]
 
 
 def test_under_the_checksum_guards_hook_the_guard_keeps_its_own_exchange() -> None:
