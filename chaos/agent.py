@@ -183,11 +183,8 @@ class Agent(ProgressCalls):
             [op for op in mine if op.injector in HANG_FAULTS], rank=self.rank, step=lambda: self.step, emit=emit,
             already_fired=self._already_fired, mark_fired=self._mark_fired,
         )  # fmt: skip
-        # The phases at which any of this rank's faults can fire: the loop hooks skip the dispatch at the others
-        # (they run at every step; with nothing planned the agent's per-step calls are then a few attribute reads).
-        self._fault_phases = frozenset(
-            {params.phase for _, params in self._tensor_ops} | self.phase_faults.phases | self.hang_faults.phases
-        )
+        # Phases where any of this rank's faults can fire: the per-step hooks skip the fault dispatch at the others.
+        self._fault_phases = {p.phase for _, p in self._tensor_ops} | self.phase_faults.phases | self.hang_faults.phases
         # The collective flight recorder (CHAOS_FLIGHT_DIR; a skip fault needs its wrappers even without one).
         self.recorder = flight_recorder.install(self.rank, self.world_size, _skip_dir(self.hang_faults.wants_skips))
         if self.recorder is not None:
@@ -309,10 +306,9 @@ class Agent(ProgressCalls):
             _register(ddp, self, _plain_hook)  # with the recorder on: so it sees the gradient all-reduce
 
     def _plain_hook_wanted(self) -> bool:
-        """Whether the ranks reduce through :func:`_plain_hook`: decided alike on every rank, from the whole
-        plan (not from this rank's own faults) and the job's settings. Every rank must run the same collectives:
-        the consistency digest rides in the plain hook, so a rank without it would exchange on its own while
-        the others carried, and the job would hang at the next check."""
+        """Whether the ranks reduce through :func:`_plain_hook`, decided alike on every rank from the whole plan
+        and the job's settings: the consistency digest rides in that hook, so a rank without it would exchange on
+        its own while the others carried, and the job would hang at the next check."""
         here = os.environ.get(ENV_REPLICA)
         planned = [op for op in self.plan.ops if op.params.get("replica") in (None, here)]
         return (

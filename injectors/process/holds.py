@@ -111,7 +111,9 @@ class LocalHolds:
     def hold(
         self, targets: Sequence[Target], op_id: str, *, lasts_s: float, holding: bool, signal: bool
     ) -> list[Outcome]:
-        expires = int(time.time()) + max(1, math.ceil(lasts_s))
+        # Whole seconds, compared with the floor of the clock: rounded up so the hold lasts at least ``lasts_s``
+        # (int(now) + 1 made a 1 s hold taken late in a second expire a moment later).
+        expires = math.ceil(time.time() + max(1.0, lasts_s))
         return [self._decide(pid, start, op_id, (expires, holding), signal) for pid, start in targets]
 
     def release(self, targets: Sequence[Target], op_id: str, *, signal: bool) -> list[Outcome]:
@@ -225,7 +227,8 @@ for key in "$@"; do
       exit 0
     fi
     if [ "$action" = hold ]; then
-      printf '%s %s %s\n' "$((now + secs))" "$holding" "$op" >"$mine.new" && mv -f "$mine.new" "$mine" || exit 5
+      # now is the clock's floor: +1 so the hold lasts at least secs
+      printf '%s %s %s\n' "$((now + secs + 1))" "$holding" "$op" >"$mine.new" && mv -f "$mine.new" "$mine" || exit 5
     else
       rm -f "$mine"
     fi
