@@ -87,7 +87,7 @@ from chaos.guards.checksum import ChecksumConfig, ChecksumState, checksum_hook
 from chaos.guards.consistency import DEFAULT_EVERY, ConsistencyGuard
 from chaos.injob import flight_recorder, fsdp
 from chaos.injob.hang_faults import HANG_FAULTS, SKIP, HangFaults
-from chaos.injob.phase_faults import ENV_REPLICA, PhaseFaults
+from chaos.injob.phase_faults import PhaseFaults, in_this_replica
 from chaos.injob.progress import JobEmits, Progress, ProgressCalls
 from chaos.injob.tensor_faults import ArmedFault, TensorFaultError, arm
 from chaos.plan.agent_plan import InJobOp, InJobPlan, load_plan
@@ -236,8 +236,7 @@ class Agent(ProgressCalls):
 
     # -- plan bookkeeping -------------------------------------------------------------------------------
     def _targets_me(self, op: InJobOp) -> bool:
-        replica = op.params.get("replica")  # a roles target's replica (a torchft replica group): CHAOS_REPLICA
-        if replica is not None and replica != os.environ.get(ENV_REPLICA):
+        if not in_this_replica(op):
             return False
         wanted = op.params.get("rank")
         rank = wanted if isinstance(wanted, int) else op.rank
@@ -309,14 +308,11 @@ class Agent(ProgressCalls):
         """Whether the ranks reduce through :func:`_plain_hook`, decided alike on every rank from the whole plan
         and the job's settings: the consistency digest rides in that hook, so a rank without it would exchange on
         its own while the others carried, and the job would hang at the next check."""
-        here = os.environ.get(ENV_REPLICA)
-        planned = [op for op in self.plan.ops if op.params.get("replica") in (None, here)]
         return (
             self._anomaly_requested
             or self.phase_faults.in_collective_wanted
-            or bool(os.environ.get(flight_recorder.ENV_FLIGHT_DIR))
-            or self.recorder is not None
-            or any(op.injector in ("grad_corrupt", SKIP) for op in planned)
+            or self.recorder is not None  # CHAOS_FLIGHT_DIR (every rank), or this rank's skip fault (below)
+            or any(op.injector in ("grad_corrupt", SKIP) and in_this_replica(op) for op in self.plan.ops)
         )
 
     def _corrupt(self, site: Site, bucket_index: int, tensor: torch.Tensor) -> None:

@@ -47,8 +47,8 @@ counted when the tensors are hashed (a host sync per check on an accelerator).
 Carried instead (``carrier``, set by the agent in a 2-rank DDP job whose gradients its plain comm hook
 reduces): the words ride in the next step's gradient all-reduce (:mod:`chaos.guards.digest_carrier`), which
 hands back every rank's words, so no collective of the guard's own runs and no gather is needed to name who
-differs; :meth:`~ConsistencyGuard.finish` falls back to the
-all-reduce above when no gradient reduction carried them (the check of the last step, taken at ``close``).
+differs; :meth:`~ConsistencyGuard.finish` falls back to the all-reduce above when no gradient reduction carried
+them (the check of the last step, taken at ``close``).
 ``exchanges`` counts the verdicts taken each way.
 
 Who is odd: the ranks outside the group sharing the majority digest (more than half of the ranks). Without a
@@ -175,6 +175,12 @@ def _float_sum(tensor: torch.Tensor) -> torch.Tensor | None:
     finite values overflow the sum); None for dtypes that cannot hold non-finite values or have no cheap sum."""
     sum_dtype = _SUM_DTYPE.get(tensor.dtype)
     return None if sum_dtype is None else tensor.detach().sum(dtype=sum_dtype)
+
+
+def _spread_words(mine: list[int]) -> list[int]:
+    """``[mine, ~mine]``: all-reduced with MAX, every rank learns the largest and (negated back) the smallest of
+    each word, equal exactly when the ranks agree."""
+    return [*mine, *(~w for w in mine)]
 
 
 @dataclass
@@ -396,9 +402,8 @@ class ConsistencyGuard:
         self._pending = _Pending(step, [n for n, _ in named], mine, spread, work, v1, v2, nonfinite, carried)
 
     def _spread(self, mine: list[int]) -> torch.Tensor:
-        """``[mine, ~mine]`` as int64: all-reduced with MAX, every rank learns the largest and (negated back)
-        the smallest of each word, equal exactly when the ranks agree."""
-        return torch.tensor([*mine, *(~w for w in mine)], dtype=torch.int64, device=self.device)
+        """:func:`_spread_words` as an int64 tensor on the exchange device."""
+        return torch.tensor(_spread_words(mine), dtype=torch.int64, device=self.device)
 
     def finish(self) -> Judgement | None:
         """Wait for the exchange in flight and judge it (emitting its events); None when none is in flight.
@@ -425,7 +430,7 @@ class ConsistencyGuard:
                 verdict = self._gathered(pending, words, same_shape=len({r[2] for r in rows}) == 1, rows=rows)
         else:
             # [max, ~min] of each word over the ranks; a single rank's own words when nothing was exchanged.
-            values = [*words, *(~w for w in words)] if pending.spread is None else pending.spread.tolist()
+            values = _spread_words(words) if pending.spread is None else pending.spread.tolist()
             high, low = values[:4], [~v for v in values[4:]]
             if high[:3] == low[:3] and high[3] == 0:  # the common case: one digest, nothing non-finite anywhere
                 verdict = judge(pending.step, [hex_digest(words[:2])] * self.world_size, [0] * self.world_size)

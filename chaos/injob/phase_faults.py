@@ -40,6 +40,13 @@ from chaos.plan.agent_plan import InJobOp
 PROCESS_FAULTS = ("kill", "freeze")
 PHASES = ("forward", "allreduce", "backward", "optimizer_step")
 ENV_REPLICA = "CHAOS_REPLICA"  # set by a roles target in each replica's processes
+
+
+def in_this_replica(op: InJobOp) -> bool:
+    """Whether ``op`` concerns this process's replica: it selects none, or the one in ``CHAOS_REPLICA`` (a roles
+    target's replica, e.g. a torchft replica group)."""
+    replica = op.params.get("replica")
+    return replica is None or replica == os.environ.get(ENV_REPLICA)
 IN_FLIGHT = "in_flight"  # the collective site of an allreduce-phase fault: all-reduce started, not waited for
 # The thaw of a freeze fired at a phase: ``python -c THAW SECONDS PID START_TIME``. Sleeps, then SIGCONTs PID only
 # while /proc says it is still the process that stopped itself (a reused pid is never touched).
@@ -81,8 +88,7 @@ class PhaseFaults:
     ) -> None:
         # A roles target's replica (a torchft replica group) is told apart by CHAOS_REPLICA: an op that selects
         # a replica fires only in that replica's processes (its rank filter is the agent's, on the trigger rank).
-        here = os.environ.get(ENV_REPLICA)
-        planned = [op for op in ops if op.phase is not None and op.params.get("replica") in (None, here)]
+        planned = [op for op in ops if op.phase is not None and in_this_replica(op)]
         self._in_collective_wanted = any(op.phase == "allreduce" for op in planned)
         self._ops = [op for op in planned if mine(op)]
         self._phases = frozenset(str(op.phase) for op in self._ops)
