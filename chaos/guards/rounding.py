@@ -8,7 +8,7 @@ Tolerance derivation (rigorous, IEEE round-to-nearest; u = unit roundoff, gamma_
 ----------------------------------------------------------------------------------------------------------
 Let rank r hold x_r (dtype d, unit roundoff u_d: 2^-24 float32, 2^-8 bfloat16, 2^-11 float16) and let a block
 have n elements. Sums accumulate in float32 (u_a = 2^-24; float64 for float64 buckets) in sub-blocks of m = 64
-elements, whose sums are then added in float64 (u_64 = 2^-53). Any summation order of k terms errs by at most
+elements (strided: a block read as 64 rows of n/64, partial j sums column j), whose sums are then added in float64 (u_64 = 2^-53). Any summation order of k terms errs by at most
 gamma_{k-1} * sum|terms| (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., sec. 4.2), so:
 
 1. declared sum  s_r = sum_i x_ri + e1,  |e1| <= (gamma_{m-1}(u_a) + gamma_n(u_64)) * S1_r,  S1_r = sum_i |x_ri|;
@@ -55,7 +55,7 @@ TINY32 = 2.0**-126
 class BlockLayout:
     """``numel`` elements cut into ``full`` blocks of ``block`` plus one shorter ``tail`` block (if any).
 
-    Sums accumulate in sub-blocks of ``sub`` elements (``block`` is a multiple of ``sub``).
+    Sums accumulate in sub-blocks of ``sub`` elements, strided (``block`` is a multiple of ``sub``).
     """
 
     numel: int
@@ -103,13 +103,16 @@ def acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _partials(x: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
-    """Sub-block sums of the full blocks, in the accumulation dtype, shaped ``[full, block // sub]``."""
+    """Partial sums of the full blocks, in the accumulation dtype, shaped ``[full, block // sub]``: partial j of a
+    block sums its ``sub`` elements j, j + block/sub, j + 2 block/sub, ... (every partial sums ``sub`` elements,
+    all the rounding analysis needs)."""
     acc = acc_dtype(x.dtype)
-    main = x[: layout.full * layout.block].view(-1, layout.sub)
+    main = x[: layout.full * layout.block].view(layout.full, layout.sub, -1)
     # One read of the data: torch sums float32 into float32 at memory speed, while float64 accumulation of
-    # float32 input runs ~40x slower on CPU. 64-element partials keep the float32 rounding term tiny.
-    partial = main.sum(1) if main.dtype == acc else main.sum(1, dtype=acc)
-    return partial.view(layout.full, -1)
+    # float32 input runs ~40x slower on CPU. Summing across the middle axis adds whole contiguous rows of
+    # block/sub elements (vectorized): ~20% faster than 64-element inner sums. Each partial keeps the float32
+    # rounding term of a 64-term sum.
+    return main.sum(1) if main.dtype == acc else main.sum(1, dtype=acc)
 
 
 def block_sums(x: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
@@ -125,34 +128,35 @@ def block_sums(x: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
 def _copy_and_partials(
     x: torch.Tensor, layout: BlockLayout, out: torch.Tensor, scale: float | None, chunk: int
 ) -> torch.Tensor:
-    """:func:`_partials` of ``x`` while writing ``x`` (times ``scale``) into ``out``, chunk by chunk, so that the
-    sums read each chunk from cache right after the copy read it from memory."""
+    """:func:`_partials` of ``x`` while writing ``x`` (times ``scale``) into ``out``, whole blocks at a time in
+    pieces of about ``chunk`` elements, so that the sums read each piece from cache right after the copy read
+    it from memory."""
     acc = acc_dtype(x.dtype)
     main = layout.full * layout.block
-    partial = torch.empty(main // layout.sub, dtype=acc)
-    step = max(layout.sub, chunk // layout.sub * layout.sub)
+    partial = torch.empty(layout.full, layout.block // layout.sub, dtype=acc)
+    rows = max(1, chunk // layout.block)
     dtype = None if x.dtype == acc else acc
-    # split() makes every view in one call: the loop is two torch calls per chunk.
+    # split() makes every view in one call: the loop is two torch calls per piece.
     pieces = zip(
-        torch.split(x[:main], step),
-        torch.split(out[:main], step),
-        torch.split(partial, step // layout.sub),
+        torch.split(x[:main].view(layout.full, layout.sub, -1), rows),
+        torch.split(out[:main], rows * layout.block),
+        torch.split(partial, rows),
         strict=True,
     )
     in_place = out.data_ptr() == x.data_ptr()
     for src, dst, part in pieces:
         # Sum first: ``out`` may be ``x`` itself (the DDP hook scales its bucket in place), and the sums are of x.
-        torch.sum(src.view(-1, layout.sub), 1, dtype=dtype, out=part)
+        torch.sum(src, 1, dtype=dtype, out=part)
         if scale is None:
             if not in_place:
-                dst.copy_(src)
+                dst.copy_(src.view(-1))
         elif in_place:
             dst.mul_(scale)
         else:
-            torch.mul(src, scale, out=dst)
+            torch.mul(src.view(-1), scale, out=dst)
     if main < x.numel():
         _copy_scaled(x[main:], out[main:], scale)
-    return partial.view(layout.full, -1)
+    return partial
 
 
 def _copy_scaled(src: torch.Tensor, dst: torch.Tensor, scale: float | None) -> None:

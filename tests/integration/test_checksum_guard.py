@@ -27,6 +27,7 @@ from chaos.guards.checksum import (
     checksummed_all_reduce,
 )
 from chaos.guards.rounding import (
+    SUB_BLOCK,
     BlockLayout,
     abs_sum_bounds,
     carried_sums_term,
@@ -174,7 +175,10 @@ def _clean_worker(rank: int, world: int, report: Report, trials: int) -> dict[st
 def _cancellation_worker(rank: int, world: int, report: Report) -> dict[str, int]:
     """Data built so the cheap first tier cannot clear it: the exact second tier must, without a flag."""
     state = ChecksumState(config=ChecksumConfig(emit=Recorder()))
-    signs = torch.tensor([1.0, -1.0]).repeat(10_240)
+    # A block's partial j sums its elements j, j + stride, j + 2 stride, ... (rounding._partials): signs that
+    # alternate every ``stride`` elements make every partial cancel.
+    stride = ChecksumConfig().block_elems // SUB_BLOCK
+    signs = torch.tensor([1.0, -1.0]).repeat_interleave(stride).repeat(10_240 // stride)
     gen = torch.Generator().manual_seed(rank)
     for _ in range(20):
         noise = torch.rand(signs.numel(), generator=gen)
@@ -484,7 +488,10 @@ def _no_intact_worker(rank: int, world: int, report: Report, policy: str) -> dic
     config = ChecksumConfig(policy=policy, localize=False, emit=Recorder())  # type: ignore[arg-type]
     state = ChecksumState(config=config)
     out: dict[str, Any] = {"differs": 0}
-    signs = torch.tensor([1.0, -1.0]).repeat(10_240)
+    # A block's partial j sums its elements j, j + stride, j + 2 stride, ... (rounding._partials): signs that
+    # alternate every ``stride`` elements make every partial cancel.
+    stride = ChecksumConfig().block_elems // SUB_BLOCK
+    signs = torch.tensor([1.0, -1.0]).repeat_interleave(stride).repeat(10_240 // stride)
     for k in range(12):
         if k % 3 == 0:  # cancellation in every sub-block: only the exact bound clears it
             x = signs * (1.0 + torch.rand(signs.numel(), generator=torch.Generator().manual_seed(k)) * 2.0**-20)
