@@ -131,7 +131,12 @@ def run_scenario(
         scenario_file=file,
         inventory=settings.inventory.value,
     )
-    return execute(scenario, options, log=log)
+    result = execute(scenario, options, log=log)
+    if result.ended_by == "interrupted":
+        # SIGINT/SIGTERM/SIGHUP reached the run: execute() healed its faults and wrote the reports, and took the
+        # signal. Pass it on: swallowed here, pytest would go on to the next test (and the next fault).
+        raise KeyboardInterrupt(f"mlchaos: run {scenario.name!r} interrupted; {result.error}; reports: {result.run_dir}")
+    return result
 
 
 # -- chaos_run ----------------------------------------------------------------------------------------------------

@@ -11,14 +11,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
 import pytest
 
+from chaos.cluster.local import process_state
 from chaos.pytest_plugin.run import SessionLayers, run_settings
 from chaos.pytest_plugin.support import OverrideError, apply_overrides, looks_like_scenario, parse_seed, resolve
 
@@ -527,3 +530,69 @@ def test_chaos_testbed_builds_hosts_and_tears_them_down(pytester: pytest.Pyteste
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
     assert _namespaces() == before  # torn down at session end
+
+
+# -- a signal during a run ----------------------------------------------------------------------------------------
+
+
+def _frozen_tickers(under: Path) -> list[int]:
+    """Pids of ticker targets (this module's TICKER) started for a run under ``under`` and now stopped."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if "stall detected" in cmdline and str(under) in cmdline and process_state(int(entry.name)) == "T":
+            found.append(int(entry.name))
+    return found
+
+
+def test_sigint_during_a_run_heals_it_and_stops_the_session(pytester: pytest.Pytester) -> None:
+    """Ctrl-C while a scenario runs inside pytest: the run heals its fault and pytest stops (the next test never
+    runs) instead of taking the signal as the run's alone and going on."""
+    long = scenario_yaml("long", ticks=600).replace("duration: 1s", "duration: 60s").replace("30s", "60s")
+    pytester.makefile(".yaml", long=long)
+    pytester.makepyfile(
+        test_runs="""
+        from pathlib import Path
+
+        def test_long(chaos_run):
+            chaos_run("long.yaml")
+
+        def test_after():
+            Path("after-ran").write_text("it ran")
+        """
+    )
+    session = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "test_runs.py"],
+        cwd=pytester.path,
+        env={**os.environ, "MLCHAOS_STATE_DIR": str(pytester.path / "state")},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    frozen: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while not frozen and time.monotonic() < deadline and session.poll() is None:
+            time.sleep(0.1)
+            frozen = _frozen_tickers(pytester.path)
+        assert frozen, "the freeze never landed on the ticker"
+        session.send_signal(signal.SIGINT)
+        output, _ = session.communicate(timeout=90)
+    finally:
+        if session.poll() is None:
+            session.kill()
+            session.wait(timeout=10)
+    assert session.returncode == pytest.ExitCode.INTERRUPTED, output
+    assert "mlchaos: run 'long' interrupted" in output and "KeyboardInterrupt" in output, output
+    assert not (pytester.path / "after-ran").exists(), "pytest went on to the next test"
+    assert all(process_state(pid) != "T" for pid in frozen), "the freeze outlived the interrupted session"
+    [run_json] = pytester.path.glob("**/long-*/run.json")
+    document = json.loads(run_json.read_text())
+    assert document["ended_by"] == "interrupted" and document["verdict"] == "error"
+    kinds = [e["kind"] for e in document["events"]]
+    assert kinds.index("fault.applied") < kinds.index("fault.healed")
