@@ -1,11 +1,11 @@
 """The only orchestrator: load -> plan -> setup -> run -> heal (finally) -> golden -> check -> report.
 
 Guarantees:
-- Before anything is applied, the scenario's preflight (:mod:`chaos.spec.preflight`, what ``mlchaos
-  validate`` runs) and then every fault's capabilities on every host it may hit are checked: a run is refused.
+- Before anything is applied, the preflight (:mod:`chaos.spec.preflight`, ``mlchaos validate``) and then every
+  fault's capabilities on every host it may hit are checked: a run is refused.
 - Every fault is journaled (fsync) and covered by a detached dead-man reverter BEFORE the world changes (a
-  duration-less one's is armed at max_duration + heal_grace and re-armed while the harness lives); heal
-  runs in ``finally`` in reverse order, also on SIGINT/SIGTERM.
+  duration-less one's armed at max_duration + heal_grace, re-armed while the harness lives); heal runs in
+  ``finally`` in reverse order, also on SIGINT/SIGTERM, which wait while a fault is applied or healed.
 - A run that stops making progress is ended (``runner.no_progress``) instead of hanging; the runner judges
   nothing itself: the ``progress`` check (:mod:`chaos.checks.progress`) fails such a run from its history.
 - Targets are asked for optional abilities (:mod:`chaos.targets.base`), never for their type.
@@ -64,7 +64,7 @@ from chaos.run.result import EXIT_FAIL, EXIT_HARNESS, EXIT_INVALID, EXIT_PASS, R
 from chaos.safety import remote_deadman
 from chaos.safety.cleanup import heal_leftovers
 from chaos.safety.journal import Journal
-from chaos.safety.signals import signals_raise
+from chaos.safety.signals import signals_deferred_during, signals_raise
 from chaos.spec.preflight import preflight, unsupported
 from chaos.spec.preflight import refusal as refusal_text
 from chaos.spec.scenario import FaultSpec, HostSelector, Scenario, ScenarioError
@@ -105,8 +105,7 @@ def _quiet(_: object) -> None:
 
 
 class Execution:
-    """State of one run in progress (one target, one journal, one history). Public for tests and benchmarks
-    that drive a piece of a run (``heal_all``, :func:`parallel`); :func:`execute` is the way to run."""
+    """One run in progress (a target, a journal, a history); public for tests and benchmarks: use :func:`execute`."""
 
     def __init__(
         self,
@@ -343,6 +342,7 @@ class Execution:
                     self._fire(op)
 
     # -- faults ------------------------------------------------------------------------------------------
+    @signals_deferred_during  # every host's apply recorded and registered before a signal's heal
     def _fire(self, op: PlannedOp) -> None:
         radius = self.scenario.safety.blast_radius
         if radius is not None and len(self.active) >= radius:
@@ -354,7 +354,6 @@ class Execution:
             self.history.record(FAULT_FAILED, fault=op.fault, op=op.op_id, injector=op.injector, error=str(exc))
             self.log(f"fault {op.op_id} has no host: {exc}")
             return
-        # One fault on many hosts: every host is issued at once (a thread each), none waits for another.
         parallel([partial(self._fire_on, op, h, op.op_id if h == LOCAL else f"{op.op_id}@{h}") for h in hosts])
 
     def _fire_on(self, op: PlannedOp, host: str, journal_id: str) -> None:
@@ -414,6 +413,7 @@ class Execution:
         else:
             self.journal.healed(journal_id, "irreversible")
 
+    @signals_deferred_during  # healed, unregistered and recorded together
     def _heal(self, active: ActiveFault) -> None:
         try:
             heal_and_disarm(active.injector, active.ctx, active.applied, active.switch)

@@ -4,6 +4,7 @@ unsupported faults are refused before anything is applied, --repeat reports pass
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -190,6 +191,38 @@ def test_heal_all_also_heals_a_journaled_fault_that_never_became_active(tmp_path
         assert wait_for(lambda: process_state(victim.pid) not in ("T", None), 10)
         assert execution.journal.unhealed() == []
         execution.journal.archive()
+    finally:
+        victim.send_signal(signal.SIGCONT)
+        victim.kill()
+        victim.wait(timeout=10)
+
+
+def test_a_signal_landing_mid_apply_waits_until_the_fault_is_recorded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM arriving while a fault is being applied (here: sent by the apply itself, right after the real
+    SIGSTOP) is held until the fault is recorded and registered, then interrupts the run: the history shows the
+    fault applied and then healed, never a heal of a fault it did not record (a clean make test once caught
+    exactly that: fault.healed with no fault.applied)."""
+    from injectors.process.faults import FreezeInjector
+
+    real_apply = FreezeInjector.apply
+
+    def apply_then_signalled(self: FreezeInjector, ctx: InjectionContext, applied: Applied) -> None:
+        real_apply(self, ctx, applied)
+        os.kill(os.getpid(), signal.SIGTERM)  # the signal lands inside the apply
+        time.sleep(0.2)  # time for the handler to run here, mid-apply
+
+    monkeypatch.setattr(FreezeInjector, "apply", apply_then_signalled)
+    victim = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"])
+    try:
+        faults = f"  - {{type: freeze, params: {{pid: {victim.pid}}}, trigger: {{after: 0.5s}}, duration: 60s}}"
+        result = execute(parse_scenario(_ticker("mid-apply", faults=faults, ticks=600)), RunOptions(report_root=tmp_path))
+        assert result.ended_by == "interrupted" and result.exit_code == EXIT_HARNESS, result.error
+        kinds = [e.kind for e in result.history.events]
+        assert FAULT_APPLIED in kinds, kinds
+        assert kinds.index(FAULT_APPLIED) < kinds.index(FAULT_HEALED), kinds
+        assert process_state(victim.pid) not in ("T", None), "the freeze outlived the interrupted run"
     finally:
         victim.send_signal(signal.SIGCONT)
         victim.kill()
