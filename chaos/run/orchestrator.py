@@ -64,7 +64,7 @@ from chaos.run.result import EXIT_FAIL, EXIT_HARNESS, EXIT_INVALID, EXIT_PASS, R
 from chaos.safety import remote_deadman
 from chaos.safety.cleanup import heal_leftovers
 from chaos.safety.journal import Journal
-from chaos.safety.signals import signals_deferred_during, signals_raise
+from chaos.safety.signals import signals_deferred, signals_deferred_during, signals_raise
 from chaos.spec.preflight import preflight, unsupported
 from chaos.spec.preflight import refusal as refusal_text
 from chaos.spec.scenario import FaultSpec, HostSelector, Scenario, ScenarioError
@@ -371,9 +371,8 @@ class Execution:
             return
         # Journal first, then the dead-man, then the world: a crash at any point leaves a healable record.
         self.journal.intent(applied)
-        # Every fault gets a dead-man, with or without a duration (see chaos.run.faults.DeadMan). Faults whose
-        # revert runs on this machine (e.g. `docker start` for a container fault) get the local dead-man even
-        # on a remote host: one inside a stopped container could not fire.
+        # Every fault gets a dead-man, duration or not (chaos.run.faults.DeadMan); one whose revert runs here (e.g.
+        # `docker start` for a container) is local even for a remote host: one in a stopped container cannot fire.
         local = host == LOCAL or reverts_on_harness(injector, applied)
         revert = injector.revert_command(applied)
         safety = self.scenario.safety
@@ -534,11 +533,12 @@ def execute(
             try:
                 execution.run()
             finally:
-                execution.stop_load()
-                heal_errors = execution.heal_all()
-                execution.stop_target(grace=10.0)
-                for event in execution.target.poll_events():
-                    history.append(event)
+                with signals_deferred():  # a second signal waits until all is healed and the job stopped
+                    execution.stop_load()
+                    heal_errors = execution.heal_all()
+                    execution.stop_target(grace=10.0)
+                    for event in execution.target.poll_events():
+                        history.append(event)
     except RunRefused as exc:
         error, exit_code = str(exc), EXIT_INVALID
         execution.ended_by = "refused"

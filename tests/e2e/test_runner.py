@@ -227,3 +227,48 @@ def test_a_signal_landing_mid_apply_waits_until_the_fault_is_recorded(
         victim.send_signal(signal.SIGCONT)
         victim.kill()
         victim.wait(timeout=10)
+
+
+def test_a_second_signal_while_healing_waits_until_every_fault_is_healed_and_the_job_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM interrupts a run holding two freezes; a SIGINT arriving while the first of them heals (sent by
+    the heal itself) must not cut the healing short: both victims resume and the job is stopped, then the run
+    ends interrupted."""
+    from injectors.process.faults import FreezeInjector
+
+    real_apply, real_heal = FreezeInjector.apply, FreezeInjector.heal
+    calls = {"apply": 0, "heal": 0}
+
+    def apply(self: FreezeInjector, ctx: InjectionContext, applied: Applied) -> None:
+        real_apply(self, ctx, applied)
+        calls["apply"] += 1
+        if calls["apply"] == 2:  # both frozen: interrupt the run
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def heal(self: FreezeInjector, ctx: InjectionContext, applied: Applied) -> None:
+        real_heal(self, ctx, applied)
+        calls["heal"] += 1
+        if calls["heal"] == 1:  # the second signal, with one freeze still to heal
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)
+
+    monkeypatch.setattr(FreezeInjector, "apply", apply)
+    monkeypatch.setattr(FreezeInjector, "heal", heal)
+    victims = [subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"]) for _ in "ab"]
+    try:
+        faults = "\n".join(
+            f"  - {{type: freeze, params: {{pid: {v.pid}}}, trigger: {{after: {0.5 + i}s}}, duration: 60s}}"
+            for i, v in enumerate(victims)
+        )
+        result = execute(parse_scenario(_ticker("two-heals", faults=faults, ticks=600)), RunOptions(report_root=tmp_path))
+        assert result.ended_by == "interrupted" and result.exit_code == EXIT_HARNESS, result.error
+        assert calls["heal"] == 2, calls
+        assert all(process_state(v.pid) not in ("T", None) for v in victims), "a freeze outlived the second signal"
+        kinds = [e.kind for e in result.history.events]
+        assert kinds.count(FAULT_HEALED) == 2 and "runner.stop" in kinds, kinds
+    finally:
+        for v in victims:
+            v.send_signal(signal.SIGCONT)
+            v.kill()
+            v.wait(timeout=10)
