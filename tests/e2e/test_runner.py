@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import ClassVar
 
@@ -197,6 +199,19 @@ def test_heal_all_also_heals_a_journaled_fault_that_never_became_active(tmp_path
         victim.wait(timeout=10)
 
 
+@contextmanager
+def _sleepers(count: int) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """``count`` idle processes to freeze, resumed and killed on exit whatever happened."""
+    victims = [subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"]) for _ in range(count)]
+    try:
+        yield victims
+    finally:
+        for victim in victims:
+            victim.send_signal(signal.SIGCONT)
+            victim.kill()
+            victim.wait(timeout=10)
+
+
 def test_a_signal_landing_mid_apply_waits_until_the_fault_is_recorded(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -214,8 +229,7 @@ def test_a_signal_landing_mid_apply_waits_until_the_fault_is_recorded(
         time.sleep(0.2)  # time for the handler to run here, mid-apply
 
     monkeypatch.setattr(FreezeInjector, "apply", apply_then_signalled)
-    victim = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"])
-    try:
+    with _sleepers(1) as [victim]:
         faults = f"  - {{type: freeze, params: {{pid: {victim.pid}}}, trigger: {{after: 0.5s}}, duration: 60s}}"
         result = execute(parse_scenario(_ticker("mid-apply", faults=faults, ticks=600)), RunOptions(report_root=tmp_path))
         assert result.ended_by == "interrupted" and result.exit_code == EXIT_HARNESS, result.error
@@ -223,10 +237,6 @@ def test_a_signal_landing_mid_apply_waits_until_the_fault_is_recorded(
         assert FAULT_APPLIED in kinds, kinds
         assert kinds.index(FAULT_APPLIED) < kinds.index(FAULT_HEALED), kinds
         assert process_state(victim.pid) not in ("T", None), "the freeze outlived the interrupted run"
-    finally:
-        victim.send_signal(signal.SIGCONT)
-        victim.kill()
-        victim.wait(timeout=10)
 
 
 def test_a_second_signal_while_healing_waits_until_every_fault_is_healed_and_the_job_stopped(
@@ -255,8 +265,7 @@ def test_a_second_signal_while_healing_waits_until_every_fault_is_healed_and_the
 
     monkeypatch.setattr(FreezeInjector, "apply", apply)
     monkeypatch.setattr(FreezeInjector, "heal", heal)
-    victims = [subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"]) for _ in "ab"]
-    try:
+    with _sleepers(2) as victims:
         faults = "\n".join(
             f"  - {{type: freeze, params: {{pid: {v.pid}}}, trigger: {{after: {0.5 + i}s}}, duration: 60s}}"
             for i, v in enumerate(victims)
@@ -267,8 +276,3 @@ def test_a_second_signal_while_healing_waits_until_every_fault_is_healed_and_the
         assert all(process_state(v.pid) not in ("T", None) for v in victims), "a freeze outlived the second signal"
         kinds = [e.kind for e in result.history.events]
         assert kinds.count(FAULT_HEALED) == 2 and "runner.stop" in kinds, kinds
-    finally:
-        for v in victims:
-            v.send_signal(signal.SIGCONT)
-            v.kill()
-            v.wait(timeout=10)
