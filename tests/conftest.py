@@ -12,6 +12,9 @@ The testbeds are session-wide and built only when a test asks for them:
   (``bash scripts/start-dockerd.sh`` fails). ``docker_transports``: one DockerTransport per host for one test.
 
 Both testbeds are torn down in ``finally``, even when ``up`` failed half way.
+
+Under CI (``CI=true``) a skip is a failure unless this kernel is the reason (see tests/capabilities.py): what
+scripts/setup.sh provides is never silently untested there.
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+
+# The CI rule on skips, as hooks of this conftest (see tests/capabilities.py).
+from capabilities import pytest_make_collect_report as pytest_make_collect_report
+from capabilities import pytest_runtest_makereport as pytest_runtest_makereport
 from support import ROOT, docker_unavailable, transports_per_host
 
 if TYPE_CHECKING:

@@ -182,8 +182,17 @@ def cleanup(
         Path | None,
         typer.Option(help="SSH inventory, to heal faults left on remote hosts too"),
     ] = None,
+    run: Annotated[
+        str | None,
+        typer.Option("--run", help="heal only this run's faults (its report folder's name), even while it runs"),
+    ] = None,
+    include_live: Annotated[
+        bool,
+        typer.Option("--include-live", help="heal the faults of runs that are still running too"),
+    ] = False,
 ) -> None:
-    """Heal every fault a dead run left applied (from the journal). Safe to run any time."""
+    """Heal every fault a dead run left applied (from the journal). Safe to run any time: runs still alive on
+    this machine keep their faults (they heal them themselves) unless named with --run or --include-live."""
     transports: dict[str, Transport] = {"local": LocalTransport()}
     if inventory is not None:
         from chaos.cluster.inventory import load_inventory
@@ -191,7 +200,12 @@ def cleanup(
 
         loaded = load_inventory(inventory)
         transports.update({name: SshTransport.for_host(loaded, name) for name in loaded.names()})
-    lines = heal_leftovers(transports, log=lambda line: console.print(escape(line)), only_dead_owners=False)
+    lines = heal_leftovers(
+        transports,
+        log=lambda line: console.print(escape(line)),
+        only_dead_owners=not (include_live or run is not None),
+        run_id=run,
+    )
     if not lines:
         console.print("nothing to heal: no fault is left applied by any mlchaos run")
 

@@ -2,8 +2,13 @@
 
 Used by the SDC coverage campaign, the checksum benchmark and the guard tests. ``torch.multiprocessing.spawn``
 has neither a timeout nor a way to return values, and a hung collective must never hang a test or a CI job,
-so this starts the ranks itself (spawn context), collects each rank's return value over a queue, relays
-progress messages, and kills the ranks it started when the deadline passes or one of them fails.
+so this starts the ranks itself, collects each rank's return value over a queue, relays progress messages, and
+kills the ranks it started when the deadline passes or one of them fails.
+
+Ranks are forked from a forkserver that imported torch once (per calling process), not spawned: a fresh
+interpreter per rank paid torch's import (seconds on a small machine) at every group. The forkserver is a
+clean process (it never ran a collective or started a thread), so forking it is safe where forking the caller
+(which may hold torch's thread pools or a process group) would not be.
 """
 
 from __future__ import annotations
@@ -86,7 +91,7 @@ def run_group(
     rank's traceback if any rank raises or dies, or when ``timeout_s`` passes; every started process is
     gone when this returns or raises. Collectives inside time out after ``timeout_s`` as well.
     """
-    ctx = mp.get_context("spawn")
+    ctx = _rank_context()
     channel = ctx.Queue()
     port = free_port()
     procs = [
@@ -120,6 +125,17 @@ def run_group(
     finally:
         _reap(procs)
         channel.close()
+
+
+# What the forkserver imports before it forks the first rank: everything a rank needs from torch.
+_PRELOAD = ["torch", "torch.distributed", "torch.multiprocessing"]
+
+
+def _rank_context() -> Any:
+    """The forkserver context, its preload set before the server's first start (later calls change nothing)."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)
+    return ctx
 
 
 def _reap(procs: list[Any]) -> None:

@@ -45,6 +45,7 @@ TARGET_WORKER = "target.worker"  # a torchrun worker found in its launcher's pro
 TARGET_AGENT_RESTART = "target.agent_restart"  # the torchrun launcher logged a worker group restart
 TARGET_EXIT = "target.exit"
 TARGET_DIGEST = "target.digest"
+TARGET_PORTS = "target.ports"  # the ports a target serves on, pinned or chosen free at start: {ports, chosen}
 RUNNER_GOLDEN = "runner.golden"
 
 

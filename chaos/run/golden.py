@@ -7,13 +7,21 @@ the scenario's golden key (target, seed, data) and a fingerprint of the code tha
 the interpreter that runs it.
 The run itself is the caller's (the runner passes a fault-free ``execute``), so this module stays free of
 the orchestrator.
+
+Runs side by side (two ``mlchaos run`` of one scenario, pytest-xdist workers) share the cache: a run that
+misses takes an exclusive lock on the entry's ``.lock`` file while it computes, so a second run of the same job
+waits and then reads what the first wrote instead of running the golden run again; the entry is written to a
+temporary file and renamed, so a reader never sees half of it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -76,6 +84,31 @@ def golden_outcome(
     that run produced no model digest (its reports stay in ``cache_dir``)."""
     cache_dir.mkdir(parents=True, exist_ok=True)
     cached = cache_dir / f"{scenario.golden_key()}-{code_fingerprint(scenario)}.json"
+    with _entry_lock(cached, log):
+        return _lookup_or_run(scenario, cached, use_cache=use_cache, run_fault_free=run_fault_free, log=log)
+
+
+@contextmanager
+def _entry_lock(cached: Path, log: Callable[[str], None]) -> Iterator[None]:
+    """Hold ``<entry>.lock`` exclusively (see the module doc); released when the holder ends, however."""
+    with open(cached.with_suffix(".lock"), "a+b") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log(f"golden run: another run is computing {cached.name}; waiting for it …")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield  # the lock goes with the file's close
+
+
+def _lookup_or_run(
+    scenario: Scenario,
+    cached: Path,
+    *,
+    use_cache: bool,
+    run_fault_free: Callable[[Scenario, Path], FaultFreeRun],
+    log: Callable[[str], None],
+) -> Golden | None:
+    cache_dir = cached.parent
     if use_cache and cached.exists():
         hit = _from_cache(cached)
         if hit is not None:
@@ -93,16 +126,10 @@ def golden_outcome(
     digest = next(iter(digests.values()))
     detections = [e.kind for e in result.history.of("detect.*")]
     golden = Golden(digest, detections, cached=False, digests=digests)
-    cached.write_text(
-        json.dumps(
-            {
-                "digest": digest,
-                "digests": golden.digests_json(),
-                "detections": detections,
-                "run_dir": str(result.run_dir),
-            }
-        )
-    )
+    entry = {"digest": digest, "digests": golden.digests_json(), "detections": detections, "run_dir": str(result.run_dir)}
+    partial = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
+    partial.write_text(json.dumps(entry))
+    partial.replace(cached)
     return golden
 
 

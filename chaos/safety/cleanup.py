@@ -24,6 +24,7 @@ def heal_leftovers(
     state_dir: Path | None = None,
     log: Callable[[str], None] = _ignore,
     only_dead_owners: bool = True,
+    run_id: str | None = None,
 ) -> list[str]:
     """Heal every unhealed op of every journal whose run is no longer alive; return what was done, one line each.
 
@@ -33,9 +34,11 @@ def heal_leftovers(
     leaves the op unhealed for the next cleanup: nothing is ever dropped silently. Journals with nothing
     left to heal move to ``journal/done/``, so the next cleanup does not read them again.
 
-    A run still alive (holding its journal's lock) is skipped by default, since it heals its own faults;
-    ``only_dead_owners=False`` (``mlchaos cleanup``, a human's decision) heals those too but leaves the
-    journal in place for its owner to keep writing.
+    A run still alive (holding its journal's lock) is skipped by default, since it heals its own faults: a
+    cleanup beside a running run (another CI job on the machine) never touches that run's faults.
+    ``only_dead_owners=False`` (``mlchaos cleanup --run ID`` or ``--include-live``, a human's decision) heals
+    those too but leaves the journal in place for its owner to keep writing. ``run_id`` limits all of this to
+    that run's journal.
     """
     lines: list[str] = []
 
@@ -43,7 +46,12 @@ def heal_leftovers(
         lines.append(line)
         log(line)
 
-    for path in all_journals(state_dir):
+    journals = all_journals(state_dir)
+    if run_id is not None:
+        journals = [path for path in journals if path.stem == run_id]
+        if not journals:
+            say(f"run {run_id}: no journal with faults left to heal (a finished run's is archived)")
+    for path in journals:
         with Journal(path, owner=False) as journal:
             owner_alive = not journal.try_lock_exclusive()
             if owner_alive and only_dead_owners:

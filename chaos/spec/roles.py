@@ -14,6 +14,7 @@ balancer a role with a ``balancer`` kind whose log says when it marks a backend 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
@@ -72,7 +73,8 @@ class RoleSpec(BaseModel):
     ``{replica}`` (the replica's name), ``{index}`` (its index, 0 for a single replica), ``{python}`` (the
     interpreter mlchaos runs with, which has the ``torchft`` extra when it was installed), ``{bin}`` (its
     folder, where console scripts such as ``torchft_lighthouse`` are), ``{port:ROLE}`` (the ``port`` of role
-    ROLE, so a load balancer's environment can name its backends' ports once) and ``{host:ROLE}`` (the address
+    ROLE, the one chosen at run time for ``port: auto``, so a load balancer's environment can name its
+    backends' ports once) and ``{host:ROLE}`` (the address
     of the host role ROLE runs on: ``127.0.0.1`` for this machine, the inventory address for ``host:``) and
     ``{scenario_dir}`` (the absolute folder of the scenario file: a role on another host starts in that host's
     login directory, so relative paths there are not the scenario's).
@@ -84,12 +86,11 @@ class RoleSpec(BaseModel):
     env: EnvVars = {}
     replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS)
     restart: RestartPolicy = RestartPolicy()
-    port: int | None = Field(
+    port: Annotated[int, Field(ge=1, le=65535)] | Literal["auto"] | None = Field(
         default=None,
-        ge=1,
-        le=65535,
         description="a TCP port the role serves (on its host's address): it is ready (target.role_ready) once it "
-        "accepts",
+        "accepts. `auto`: a port free on the role's host, chosen when the run starts (runs side by side never "
+        "share one; {port:ROLE} names it, target.ports records it); a number pins it",
     )
     after: list[str] = Field(default=[], description="roles that must be ready (or, without a port, started) first")
     backend: str | None = Field(
@@ -149,8 +150,8 @@ class RolesTarget(BaseModel):
     url: str | None = Field(
         default=None,
         pattern=r"^https?://[^/\s]+$",
-        description="where the fleet answers (http://host:port, no path): the load's URL path goes here, and "
-        "faults and load start once every role with a port is ready (target.ready)",
+        description="where the fleet answers (http://host:port, no path; {port:ROLE} and {host:ROLE} allowed): the "
+        "load's URL path goes here, and faults and load start once every role with a port is ready (target.ready)",
     )
 
     @field_validator("roles")
@@ -176,7 +177,26 @@ class RolesTarget(BaseModel):
         if len(backends) != len(set(backends)):
             raise ValueError(f"two roles give the same backend name: {', '.join(sorted(backends))}")
         _start_order(self.roles)  # raises on a cycle
+        for where, text in self._templates():
+            for named in re.findall(r"\{port:([^}]*)\}", text):
+                if named not in self.roles:
+                    raise ValueError(f"{where} names {{port:{named}}}, but there is no role {named!r}")
+                if self.roles[named].port is None:
+                    raise ValueError(
+                        f"{where} names {{port:{named}}}, but role {named!r} has no port: give it `port: auto`"
+                    )
         return self
+
+    def _templates(self) -> Iterator[tuple[str, str]]:
+        """Every text that may hold placeholders, with where it stands (for error messages)."""
+        if self.url is not None:
+            yield "url", self.url
+        for name, role in self.roles.items():
+            argv = role.command if role.command is not None else (role.torchrun.args if role.torchrun else [])
+            for part in argv:
+                yield f"role {name!r}", part
+            for key, value in role.env.items():
+                yield f"role {name!r} env {key}", value
 
     def hosts(self) -> list[str]:
         """The inventory hosts the roles run on (``host:``), each once, in role order."""

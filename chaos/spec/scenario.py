@@ -223,7 +223,11 @@ class TorchrunTarget(BaseModel):
     nodes: HostSelector | None = Field(
         default=None, description="inventory hosts that each run one torchrun agent (null: this host only)"
     )
-    rdzv_port: int = Field(default=29400, ge=1, le=65535, description="c10d rendezvous port on the first node")
+    rdzv_port: Annotated[int, Field(ge=1, le=65535)] | Literal["auto"] = Field(
+        default="auto",
+        description="c10d rendezvous port on the first node: `auto` (a port free there, chosen when the run "
+        "starts, so runs side by side never share one) or a number to pin it",
+    )
     python: Name | None = Field(
         default=None,
         description="the interpreter that runs the job (a path, or a name on PATH); null: python3 on PATH when it "

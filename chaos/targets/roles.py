@@ -9,6 +9,9 @@ Contracts:
   appended across restarts) and event file (``events-<replica>.<attempt>.jsonl``). Its processes get
   ``CHAOS_ROLE``, ``CHAOS_REPLICA``, ``CHAOS_REPLICA_INDEX``, the runner's ``extra_env`` and the role's ``env``
   (placeholders expanded). Every event they report gets ``data.role`` and ``data.replica`` (when it has none).
+- Ports: a role's ``port: auto`` is a port free on its host, chosen in :meth:`start` (before any replica starts)
+  and kept across its restarts; ``target.ports`` {ports: {role: port}, chosen: [roles]} records every port role's
+  port. ``{port:ROLE}`` in commands, args, env and the ``url`` expands to it.
 - History: ``target.role_start`` {role, replica, index, pid, attempt} at each start, ``target.role_ready``
   {role, replica, port, attempt} once a port accepts (again after each restart), ``target.role_exit`` {role,
   replica, index, pid, code, attempt, expected} at each exit (``expected``: the harness was stopping it),
@@ -49,7 +52,8 @@ from pathlib import Path
 from pydantic import JsonValue
 
 from chaos.cluster.base import Transport
-from chaos.history.timeline import TARGET_EXIT, Event, LogMatcher, now_ns
+from chaos.cluster.ports import NoFreePort, free_port
+from chaos.history.timeline import TARGET_EXIT, TARGET_PORTS, Event, LogMatcher, now_ns
 from chaos.plugins.injector import JobTree
 from chaos.spec.roles import RoleSpec, RolesTarget, replica_names_of
 from chaos.targets.balancers import balancer_matchers
@@ -137,12 +141,14 @@ class RolesJob:
         self._exit: int | None = None
         self._exit_reported = False
         self._all_ready = False  # target.ready was reported
+        self._ports: dict[str, int] = {}  # role -> its port (a pinned one, or the one chosen for `auto`)
 
     # -- the Target protocol
     def start(self) -> None:
         if self._supervisor is not None:
             raise RuntimeError("this RolesJob was already started")
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._choose_ports()
         self._started_at = time.monotonic()
         with self._lock:
             for replica in self._replicas:
@@ -291,9 +297,30 @@ class RolesJob:
             "bin": os.path.dirname(python if os.sep in python or not replica.host.local else shutil.which(python) or ""),
             "scenario_dir": str(self.scenario_dir),
         }
-        values.update({f"port:{name}": str(spec.port) for name, spec in self.spec.roles.items() if spec.port})
-        values.update({f"host:{name}": host.address for name, host in self._first_host.items()})
+        values.update({f"port:{name}": str(port) for name, port in self._ports.items()})
+        values.update(self._host_values())
         return values
+
+    def _host_values(self) -> dict[str, str]:
+        return {f"host:{name}": host.address for name, host in self._first_host.items()}
+
+    def _choose_ports(self) -> None:
+        """Each port role's port: a pinned one as it is, ``auto`` a free one on the role's host now; recorded
+        as ``target.ports`` {ports: {role: port}, chosen: [roles whose port was chosen]}."""
+        chosen: list[JsonValue] = []
+        for role, spec in self.spec.roles.items():
+            if spec.port == "auto":
+                try:
+                    self._ports[role] = free_port(self._first_host[role].transport)
+                except NoFreePort as exc:
+                    raise TargetUnusable(f"role {role!r} (port: auto): {exc}") from exc
+                chosen.append(role)
+            elif spec.port is not None:
+                self._ports[role] = spec.port
+        if self._ports:
+            ports: dict[str, JsonValue] = dict(self._ports)
+            data: dict[str, JsonValue] = {"ports": ports, "chosen": chosen}
+            self._events.put(Event(ts_ns=now_ns(), kind=TARGET_PORTS, source="runner", data=data))
 
     def _spawn(self, replica: _Replica) -> None:
         """Start the replica's current attempt (caller holds the lock and has checked ``_stopping``)."""
@@ -365,7 +392,7 @@ class RolesJob:
         """Probe the port of each running replica whose current attempt was not ready yet (a restarted server
         is ready again only once it accepts); report ``target.ready`` when every port role was ready once."""
         for replica in self._replicas:
-            port = replica.spec.port
+            port = self._ports.get(replica.role)
             job = replica.job
             if port is None or job is None or replica.ready_attempt == replica.attempt or replica.restart_at is not None:
                 continue
@@ -458,4 +485,5 @@ class ServingRolesJob(RolesJob):
     def url(self) -> str:
         if self.spec.url is None:  # the factory makes this class only for a target with a url
             raise AssertionError("a ServingRolesJob without a url")
-        return self.spec.url
+        values = {f"port:{name}": str(port) for name, port in self._ports.items()} | self._host_values()
+        return expand(self.spec.url, values)

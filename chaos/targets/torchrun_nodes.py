@@ -30,8 +30,11 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from pydantic import JsonValue
+
 from chaos.cluster.base import Transport, TransportError, host_python, kill_if_same, pid_start_time
-from chaos.history.timeline import TARGET_EXIT, TARGET_START, Event, now_ns
+from chaos.cluster.ports import NoFreePort, free_port
+from chaos.history.timeline import TARGET_EXIT, TARGET_PORTS, TARGET_START, Event, now_ns
 from chaos.spec.scenario import TorchrunTarget
 from chaos.targets.base import SpawnedJob, TargetUnusable
 from chaos.targets.interpreter import torchrun_launcher, torchrun_log_dir
@@ -127,10 +130,15 @@ class MultiNodeTorchrunJob(RankLookup):
         self._attempts = JobAttempts()
         self._exit_reported = False
         self._stopping = False
+        self._rdzv_port = spec.rdzv_port if spec.rdzv_port != "auto" else None
+        self._announced: list[Event] = []  # target.ports, reported by the first poll
 
     @property
     def rdzv_endpoint(self) -> str:
-        return f"{self.nodes[0].address}:{self.spec.rdzv_port}"
+        """``address:port`` of the rendezvous store on node 0 (``rdzv_port: auto`` is chosen by :meth:`start`)."""
+        if self._rdzv_port is None:
+            raise RuntimeError("rdzv_port: auto is chosen when the job starts")
+        return f"{self.nodes[0].address}:{self._rdzv_port}"
 
     def argv(self, index: int) -> list[str]:
         """The torchrun command line of node ``index``."""
@@ -151,6 +159,14 @@ class MultiNodeTorchrunJob(RankLookup):
         ]  # fmt: skip
 
     def start(self) -> None:
+        if self._rdzv_port is None:
+            try:
+                self._rdzv_port = free_port(self.nodes[0].transport)
+            except NoFreePort as exc:
+                raise TargetUnusable(f"rdzv_port: auto: {exc}") from exc
+        chosen: list[JsonValue] = ["rdzv"] if self.spec.rdzv_port == "auto" else []
+        data: dict[str, JsonValue] = {"ports": {"rdzv": self._rdzv_port}, "chosen": chosen}
+        self._announced.append(Event(ts_ns=now_ns(), kind=TARGET_PORTS, source="runner", data=data))
         # Node 0 first: it binds the rendezvous store the others connect to (they retry until it is up).
         for index, node in enumerate(self.nodes):
             env = dict(self._env)
@@ -171,7 +187,7 @@ class MultiNodeTorchrunJob(RankLookup):
             self.discovery.start(node.name, job.pid, scan, restart_is_attempt=False)
 
     def poll_events(self) -> list[Event]:
-        events: list[Event] = []
+        events, self._announced = self._announced, []
         for name, job in self._jobs.items():
             for event in job.poll_events():
                 if event.kind == TARGET_EXIT:

@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from support import ROOT, mlchaos, pids_mentioning, scenario_yaml, spawn_harness, ticker, wait_for
+from support import ROOT, mlchaos, pids_mentioning, read_jsonl, scenario_yaml, spawn_harness, ticker, wait_for
 
 from chaos.cluster.local import process_state
 
@@ -131,3 +131,52 @@ def test_sigkilled_harness_frozen_torchrun_rank_is_resumed_by_dead_man(tmp_path:
                     os.kill(pid, signum)
                 except ProcessLookupError:
                     pass
+
+
+@pytest.mark.slow
+def test_cleanup_heals_a_killed_run_and_leaves_a_live_runs_faults_to_it(tmp_path: Path) -> None:
+    """Two runs on one machine, one state dir: the SIGKILLed one's freeze is healed by `mlchaos cleanup` at once
+    (long before its dead-man), the live one's freeze stays until that run heals it itself."""
+    env = {**os.environ, "MLCHAOS_STATE_DIR": str(tmp_path / "state")}
+    marker = f"chaos-victim-{uuid.uuid4().hex[:8]}"
+    victims = [
+        subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)", marker]) for _ in "ab"
+    ]
+    harnesses: list[subprocess.Popen[bytes]] = []
+    try:
+        for name, victim in zip("ab", victims, strict=True):
+            text = _scenario(marker, victim.pid).replace(f'"duration": "{FREEZE_S}s"', '"duration": "90s"')
+            scenario = tmp_path / f"{name}.yaml"
+            scenario.write_text(text.replace("harness-killed", f"run-{name}"))
+            harnesses.append(spawn_harness("run", scenario, "--report-dir", tmp_path / name, env=env))
+        for victim in victims:
+            assert wait_for(lambda v=victim: process_state(v.pid) == "T", 60), "a freeze never stopped its victim"
+        killed, live = harnesses
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(timeout=10)
+        cleanup = mlchaos("cleanup", env=env, timeout=60)
+        assert cleanup.returncode == 0, cleanup.stderr
+        assert "run run-b-" in cleanup.stdout and "still running, its faults are left to it" in cleanup.stdout
+        assert "run run-a-" in cleanup.stdout and "healed" in cleanup.stdout, cleanup.stdout
+        assert wait_for(lambda: process_state(victims[0].pid) not in ("T", None), 10), "the killed run's victim"
+        assert process_state(victims[1].pid) == "T", "cleanup healed the live run's fault"
+        live.send_signal(signal.SIGTERM)  # the live run heals its own fault and ends (exit 3: interrupted)
+        assert live.wait(timeout=60) == 3
+        assert process_state(victims[1].pid) not in ("T", None)
+        [history] = (tmp_path / "b").glob("run-b-*/history.jsonl")
+        faults = [r for r in read_jsonl(history) if str(r["kind"]).startswith("fault.")]
+        assert [r["kind"] for r in faults] == ["fault.applied", "fault.healed"], faults
+        assert f"SIGSTOP pid {victims[1].pid} " in str(faults[0]["data"]["description"])  # its own victim only
+    finally:
+        for harness in harnesses:
+            if harness.poll() is None:
+                harness.kill()
+        for victim in victims:
+            victim.send_signal(signal.SIGCONT)
+            victim.kill()
+            victim.wait(timeout=10)
+        for pid in pids_mentioning(marker):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

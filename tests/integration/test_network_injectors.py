@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from capabilities import kernel_has, kernel_lacks, requires
 from pydantic import BaseModel, ValidationError
 
 from chaos.cluster.base import Completed
@@ -123,16 +124,7 @@ def sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(list(argv), capture_output=True, text=True, check=check, timeout=60)
 
 
-def _usable() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root (network namespaces)"
-    for tool in ("ip", "iptables", "tc"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_usable() is not None, reason=str(_usable()))
+pytestmark = requires("root", "ip", "iptables", "tc")
 
 
 @dataclass
@@ -626,7 +618,7 @@ def _netem_here(net: Net) -> bool:
 @pytest.mark.parametrize("injector_cls", [DelayInjector, JitterInjector])
 def test_netem_faults_refuse_up_front_without_netem(net: Net, injector_cls: type) -> None:
     if _netem_here(net):
-        pytest.skip("this kernel has tc netem; the refusal cannot be observed")
+        kernel_has("tc netem", "the refusal cannot be observed")
     params: BaseModel = (
         DelayParams(peers=[net.addrs["b"]], delay="50ms")
         if injector_cls is DelayInjector
@@ -668,7 +660,7 @@ def test_netem_plans_are_valid_tc(params: DelayParams | JitterParams) -> None:
 
 def test_delay_adds_latency_where_netem_exists(net: Net) -> None:
     if not _netem_here(net):
-        pytest.skip("tc netem not available on this kernel")
+        kernel_lacks("tc netem")
     ctx, injector = net.ctx("a"), DelayInjector()
     params = DelayParams(peers=[net.addrs["b"]], delay="150ms")
     applied = inject(injector, ctx, op("delay", params))

@@ -14,6 +14,7 @@ run, which is pure logic.
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -191,6 +192,46 @@ def test_an_old_cache_file_without_per_rank_digests_is_a_miss(tmp_path: Path) ->
     assert outcome is not None and not outcome.cached and outcome.digests == {0: A, 1: B}
     assert any("lacks per-rank digests" in line for line in logged)
     assert json.loads(saved.read_text())["digests"] == {"0": A, "1": B}  # rewritten
+
+
+def test_runs_side_by_side_share_one_golden_run(tmp_path: Path) -> None:
+    """A second run that misses while the first computes the same entry waits for it and reads its result."""
+    calls, run = _runner(GOLDEN_EVENTS)
+    started, release = threading.Event(), threading.Event()
+
+    def slow_run(scenario: Scenario, cache_dir: Path) -> FakeRun:
+        started.set()
+        assert release.wait(10)
+        return run(scenario, cache_dir)  # type: ignore[no-any-return]
+
+    outcomes: list[Golden | None] = []
+    first = threading.Thread(
+        target=lambda: outcomes.append(
+            golden_outcome(_scenario(), tmp_path, use_cache=True, run_fault_free=slow_run, log=lambda _: None)
+        )
+    )
+    first.start()
+    assert started.wait(10)
+    waiting = threading.Event()
+
+    def log(line: str) -> None:
+        if "another run is computing" in line:
+            waiting.set()
+
+    second = threading.Thread(
+        target=lambda: outcomes.append(
+            golden_outcome(_scenario(), tmp_path, use_cache=True, run_fault_free=run, log=log)
+        )
+    )
+    second.start()
+    assert waiting.wait(30), "the second run did not wait for the first"
+    assert second.is_alive() and not calls  # still waiting: the first has not finished
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert len(calls) == 1, "the golden run ran twice"
+    assert sorted(o.cached for o in outcomes if o is not None) == [False, True]  # one ran it, one read it
+    assert not list(tmp_path.glob("*.tmp"))
 
 
 def test_a_golden_run_without_digests_gives_nothing(tmp_path: Path) -> None:

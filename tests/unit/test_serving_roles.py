@@ -5,6 +5,7 @@ installed is refused before anything starts."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -84,8 +85,42 @@ def test_a_load_path_needs_the_fleets_url() -> None:
 
 def test_port_placeholders_name_each_roles_port(tmp_path: Path) -> None:
     job = RolesJob(RolesTarget.model_validate(fleet()), LocalTransport(), tmp_path, seed=1)
+    job._choose_ports()
     values = job._values(job._replicas[-1])
     assert values["port:primary"] == "18181" and values["port:lb"] == "18180"
+    recorded = [e for e in job.poll_events() if e.kind == "target.ports"]
+    assert [e.data for e in recorded] == [{"ports": {"primary": 18181, "lb": 18180}, "chosen": []}]
+
+
+def test_auto_ports_are_chosen_free_per_run_and_recorded(tmp_path: Path) -> None:
+    spec = fleet(url="http://127.0.0.1:{port:lb}")
+    spec["roles"]["primary"]["port"] = "auto"  # type: ignore[index]
+    spec["roles"]["lb"]["port"] = "auto"  # type: ignore[index]
+    target = RolesTarget.model_validate(spec)
+    chosen = []
+    for run in range(2):
+        job = ServingRolesJob(target, LocalTransport(), tmp_path / str(run), seed=1)
+        job._choose_ports()
+        ports = {name: int(job._values(job._replicas[-1])[f"port:{name}"]) for name in ("primary", "lb")}
+        assert job.url == f"http://127.0.0.1:{ports['lb']}"
+        (event,) = [e for e in job.poll_events() if e.kind == "target.ports"]
+        assert event.data == {"ports": ports, "chosen": ["primary", "lb"]}
+        for port in ports.values():  # free when chosen: this test can listen on it
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", port))
+        chosen.append(ports)
+    assert len({*chosen[0].values(), *chosen[1].values()}) == 4  # drawn at random, not from the seed
+
+
+def test_a_port_placeholder_must_name_a_role_with_a_port() -> None:
+    spec = fleet()
+    spec["roles"]["lb"]["env"] = {"P": "{port:nobody}"}  # type: ignore[index]
+    with pytest.raises(ValidationError, match=r"role 'lb' env P names \{port:nobody\}, but there is no role"):
+        RolesTarget.model_validate(spec)
+    spec["roles"]["lb"]["env"] = {"P": "{port:other}"}  # type: ignore[index]
+    spec["roles"]["other"] = {"command": ["sleep"]}  # type: ignore[index]
+    with pytest.raises(ValidationError, match="role 'other' has no port: give it `port: auto`"):
+        RolesTarget.model_validate(spec)
 
 
 def test_a_fleet_with_a_url_waits_for_ready_and_serves_there(tmp_path: Path) -> None:
