@@ -10,11 +10,9 @@ setup:
 demo: setup
 	.venv/bin/mlchaos run scenarios/kill-rank.yaml
 
-test: setup
-	$(PY) -m pytest -q --durations=25 tests
-	$(PY) -m mypy
-	.venv/bin/ruff check chaos injectors tests benchmarks
-	.venv/bin/mlchaos validate scenarios/*.yaml
+# The suite on parallel workers (MLCHAOS_TEST_WORKERS, default 4), then mypy, ruff, validate; prints its wall time.
+test:
+	@bash scripts/test.sh
 
 test-fast: setup
 	$(PY) -m pytest -q tests -m "not slow"

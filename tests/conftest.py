@@ -40,6 +40,22 @@ if TYPE_CHECKING:
 TESTBED_HOSTS = 3
 DOCKER_HOSTS = 3
 
+# Under pytest-xdist (`make test` runs `--dist loadgroup`) each module is one unit of work, so its
+# module-scoped runs are made once; modules that read one session-wide run share a group, so it is made once.
+_SHARED_RUNS = {"test_e2e_training.py": "kill-rank-run", "test_e2e_report.py": "kill-rank-run"}
+# Longest first, so that no long module starts last: end-to-end runs, then real daemons, then pure logic.
+_FOLDER_ORDER = {"e2e": 0, "integration": 1, "unit": 2}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Group each test with its module for xdist (unless it names a group itself), and put e2e modules first."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            group = _SHARED_RUNS.get(item.path.name, item.path.stem)
+            item.add_marker(pytest.mark.xdist_group(name=group))
+    order = {id(item): index for index, item in enumerate(items)}
+    items.sort(key=lambda item: (_FOLDER_ORDER.get(item.path.parent.name, 1), order[id(item)]))
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
@@ -65,7 +81,12 @@ def isolated_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.fixture(scope="session")
 def e2e_report_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One report root for end-to-end runs of the shipped training scenarios: a golden run is computed once
-    per job and seed and then read from ``.golden/`` by every later run."""
+    per job and seed and then read from ``.golden/`` by every later run. Under pytest-xdist every worker of
+    the session shares it (the golden cache locks an entry while one run computes it)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp().parent / "e2e-reports"  # the session's folder, above each worker's
+        shared.mkdir(exist_ok=True)
+        return shared
     return tmp_path_factory.mktemp("e2e-reports")
 
 

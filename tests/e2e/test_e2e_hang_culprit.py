@@ -39,8 +39,10 @@ def good(e2e_report_root: Path) -> RunResult:
 def broken(e2e_report_root: Path, tmp_path_factory: pytest.TempPathFactory) -> RunResult:
     target = {"type": "torchrun", "script": str(BROKEN), "nproc_per_node": 3, "max_restarts": 0,
               "env": {"STEPS": "250", "STEP_TIME": "0.03"}, "hang_watch": {"hang_after": "2s"}}  # fmt: skip
-    fault = {"name": "freeze-rank1", "type": "freeze", "params": {"rank": 1}, "trigger": {"after": "5s"},
-             "duration": "4s"}  # fmt: skip
+    # Once all three workers are up (not after a fixed time: on a loaded machine they took 10 s to appear and a
+    # 5 s trigger found no rank 1). Frozen in its first collectives, rank 1 hangs the job all the same.
+    fault = {"name": "freeze-rank1", "type": "freeze", "params": {"rank": 1},
+             "trigger": {"on_event": {"kind": "target.worker", "nth": 3}}, "duration": "4s"}  # fmt: skip
     checks = [{"type": "culprit_named", "params": {"fault": "freeze-rank1"}}, {"type": "completes"}]
     text = scenario_yaml("hang-culprit-broken", 7, target, faults=[fault], checks=checks,
                          safety={"max_duration": "60s", "no_progress_timeout": None})  # fmt: skip

@@ -86,6 +86,9 @@ def test_a_dead_shell_is_replaced_without_running_anything_twice(h1: SshTranspor
     assert first is not None
     os.kill(first, 9)  # the host's shell dies between two commands
     assert wait_for(lambda: not _alive(first), 5)
+    # ... and the harness has heard so (sshd's close of the channel), as it would before its next command: until
+    # then nobody can tell a dead shell from a live one, and a command sent meanwhile is lost, not replayed.
+    assert wait_for(lambda: h1._channel is None or not h1._channel.usable(h1.connect()), 5)
     assert h1.run(["sh", "-c", 'echo once >> "$1"', "append", str(log)], check=True).ok
     assert log.read_text() == "once\n"
     assert h1.channel_pid not in (None, first)

@@ -171,6 +171,9 @@ def test_journal_state_cannot_aim_at_other_cgroups() -> None:
 def test_throttle_cuts_cpu_and_heal_restores_it() -> None:
     _skip_without_cgroups()
     with child(BUSY) as proc:
+        # A high priority (root may raise it) gives the loop the CPU it asks for even while parallel test
+        # workers keep both cores busy, so the 0.2 cap stands out against its baseline on a loaded machine too.
+        os.setpriority(os.PRIO_PROCESS, proc.pid, -15)
         original = cpu_cgroup(proc.pid)
         baseline = cpu_share(proc.pid, 1.0)
         with throttled(pid=proc.pid, fraction=0.2) as (injector, ctx, applied):
@@ -182,10 +185,9 @@ def test_throttle_cuts_cpu_and_heal_restores_it() -> None:
             assert not os.path.exists(cgroup)
             assert cpu_cgroup(proc.pid) == original
             restored = cpu_share(proc.pid, 1.0)
-    # The quota (0.2 CPU) must be measurable against what the loop gets unthrottled: on an idle machine ~1.0; a
-    # machine so busy that the loop gets under 0.3 CPU anyway cannot show a 0.2 cap (seen at load 6.7 on 2 cores).
-    if baseline < 0.3:
-        pytest.skip(f"machine too busy to measure a 0.2 CPU cap: the loop got {baseline:.2f} CPU before the fault")
+    # The quota (0.2 CPU) must be measurable against what the loop gets unthrottled: ~1.0 on an idle machine, and
+    # at its raised priority still most of a core under load (it got 0.19 at nice 0 with four test workers).
+    assert baseline >= 0.3, f"the loop got only {baseline:.2f} CPU before the fault: a 0.2 cap cannot show"
     assert limited < 0.4, f"throttled to 0.2 CPU but used {limited:.2f}"
     assert limited < baseline * 0.6
     # Relative, not absolute: on a busy 2-core machine the healed loop may get less than half a core, but it
