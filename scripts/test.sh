@@ -26,7 +26,7 @@ timings+=("setup $((SECONDS - start))s")
 
 workers=${MLCHAOS_TEST_WORKERS:-4}
 parallel=()
-[ "$workers" -gt 0 ] && parallel=(-n "$workers" --dist loadgroup)
+[ "$workers" -gt 0 ] && parallel=(-n "$workers" --dist loadfile)
 step pytest .venv/bin/python -m pytest -q --durations=25 "${parallel[@]}" tests
 step mypy .venv/bin/python -m mypy
 step ruff .venv/bin/ruff check chaos injectors tests benchmarks

@@ -40,21 +40,34 @@ if TYPE_CHECKING:
 TESTBED_HOSTS = 3
 DOCKER_HOSTS = 3
 
-# Under pytest-xdist (`make test` runs `--dist loadgroup`) each module is one unit of work, so its
-# module-scoped runs are made once; modules that read one session-wide run share a group, so it is made once.
+# Under pytest-xdist (`make test` runs `--dist loadfile`) each module is one unit of work, so its module-scoped
+# runs are made once; modules that read one session-wide run share a unit, so it is made once.
 _SHARED_RUNS = {"test_e2e_training.py": "kill-rank-run", "test_e2e_report.py": "kill-rank-run"}
 # Longest first, so that no long module starts last: end-to-end runs, then real daemons, then pure logic.
 _FOLDER_ORDER = {"e2e": 0, "integration": 1, "unit": 2}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Group each test with its module for xdist (unless it names a group itself), and put e2e modules first."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            group = _SHARED_RUNS.get(item.path.name, item.path.stem)
-            item.add_marker(pytest.mark.xdist_group(name=group))
+    """End-to-end modules first (each keeps its own order of tests)."""
     order = {id(item): index for index, item in enumerate(items)}
     items.sort(key=lambda item: (_FOLDER_ORDER.get(item.path.parent.name, 1), order[id(item)]))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``--dist loadfile`` with the modules of :data:`_SHARED_RUNS` as one unit. (Not ``xdist_group`` marks
+    with ``--dist loadgroup``: xdist 3.8 writes the group into ``item._nodeid``, which pytest 9.2 no longer
+    reads, so every test became a unit of its own and module-scoped runs were made once per worker.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModulesAndSharedRuns(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return _SHARED_RUNS.get(module.rsplit("/", 1)[-1], module)
+
+    return ModulesAndSharedRuns(config, log)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -76,6 +76,21 @@ def pids_mentioning(marker: str) -> list[int]:
     return pids_where(lambda cmdline: marker.encode() in cmdline)
 
 
+def root_chains() -> set[str]:
+    """The mlchaos iptables chains (``CHAOS-…``) in this machine's root network namespace now."""
+    rules = subprocess.run(["iptables", "-S"], capture_output=True, text=True, check=False).stdout
+    return {line.split()[1] for line in rules.splitlines() if line.startswith("-N CHAOS")}
+
+
+def chains_left_since(before: set[str], grace: float = 30.0) -> set[str]:
+    """Chains that appeared in the root namespace since ``before`` and are still there after ``grace`` s.
+
+    Parallel test workers (and other runs on the machine) hold chains of their own for a while; a chain this
+    test leaked never goes away, so only one that outlives the grace is left behind."""
+    wait_for(lambda: not (root_chains() - before), timeout=grace, interval=0.5)
+    return root_chains() - before
+
+
 def mlchaos(
     *args: str | Path, cwd: Path = ROOT, env: dict[str, str] | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:

@@ -10,10 +10,11 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import ROOT, read_jsonl, run_scenario_file
+from support import ROOT, chains_left_since, read_jsonl, root_chains, run_scenario_file, wait_for
 
 from chaos.cluster.local import LocalTransport
 from chaos.history.timeline import Event
@@ -34,21 +35,19 @@ SCENARIOS = [
 ]
 
 
-def _serving_processes() -> list[str]:
+def _serving_processes(folder: Path) -> list[str]:
+    """This test's serving processes (their command lines name its folder: other tests' stacks may run
+    beside it on parallel workers)."""
     ps = subprocess.run(["ps", "-eo", "pid=,stat=,args="], capture_output=True, text=True).stdout
-    return [line.strip() for line in ps.splitlines() if "chaos.targets.reference.serving" in line]
+    return [line.strip() for line in ps.splitlines() if "chaos.targets.reference.serving" in line and str(folder) in line]
 
 
 @pytest.fixture(autouse=True)
-def _nothing_left_behind() -> None:
-    assert not _serving_processes(), "serving processes were running before the test"
+def _nothing_left_behind(tmp_path: Path) -> Iterator[None]:
+    chains = root_chains()
     yield
-    deadline = time.monotonic() + 10
-    while _serving_processes() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not _serving_processes()
-    rules = subprocess.run(["iptables-save"], capture_output=True, text=True).stdout
-    assert "mlchaos" not in rules and "CHAOS" not in rules, "a partition rule was left behind"
+    assert wait_for(lambda: not _serving_processes(tmp_path), 10), _serving_processes(tmp_path)
+    assert not chains_left_since(chains), "a partition rule was left behind"
 
 
 @pytest.mark.parametrize("name", SCENARIOS)

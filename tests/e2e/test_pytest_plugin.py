@@ -514,11 +514,16 @@ def test_chaos_testbed_builds_hosts_and_tears_them_down(pytester: pytest.Pyteste
     # Namespace hosts share this machine's processes: the freeze goes over SSH to h1 and stops our ticker.
     pytester.makefile(".yaml", remote=scenario_yaml("remote", host="h1"))
     pytester.makeini("[pytest]\nchaos_testbed_hosts = 1\n")
+    base = pytester.path / "inner-basetemp"
+    ours = testbed.Layout.of(base / "chaos-testbed0").name_prefix  # the names of the session's own testbed
     pytester.makepyfile(
         test_tb=textwrap.dedent(
-            """
+            f"""
+            import subprocess
+
             def test_testbed(chaos_testbed, chaos_run):
                 assert [host.name for host in chaos_testbed.hosts] == ["h1"]
+                assert "{ours}h1" in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
                 result = chaos_run("remote.yaml", inventory=chaos_testbed)
                 chaos_run.assert_passed(result)
                 [applied] = result.history.of("fault.applied")
@@ -526,10 +531,10 @@ def test_chaos_testbed_builds_hosts_and_tears_them_down(pytester: pytest.Pyteste
             """
         )
     )
-    before = _namespaces()
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", f"--basetemp={base}")
     result.assert_outcomes(passed=1)
-    assert _namespaces() == before  # torn down at session end
+    # Torn down at session end: none of its namespaces is left (other workers' testbeds may stand beside it).
+    assert not [name for name in _namespaces() if name.startswith(ours)]
 
 
 # -- a signal during a run ----------------------------------------------------------------------------------------

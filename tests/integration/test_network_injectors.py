@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 from capabilities import kernel_has, kernel_lacks, requires
 from pydantic import BaseModel, ValidationError
+from support import chains_left_since, root_chains
 
 from chaos.cluster.base import Completed
 from chaos.cluster.local import process_state
@@ -188,7 +189,7 @@ def net() -> Iterator[Net]:
     addrs = {host: f"{subnet}.{index + 1}" for index, host in enumerate("abc")}
     created: list[str] = []
     servers: list[subprocess.Popen[bytes]] = []
-    stale = {ns for ns in _namespaces() if ns.startswith(PREFIX)}  # a crashed earlier run's; not ours to judge
+    chains = root_chains()  # other runs' (parallel test workers): not ours to judge
     try:
         for ns in (hub, *names.values()):
             sh("ip", "netns", "add", ns)
@@ -218,10 +219,9 @@ def net() -> Iterator[Net]:
             server.wait()
         for ns in reversed(created):
             sh("ip", "netns", "del", ns, check=False)
-        # Nothing of ours may survive the module: no namespace, and nothing leaked into the root namespace.
-        assert not [ns for ns in _namespaces() if ns.startswith(PREFIX) and ns not in stale]
-        assert "CHAOS" not in sh("iptables", "-S").stdout
-        assert "mlchaos" not in sh("iptables", "-S").stdout
+        # Nothing of ours may survive the module: none of its namespaces, no chain leaked into the root namespace.
+        assert not [ns for ns in _namespaces() if ns.startswith(f"{PREFIX}{tag}-")]
+        assert not chains_left_since(chains), "a chain leaked into the root namespace"
 
 
 @pytest.fixture(autouse=True)

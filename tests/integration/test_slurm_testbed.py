@@ -202,8 +202,8 @@ def test_down_stops_daemons_and_running_jobs_and_removes_files(cluster: SlurmTes
         script.write_text(f"#!/bin/bash\nsrun python3 -c 'import time; time.sleep(300)' {marker}\n")
         client = one.client()
         job_id = client.submit(script, nodes=1, output=tmp_path / "long-%j.txt")
-        assert wait_for(lambda: client.job(job_id).state == "RUNNING", timeout=30)
-        assert wait_for(lambda: _leftovers(state, marker) != [], timeout=30)  # the job's task is running
+        assert wait_for(lambda: client.job(job_id).state == "RUNNING", timeout=90)
+        assert wait_for(lambda: _leftovers(state, marker) != [], timeout=90)  # the job's task is running
     finally:
         out = _cli("testbed", "down", "--state-dir", str(state))
     assert "stopped" in out and "removed" in out

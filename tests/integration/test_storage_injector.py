@@ -52,7 +52,7 @@ def _fuse_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None
     monkeypatch.setenv("MLCHAOS_STATE_DIR", str(tmp_path / "state"))
     before = _chaos_mounts()
     yield
-    left = [m for m in _chaos_mounts() if m not in before]
+    left = [m for m in _chaos_mounts() if m not in before and m.target.startswith(str(tmp_path))]  # ours only
     for mount in left:  # do not leak into the next test, then fail this one
         subprocess.run(fuselayer.unmount_argv(mount.target, lazy=True), check=False)
     assert not left, f"chaos-fuse mounts left behind: {left}"

@@ -1,0 +1,39 @@
+"""Shipped scenarios side by side under pytest-xdist, as a user's CI runs them: ``pytest -n 2`` over four scenario
+files (a killed rank, a frozen rank, a bit flip on the wire, a killed model server) passes, each item on its own
+worker, with every run's history holding only its own faults.
+
+The report dir is the suite's shared e2e root, so the golden runs the other end-to-end tests compute (same
+scenarios, same seeds, same code) are read from its cache instead of being run again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support import ROOT, SCENARIOS
+
+pytestmark = pytest.mark.slow
+
+SIDE_BY_SIDE = ["kill-rank", "freeze-rank", "sdc-in-transit", "serving-primary-killed"]
+
+
+def test_pytest_n_2_runs_shipped_scenarios_side_by_side(e2e_report_root: Path) -> None:
+    reports = e2e_report_root
+    files = [str(SCENARIOS / f"{name}.yaml") for name in SIDE_BY_SIDE]
+    argv = [sys.executable, "-m", "pytest", "-n", "2", "-p", "no:cacheprovider", "-q", "--chaos-report-dir", str(reports)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}  # not this session's xdist worker
+    done = subprocess.run([*argv, *files], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "4 passed" in done.stdout, done.stdout[-2000:]
+    for name in SIDE_BY_SIDE:
+        runs = sorted(reports.glob(f"{name}-*/run.json"), key=lambda p: p.stat().st_mtime)
+        assert runs, f"no report of {name} in {reports}"
+        record = json.loads(runs[-1].read_text())
+        faults = {e["data"]["fault"] for e in record["events"] if str(e["kind"]).startswith("fault.")}
+        own = {fault["name"] for fault in record["scenario"]["faults"]}
+        assert faults == own, (name, faults, own)
