@@ -35,6 +35,7 @@ from chaos.history.timeline import (
     FAULT_HEALED,
     RUNNER_GOLDEN,
     TARGET_EXIT,
+    TARGET_START,
     TARGET_STEP,
     Event,
     History,
@@ -221,7 +222,9 @@ class Execution:
             for event in [*self.target.poll_events(), *hang_watch.poll(self.hang_watch)]:
                 self.history.append(event)
                 exited = exited or event.kind == TARGET_EXIT
-                if event.kind == TARGET_STEP:
+                if event.kind == TARGET_STEP or (event.kind == TARGET_START and self.step is None):
+                    # Before its first step a rank's start counts too: a slow start-up (torch imported on a
+                    # busy machine) is not a stalled job; once it steps, only steps do.
                     last_progress = now
                     step = event.get_int("step")
                     if step is not None:

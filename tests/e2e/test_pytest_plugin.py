@@ -432,10 +432,11 @@ def test_chaos_inject_kill_freeze_slow_on_real_processes(
                 with chaos_inject.slow(pid=proc.pid, stopped_fraction=0.5, period=0.2, duration=20) as applied:
                     seen = set()
                     deadline = time.monotonic() + 5
-                    while time.monotonic() < deadline and seen != {"S", "T"}:
+                    while time.monotonic() < deadline and not {"S", "T"} <= seen:
                         seen.add(process_state(proc.pid))
                         time.sleep(0.01)
-                    assert seen == {"S", "T"}
+                    # stopped and sleeping in turn (R: the instant after a SIGCONT, seen on a busy machine)
+                    assert {"S", "T"} <= seen <= {"S", "T", "R"}, seen
                     helper = applied.state["helper_pid"]
                 time.sleep(0.3)
                 assert process_state(proc.pid) == "S"  # continued, and the helper stopped cycling it

@@ -202,7 +202,9 @@ def test_heal_all_also_heals_a_journaled_fault_that_never_became_active(tmp_path
 @contextmanager
 def _sleepers(count: int) -> Iterator[list[subprocess.Popen[bytes]]]:
     """``count`` idle processes to freeze, resumed and killed on exit whatever happened."""
-    victims = [subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"]) for _ in range(count)]
+    victims = [
+        subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"]) for _ in range(count)
+    ]
     try:
         yield victims
     finally:
@@ -231,7 +233,9 @@ def test_a_signal_landing_mid_apply_waits_until_the_fault_is_recorded(
     monkeypatch.setattr(FreezeInjector, "apply", apply_then_signalled)
     with _sleepers(1) as [victim]:
         faults = f"  - {{type: freeze, params: {{pid: {victim.pid}}}, trigger: {{after: 0.5s}}, duration: 60s}}"
-        result = execute(parse_scenario(_ticker("mid-apply", faults=faults, ticks=600)), RunOptions(report_root=tmp_path))
+        result = execute(
+            parse_scenario(_ticker("mid-apply", faults=faults, ticks=600)), RunOptions(report_root=tmp_path)
+        )
         assert result.ended_by == "interrupted" and result.exit_code == EXIT_HARNESS, result.error
         kinds = [e.kind for e in result.history.events]
         assert FAULT_APPLIED in kinds, kinds
@@ -270,9 +274,35 @@ def test_a_second_signal_while_healing_waits_until_every_fault_is_healed_and_the
             f"  - {{type: freeze, params: {{pid: {v.pid}}}, trigger: {{after: {0.5 + i}s}}, duration: 60s}}"
             for i, v in enumerate(victims)
         )
-        result = execute(parse_scenario(_ticker("two-heals", faults=faults, ticks=600)), RunOptions(report_root=tmp_path))
+        result = execute(
+            parse_scenario(_ticker("two-heals", faults=faults, ticks=600)), RunOptions(report_root=tmp_path)
+        )
         assert result.ended_by == "interrupted" and result.exit_code == EXIT_HARNESS, result.error
         assert calls["heal"] == 2, calls
         assert all(process_state(v.pid) not in ("T", None) for v in victims), "a freeze outlived the second signal"
         kinds = [e.kind for e in result.history.events]
         assert kinds.count(FAULT_HEALED) == 2 and "runner.stop" in kinds, kinds
+
+
+def test_a_slow_start_is_not_a_stall_but_silence_after_it_is(tmp_path: Path) -> None:
+    """Before the first step, a rank's start counts as progress: a job that starts 2 s in and steps 2.5 s later
+    runs to its end under a 4 s no-progress timeout (a run measured from its own start would have ended at 4 s,
+    with no step yet); the timeout still ends a job that started and then never steps."""
+    matchers = [
+        {"pattern": r"^started", "event": "target.start"},
+        {"pattern": r"tick (?P<step>\d+)", "event": "target.step"},
+    ]
+
+    def scenario(name: str, code: str) -> str:
+        target = {"type": "command", "command": [sys.executable, "-c", code], "matchers": matchers}
+        return scenario_yaml(name, 3, target, checks=[{"type": "completes"}],
+                             safety={"no_progress_timeout": "4s", "max_duration": "60s"})  # fmt: skip
+
+    slow = "import time\ntime.sleep(2); print('started', flush=True); time.sleep(2.5)\n"
+    slow += "for i in range(5): print('tick', i, flush=True); time.sleep(0.1)"
+    result = execute(parse_scenario(scenario("slow-start", slow)), RunOptions(report_root=tmp_path))
+    assert result.ended_by.startswith("target exited"), result.ended_by
+    assert result.exit_code == EXIT_PASS
+    silent = "import time\nprint('started', flush=True); time.sleep(300)"
+    result = execute(parse_scenario(scenario("started-then-silent", silent)), RunOptions(report_root=tmp_path))
+    assert result.ended_by.startswith("no progress"), result.ended_by
