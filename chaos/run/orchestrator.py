@@ -6,8 +6,7 @@ Guarantees:
 - Every fault is journaled (fsync) and covered by a detached dead-man reverter BEFORE the world changes (a
   duration-less one's armed at max_duration + heal_grace, re-armed while the harness lives); heal runs in
   ``finally`` in reverse order, also on SIGINT/SIGTERM, which wait while a fault is applied or healed.
-- A run that stops making progress is ended (``runner.no_progress``) instead of hanging; the runner judges
-  nothing itself: the ``progress`` check (:mod:`chaos.checks.progress`) fails such a run from its history.
+- A stalled run is ended (``runner.no_progress``); the ``progress`` check fails it from its history (no verdicts here).
 - Targets are asked for optional abilities (:mod:`chaos.targets.base`), never for their type.
 """
 
@@ -223,9 +222,7 @@ class Execution:
                 self.history.append(event)
                 exited = exited or event.kind == TARGET_EXIT
                 if event.kind == TARGET_STEP or (event.kind == TARGET_START and self.step is None):
-                    # Before its first step a rank's start counts too: a slow start-up (torch imported on a
-                    # busy machine) is not a stalled job; once it steps, only steps do.
-                    last_progress = now
+                    last_progress = now  # before the first step a rank's start counts: slow start-up is no stall
                     step = event.get_int("step")
                     if step is not None:
                         self.step = step if self.step is None else max(self.step, step)
