@@ -42,6 +42,22 @@ def _healed_by_deadman(state: Path) -> bool:
     return any(r.get("by") == "deadman" for r in _journal_records(state))
 
 
+def _reap(harnesses: list[subprocess.Popen[bytes]], victims: list[subprocess.Popen[bytes]], marker: str) -> None:
+    """Kill what a test started: harnesses still running, the victims (continued first), the targets (``marker``)."""
+    for harness in harnesses:
+        if harness.poll() is None:
+            harness.kill()
+    for victim in victims:
+        victim.send_signal(signal.SIGCONT)
+        victim.kill()
+        victim.wait(timeout=10)
+    for pid in pids_mentioning(marker):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 @pytest.mark.slow
 def test_sigkilled_harness_is_healed_by_dead_man_then_cleanup_has_nothing(tmp_path: Path) -> None:
     env = {**os.environ, "MLCHAOS_STATE_DIR": str(tmp_path / "state")}
@@ -68,16 +84,7 @@ def test_sigkilled_harness_is_healed_by_dead_man_then_cleanup_has_nothing(tmp_pa
         assert cleanup.returncode == 0, cleanup.stderr
         assert "nothing to heal" in cleanup.stdout
     finally:
-        if harness is not None and harness.poll() is None:
-            harness.kill()
-        victim.send_signal(signal.SIGCONT)
-        victim.kill()
-        victim.wait(timeout=10)
-        for pid in pids_mentioning(marker):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _reap([harness] if harness is not None else [], [victim], marker)
 
 
 @pytest.mark.slow
@@ -168,15 +175,4 @@ def test_cleanup_heals_a_killed_run_and_leaves_a_live_runs_faults_to_it(tmp_path
         assert [r["kind"] for r in faults] == ["fault.applied", "fault.healed"], faults
         assert f"SIGSTOP pid {victims[1].pid} " in str(faults[0]["data"]["description"])  # its own victim only
     finally:
-        for harness in harnesses:
-            if harness.poll() is None:
-                harness.kill()
-        for victim in victims:
-            victim.send_signal(signal.SIGCONT)
-            victim.kill()
-            victim.wait(timeout=10)
-        for pid in pids_mentioning(marker):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _reap(harnesses, victims, marker)
