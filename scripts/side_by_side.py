@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 _PIDS = re.compile(r"\bpids? ([0-9][0-9, ]*)")
 
@@ -98,8 +100,6 @@ def main() -> int:
             continue
         hosts = {"local"}
         if args.inventory:
-            import yaml
-
             hosts |= {h["name"] for h in yaml.safe_load(args.inventory[index].read_text())["hosts"]}
         record = json.loads(found[-1].read_text())
         ports = [e["data"]["ports"] for e in record["events"] if e["kind"] == "target.ports"]

@@ -85,7 +85,33 @@ def golden_outcome(
     cache_dir.mkdir(parents=True, exist_ok=True)
     cached = cache_dir / f"{scenario.golden_key()}-{code_fingerprint(scenario)}.json"
     with _entry_lock(cached, log):
-        return _lookup_or_run(scenario, cached, use_cache=use_cache, run_fault_free=run_fault_free, log=log)
+        if use_cache and cached.exists():
+            hit = _from_cache(cached)
+            if hit is not None:
+                return hit
+            # A file from before per-rank digests (or damaged): a miss, so the run is redone and the file rewritten.
+            log(f"golden cache {cached.name} lacks per-rank digests: running the golden run again")
+        log("golden run: same job and seed, no faults …")
+        result = run_fault_free(scenario.without_faults(), cache_dir)
+        finals = final_digests(result.history)
+        if not finals or result.ended_by.startswith(("no progress", "max_duration")):
+            log(f"golden run produced no digest ({result.ended_by}); its reports: {result.run_dir}")
+            return None
+        digests = {rank: event.get_str("digest") or "" for rank, event in finals.items()}
+        # The lowest rank's (rank 0's) digest stands for the run where one digest is wanted.
+        digest = next(iter(digests.values()))
+        detections = [e.kind for e in result.history.of("detect.*")]
+        golden = Golden(digest, detections, cached=False, digests=digests)
+        entry = {
+            "digest": digest,
+            "digests": golden.digests_json(),
+            "detections": detections,
+            "run_dir": str(result.run_dir),
+        }
+        partial = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
+        partial.write_text(json.dumps(entry))
+        partial.replace(cached)
+        return golden
 
 
 @contextmanager
@@ -98,39 +124,6 @@ def _entry_lock(cached: Path, log: Callable[[str], None]) -> Iterator[None]:
             log(f"golden run: another run is computing {cached.name}; waiting for it …")
             fcntl.flock(handle, fcntl.LOCK_EX)
         yield  # the lock goes with the file's close
-
-
-def _lookup_or_run(
-    scenario: Scenario,
-    cached: Path,
-    *,
-    use_cache: bool,
-    run_fault_free: Callable[[Scenario, Path], FaultFreeRun],
-    log: Callable[[str], None],
-) -> Golden | None:
-    cache_dir = cached.parent
-    if use_cache and cached.exists():
-        hit = _from_cache(cached)
-        if hit is not None:
-            return hit
-        # A file from before per-rank digests (or damaged): a miss, so the run is redone and the file rewritten.
-        log(f"golden cache {cached.name} lacks per-rank digests: running the golden run again")
-    log("golden run: same job and seed, no faults …")
-    result = run_fault_free(scenario.without_faults(), cache_dir)
-    finals = final_digests(result.history)
-    if not finals or result.ended_by.startswith(("no progress", "max_duration")):
-        log(f"golden run produced no digest ({result.ended_by}); its reports: {result.run_dir}")
-        return None
-    digests = {rank: event.get_str("digest") or "" for rank, event in finals.items()}
-    # The lowest rank's (rank 0's) digest stands for the run where one digest is wanted.
-    digest = next(iter(digests.values()))
-    detections = [e.kind for e in result.history.of("detect.*")]
-    golden = Golden(digest, detections, cached=False, digests=digests)
-    entry = {"digest": digest, "digests": golden.digests_json(), "detections": detections, "run_dir": str(result.run_dir)}
-    partial = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
-    partial.write_text(json.dumps(entry))
-    partial.replace(cached)
-    return golden
 
 
 def _from_cache(path: Path) -> Golden | None:

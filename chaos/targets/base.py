@@ -22,8 +22,9 @@ from pydantic import JsonValue
 
 from chaos.cluster.base import HostProcess, Transport
 from chaos.cluster.local import LocalTransport
+from chaos.cluster.ports import NoFreePort, free_port
 from chaos.events import ENV_EVENTS, STDOUT_PREFIX, STDOUT_SINK
-from chaos.history.timeline import TARGET_EXIT, Event, EventFileTail, LogMatcher, now_ns, parse_event_line
+from chaos.history.timeline import TARGET_EXIT, TARGET_PORTS, Event, EventFileTail, LogMatcher, now_ns, parse_event_line
 
 
 class Target(Protocol):
@@ -52,6 +53,21 @@ class Target(Protocol):
 
 class TargetUnusable(Exception):
     """A target cannot run here (a node does not answer); raised before anything was started or applied."""
+
+
+def port_for(transport: Transport, what: str) -> int:
+    """A port free on ``transport``'s host now (:func:`chaos.cluster.ports.free_port`) for ``what`` (a
+    ``port: auto`` role, a rendezvous); :class:`TargetUnusable` naming ``what`` when there is none."""
+    try:
+        return free_port(transport)
+    except NoFreePort as exc:
+        raise TargetUnusable(f"{what}: {exc}") from exc
+
+
+def ports_event(ports: dict[str, int], chosen: list[str]) -> Event:
+    """``target.ports`` {ports: {name: port}, chosen: [names whose port was chosen at start, not pinned]}."""
+    data: dict[str, JsonValue] = {"ports": dict[str, JsonValue](ports), "chosen": list[JsonValue](chosen)}
+    return Event(ts_ns=now_ns(), kind=TARGET_PORTS, source="runner", data=data)
 
 
 @runtime_checkable

@@ -52,12 +52,11 @@ from pathlib import Path
 from pydantic import JsonValue
 
 from chaos.cluster.base import Transport
-from chaos.cluster.ports import NoFreePort, free_port
-from chaos.history.timeline import TARGET_EXIT, TARGET_PORTS, Event, LogMatcher, now_ns
+from chaos.history.timeline import TARGET_EXIT, Event, LogMatcher, now_ns
 from chaos.plugins.injector import JobTree
 from chaos.spec.roles import RoleSpec, RolesTarget, replica_names_of
 from chaos.targets.balancers import balancer_matchers
-from chaos.targets.base import SpawnedJob, TargetUnusable
+from chaos.targets.base import SpawnedJob, TargetUnusable, port_for, ports_event
 from chaos.targets.command import expand
 from chaos.targets.http import TARGET_READY
 from chaos.targets.interpreter import torchrun_log_dir
@@ -297,30 +296,26 @@ class RolesJob:
             "bin": os.path.dirname(python if os.sep in python or not replica.host.local else shutil.which(python) or ""),
             "scenario_dir": str(self.scenario_dir),
         }
-        values.update({f"port:{name}": str(port) for name, port in self._ports.items()})
-        values.update(self._host_values())
+        values.update(self._address_values())
         return values
 
-    def _host_values(self) -> dict[str, str]:
-        return {f"host:{name}": host.address for name, host in self._first_host.items()}
+    def _address_values(self) -> dict[str, str]:
+        """``{port:ROLE}`` and ``{host:ROLE}``: the placeholders every replica and the fleet ``url`` share."""
+        values = {f"port:{name}": str(port) for name, port in self._ports.items()}
+        return values | {f"host:{name}": host.address for name, host in self._first_host.items()}
 
     def _choose_ports(self) -> None:
         """Each port role's port: a pinned one as it is, ``auto`` a free one on the role's host now; recorded
-        as ``target.ports`` {ports: {role: port}, chosen: [roles whose port was chosen]}."""
-        chosen: list[JsonValue] = []
+        as ``target.ports``."""
+        chosen: list[str] = []
         for role, spec in self.spec.roles.items():
             if spec.port == "auto":
-                try:
-                    self._ports[role] = free_port(self._first_host[role].transport)
-                except NoFreePort as exc:
-                    raise TargetUnusable(f"role {role!r} (port: auto): {exc}") from exc
+                self._ports[role] = port_for(self._first_host[role].transport, f"role {role!r} (port: auto)")
                 chosen.append(role)
             elif spec.port is not None:
                 self._ports[role] = spec.port
         if self._ports:
-            ports: dict[str, JsonValue] = dict(self._ports)
-            data: dict[str, JsonValue] = {"ports": ports, "chosen": chosen}
-            self._events.put(Event(ts_ns=now_ns(), kind=TARGET_PORTS, source="runner", data=data))
+            self._events.put(ports_event(self._ports, chosen))
 
     def _spawn(self, replica: _Replica) -> None:
         """Start the replica's current attempt (caller holds the lock and has checked ``_stopping``)."""
@@ -485,5 +480,4 @@ class ServingRolesJob(RolesJob):
     def url(self) -> str:
         if self.spec.url is None:  # the factory makes this class only for a target with a url
             raise AssertionError("a ServingRolesJob without a url")
-        values = {f"port:{name}": str(port) for name, port in self._ports.items()} | self._host_values()
-        return expand(self.spec.url, values)
+        return expand(self.spec.url, self._address_values())

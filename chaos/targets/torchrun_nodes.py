@@ -30,13 +30,10 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from pydantic import JsonValue
-
 from chaos.cluster.base import Transport, TransportError, host_python, kill_if_same, pid_start_time
-from chaos.cluster.ports import NoFreePort, free_port
-from chaos.history.timeline import TARGET_EXIT, TARGET_PORTS, TARGET_START, Event, now_ns
+from chaos.history.timeline import TARGET_EXIT, TARGET_START, Event, now_ns
 from chaos.spec.scenario import TorchrunTarget
-from chaos.targets.base import SpawnedJob, TargetUnusable
+from chaos.targets.base import SpawnedJob, TargetUnusable, port_for, ports_event
 from chaos.targets.interpreter import torchrun_launcher, torchrun_log_dir
 from chaos.targets.rank_discovery import Discovery, scan_local, scan_remote
 from chaos.targets.torchrun import RankLookup, RankTable, job_what, torchrun_env, torchrun_matchers, torchrun_tail
@@ -160,13 +157,9 @@ class MultiNodeTorchrunJob(RankLookup):
 
     def start(self) -> None:
         if self._rdzv_port is None:
-            try:
-                self._rdzv_port = free_port(self.nodes[0].transport)
-            except NoFreePort as exc:
-                raise TargetUnusable(f"rdzv_port: auto: {exc}") from exc
-        chosen: list[JsonValue] = ["rdzv"] if self.spec.rdzv_port == "auto" else []
-        data: dict[str, JsonValue] = {"ports": {"rdzv": self._rdzv_port}, "chosen": chosen}
-        self._announced.append(Event(ts_ns=now_ns(), kind=TARGET_PORTS, source="runner", data=data))
+            self._rdzv_port = port_for(self.nodes[0].transport, "rdzv_port: auto")
+        chosen = ["rdzv"] if self.spec.rdzv_port == "auto" else []
+        self._announced.append(ports_event({"rdzv": self._rdzv_port}, chosen))
         # Node 0 first: it binds the rendezvous store the others connect to (they retry until it is up).
         for index, node in enumerate(self.nodes):
             env = dict(self._env)

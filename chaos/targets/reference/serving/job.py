@@ -20,10 +20,10 @@ Contracts:
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 from chaos.cluster.local import LocalTransport
+from chaos.cluster.ports import free_port
 from chaos.spec.roles import RestartPolicy, RoleSpec, RolesTarget
 from chaos.spec.serving import FALLBACK, PRIMARY, REPLICA_RANKS, ReplicaSettings, ServingTarget
 from chaos.targets.reference.serving.gateway import READY, GatewayConfig, ReplicaEndpoint
@@ -32,14 +32,6 @@ from chaos.targets.roles import RolesJob
 GATEWAY = "gateway"
 _CONFIG = "gateway-config.json"
 _ROOT = str(Path(__file__).resolve().parents[4])  # the folder holding the chaos package
-
-
-def _free_port() -> int:
-    # The port is free now; a race with another process binding it before the server does is possible but
-    # rare on a test box, and shows up as the server's exit (then a restart), not as silence.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _env(base: dict[str, str]) -> dict[str, str]:
@@ -78,10 +70,10 @@ class ServingJob(RolesJob):
         self, spec: ServingTarget, transport: LocalTransport, run_dir: Path, seed: int, extra_env: dict[str, str]
     ) -> None:
         self.serving = spec
-        self.ports = {PRIMARY: spec.primary.port or _free_port()}
+        self.ports = {PRIMARY: spec.primary.port or free_port()}
         if spec.fallback is not None:
-            self.ports[FALLBACK] = spec.fallback.port or _free_port()
-        self.port = spec.port or _free_port()
+            self.ports[FALLBACK] = spec.fallback.port or free_port()
+        self.port = spec.port or free_port()
         super().__init__(_roles(spec, self.ports, self.port, run_dir, seed), transport, run_dir, seed, extra_env)
 
     def start(self) -> None:
