@@ -191,8 +191,11 @@ def test_up_again_reuses_the_running_cluster(slurm_state: Path, cluster: SlurmTe
     assert refused.exit_code == 1 and "not supported with --docker" in refused.output
 
 
-def test_down_stops_daemons_and_running_jobs_and_removes_files(cluster: SlurmTestbed, tmp_path: Path) -> None:
+def test_down_stops_daemons_and_running_jobs_and_removes_files(
+    cluster: SlurmTestbed, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     """A second, one-host Slurm testbed beside the first; torn down while a job runs on it."""
+    tmp_path = tmp_path_factory.mktemp("tb2")  # short: a job step's socket path must fit 107 characters
     state = tmp_path / "tb"
     marker = f"chaos-slurm-job-{uuid.uuid4().hex[:8]}"
     try:

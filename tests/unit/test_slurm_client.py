@@ -173,3 +173,16 @@ def test_conf_has_the_hooks_and_refuses_what_slurm_conf_cannot_hold() -> None:
             cluster="c", controller_host="c", controller_address="1.1.1.1", controller_port=1, nodes=[("h1", "x")],
             paths=_paths(Path("/tmp/with space")), settings=SlurmSettings(),
         )  # fmt: skip
+
+
+def test_a_state_dir_too_long_for_a_job_steps_socket_is_refused_with_the_length_to_use() -> None:
+    """slurmstepd's socket is <spool>/<node>/<node>_<job>.<step>: past 107 characters every job is requeued
+    and held, so ``up`` refuses the state dir first and says how long it may be."""
+    from chaos.cluster.testbed.slurm import _check_socket_paths
+    from chaos.cluster.testbed.slurm_daemons import SlurmLayout
+    from chaos.cluster.testbed.system import TestbedError
+
+    _check_socket_paths(SlurmLayout(Path("/tmp/tb") / "chaos-tb-slurm", "ab12", "chaos-tb"), 3)
+    long_dir = Path("/tmp/pytest-of-root/pytest-53/popen-gw0/test_down_stops_daemons_and_ru0/tb")
+    with pytest.raises(TestbedError, match=r"h3_67108863\.4294967291 is 1\d\d characters.* at most (\d+) char"):
+        _check_socket_paths(SlurmLayout(long_dir / "chaos-tb-slurm", "ab12", "chaos-tb"), 3)

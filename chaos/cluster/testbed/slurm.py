@@ -49,6 +49,8 @@ from chaos.cluster.testbed.system import TestbedError, machine_lock, wait_listen
 _BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "sacct", "nsenter")
 _PORT_BASE = 16800  # the controller's port is the first free one from here + (tag % 1000)
 _SOCKET_PATH_MAX = 107  # sun_path
+_JOB_ID_MAX = 67108863  # Slurm's largest job id (MaxJobId's limit)
+_STEP_ID_MAX = 4294967291  # the largest special step id (the batch step's, SLURM_BATCH_SCRIPT)
 _READY_S = 40.0
 _NETNS_ETC = Path("/etc/netns")  # where the namespace testbed keeps each host's hosts file
 # A constant script (arguments are positional): mount the host's hosts file in slurmd's own mount namespace,
@@ -127,12 +129,11 @@ def up(
         settings.check()
     except SlurmConfError as exc:
         raise TestbedError(str(exc)) from None
+    layout = slurm_layout(state_dir)
+    _check_socket_paths(layout, n)
     inventory = namespaces.up(n, state_dir, subnet=subnet, log=log)
     started = time.monotonic()
     host_layout = namespaces.Layout.at(state_dir)
-    layout = slurm_layout(state_dir)
-    if len(str(layout.munge_socket)) > _SOCKET_PATH_MAX:
-        raise TestbedError(f"{layout.munge_socket} is longer than a Unix socket path may be; use a shorter state dir")
     record = host_layout.read_record()
     net = ipaddress.IPv4Network(str(record["subnet"]))
     nodes = [(host.name, host.address) for host in inventory.hosts]
@@ -178,6 +179,23 @@ def up(
     _wait_nodes_up(testbed, layout)
     log(f"slurm {layout.cluster}: controller {testbed.controller}, {n} node(s) up in {time.monotonic() - started:.1f}s")
     return testbed
+
+
+def _check_socket_paths(layout: SlurmLayout, n: int) -> None:
+    """TestbedError when a socket the daemons create under ``layout`` would not fit a Unix socket path.
+
+    munged's socket, and each job step's ``<spool>/<node>/<node>_<job>.<step>`` (slurmstepd cannot start
+    without it: the job is requeued and held, and nothing but slurmd's log says why).
+    """
+    node = f"h{n}"
+    step_socket = layout.paths.slurmd_dir / node / f"{node}_{_JOB_ID_MAX}.{_STEP_ID_MAX}"
+    for path in (layout.munge_socket, step_socket):
+        if len(str(path)) > _SOCKET_PATH_MAX:
+            raise TestbedError(
+                f"the state dir {layout.root.parent} is too long for Slurm's sockets ({path} is {len(str(path))}"
+                f" characters, a Unix socket path holds {_SOCKET_PATH_MAX}); use a state dir of at most"
+                f" {len(str(layout.root.parent)) - (len(str(path)) - _SOCKET_PATH_MAX)} characters"
+            )
 
 
 def attach(state_dir: Path | None = None) -> SlurmTestbed:
