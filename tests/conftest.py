@@ -71,6 +71,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
     reads, so every test became a unit of its own and module-scoped runs were made once per worker.)"""
     if config.getvalue("dist") != "loadfile":
         return None
+    # xdist reorders units by their number of tests (most first) unless told not to: that sent the one-test
+    # end-to-end modules last and left one worker alone on them at the end. Keep pytest_collection_modifyitems'
+    # order (heaviest first).
+    config.option.loadscopereorder = False
     from xdist.scheduler import LoadScopeScheduling
 
     class ModulesAndSharedRuns(LoadScopeScheduling):
@@ -79,6 +83,33 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
             return _SHARED_RUNS.get(module.rsplit("/", 1)[-1], module)
 
     return ModulesAndSharedRuns(config, log)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[object]:
+    """With ``MLCHAOS_TEST_CPU=FILE``: append each test's wall and CPU seconds (this process and the children
+    it waited for: ranks, torchrun, daemons it reaped) to FILE, one tab-separated line per test. The suite is
+    CPU-bound under parallel workers, so CPU, not wall time, says what a test costs (docs/test-time.md)."""
+    out = os.environ.get("MLCHAOS_TEST_CPU")
+    if not out:
+        return (yield)
+    import resource
+    import time
+
+    def cpu() -> tuple[float, float]:
+        mine, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return mine.ru_utime + mine.ru_stime, kids.ru_utime + kids.ru_stime
+
+    began, (self_before, kids_before) = time.monotonic(), cpu()
+    try:
+        return (yield)
+    finally:
+        self_after, kids_after = cpu()
+        with open(out, "a") as sink:
+            sink.write(
+                f"{item.nodeid}\t{time.monotonic() - began:.2f}\t{self_after - self_before:.2f}"
+                f"\t{kids_after - kids_before:.2f}\n"
+            )
 
 
 @pytest.fixture(autouse=True, scope="session")
