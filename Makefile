@@ -10,7 +10,7 @@ setup:
 demo: setup
 	.venv/bin/mlchaos run scenarios/kill-rank.yaml
 
-# The suite (MLCHAOS_TEST_WORKERS=N for N parallel workers; default one process), mypy, ruff, validate; prints its wall time.
+# The suite (on 3 pytest-xdist workers; MLCHAOS_TEST_WORKERS=N for N, 0 for one process), mypy, ruff, validate; prints its wall time.
 test:
 	@bash scripts/test.sh
 

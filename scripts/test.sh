@@ -2,9 +2,9 @@
 # `make test`: the set-up, the whole suite on parallel workers, mypy --strict, ruff, every shipped scenario
 # validated; each step timed, and the whole command's wall time printed at the end (pass or fail).
 #
-# MLCHAOS_TEST_WORKERS sets the pytest-xdist workers (default 0: one process, the suite CI has run green).
-# 2 workers took 1673 s, 4 took 1277-1324 s instead of ~3200 s serial, but no parallel run was clean yet:
-# docs/test-time.md says which tests failed and why. PYTEST_ADDOPTS adds pytest options as usual.
+# MLCHAOS_TEST_WORKERS sets the pytest-xdist workers (default 3; 0 runs the suite in one process). On the
+# 2-core VM: one process ~3200 s, 2 workers 1525 s, 3 workers 1222 s, 4 workers ~1290 s with load failures
+# (docs/test-time.md). PYTEST_ADDOPTS adds pytest options as usual.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,7 +25,7 @@ step() {  # step NAME COMMAND...: run it, note its time, remember a failure and 
 bash scripts/setup.sh || { echo "make test: the set-up failed after $((SECONDS - start))s"; exit 1; }
 timings+=("setup $((SECONDS - start))s")
 
-workers=${MLCHAOS_TEST_WORKERS:-0}
+workers=${MLCHAOS_TEST_WORKERS:-3}
 parallel=()
 [ "$workers" -gt 0 ] && parallel=(-n "$workers" --dist loadfile)
 step pytest .venv/bin/python -m pytest -q --durations=25 "${parallel[@]}" tests

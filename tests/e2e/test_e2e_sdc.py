@@ -29,21 +29,15 @@ def _results(result) -> dict[str, object]:  # type: ignore[no-untyped-def]
     return {r.check: (r.status, r.measured, r.reason) for r in result.results}
 
 
-@pytest.mark.parametrize("name", ["sdc-in-transit", "sdc-local-gradient", "weight-bitflip-stuck"])
+# sdc-in-transit as shipped runs in tests/e2e/test_pytest_xdist.py (side by side with three other scenarios),
+# which asserts what a run of it must show: the agent fired the flip, the guard caught it in that step, naming
+# rank 1. Here: the other two scenarios, and the same fault with the guard removed.
+@pytest.mark.parametrize("name", ["sdc-local-gradient", "weight-bitflip-stuck"])
 def test_sdc_scenario_passes(name: str, report_root: Path) -> None:
     result = execute(_load(name), RunOptions(report_root=report_root))
     assert result.exit_code == EXIT_PASS, (result.error, _results(result))
     applied = result.history.of(FAULT_APPLIED)
     assert applied and all(e.source == "target" for e in applied), "the in-job agent did not fire the fault"
-
-
-def test_in_transit_detection_names_rank_1_in_the_injected_step(report_root: Path) -> None:
-    result = execute(_load("sdc-in-transit"), RunOptions(report_root=report_root))
-    [applied] = result.history.of(FAULT_APPLIED)
-    detections = result.history.of("detect.sdc")
-    assert detections, "no detect.sdc"
-    assert {d.get_int("step") for d in detections} == {applied.get_int("step")}
-    assert {d.get_int("culprit_rank") for d in detections} == {1}
 
 
 def test_without_the_guard_the_same_fault_silently_corrupts_the_model(report_root: Path) -> None:

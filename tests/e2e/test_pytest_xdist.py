@@ -3,7 +3,10 @@ files (a killed rank, a frozen rank, a bit flip on the wire, a killed model serv
 worker, with every run's history holding only its own faults.
 
 The report dir is the suite's shared e2e root, so the golden runs the other end-to-end tests compute (same
-scenarios, same seeds, same code) are read from its cache instead of being run again.
+scenarios, same seeds, same code) are read from its cache instead of being run again. These runs are also the
+suite's only runs of ``freeze-rank`` and ``sdc-in-transit`` as shipped: what each must show (the freeze healed
+and seen as a collective timeout; the flip fired by the in-job agent and caught in its step, naming rank 1) is
+asserted here, on their histories.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from pathlib import Path
 
 import pytest
 from support import ROOT, SCENARIOS
+
+from chaos.history.timeline import FAULT_APPLIED, FAULT_HEALED, Event, History
 
 pytestmark = pytest.mark.slow
 
@@ -30,6 +35,7 @@ def test_pytest_n_2_runs_shipped_scenarios_side_by_side(e2e_report_root: Path) -
     done = subprocess.run([*argv, *files], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "4 passed" in done.stdout, done.stdout[-2000:]
+    histories = {}
     for name in SIDE_BY_SIDE:
         runs = sorted(reports.glob(f"{name}-*/run.json"), key=lambda p: p.stat().st_mtime)
         assert runs, f"no report of {name} in {reports}"
@@ -37,3 +43,15 @@ def test_pytest_n_2_runs_shipped_scenarios_side_by_side(e2e_report_root: Path) -
         faults = {e["data"]["fault"] for e in record["events"] if str(e["kind"]).startswith("fault.")}
         own = {fault["name"] for fault in record["scenario"]["faults"]}
         assert faults == own, (name, faults, own)
+        histories[name] = History.from_events(Event.model_validate(e) for e in record["events"])
+    # freeze-rank: the frozen rank was resumed, and the job's process group timed out on it.
+    assert len(histories["freeze-rank"].of(FAULT_HEALED)) == 1
+    assert histories["freeze-rank"].of("detect.collective_timeout")
+    # sdc-in-transit: the in-job agent fired the flip; the guard caught it in that step and named rank 1.
+    in_transit = histories["sdc-in-transit"]
+    [applied] = in_transit.of(FAULT_APPLIED)
+    assert applied.source == "target", "the in-job agent did not fire the fault"
+    detections = in_transit.of("detect.sdc")
+    assert detections, "no detect.sdc"
+    assert {d.get_int("step") for d in detections} == {applied.get_int("step")}
+    assert {d.get_int("culprit_rank") for d in detections} == {1}
