@@ -14,7 +14,16 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
-from chaos.history.timeline import FAULT_APPLIED, FAULT_FAILED, FAULT_HEALED, TARGET_START, TARGET_STEP, Event, History
+from chaos.history.timeline import (
+    FAULT_APPLIED,
+    FAULT_FAILED,
+    FAULT_HEALED,
+    FAULT_NOT_FIRED,
+    TARGET_START,
+    TARGET_STEP,
+    Event,
+    History,
+)
 from chaos.spec.serving import REPLICA_RANKS, ServingTarget
 
 P = TypeVar("P", bound=BaseModel)
@@ -155,6 +164,9 @@ def missing_fault_reason(history: History, fault: str) -> str:
     if failed:
         error = failed[0].get_str("error") or failed[0].get_str("message")
         reason += f"; it failed {len(failed)} time(s)" + (f" ({error})" if error else "")
+    waiting = [e for e in events_of(history, FAULT_NOT_FIRED) if e.get_str("fault") == fault]
+    if waiting:  # the trigger never came: why, and what would make it come (chaos.run.triggers)
+        reason += f"; it never fired: {waiting[0].get_str('reason')}"
     others = sorted({name for e in events_of(history, FAULT_APPLIED) if (name := e.get_str("fault"))})
     if others:
         # A typo in the check's fault name is the commonest cause; listing what did fire makes it obvious.

@@ -174,6 +174,8 @@ def plan(
     console.print(f"plan for [bold]{scenario.name}[/bold], seed {planned.seed}:")
     for op in planned.ops:
         console.print(f"  {op.describe()}")
+    for note in checked.notes:
+        console.print(f"[yellow]note[/yellow] {escape(note)}")
 
 
 @app.command()

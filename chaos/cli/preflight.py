@@ -14,10 +14,15 @@ from pathlib import Path
 
 from chaos.cluster.hosts import HostsError, HostSet, needs_inventory
 from chaos.cluster.local import LocalTransport
+from chaos.history.timeline import TARGET_STEP
+from chaos.plugins import registry
+from chaos.plugins.injector import is_in_job
+from chaos.run.triggers import STEP_SOURCES
 from chaos.spec.preflight import capability_problems, preflight
 from chaos.spec.problems import Problem
-from chaos.spec.scenario import HostSelector, Scenario, ScenarioError, load_scenario
+from chaos.spec.scenario import CommandTarget, HostSelector, Scenario, ScenarioError, TorchrunTarget, load_scenario
 from chaos.targets.factory import TargetSpecError, on_nodes
+from chaos.targets.interpreter import command_scripts, script_needs, torchrun_entry
 
 
 @dataclass
@@ -62,7 +67,36 @@ def check_files(
             checked.problems.extend(found)
         else:
             checked.scenarios.append((file, loaded))
+            checked.notes.extend(f"{file}: {note}" for note in step_source_notes(scenario))
     return checked
+
+
+def step_source_notes(scenario: Scenario) -> list[str]:
+    """A note when faults wait for a step (``at_step`` fired by the harness) and nothing this file shows reports
+    the job's steps: no ``target.step`` matcher, no mlchaos import in the job's script(s), and no zero-line step
+    reporter (``optimizer_steps`` on a torchrun or command target on this host). A note, not a refusal: a job
+    may report steps in ways a reading of its files cannot see."""
+    waiting = [
+        f.name
+        for f in scenario.faults
+        if f.trigger.at_step is not None and f.trigger.phase is None and not is_in_job(registry.injectors()[f.type])
+    ]  # (the job's agent fires in-job and phase faults itself: it is their step source)
+    target = scenario.target
+    if not waiting or not isinstance(target, TorchrunTarget | CommandTarget):
+        return []
+    if any(m.event == TARGET_STEP for m in target.matchers):
+        return []
+    local = isinstance(target, CommandTarget) or target.nodes is None
+    if target.optimizer_steps and local:
+        return []
+    scripts = command_scripts(target) if isinstance(target, CommandTarget) else [torchrun_entry(target)]
+    if any(any(need.startswith("chaos") for need in script_needs(s)) for s in scripts):
+        return []
+    why = "optimizer_steps is off" if local else "the zero-line step reporter runs only on this host"
+    return [
+        f"fault(s) {', '.join(waiting)} fire at a step, but nothing here reports the job's steps ({why}, no "
+        f"matcher reports target.step, the script imports nothing of mlchaos): {STEP_SOURCES}"
+    ]
 
 
 def _inventory_problems(file: Path, scenario: Scenario, inventory: Path | None, notes: list[str]) -> list[Problem]:

@@ -27,8 +27,9 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, JsonValue
 
@@ -36,6 +37,7 @@ FAULT_APPLIED = "fault.applied"
 FAULT_HEALED = "fault.healed"
 FAULT_FAILED = "fault.failed"
 FAULT_OVERLAP = "fault.overlap"
+FAULT_NOT_FIRED = "fault.not_fired"  # an op still waiting for its trigger when the run ended: {fault, op, reason}
 TARGET_START = "target.start"
 TARGET_STEP = "target.step"
 TARGET_CHECKPOINT = "target.checkpoint"
@@ -205,17 +207,31 @@ def parse_event_line(line: bytes | str, source: str = "target") -> Event:
         )
 
 
-class LogMatcher:
-    """Turns log lines into events: ``pattern`` is a regex; named groups become event data.
+RANK_PREFIX = re.compile(r"^\[rank(?P<rank>\d+)\]:")
+"""torch's prefix on a rank's uncaught traceback and C++ log lines once its process group exists."""
 
-    A group named ``rank`` (digits) sets the event's rank. Used by the command target and by torchrun's own
-    agent log (worker failures, restarts).
+
+class LineMatcher(Protocol):
+    """Anything that turns a line of a job's output into an event (or None)."""
+
+    def match(self, line: str, ts_ns: int) -> Event | None: ...
+
+
+class LogMatcher:
+    """Turns log lines into events: ``pattern`` is a regex; named groups become event data, ``fixed`` is added.
+
+    The event's rank is a group named ``rank`` (digits) when the pattern has one, else the ``[rankN]:`` prefix
+    torch puts on a rank's traceback and log lines (:data:`RANK_PREFIX`), else none. Used by every target that
+    reads a job's output: the scenario's ``matchers:``, torch's failure signatures, torchrun's agent log.
     """
 
-    def __init__(self, pattern: str, kind: str, source: str = "log") -> None:
+    def __init__(
+        self, pattern: str, kind: str, source: str = "log", fixed: Mapping[str, JsonValue] | None = None
+    ) -> None:
         self.regex = re.compile(pattern)
         self.kind = kind
         self.source = source
+        self.fixed = dict(fixed or {})
 
     def match(self, line: str, ts_ns: int) -> Event | None:
         found = self.regex.search(line)
@@ -223,7 +239,10 @@ class LogMatcher:
             return None
         groups = {k: v for k, v in found.groupdict().items() if v is not None}
         rank_text = groups.pop("rank", None)
-        data: dict[str, JsonValue] = {"line": line.rstrip()[:500]}
+        if rank_text is None:
+            prefix = RANK_PREFIX.match(line)
+            rank_text = prefix.group("rank") if prefix is not None else None
+        data: dict[str, JsonValue] = {"line": line.rstrip()[:500], **self.fixed}
         for key, value in groups.items():
             data[key] = int(value) if value.lstrip("-").isdigit() else value
         rank = int(rank_text) if rank_text is not None and rank_text.isdigit() else None

@@ -61,6 +61,7 @@ from chaos.run.faults import (
 )
 from chaos.run.golden import Golden, golden_outcome
 from chaos.run.result import EXIT_FAIL, EXIT_HARNESS, EXIT_INVALID, EXIT_PASS, RunResult, RunStatus, Verdict
+from chaos.run.triggers import Triggers, not_fired
 from chaos.safety import remote_deadman
 from chaos.safety.cleanup import heal_leftovers
 from chaos.safety.journal import Journal
@@ -139,7 +140,7 @@ class Execution:
         self.active: list[ActiveFault] = []
         self.fired = 0
         self.step: int | None = None
-        self.event_counts: dict[str, int] = {}
+        self.triggers = Triggers()
         self.ended_by = ""
         self._lock = threading.Lock()  # active faults and counters: per-host applies and heals run in threads
 
@@ -251,7 +252,7 @@ class Execution:
                 time.sleep(POLL_S)
                 continue
             elapsed = now - started
-            for op in [op for op in self.pending if op.at_s is not None and op.at_s <= elapsed]:
+            for op in self.triggers.due_at(self.pending, elapsed):
                 self._fire(op)
             due = [a for a in self.active if a.heal_at is not None and a.heal_at <= now]
             if due:
@@ -317,6 +318,9 @@ class Execution:
     def _end(self, why: str) -> None:
         self.ended_by = why
         self.history.record("runner.end", reason=why)
+        for event in not_fired(self.pending, self.step, why):
+            self.history.append(event)
+            self.log(f"fault {event.get_str('op')} never fired: {event.get_str('reason')}")
         self.log(f"run ended: {why}")
 
     def _on_event(self, event: Event) -> None:
@@ -328,18 +332,8 @@ class Execution:
             self.log(f"detected: {event.kind}{where}")
         elif event.kind == "target.restart":
             self.log(f"target restarted (attempt {event.get_int('attempt')})")
-        for op in list(self.pending):
-            if op.at_step is not None and event.kind == TARGET_STEP:
-                step = event.get_int("step")
-                if step is not None and step >= op.at_step and (op.rank is None or op.rank == event.rank):
-                    self._fire(op)
-            elif op.event_kind is not None and event.matches(op.event_kind):
-                if op.rank is not None and op.rank != event.rank:
-                    continue
-                key = op.op_id
-                self.event_counts[key] = self.event_counts.get(key, 0) + 1
-                if self.event_counts[key] >= (op.event_nth or 1):
-                    self._fire(op)
+        for op in self.triggers.due_on(self.pending, event):
+            self._fire(op)
 
     # -- faults ------------------------------------------------------------------------------------------
     @signals_deferred_during  # every host's apply recorded and registered before a signal's heal

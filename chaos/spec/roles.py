@@ -19,6 +19,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
+from chaos.spec.matchers import LogMatcherSpec, Signatures
 from chaos.spec.units import Duration, EnvVars, Name
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
@@ -111,6 +112,10 @@ class RoleSpec(BaseModel):
         "on the role's host's PATH); null: mlchaos's own here (it has the torchft extra), the inventory's python on "
         "another host",
     )
+    matchers: list[LogMatcherSpec] = Field(
+        default=[], description="regexes over each replica's output whose matches become events (of that replica)"
+    )
+    signatures: Signatures = "all"
     balancer: Literal["haproxy"] | None = Field(
         default=None,
         description="this role is a load balancer of that kind: the backend state changes it logs become "

@@ -36,7 +36,7 @@ from pydantic_core import core_schema
 
 from chaos.plugins import registry
 from chaos.spec.load import ScenarioLoad
-from chaos.spec.matchers import LogMatcherSpec
+from chaos.spec.matchers import LogMatcherSpec, OptimizerSteps, Signatures
 from chaos.spec.problems import Path_ as Path_
 from chaos.spec.problems import Problem as Problem
 from chaos.spec.problems import ScenarioError as ScenarioError
@@ -241,6 +241,8 @@ class TorchrunTarget(BaseModel):
     )
     env: EnvVars = {}
     matchers: list[LogMatcherSpec] = []
+    signatures: Signatures = "all"
+    optimizer_steps: OptimizerSteps = True
     hang_watch: HangWatchSpec | None = Field(
         default=None, description="name the rank a hang waits for (the job must attach the agent); null: off"
     )
@@ -271,6 +273,8 @@ class CommandTarget(BaseModel):
     )
     env: EnvVars = {}
     matchers: list[LogMatcherSpec] = []
+    signatures: Signatures = "all"
+    optimizer_steps: OptimizerSteps = True
 
     @field_validator("command")
     @classmethod

@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from chaos.spec.matchers import LogMatcherSpec
+from chaos.spec.matchers import LogMatcherSpec, Signatures
 from chaos.spec.roles import Argv
 from chaos.spec.units import Duration, EnvVars, Name
 
@@ -68,6 +68,7 @@ class SlurmTarget(BaseModel):
         default=0.5, ge=0.1, le=10, description="how often Slurm is asked for the job's and nodes' state"
     )
     matchers: list[LogMatcherSpec] = []
+    signatures: Signatures = "all"
 
     @field_validator("sbatch")
     @classmethod

@@ -24,7 +24,20 @@ from chaos.cluster.base import HostProcess, Transport
 from chaos.cluster.local import LocalTransport
 from chaos.cluster.ports import NoFreePort, free_port
 from chaos.events import ENV_EVENTS, STDOUT_PREFIX, STDOUT_SINK
-from chaos.history.timeline import TARGET_EXIT, TARGET_PORTS, Event, EventFileTail, LogMatcher, now_ns, parse_event_line
+from chaos.history.timeline import (
+    TARGET_EXIT,
+    TARGET_PORTS,
+    TARGET_STEP,
+    Event,
+    EventFileTail,
+    LineMatcher,
+    LogMatcher,
+    now_ns,
+    parse_event_line,
+)
+from chaos.history.torch_signatures import SignatureChoice, signature_matcher
+from chaos.injob.bootstrap import BOOTSTRAP_DIR
+from chaos.spec.matchers import LogMatcherSpec
 
 
 class Target(Protocol):
@@ -116,6 +129,24 @@ class RankPlacement(Protocol):
         ...
 
 
+def output_matchers(signatures: SignatureChoice, matchers: Sequence[LogMatcherSpec]) -> list[LineMatcher]:
+    """What a target reads from its job's output: torch's failure signatures (``signatures:``; at most one
+    event per line, :mod:`chaos.history.torch_signatures`) and each of the scenario's ``matchers:``."""
+    found: list[LineMatcher] = [signature_matcher(signatures)] if signatures != "none" else []
+    return found + [LogMatcher(m.pattern, m.event) for m in matchers]
+
+
+def with_step_reporter(
+    env: dict[str, str], *, wanted: bool, matchers: Sequence[LogMatcherSpec], transport: Transport
+) -> dict[str, str]:
+    """``env`` with the zero-line step reporter first on ``PYTHONPATH`` (:mod:`chaos.injob.bootstrap`) when the
+    target wants it (``optimizer_steps``), no matcher reports ``target.step`` and the job runs on this host."""
+    if not wanted or not isinstance(transport, LocalTransport) or any(m.event == TARGET_STEP for m in matchers):
+        return env
+    rest = env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    return {**env, "PYTHONPATH": os.pathsep.join(p for p in (str(BOOTSTRAP_DIR), rest) if p)}
+
+
 class SpawnedJob:
     """A process tree started through a transport, with its output logged and matched line by line."""
 
@@ -126,7 +157,7 @@ class SpawnedJob:
         *,
         env: dict[str, str],
         run_dir: Path,
-        matchers: Sequence[LogMatcher],
+        matchers: Sequence[LineMatcher],
         log_name: str = "target.log",
         host: str | None = None,
         events_name: str = "events.jsonl",

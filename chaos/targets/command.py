@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from chaos.cluster.base import Transport
-from chaos.history.timeline import Event, LogMatcher
+from chaos.history.timeline import Event
 from chaos.plugins.injector import JobTree
 from chaos.spec.scenario import CommandTarget
-from chaos.targets.base import SpawnedJob
+from chaos.targets.base import SpawnedJob, output_matchers, with_step_reporter
 from chaos.targets.interpreter import command_argv
 from chaos.targets.process_tree import tree
 
@@ -31,7 +31,8 @@ class CommandJob:
         # {python} and a python: the target names (chaos.targets.interpreter); the rest runs as written.
         argv = [expand(part, values) for part in command_argv(spec, values)]
         env = {**(extra_env or {}), **{k: expand(v, values) for k, v in spec.env.items()}}
-        matchers = [LogMatcher(m.pattern, m.event) for m in spec.matchers]
+        env = with_step_reporter(env, wanted=spec.optimizer_steps, matchers=spec.matchers, transport=transport)
+        matchers = output_matchers(spec.signatures, spec.matchers)
         self.job = SpawnedJob(transport, argv, env=env, run_dir=run_dir, matchers=matchers)
 
     def start(self) -> None:

@@ -214,12 +214,12 @@ def command_argv(spec: CommandTarget, values: dict[str, str]) -> list[str]:
 def command_python(spec: CommandTarget) -> Interpreter:
     """The interpreter ``{python}`` stands for in a command target."""
     needs: set[str] = set()
-    for path in _command_scripts(spec):
+    for path in command_scripts(spec):
         needs |= script_needs(path)
     return resolve_python(spec.python, needs=needs, env=spec.env)
 
 
-def _command_scripts(spec: CommandTarget) -> list[Path]:
+def command_scripts(spec: CommandTarget) -> list[Path]:
     """The command's ``.py`` arguments that are files here, and ``-m`` modules' sources this harness finds."""
     found: list[Path] = []
     for index, part in enumerate(spec.command):
@@ -248,7 +248,7 @@ def entry_files(spec: object) -> list[Path]:
         entry = torchrun_entry(spec)
         return [entry] if entry is not None else []
     if isinstance(spec, CommandTarget):
-        files = _command_scripts(spec)
+        files = command_scripts(spec)
         program = spec.command[0] if os.sep in spec.command[0] else _which(spec.command[0], spec.env)
         if program is not None and _is_script(program) and Path(program) not in files:
             files.insert(0, Path(program))

@@ -52,17 +52,16 @@ from pathlib import Path
 from pydantic import JsonValue
 
 from chaos.cluster.base import Transport
-from chaos.history.timeline import TARGET_EXIT, Event, LogMatcher, now_ns
+from chaos.history.timeline import TARGET_EXIT, Event, LineMatcher, now_ns
 from chaos.plugins.injector import JobTree
 from chaos.spec.roles import RoleSpec, RolesTarget, replica_names_of
 from chaos.targets.balancers import balancer_matchers
-from chaos.targets.base import SpawnedJob, TargetUnusable, port_for, ports_event
+from chaos.targets.base import SpawnedJob, TargetUnusable, output_matchers, port_for, ports_event
 from chaos.targets.command import expand
 from chaos.targets.http import TARGET_READY
 from chaos.targets.interpreter import torchrun_log_dir
 from chaos.targets.process_tree import trees
 from chaos.targets.role_hosts import RoleHost, installed, kill_seen, local_host, process_tree, python_on
-from chaos.targets.torchrun import TORCHRUN_MATCHERS
 
 ROLE_START = "target.role_start"
 ROLE_READY = "target.role_ready"
@@ -269,10 +268,11 @@ class RolesJob:
         """Note every replica's processes, so stop() can reap workers that outlive a killed launcher."""
         self._remember(self._replicas)
 
-    def _argv(self, replica: _Replica, values: dict[str, str]) -> tuple[list[str], list[LogMatcher]]:
+    def _argv(self, replica: _Replica, values: dict[str, str]) -> tuple[list[str], list[LineMatcher]]:
         spec = replica.spec
+        matchers = output_matchers(spec.signatures, spec.matchers)
         if spec.command is not None:
-            return [expand(part, values) for part in spec.command], []
+            return [expand(part, values) for part in spec.command], matchers
         run = spec.torchrun
         if run is None:  # the model guarantees one of them
             raise AssertionError("a role without command or torchrun")
@@ -281,7 +281,7 @@ class RolesJob:
         argv += ["--nproc-per-node", str(run.nproc_per_node), "--max-restarts", str(run.max_restarts)]
         argv += ["--monitor-interval", f"{run.monitor_interval:g}"]
         argv += ["-m", run.module] if run.module is not None else [expand(run.script or "", values)]
-        return argv + [expand(arg, values) for arg in run.args], list(TORCHRUN_MATCHERS)
+        return argv + [expand(arg, values) for arg in run.args], matchers
 
     def _values(self, replica: _Replica) -> dict[str, str]:
         """The placeholders of a replica's command, args and env (see :class:`chaos.spec.roles.RoleSpec`)."""

@@ -38,9 +38,9 @@ from chaos.cluster.inventory import Inventory
 from chaos.cluster.slurm.client import JobNotFound, SlurmClient, SlurmError
 from chaos.cluster.slurm.locate import ClusterNotFound, SlurmCluster, host_of_node
 from chaos.events import ENV_EVENTS
-from chaos.history.timeline import TARGET_EXIT, TARGET_START, Event, EventFileTail, LogMatcher, now_ns
+from chaos.history.timeline import TARGET_EXIT, TARGET_START, Event, EventFileTail, now_ns
 from chaos.spec.slurm import SlurmTarget
-from chaos.targets.base import TargetUnusable
+from chaos.targets.base import TargetUnusable, output_matchers
 from chaos.targets.command import expand
 from chaos.targets.slurm_watch import SOURCE, JobView, JobWatch, NodeWatch, exit_code_of
 from chaos.targets.torchrun import RankTable
@@ -85,7 +85,7 @@ class SlurmJob:
             "PYTHONUNBUFFERED": "1",
             **{name: expand(value, self._values) for name, value in spec.env.items()},
         }
-        self.matchers = [LogMatcher(m.pattern, m.event) for m in spec.matchers]
+        self.matchers = output_matchers(spec.signatures, spec.matchers)
         self.job_id: int | None = None
         self.table = RankTable()
         self._client: SlurmClient | None = None

@@ -24,29 +24,15 @@ from pathlib import Path
 
 from chaos.cluster.base import Transport
 from chaos.cluster.local import process_start_time
-from chaos.history.timeline import TARGET_EXIT, TARGET_START, Event, LogMatcher
+from chaos.history.timeline import TARGET_EXIT, TARGET_START, Event, LineMatcher
 from chaos.plugins.injector import InjectionError, JobTree
 from chaos.spec.scenario import TorchrunTarget
-from chaos.targets.base import SpawnedJob
+from chaos.targets.base import SpawnedJob, output_matchers, with_step_reporter
 from chaos.targets.command import expand
 from chaos.targets.interpreter import describe_python, torchrun_launcher, torchrun_log_dir, torchrun_python
 from chaos.targets.rank_discovery import Discovery, ScanError, Worker, scan_local
 
 LOCAL_HOST = "local"  # the host name of this machine in rank tables (chaos.cluster.hosts.LOCAL)
-
-TORCHRUN_MATCHERS = (
-    # The elastic agent noticed a worker died: the launcher's own detection.
-    LogMatcher(
-        r"failed \(exitcode: (?P<exitcode>-?\d+)\) local_rank: (?P<rank>\d+) \(pid: (?P<pid>\d+)\)",
-        "detect.worker_exit",
-        source="torchrun",
-    ),
-    LogMatcher(
-        r"Worker group (?P<state>FAILED|UNHEALTHY)\. (?P<attempts_left>\d+)/(?P<max_restarts>\d+) attempts left",
-        "target.agent_restart",
-        source="torchrun",
-    ),
-)
 
 DEFAULT_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "OMP_NUM_THREADS": "1"}
 
@@ -114,8 +100,9 @@ def torchrun_env(spec: TorchrunTarget, values: dict[str, str], extra_env: dict[s
     return {**DEFAULT_ENV, **(extra_env or {}), **{k: expand(v, values) for k, v in spec.env.items()}}
 
 
-def torchrun_matchers(spec: TorchrunTarget) -> list[LogMatcher]:
-    return [*TORCHRUN_MATCHERS, *(LogMatcher(m.pattern, m.event) for m in spec.matchers)]
+def torchrun_matchers(spec: TorchrunTarget) -> list[LineMatcher]:
+    """torch's failure signatures (torchrun's failure and restart lines among them) and the scenario's own."""
+    return output_matchers(spec.signatures, spec.matchers)
 
 
 class RankLookup:
@@ -168,9 +155,13 @@ class TorchrunJob(RankLookup):
         argv = [*launcher, *torchrun_log_dir(launcher, str(run_dir)), "--standalone", "--nnodes", "1"]
         argv += ["--nproc-per-node", str(spec.nproc_per_node), *torchrun_tail(spec, values, job_python)]
         self.spec = spec
-        self.job = SpawnedJob(
-            transport, argv, env=torchrun_env(spec, values, extra_env), run_dir=run_dir, matchers=torchrun_matchers(spec)
+        env = with_step_reporter(
+            torchrun_env(spec, values, extra_env),
+            wanted=spec.optimizer_steps,
+            matchers=spec.matchers,
+            transport=transport,
         )
+        self.job = SpawnedJob(transport, argv, env=env, run_dir=run_dir, matchers=torchrun_matchers(spec))
         self.table = RankTable()
         self.discovery = Discovery(self.table.observe_worker)
 

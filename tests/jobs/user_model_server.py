@@ -93,6 +93,10 @@ def main() -> None:
 
     class Server(ThreadingHTTPServer):
         daemon_threads = True
+        # socketserver's default listen backlog is 5: at 100 requests/s (one connection each, HTTP/1.0) on a
+        # loaded machine the accept thread fell behind, a connect failed and HAProxy marked the live server
+        # down (observe layer4). Servers users deploy (uvicorn, gunicorn) listen with a backlog of 2048.
+        request_queue_size = 2048
 
         def handle_error(self, request: object, client_address: object) -> None:
             pass  # a health check or client that hangs up early is not an error worth a traceback

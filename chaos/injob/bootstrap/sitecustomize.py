@@ -1,0 +1,173 @@
+"""Step reports from a training script nobody edited: mlchaos's target puts this folder first on the workers'
+``PYTHONPATH`` (``optimizer_steps: true``, the default), the way tracing tools auto-instrument a process.
+
+In a rank process of a chaos run (``RANK`` and ``CHAOS_EVENTS`` set, ``CHAOS_OPTIMIZER_STEPS`` not ``0``) it
+waits for the job to import ``torch``, registers one global optimizer step post-hook, and reports
+``target.step`` {step, attempt, source: "optimizer"} after each ``optimizer.step()`` of the first optimizer
+that steps. The step is exact or not reported:
+
+- the optimizer's own step count when it keeps one (Adam, AdamW, RMSprop, ... keep ``state["step"]``, which a
+  resume restores with the optimizer's state): correct across restarts and resumes;
+- else the number of steps this process took, but only when nothing was ``torch.load``-ed before its first
+  step (a fresh start); after a load (a resume) the count would restart at 1, so the job's steps are then not
+  reported and one ``target.step_source`` {exact: false, reason} says why.
+
+It stands down when the job reports for itself (``chaos.events`` or ``chaos.agent`` imported: the one-line
+agent, or a job emitting its own events). Anything else it does not touch: it imports no mlchaos module (the
+job's interpreter may not have mlchaos), and it runs the interpreter's own ``sitecustomize`` (Debian ships
+one) before anything else. Stdlib and torch only.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_WATCHED = "torch"  # its import ends after torch.optim and torch.load exist
+_STDOUT_SINK = "stdout"  # chaos.events.STDOUT_SINK: a job on another host reports on its output
+_STDOUT_PREFIX = "@@mlchaos-event "  # chaos.events.STDOUT_PREFIX
+
+
+def _run_the_interpreters_own() -> None:
+    """Run the ``sitecustomize`` this one shadows (the next on ``sys.path``), as Python would have."""
+    path = [entry for entry in sys.path if os.path.abspath(entry or ".") != _HERE]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
+    if spec is None or spec.loader is None or spec.origin == __file__:
+        return
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001  (as site.py does: a broken sitecustomize is reported, not fatal)
+        print(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(exc).__name__}: {exc}", file=sys.stderr)
+
+
+def _emit(kind: str, **data: Any) -> None:
+    """chaos.events.emit, restated (the job's interpreter may not have mlchaos): one appended JSON line."""
+    path = os.environ.get("CHAOS_EVENTS")
+    rank = os.environ.get("RANK", "")
+    if not path:
+        return
+    record = {
+        "ts_ns": time.time_ns(),
+        "kind": kind,
+        "source": "target",
+        "rank": int(rank) if rank.isdigit() else None,
+        "data": data,
+    }
+    line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
+    if path == _STDOUT_SINK:
+        os.write(1, _STDOUT_PREFIX.encode() + line)
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+class _StepReporter:
+    """The global optimizer step post-hook (see the module docstring for which steps it reports)."""
+
+    def __init__(self, torch: ModuleType) -> None:
+        self.torch = torch
+        self.optimizer: object | None = None
+        self.taken = 0
+        self.loaded_before_first_step = False
+        self.said_inexact = False
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
+        self.attempt = int(attempt) if attempt.isdigit() else 0
+        original_load = torch.load
+
+        def load(*args: Any, **kwargs: Any) -> Any:
+            if self.taken == 0:
+                self.loaded_before_first_step = True
+            return original_load(*args, **kwargs)
+
+        load.__wrapped__ = original_load  # type: ignore[attr-defined]
+        torch.load = load  # type: ignore[attr-defined]
+
+    def __call__(self, optimizer: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+        if "chaos.events" in sys.modules:  # the job reports for itself (the agent, or its own events)
+            return
+        if self.optimizer is None:
+            self.optimizer = optimizer
+        elif optimizer is not self.optimizer:
+            return  # a second optimizer (a GAN's, say): one step count per job
+        self.taken += 1
+        step = self._own_count(optimizer)
+        if step is None and not self.loaded_before_first_step:
+            step = self.taken
+        if step is None:
+            if not self.said_inexact:
+                self.said_inexact = True
+                _emit(
+                    "target.step_source",
+                    exact=False,
+                    attempt=self.attempt,
+                    reason=f"{type(optimizer).__name__} keeps no step count and the job loaded a checkpoint before "
+                    "its first step, so its steps are not known here: add chaos.agent.attach(model, optimizer) "
+                    "to the script",
+                )
+            return
+        _emit("target.step", step=step, attempt=self.attempt, source="optimizer")
+
+    def _own_count(self, optimizer: Any) -> int | None:
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                count = optimizer.state.get(param, {}).get("step")
+                if count is not None:
+                    return int(count.item()) if isinstance(count, self.torch.Tensor) else int(count)
+        return None
+
+
+def _on_torch(torch: ModuleType) -> None:
+    optimizer = importlib.import_module("torch.optim.optimizer")
+    optimizer.register_optimizer_step_post_hook(_StepReporter(torch))
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs a callback once a module has been imported, without importing it first (post-import hook)."""
+
+    def find_spec(self, name: str, path: Sequence[str] | None, target: ModuleType | None = None) -> Any:
+        if name != _WATCHED:
+            return None
+        sys.meta_path.remove(self)  # once: the spec below is found by the finders after this one
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        original_exec = loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            original_exec(module)
+            try:
+                _on_torch(module)
+            except Exception as exc:  # noqa: BLE001  (never break the job: say why no steps come)
+                _emit("target.step_source", exact=False, reason=f"optimizer step hook not installed: {exc}")
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _wanted() -> bool:
+    return (
+        bool(os.environ.get("CHAOS_EVENTS")) and "RANK" in os.environ and os.environ.get("CHAOS_OPTIMIZER_STEPS") != "0"
+    )
+
+
+_run_the_interpreters_own()
+if _wanted():
+    if _WATCHED in sys.modules:
+        _on_torch(sys.modules[_WATCHED])
+    else:
+        sys.meta_path.insert(0, _AfterImport())

@@ -1,0 +1,88 @@
+"""A training script that knows nothing of mlchaos (``tests/jobs/user_plain_ddp.py``: DDP, Adam, its own
+checkpoint and resume, gloo with a 10 s process-group timeout), run unmodified through the whole harness.
+
+Its steps come from the zero-line step reporter (the optimizer's own step count), so ``at_step`` triggers fire
+and recovery is measured; its detections come from what torch prints when a collective fails, on the rank
+that printed it. A kill of rank 1 is seen at once (rank 0's gloo connection is reset); a freeze of rank 1 is
+seen when rank 0's all-reduce reaches the job's own 10 s timeout, not when torchrun notices a worker exit
+tens of seconds later.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import ROOT, scenario_yaml
+
+from chaos.run.orchestrator import RunOptions, RunResult, execute
+from chaos.spec.scenario import load_scenario
+
+pytestmark = pytest.mark.slow
+
+JOB = ROOT / "tests" / "jobs" / "user_plain_ddp.py"
+PG_TIMEOUT = 10.0
+
+
+def run(root: Path, tmp: Path, name: str, fault: dict[str, Any], checks: list[dict[str, Any]]) -> RunResult:
+    target = {"type": "torchrun", "script": str(JOB), "nproc_per_node": 2, "max_restarts": 2,
+              "args": ["--steps", 60, "--checkpoint-dir", "{run_dir}/ckpt", "--pg-timeout", PG_TIMEOUT]}  # fmt: skip
+    text = scenario_yaml(
+        name, 5, target, faults=[fault], checks=checks, safety={"max_duration": "150s", "no_progress_timeout": "60s"}
+    )
+    source = tmp / f"{name}.yaml"
+    source.write_text(text)
+    return execute(load_scenario(source), RunOptions(report_root=root, scenario_file=source))
+
+
+def verdicts(result: RunResult) -> dict[str, tuple[str, str]]:
+    return {r.check: (r.status, r.reason) for r in result.results}
+
+
+def measured(result: RunResult, check: str) -> float:
+    value = next(r.measured for r in result.results if r.check == check)
+    assert value is not None, check
+    return value
+
+
+def test_a_killed_rank_of_an_unmodified_script_is_detected_and_recovered(e2e_report_root: Path, tmp_path: Path) -> None:
+    fault = {"name": "kill-rank1", "type": "kill", "params": {"rank": 1}, "trigger": {"at_step": 20, "rank": 1}}
+    checks = [
+        {"type": "detected_within", "params": {"fault": "kill-rank1", "within": "5s"}},
+        {"type": "recovered_within", "params": {"fault": "kill-rank1", "within": "60s"}},
+        {"type": "restarts_at_most", "params": {"restarts": 1}},
+        {"type": "completes"},
+    ]
+    result = run(e2e_report_root, tmp_path, "unmodified-kill", fault, checks)
+    got = verdicts(result)
+    assert all(status == "pass" for status, _ in got.values()), got
+    steps = result.history.of("target.step")
+    assert steps and all(e.data.get("source") == "optimizer" for e in steps), steps[:3]
+    [applied] = result.history.of("fault.applied")
+    assert max(e.get_int("step") or 0 for e in steps if e.ts_ns < applied.ts_ns) >= 20
+    # The resumed attempt reports the true step (Adam's restored count), not a count from 1.
+    later = [e for e in steps if e.ts_ns > applied.ts_ns]
+    assert min(e.get_int("step") or 0 for e in later) > 10, [e.get_int("step") for e in later[:5]]
+    # The first detection is torch's own word, read from the output: rank 0 lost its peer.
+    first = next(e for e in result.history.of("detect.*") if e.ts_ns > applied.ts_ns)
+    assert first.data.get("signature") in ("peer_lost", "torchrun_worker_failed"), first
+
+
+def test_a_frozen_rank_is_detected_at_the_jobs_own_timeout(e2e_report_root: Path, tmp_path: Path) -> None:
+    fault = {"name": "freeze-rank1", "type": "freeze", "params": {"rank": 1}, "trigger": {"at_step": 20, "rank": 1},
+             "duration": "15s"}  # fmt: skip
+    checks = [
+        {"type": "detected_within", "params": {"fault": "freeze-rank1", "within": f"{PG_TIMEOUT + 1:g}s"}},
+        {"type": "recovered_within", "params": {"fault": "freeze-rank1", "within": "90s"}},
+        {"type": "restarts_at_most", "params": {"restarts": 1}},
+        {"type": "completes"},
+    ]
+    result = run(e2e_report_root, tmp_path, "unmodified-freeze", fault, checks)
+    got = verdicts(result)
+    assert all(status == "pass" for status, _ in got.values()), got
+    # Detected by rank 0's gloo timeout (not before it: the freeze cannot be seen sooner without a watchdog).
+    assert measured(result, "detected_within") >= PG_TIMEOUT - 0.5, got["detected_within"]
+    [applied] = result.history.of("fault.applied")
+    first = next(e for e in result.history.of("detect.*") if e.ts_ns > applied.ts_ns)
+    assert (first.kind, first.rank, first.data.get("detector")) == ("detect.collective_timeout", 0, "gloo"), first
