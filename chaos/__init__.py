@@ -7,18 +7,17 @@ and :mod:`chaos.strategies`.
 
 Module paths of releases before 0.2 (``chaos.runner``, ``chaos.scenario``, ``injectors.netfilter``, ...) still
 import, through :data:`MOVED_MODULES`, with a :class:`DeprecationWarning` naming the new path; they go in 0.3.
+Each is a stub file in a ``_moved`` folder that the package appends to its ``__path__`` (no import hook: a
+training process that imports ``chaos.agent`` gets nothing on ``sys.meta_path``).
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.machinery
 import importlib.util
 import sys
 import types
 import warnings
-from collections.abc import Sequence
 
 __version__ = "0.2.0"
 
@@ -92,41 +91,38 @@ def _warn_moved(old: str, new: str) -> None:
     warnings.warn(f"{old} moved to {new} in mlchaos 0.2; the old path goes in 0.3", DeprecationWarning, stacklevel=3)
 
 
-class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Imports an old module path as a thin proxy of its new module (attribute reads forward, with a warning once).
+def become_moved(old: str) -> None:
+    """Turn the stub module ``old`` (a file under a ``_moved`` folder) into a thin proxy of its new module:
+    attribute reads forward (to the first new home that defines the name), with a DeprecationWarning once.
 
     A proxy, not the new module itself, so that importing the old name never rewrites the real module's
     ``__spec__`` or ``__name__`` (pickles, ``python -m`` and reloads keep seeing the real path)."""
+    new = moved_to(old)
+    assert new is not None, old
+    _warn_moved(old, new)
+    real = importlib.import_module(new)
+    homes = [real, *(importlib.import_module(extra) for extra in SPLIT_MODULES.get(old, ()))]
 
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if moved_to(fullname) is None:
-            return None
-        return importlib.util.spec_from_loader(fullname, self, is_package=fullname in _MOVED_PACKAGES)
+    def forward(name: str) -> object:  # PEP 562: the first new home that defines the name
+        for home in homes:
+            if not name.startswith("_") and hasattr(home, name):
+                return getattr(home, name)
+        return getattr(real, name)  # raises the real module's AttributeError
 
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
-        new = moved_to(spec.name)
-        assert new is not None
-        _warn_moved(spec.name, new)
-        real = importlib.import_module(new)
-        homes = [real, *(importlib.import_module(extra) for extra in SPLIT_MODULES.get(spec.name, ()))]
+    stub = sys.modules[old]
+    proxy = types.ModuleType(old, real.__doc__)
+    proxy.__getattr__ = forward  # type: ignore[method-assign]
+    proxy.__spec__ = stub.__spec__
+    if old in _MOVED_PACKAGES:
+        proxy.__path__ = list(stub.__path__)  # its old submodules' stubs sit beside it
+    proxy.__dict__["__all__"] = getattr(real, "__all__", [n for n in vars(real) if not n.startswith("_")])
+    sys.modules[old] = proxy  # what the import statement returns
 
-        def forward(name: str) -> object:  # PEP 562: the first new home that defines the name
-            for home in homes:
-                if not name.startswith("_") and hasattr(home, name):
-                    return getattr(home, name)
-            return getattr(real, name)  # raises the real module's AttributeError
 
-        proxy = types.ModuleType(spec.name, real.__doc__)
-        proxy.__getattr__ = forward  # type: ignore[method-assign]
-        if spec.name in _MOVED_PACKAGES:
-            proxy.__path__ = []  # a package: its old submodule paths come back through this finder too
-        proxy.__dict__["__all__"] = getattr(real, "__all__", [n for n in vars(real) if not n.startswith("_")])
-        return proxy
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        return None
+def with_moved(path: list[str]) -> None:
+    """Append the folder of a package's pre-0.2 stubs (its ``_moved`` folder) to its ``__path__``: old submodule
+    paths are found there, after every real module (no import hook: a plain package path)."""
+    path.append(f"{path[0]}/_moved")
 
 
 def forward_moved_names(package: str, new_module: str) -> types.FunctionType:
@@ -150,5 +146,4 @@ def forward_moved_names(package: str, new_module: str) -> types.FunctionType:
     return __getattr__  # type: ignore[return-value]
 
 
-if not any(isinstance(f, _MovedModuleFinder) for f in sys.meta_path):
-    sys.meta_path.append(_MovedModuleFinder())  # last: a real module of the old name always wins
+with_moved(__path__)  # chaos.runner, chaos.scenario, ...: stubs in chaos/_moved/

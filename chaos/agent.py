@@ -75,7 +75,6 @@ from typing import Literal
 
 import torch
 import torch.distributed as dist
-from pydantic import JsonValue
 from torch import nn
 from torch._C._distributed_c10d import GradBucket
 
@@ -86,14 +85,14 @@ from chaos.guards.anomaly import GradAnomalyGuard
 from chaos.guards.checksum import ChecksumConfig, ChecksumState, checksum_hook
 from chaos.guards.consistency import DEFAULT_EVERY, ConsistencyGuard
 from chaos.injob import flight_recorder, fsdp
+from chaos.injob.fault_specs import BitFlipSpec, GradCorruptSpec, Site
+from chaos.injob.grad_faults import corrupt_bucket
 from chaos.injob.hang_faults import HANG_FAULTS, SKIP, HangFaults
 from chaos.injob.phase_faults import PhaseFaults, in_this_replica
 from chaos.injob.progress import JobEmits, Progress, ProgressCalls
 from chaos.injob.tensor_faults import ArmedFault, TensorFaultError, arm
-from chaos.plan.agent_plan import InJobOp, InJobPlan, load_plan
+from chaos.plan.agent_plan import InJobOp, InJobPlan, JsonValue, load_plan
 from chaos.plan.seeds import derive_rng
-from injectors.gradient import GradCorruptParams, Site, corrupt_bucket
-from injectors.tensor import BitFlipParams
 
 Emit = Callable[..., None]
 
@@ -129,7 +128,7 @@ def _global_ranks(emit: Emit, group: dist.ProcessGroup | None) -> Emit:
 class _GradFault:
     """A ``grad_corrupt`` op waiting for its step and site inside the gradient all-reduce."""
 
-    def __init__(self, op: InJobOp, params: GradCorruptParams) -> None:
+    def __init__(self, op: InJobOp, params: GradCorruptSpec) -> None:
         self.op = op
         self.params = params
         self.fired = False
@@ -170,10 +169,10 @@ class Agent(ProgressCalls):
         self._fired_dir = Path(os.environ["CHAOS_RUN_DIR"]) / "agent" if os.environ.get("CHAOS_RUN_DIR") else None
         mine = [op for op in self.plan.ops if self._targets_me(op)]
         self._grad_faults = [
-            _GradFault(op, GradCorruptParams.model_validate(_without_replica(op))) for op in mine
+            _GradFault(op, GradCorruptSpec.from_params(op.params)) for op in mine
             if op.injector == "grad_corrupt"
         ]  # fmt: skip
-        self._tensor_ops = [(op, BitFlipParams.model_validate(op.params)) for op in mine if op.injector == "bitflip"]
+        self._tensor_ops = [(op, BitFlipSpec.from_params(op.params)) for op in mine if op.injector == "bitflip"]
         self._armed: dict[str, ArmedFault] = {}
         self.phase_faults = PhaseFaults(  # process faults fired on this process at a phase (trigger.phase)
             self.plan.ops, mine=self._targets_me, rank=self.rank, step=lambda: self.step, emit=emit,
@@ -465,11 +464,6 @@ def _skip_dir(wanted: bool) -> str | None:
     if not wanted or os.environ.get(flight_recorder.ENV_FLIGHT_DIR):
         return None
     return str(Path(os.environ.get("CHAOS_RUN_DIR") or "/tmp") / f"flight-{os.getpid()}")
-
-
-def _without_replica(op: InJobOp) -> dict[str, JsonValue]:
-    """The op's fault params without the replica selector (the agent's own filter, not the injector's)."""
-    return {key: value for key, value in op.params.items() if key != "replica"}
 
 
 def _register(ddp: nn.Module, state: object, hook: Callable[..., torch.futures.Future[torch.Tensor]]) -> None:

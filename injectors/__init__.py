@@ -7,4 +7,6 @@ needs, ``heal`` is idempotent and safe after a crash, and anything that must out
 cycle) runs as a detached helper that ends by itself and always leaves the target as it found it.
 """
 
-import chaos as _chaos  # noqa: F401 - installs the finder that maps pre-0.2 paths (injectors.netfilter, ...) here
+from chaos import with_moved
+
+with_moved(__path__)  # pre-0.2 paths (injectors.netfilter, ...): stubs in _moved/ (chaos.MOVED_MODULES)

@@ -8,25 +8,19 @@
 - ``post_reduce``: in the reduced result on one rank. Models corruption after the collective (a bad copy
   back); the ranks now disagree. A checksummed all-reduce catches it on the corrupted rank.
 
-The fault is applied inside the job by :mod:`chaos.agent` through the guard's corruption hook.
+The fault is applied inside the job by :mod:`chaos.agent` through the guard's corruption hook
+(:func:`chaos.injob.grad_faults.corrupt_bucket`, reading the params as :class:`chaos.injob.fault_specs.GradCorruptSpec`).
 """
 
 from __future__ import annotations
 
-import random
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from chaos.injob.fault_specs import BitClass, Kind, Magnitude, Site
 from chaos.plugins.injector import InJobInjector
 from injectors.tensor import BitIndex
-
-if TYPE_CHECKING:  # torch is imported only inside the job: the harness loads params models without it
-    import torch
-
-    from chaos.injob.bitflip import FlipRecord
-
-Site = Literal["local", "in_transit", "post_reduce"]
 
 
 class GradCorruptParams(BaseModel):
@@ -43,45 +37,17 @@ class GradCorruptParams(BaseModel):
         description="a roles target's replica whose rank is corrupted (a torchft replica group, e.g. group.1); "
         "null: that rank in every replica",
     )
-    kind: Literal["bitflip", "nan", "inf", "scale"] = "bitflip"
+    kind: Kind = "bitflip"
     element: int | None = Field(default=None, ge=0, description="flat index in the bucket (default: seeded random)")
-    bit: BitIndex | Literal["sign", "exponent", "mantissa"] | None = Field(
+    bit: BitIndex | BitClass | None = Field(
         default="exponent", description="bit index (0 = LSB; below the gradient's width: 32 for float32) or class; null = any bit"
     )
     count: int = Field(default=1, ge=1, description="elements corrupted")
-    magnitude: Literal["any", "rms"] = Field(
+    magnitude: Magnitude = Field(
         default="rms", description="rms: pick elements with |x| >= the bucket's RMS (flips that matter)"
     )
     block: int = Field(default=32, ge=1, description="kind=scale: consecutive elements scaled")
     factor: float = Field(default=1e7, description="kind=scale: the factor")
-
-
-def corrupt_bucket(tensor: torch.Tensor, params: GradCorruptParams, rng: random.Random) -> FlipRecord:
-    """Corrupt ``tensor`` (a flat gradient bucket) in place as ``params`` says; return what changed."""
-    from chaos.injob.bitflip import choose_flips, flip_bits, scale_block, set_values
-
-    flat = tensor.detach().view(-1)
-    numel = flat.numel()
-    if params.kind == "scale":
-        start = params.element if params.element is not None else rng.randrange(max(numel - params.block, 0) + 1)
-        return scale_block(flat, start, min(params.block, numel - start), params.factor)
-    min_magnitude = None
-    if params.magnitude == "rms" and params.element is None:
-        min_magnitude = float(flat.double().pow(2).mean().sqrt())
-    flips = choose_flips(
-        numel,
-        flat.dtype,
-        rng,
-        element=params.element,
-        bit=params.bit if params.kind == "bitflip" else None,
-        count=params.count,
-        min_magnitude=min_magnitude,
-        values=flat,
-    )
-    if params.kind == "bitflip":
-        return flip_bits(flat, flips)
-    value = float("nan") if params.kind == "nan" else float("inf")
-    return set_values(flat, [f.index for f in flips], value)
 
 
 class GradCorruptInjector(InJobInjector):

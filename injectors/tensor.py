@@ -1,8 +1,9 @@
 """Tensor faults inside the training process: bit flips, NaN/Inf and block scaling in weights, activations,
 gradients and optimizer state, fired once, stuck at every step, or intermittently.
 
-The harness never touches these tensors itself: the in-job agent (:mod:`chaos.agent`) validates a
-:class:`BitFlipParams`, calls :func:`arm` when the fault's step comes, then :meth:`ArmedFault.fire` at the
+The harness never touches these tensors itself: it validates a :class:`BitFlipParams` (the YAML schema) and
+hands it to the in-job agent (:mod:`chaos.agent`) in the plan file, which reads it (pydantic-free,
+:class:`chaos.injob.fault_specs.BitFlipSpec`), calls :func:`arm` when the fault's step comes, then :meth:`ArmedFault.fire` at the
 fault's phase of every following step and :meth:`ArmedFault.heal` when :meth:`ArmedFault.expired` says so
 (or at close). Everything is seeded from the rng handed to :func:`arm`, so a replay corrupts the same bits.
 
@@ -36,31 +37,18 @@ tell autograd either, so backward consumes the corrupted value instead of raisin
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from chaos.injob.fault_specs import DEFAULT_PHASE, BitClass, Kind, Persistence, Where
+from chaos.injob.fault_specs import TensorPhase as Phase
 from chaos.plugins.injector import InJobInjector
 
-BitClass = Literal["sign", "exponent", "mantissa"]  # as chaos.injob.bitflip.BitClass, without importing torch
 # A bit index of the widest dtype (float64): refused at validate when no tensor could have it; the tensor's own
 # width (32 for float32, 16 for bfloat16) is checked when the fault fires.
 BitIndex = Annotated[int, Field(ge=0, le=63)]
-Where = Literal["weights", "activations", "gradients", "optimizer_state"]
-Phase = Literal["forward", "backward", "optimizer_step"]
-Kind = Literal["bitflip", "nan", "inf", "scale"]
-# latent: fires once and is never undone (a memory upset stays until the job itself overwrites the value: a
-# reload, a rollback); transient: fires once and is healed at the end of its step.
-Persistence = Literal["transient", "stuck", "intermittent", "latent"]
 Emit = Callable[..., None]
-
-# Where a fault fires when ``phase`` is not given: the one point in the step where its tensor is live.
-DEFAULT_PHASE: dict[str, Phase] = {
-    "weights": "forward",
-    "activations": "forward",
-    "gradients": "backward",
-    "optimizer_state": "optimizer_step",
-}
 _MAX_BITS = 32  # the widest supported dtype; the exact width is checked when the dtype is known
 
 
@@ -184,4 +172,4 @@ class BitFlipInjector(InJobInjector):
 
 INJECTORS = (BitFlipInjector,)  # what chaos.plugins.registry collects from a built-in injector module
 
-__all__ = ["DEFAULT_PHASE", "INJECTORS", "BitFlipInjector", "BitFlipParams"]
+__all__ = ["DEFAULT_PHASE", "INJECTORS", "BitClass", "BitFlipInjector", "BitFlipParams", "Kind", "Persistence", "Phase", "Where"]

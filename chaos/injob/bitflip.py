@@ -21,6 +21,7 @@ logical elements.
 
 from __future__ import annotations
 
+import ctypes
 import random
 import sys
 from collections.abc import Sequence
@@ -203,7 +204,7 @@ def flip_bits(tensor: torch.Tensor, flips: Sequence[Flip]) -> FlipRecord:
     else:
         before = words.get(indices)
         words.put(indices, before ^ torch.tensor(signed, dtype=before.dtype, device=before.device))
-        original = _to_bytes(before)
+        original = tensor_bytes(before)
     detail = ", ".join(f"[{f.index}] bit {f.bit} ({bit_class(tensor.dtype, f.bit)})" for f in flips)
     return FlipRecord(tuple(indices), original, str(tensor.dtype), "bitflip", detail)
 
@@ -220,7 +221,7 @@ def set_values(tensor: torch.Tensor, indices: Sequence[int], value: float) -> Fl
     # Write the value's bit pattern through the integer view too, so nothing on the way can touch it.
     pattern = torch.tensor([value], dtype=tensor.dtype, device=tensor.device).view(before.dtype)
     words.put(unique, pattern.expand(len(unique)))
-    return FlipRecord(tuple(unique), _to_bytes(before), str(tensor.dtype), "set", f"{len(unique)} x {value!r}")
+    return FlipRecord(tuple(unique), tensor_bytes(before), str(tensor.dtype), "set", f"{len(unique)} x {value!r}")
 
 
 def scale_block(tensor: torch.Tensor, start: int, length: int, factor: float) -> FlipRecord:
@@ -239,7 +240,7 @@ def scale_block(tensor: torch.Tensor, start: int, length: int, factor: float) ->
     scaled = before.view(tensor.dtype) * factor
     words.put(indices, scaled.to(tensor.dtype).view(before.dtype))
     return FlipRecord(
-        tuple(indices), _to_bytes(before), str(tensor.dtype), "scale", f"[{start}:{start + length}] x {factor:g}"
+        tuple(indices), tensor_bytes(before), str(tensor.dtype), "scale", f"[{start}:{start + length}] x {factor:g}"
     )
 
 
@@ -396,7 +397,7 @@ def element_bytes(tensor: torch.Tensor, indices: Sequence[int]) -> bytes:
         words.check(index)
     if words.few(indices):
         return words.pack(words.get_ints(indices))
-    return _to_bytes(words.get(indices))
+    return tensor_bytes(words.get(indices))
 
 
 def flipped_value(x: float, dtype: torch.dtype, bit: int) -> float:
@@ -480,8 +481,13 @@ def _index_list(indices: Sequence[int], limit: int = 8) -> str:
     return f"[{shown}{', ...' if len(indices) > limit else ''}]"
 
 
-def _to_bytes(values: torch.Tensor) -> bytes:
-    return values.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+def tensor_bytes(values: torch.Tensor) -> bytes:
+    """The raw bytes of ``values`` (copied to the CPU, contiguous), without numpy: torch runs without it, so
+    the agent must too."""
+    flat = values.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+    return ctypes.string_at(flat.data_ptr(), flat.numel()) if flat.numel() else b""
+
+
 
 
 __all__ = [
@@ -501,5 +507,6 @@ __all__ = [
     "restore",
     "scale_block",
     "set_values",
+    "tensor_bytes",
     "undo_change",
 ]

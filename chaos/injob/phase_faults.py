@@ -32,9 +32,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from pydantic import JsonValue
-
-from chaos.plan.agent_plan import InJobOp
+from chaos.plan.agent_plan import InJobOp, JsonValue
 
 # The faults the agent can fire on its own process, and the phase points it calls (see the module docstring).
 PROCESS_FAULTS = ("kill", "freeze")

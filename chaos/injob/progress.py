@@ -58,6 +58,7 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset
 
 from chaos import events
+from chaos.injob.bitflip import tensor_bytes
 
 TARGET_START = "target.start"
 TARGET_STEP = "target.step"
@@ -91,7 +92,7 @@ def state_digest(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> s
     for name, value in tensors:
         t = torch.as_tensor(value).detach().cpu().contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}\n".encode())
-        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        h.update(tensor_bytes(t))
     return h.hexdigest()
 
 

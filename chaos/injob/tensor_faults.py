@@ -27,7 +27,7 @@ from chaos.injob.bitflip import (
     set_values,
     undo_change,
 )
-from injectors.tensor import BitFlipParams, Kind
+from chaos.injob.fault_specs import BitFlipFields, Kind
 
 Emit = Callable[..., None]
 ONCE = ("transient", "latent")  # the persistences that fire exactly once
@@ -59,7 +59,7 @@ class ArmedFault:
         self,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer | None,
-        params: BitFlipParams,
+        params: BitFlipFields,
         rng: random.Random,
         *,
         emit: Emit | None = None,
@@ -360,7 +360,7 @@ class _Choice:
     factor: float = 1.0
 
     @staticmethod
-    def draw(p: BitFlipParams, numel: int, dtype: torch.dtype, rng: random.Random) -> _Choice:
+    def draw(p: BitFlipFields, numel: int, dtype: torch.dtype, rng: random.Random) -> _Choice:
         try:
             if p.kind == "scale":
                 # A block longer than the tensor (or than what follows `element`) is cut at the tensor's end.
@@ -399,7 +399,7 @@ arm = ArmedFault
 
 
 def _pick_param(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, p: BitFlipParams, rng: random.Random
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, p: BitFlipFields, rng: random.Random
 ) -> tuple[str, torch.nn.Parameter]:
     owned = None
     if p.where == "optimizer_state" and optimizer is not None:

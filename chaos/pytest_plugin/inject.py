@@ -230,10 +230,13 @@ class ChaosInject:
         original bytes are restored on exit. Yields the record of what changed. ``site``/``bucket``/``rank``
         belong to the collective and mean nothing here."""
         from chaos.injob.bitflip import restore
-        from injectors.gradient import GradCorruptParams, corrupt_bucket
+        from chaos.injob.fault_specs import GradCorruptSpec
+        from chaos.injob.grad_faults import corrupt_bucket
+        from injectors.gradient import GradCorruptParams
 
         flat = tensor.detach().view(-1)  # a flat view of the same storage: records index it row-major
-        record = corrupt_bucket(flat, GradCorruptParams.model_validate(params), random.Random(seed))
+        spec = GradCorruptSpec.from_params(GradCorruptParams.model_validate(params).model_dump())
+        record = corrupt_bucket(flat, spec, random.Random(seed))
         try:
             yield record
         finally:

@@ -6,6 +6,7 @@ before anything starts. Nothing of a run may be left running afterwards."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -163,10 +164,13 @@ faults: [{name: k, type: kill, params: {replica: primary}, trigger: {after: 1s}}
 
 def test_interrupted_serving_run_stops_the_stack_and_the_load(tmp_path: Path) -> None:
     """SIGTERM to the harness mid-run: the fault is healed, the stack and the load generator are gone."""
+    # Every process of this run carries the mark in its environment: other tests' runs (xdist workers) may have
+    # load generators and stacks of their own alive right now, which are not this run's leftovers.
+    mark = f"interrupted-serving-{os.getpid()}-{time.monotonic_ns()}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "chaos.cli.commands", "run", str(ROOT / "scenarios" / "serving-primary-slow.yaml"),
          "--report-dir", str(tmp_path)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "TEST_RUN_MARK": mark},
     )  # fmt: skip
     try:
         assert proc.stdout is not None
@@ -182,6 +186,23 @@ def test_interrupted_serving_run_stops_the_stack_and_the_load(tmp_path: Path) ->
     [run_dir] = list(tmp_path.iterdir())
     history = read_jsonl(run_dir / "history.jsonl")
     assert [e for e in history if e["kind"] == "fault.healed"]
-    ps = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True).stdout
-    assert not [line for line in ps.splitlines() if "-m chaos.load --emit" in line]
-    assert not [line for line in ps.splitlines() if line.startswith("T") and "chaos.targets.reference.serving" in line]
+    ours = _processes_marked(f"TEST_RUN_MARK={mark}")
+    assert not [line for line in ours if "-m chaos.load --emit" in line], ours
+    assert not [line for line in ours if line.startswith("T") and "chaos.targets.reference.serving" in line], ours
+
+
+def _processes_marked(entry: str) -> list[str]:
+    """``state args`` of every live process whose environment holds ``entry`` (NAME=VALUE)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if entry.encode() not in (proc / "environ").read_bytes().split(b"\0"):
+                continue
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            args = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            found.append(f"{state} {args}")
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+    return found

@@ -33,7 +33,7 @@ def _train(rank: int, world: int, report: Report, ops: list[dict[str, Any]] | No
     seen: list[tuple[str, dict[str, Any]]] = []
     agent = None
     if ops is not None:
-        plan = InJobPlan(seed=1, ops=[InJobOp.model_validate(op) for op in ops])
+        plan = InJobPlan(seed=1, ops=[InJobOp.from_dict(op) for op in ops])
         emit = lambda kind, **data: seen.append((kind, data))  # noqa: E731
         agent = Agent(model, optimizer=optimizer, ddp=wrapped, plan=plan, emit=emit, consistency_every=0)
     for step in range(1, STEPS + 1):

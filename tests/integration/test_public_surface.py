@@ -19,7 +19,9 @@ import warnings
 from pathlib import Path
 
 import pytest
+from support import ROOT
 
+import chaos
 from chaos.plan.agent_plan import InJobOp, write_plan
 
 USER_SCRIPT = """\
@@ -189,3 +191,82 @@ def test_importing_an_old_path_leaves_the_real_module_untouched() -> None:
     assert real.__name__ == "chaos.run.orchestrator" and real.__spec__ is not None
     assert real.__spec__.name == "chaos.run.orchestrator"
     assert old.execute is real.execute
+
+
+# What a training image needs for the agent: torch and mlchaos's own files. Everything else the harness depends on
+# (pydantic, yaml, docker, paramiko, typer, rich, matplotlib, prometheus_client, pytest, hypothesis, ...) must not
+# be imported by the in-job surface, nor may the injector modules (pydantic models: the YAML schema).
+IN_JOB_SURFACE = ("chaos.agent", "chaos.events", "chaos.injob", "chaos.guards", "chaos.plan.agent_plan", "chaos.plan.seeds")
+
+AGENT_IMPORT = """
+import json, sys
+import torch, torch.distributed, torch.nn.parallel, torch.utils.data
+before, hooks = set(sys.modules), (list(sys.meta_path), list(sys.path_hooks))
+import chaos.agent, chaos.events, chaos.plan.agent_plan
+new = sorted(set(sys.modules) - before)
+print(json.dumps({"modules": new, "hooks_changed": hooks != (list(sys.meta_path), list(sys.path_hooks))}))
+"""
+
+
+def test_import_chaos_agent_loads_torch_the_standard_library_and_its_own_modules_only_and_no_import_hook() -> None:
+    done = subprocess.run([sys.executable, "-c", AGENT_IMPORT], capture_output=True, text=True, timeout=120, check=True)
+    found = json.loads(done.stdout)
+    loaded: list[str] = found["modules"]
+    assert found["hooks_changed"] is False, "import chaos.agent changed sys.meta_path or sys.path_hooks"
+    stdlib = sys.stdlib_module_names
+    foreign = sorted(
+        {m.split(".")[0] for m in loaded} - set(stdlib) - {"torch", "chaos", "_sysconfigdata__linux_x86_64-linux-gnu"}
+    )
+    assert foreign == [], f"import chaos.agent loads {foreign}: a training image would need them"
+    harness = [m for m in loaded if m.startswith("chaos.") and m != "chaos.plan" and not m.startswith(IN_JOB_SURFACE)]
+    assert harness == [], harness
+
+
+def test_every_old_path_has_its_stub_and_every_stub_an_old_path() -> None:
+    packages = {"chaos": ROOT / "chaos", "injectors": ROOT / "injectors"}
+    stubs = set()
+    for top, folder in packages.items():
+        for path in folder.rglob("_moved/**/*.py"):
+            parts = path.relative_to(folder).with_suffix("").parts
+            name = ".".join(p for p in (top, *parts) if p not in ("_moved", "__init__"))
+            stubs.add(name)
+    serving = {f"chaos.targets.serving.{p.stem}" for p in (ROOT / "chaos/targets/reference/serving").glob("*.py")}
+    expected = set(chaos.MOVED_MODULES) | (serving - {"chaos.targets.serving.__init__"})
+    expected -= {"chaos.targets.ddp_trainer"}  # a real module of its own (python -m keeps working)
+    assert stubs == expected
+
+
+# torch runs without numpy (it warns once); so must the agent: a planned flip fired and healed, steps and the digest
+# reported, in a process where numpy cannot be imported.
+WITHOUT_NUMPY = """
+import json, os, sys
+sys.modules["numpy"] = None  # import numpy now raises ImportError, as where it is not installed
+import torch
+from torch import nn
+import chaos.agent
+model = nn.Linear(4, 2)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+agent = chaos.agent.attach(model, optimizer=optimizer)
+for step in range(1, 4):
+    agent.begin_step(step)
+    loss = model(torch.ones(4)).sum()
+    loss.backward()
+    agent.after_backward(loss)
+    if agent.allow_optimizer_step():
+        optimizer.step()
+    optimizer.zero_grad()
+    agent.end_step()
+agent.close()
+"""
+
+
+def test_the_agent_fires_heals_and_reports_without_numpy(tmp_path: Path) -> None:
+    plan = {"seed": 3, "ops": [{"op_id": "flip#1", "fault": "flip", "injector": "bitflip", "at_step": 2, "rank": 0,
+                                "params": {"where": "weights", "bit": 30}}]}  # fmt: skip
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    events = tmp_path / "events.jsonl"
+    env = {**os.environ, "CHAOS_PLAN": str(tmp_path / "plan.json"), "CHAOS_EVENTS": str(events)}
+    subprocess.run([sys.executable, "-c", WITHOUT_NUMPY], env=env, check=True, timeout=120, capture_output=True)
+    kinds = [json.loads(line)["kind"] for line in events.read_text().splitlines()]
+    assert kinds == ["target.start", "target.step", "fault.applied", "fault.healed", "target.step", "target.step",
+                     "target.digest"], kinds  # fmt: skip

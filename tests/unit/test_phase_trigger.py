@@ -10,6 +10,7 @@ phase only, its ``fault.applied`` written before the signal, never again after a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -230,7 +231,7 @@ def test_each_loop_phase_fires_only_at_its_own_point(usr1: list[int], phase: str
 
 def test_every_rank_installs_the_hook_but_only_the_planned_rank_fires(usr1: list[int]) -> None:
     job = _Job(usr1)
-    other = _op("allreduce").model_copy(update={"rank": 0, "params": {"rank": 0, "signal": "SIGUSR1"}})
+    other = dataclasses.replace(_op("allreduce"), rank=0, params={"rank": 0, "signal": "SIGUSR1"})
     faults = job.faults([other])  # this process is rank 1: the op is rank 0's
     assert faults.in_collective_wanted  # same all-reduce code path on every rank
     job.step = 3
@@ -260,7 +261,7 @@ def test_misuse_is_refused_at_attach() -> None:
 
 
 def test_an_op_for_another_replica_is_not_this_processs(usr1: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
-    op = _op("forward").model_copy(update={"params": {"replica": "group.1", "signal": "SIGUSR1"}})
+    op = dataclasses.replace(_op("forward"), params={"replica": "group.1", "signal": "SIGUSR1"})
     monkeypatch.setenv("CHAOS_REPLICA", "group.0")
     job = _Job(usr1)
     faults = job.faults([op])
