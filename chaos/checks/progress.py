@@ -1,7 +1,9 @@
 """``progress``: the run never stalled.
 
-The runner watches ``safety.no_progress_timeout``: when no ``target.step`` (or, for a target that must become
-ready first, no ready event; or no load activity) arrives for that long it ENDS the run (a safety stop, an
+The runner watches ``safety.no_progress_timeout``: when no ``target.step`` and no rank (re)start (``target.start``,
+``target.worker``: a job that restarts is not hung, and a restart of several hosts can take longer than the
+steps' usual pace) (or, for a target that must become ready first, no ready event; or no load activity) arrives
+for that long it ENDS the run (a safety stop, an
 action) and records ``runner.no_progress`` {seconds, step} followed by ``runner.end`` {reason}. Whether the
 run passes is this check's call, over those events only.
 
@@ -9,8 +11,8 @@ The orchestrator applies this check to every run whose scenario does not name it
 fails: a stalled run fails whatever else the scenario asked, and a run that never stalled reports exactly the
 checks its scenario names.
 
-The runner's word is not the only evidence: two consecutive ``target.step`` events (or the last one and the
-job's ``target.exit``) further apart than the timeout (plus :data:`GAP_SLACK_S`) are a stall too, recorded or
+The runner's word is not the only evidence: two consecutive such events (steps and starts; or the last one and
+the job's ``target.exit``) further apart than the timeout (plus :data:`GAP_SLACK_S`) are a stall too, recorded or
 not (a history judged again under a tighter timeout, or written by a runner whose watch missed it), so a
 missing ``runner.no_progress`` cannot pass it.
 """
@@ -24,7 +26,7 @@ from pydantic import BaseModel
 
 from chaos.checks._evidence import cite, events_of, fmt_offset, fmt_seconds, narrow, seconds, step_events
 from chaos.checks.base import CheckParams, CheckResult, register_check
-from chaos.history.timeline import TARGET_EXIT, Event, History
+from chaos.history.timeline import TARGET_EXIT, TARGET_START, TARGET_WORKER, Event, History
 
 if TYPE_CHECKING:
     from chaos.spec.scenario import Scenario
@@ -78,14 +80,16 @@ def progress(history: History, params: BaseModel, scenario: Scenario | None) -> 
     if scenario is not None and timeout is None:
         return verdict(status="unknown", reason="safety.no_progress_timeout is null: nobody watched for progress")
     steps = step_events(history)
+    alive = sorted([*steps, *events_of(history, TARGET_START), *events_of(history, TARGET_WORKER)], key=lambda e: e.ts_ns)
+    alive = [e for e in alive if steps and e.ts_ns >= steps[0].ts_ns]  # from the first step on, as the watch
     # The watch runs until the job exits: a stall after the last step, before the exit, counts as well.
-    exits = [e for e in events_of(history, TARGET_EXIT) if steps and e.ts_ns > steps[-1].ts_ns][:1]
-    gap = longest_gap([*steps, *exits])
+    exits = [e for e in events_of(history, TARGET_EXIT) if alive and e.ts_ns > alive[-1].ts_ns][:1]
+    gap = longest_gap([*alive, *exits])
     if timeout is not None and gap is not None and gap[0] > timeout + GAP_SLACK_S:
         taken, before, after = gap
         return verdict(
             status="fail",
-            reason=f"no target.step for {fmt_seconds(taken)} (from {fmt_offset(history, before.ts_ns)} to "
+            reason=f"no target.step or rank start for {fmt_seconds(taken)} (from {fmt_offset(history, before.ts_ns)} to "
             f"{fmt_offset(history, after.ts_ns)}), over safety.no_progress_timeout {fmt_seconds(timeout)}, "
             "though no runner.no_progress was recorded",
             measured=taken,

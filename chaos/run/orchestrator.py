@@ -36,6 +36,7 @@ from chaos.history.timeline import (
     TARGET_EXIT,
     TARGET_START,
     TARGET_STEP,
+    TARGET_WORKER,
     Event,
     History,
 )
@@ -222,8 +223,8 @@ class Execution:
             for event in [*self.target.poll_events(), *hang_watch.poll(self.hang_watch)]:
                 self.history.append(event)
                 exited = exited or event.kind == TARGET_EXIT
-                if event.kind == TARGET_STEP or (event.kind == TARGET_START and self.step is None):
-                    last_progress = now  # before the first step a rank's start counts: slow start-up is no stall
+                if event.kind in (TARGET_STEP, TARGET_START, TARGET_WORKER):
+                    last_progress = now  # a rank's (re)start counts too: a slow start or restart is no stall
                     step = event.get_int("step")
                     if step is not None:
                         self.step = step if self.step is None else max(self.step, step)
@@ -265,7 +266,7 @@ class Execution:
             timeout = safety.no_progress_timeout
             if timeout is not None and now - last_progress > timeout:
                 self.history.record("runner.no_progress", seconds=round(now - last_progress, 3), step=self.step)
-                self._end(f"no progress: no target.step for {timeout:g}s")
+                self._end(f"no progress: no target.step or rank start for {timeout:g}s")
                 return
             self.status(
                 RunStatus(elapsed, self.step, [a.op.op_id for a in self.active], self.fired, len(self.plan.ops))

@@ -457,3 +457,20 @@ def test_progress_fails_a_run_the_runner_ended_for_lack_of_progress() -> None:
 def test_progress_passes_a_run_that_kept_stepping() -> None:
     result = judge("progress", [*start(), *steps(1, 5, t0=1.0), ev(7.0, "runner.end", reason="target exited")])
     assert result.status == "pass"
+
+
+def test_progress_counts_a_restart_as_life_but_not_a_restart_that_hangs() -> None:
+    """A 3-host restart took 61 s from the last step before it to the first after it (the ranks restarted at
+    45 s): the job was restarting, not hung. A gap with no start in it over the timeout still fails."""
+    from types import SimpleNamespace
+
+    from chaos.checks.progress import ProgressParams, progress
+    from chaos.history.timeline import History
+
+    watched = SimpleNamespace(safety=SimpleNamespace(no_progress_timeout=60.0))
+    restart = [*start(), *steps(1, 3, t0=1.0), ev(45.0, "target.start", 0, pid=7, attempt=1), *steps(4, 5, t0=64.0)]
+    passed = progress(History.from_events(restart), ProgressParams(), watched)  # type: ignore[arg-type]
+    assert passed.status == "pass", passed.reason
+    hung = [*start(), *steps(1, 3, t0=1.0), ev(5.0, "target.start", 0, pid=7, attempt=1), *steps(4, 5, t0=70.0)]
+    failed = progress(History.from_events(hung), ProgressParams(), watched)  # type: ignore[arg-type]
+    assert failed.status == "fail" and "no target.step or rank start for" in failed.reason, failed.reason

@@ -13,8 +13,9 @@ that steps. The step is exact or not reported:
   reported and one ``target.step_source`` {exact: false, reason} says why.
 
 It stands down when the job reports for itself (``chaos.events`` or ``chaos.agent`` imported: the one-line
-agent, or a job emitting its own events). Anything else it does not touch: it imports no mlchaos module (the
-job's interpreter may not have mlchaos), and it runs the interpreter's own ``sitecustomize`` (Debian ships
+agent, or a job emitting its own events). Anything else it does not touch: it imports no mlchaos package (the
+job's interpreter may not have mlchaos importable; ``chaos/events.py``, stdlib only, is loaded by its path under
+a private name), and it runs the interpreter's own ``sitecustomize`` (Debian ships
 one) before anything else. Stdlib and torch only.
 """
 
@@ -24,18 +25,14 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
-import json
 import os
 import sys
-import time
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _WATCHED = "torch"  # its import ends after torch.optim and torch.load exist
-_STDOUT_SINK = "stdout"  # chaos.events.STDOUT_SINK: a job on another host reports on its output
-_STDOUT_PREFIX = "@@mlchaos-event "  # chaos.events.STDOUT_PREFIX
 
 
 def _run_the_interpreters_own() -> None:
@@ -51,28 +48,18 @@ def _run_the_interpreters_own() -> None:
         print(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(exc).__name__}: {exc}", file=sys.stderr)
 
 
-def _emit(kind: str, **data: Any) -> None:
-    """chaos.events.emit, restated (the job's interpreter may not have mlchaos): one appended JSON line."""
-    path = os.environ.get("CHAOS_EVENTS")
-    rank = os.environ.get("RANK", "")
-    if not path:
-        return
-    record = {
-        "ts_ns": time.time_ns(),
-        "kind": kind,
-        "source": "target",
-        "rank": int(rank) if rank.isdigit() else None,
-        "data": data,
-    }
-    line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
-    if path == _STDOUT_SINK:
-        os.write(1, _STDOUT_PREFIX.encode() + line)
-        return
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
+def _load_emit() -> Any:
+    """``chaos.events.emit``, loaded from its file under a private name: the job's interpreter may not have
+    mlchaos importable, and ``chaos.events`` in ``sys.modules`` means "the job reports for itself" below."""
+    path = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "events.py")
+    spec = importlib.util.spec_from_file_location("_mlchaos_bootstrap_events", path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.emit
+
+
+_emit: Any = None  # loaded only in a rank process of a chaos run (below)
 
 
 class _StepReporter:
@@ -167,6 +154,7 @@ def _wanted() -> bool:
 
 _run_the_interpreters_own()
 if _wanted():
+    _emit = _load_emit()
     if _WATCHED in sys.modules:
         _on_torch(sys.modules[_WATCHED])
     else:
