@@ -14,10 +14,10 @@ from pathlib import Path
 
 from chaos.cluster.hosts import HostsError, HostSet, needs_inventory
 from chaos.cluster.local import LocalTransport
-from chaos.history.timeline import TARGET_STEP
 from chaos.plugins import registry
 from chaos.plugins.injector import is_in_job
 from chaos.run.triggers import STEP_SOURCES
+from chaos.spec.matchers import reports_steps
 from chaos.spec.preflight import capability_problems, preflight
 from chaos.spec.problems import Problem
 from chaos.spec.scenario import CommandTarget, HostSelector, Scenario, ScenarioError, TorchrunTarget, load_scenario
@@ -84,7 +84,7 @@ def step_source_notes(scenario: Scenario) -> list[str]:
     target = scenario.target
     if not waiting or not isinstance(target, TorchrunTarget | CommandTarget):
         return []
-    if any(m.event == TARGET_STEP for m in target.matchers):
+    if reports_steps(target.matchers):
         return []
     local = isinstance(target, CommandTarget) or target.nodes is None
     if target.optimizer_steps and local:

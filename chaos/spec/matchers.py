@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
+from chaos.history.timeline import TARGET_STEP
 from chaos.history.torch_signatures import NAMES, unknown_names
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
@@ -29,6 +30,11 @@ class LogMatcherSpec(BaseModel):
         except re.error as exc:
             raise ValueError(f"pattern is not a valid regex: {exc}") from None
         return pattern
+
+
+def reports_steps(matchers: list[LogMatcherSpec]) -> bool:
+    """Whether one of the scenario's matchers makes ``target.step`` events (then it is the job's step source)."""
+    return any(m.event == TARGET_STEP for m in matchers)
 
 
 def _known(choice: Literal["all", "none"] | list[str]) -> Literal["all", "none"] | list[str]:

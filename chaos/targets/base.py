@@ -27,7 +27,6 @@ from chaos.events import ENV_EVENTS, STDOUT_PREFIX, STDOUT_SINK
 from chaos.history.timeline import (
     TARGET_EXIT,
     TARGET_PORTS,
-    TARGET_STEP,
     Event,
     EventFileTail,
     LineMatcher,
@@ -37,7 +36,7 @@ from chaos.history.timeline import (
 )
 from chaos.history.torch_signatures import SignatureChoice, signature_matcher
 from chaos.injob.bootstrap import BOOTSTRAP_DIR
-from chaos.spec.matchers import LogMatcherSpec
+from chaos.spec.matchers import LogMatcherSpec, reports_steps
 
 
 class Target(Protocol):
@@ -141,7 +140,7 @@ def with_step_reporter(
 ) -> dict[str, str]:
     """``env`` with the zero-line step reporter first on ``PYTHONPATH`` (:mod:`chaos.injob.bootstrap`) when the
     target wants it (``optimizer_steps``), no matcher reports ``target.step`` and the job runs on this host."""
-    if not wanted or not isinstance(transport, LocalTransport) or any(m.event == TARGET_STEP for m in matchers):
+    if not wanted or not isinstance(transport, LocalTransport) or reports_steps(list(matchers)):
         return env
     rest = env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     return {**env, "PYTHONPATH": os.pathsep.join(p for p in (str(BOOTSTRAP_DIR), rest) if p)}
