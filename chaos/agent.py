@@ -1,6 +1,12 @@
 """The in-job agent: the part of mlchaos that lives inside the training process.
 
-A training script opts in (``import chaos.agent``) with one call and four one-line hooks in its loop::
+A training script opts in with one line after it builds its model and optimizer, and changes nothing in its
+loop (the agent follows the loop through hooks on the module and the optimizer, :mod:`chaos.injob.loop_hooks`)::
+
+    agent = chaos.agent.attach(model, optimizer, ddp=ddp_model)
+
+A loop that needs to say where its steps are (gradient accumulation over several optimizers, a step that is
+not one optimizer step) makes the calls itself; the first one removes the hooks::
 
     agent = chaos.agent.attach(model, optimizer=optimizer, ddp=ddp_model, guard="checksum", anomaly=True)
     for step in range(start, steps + 1):
@@ -85,9 +91,11 @@ from chaos.guards.anomaly import GradAnomalyGuard
 from chaos.guards.checksum import ChecksumConfig, ChecksumState, checksum_hook
 from chaos.guards.consistency import DEFAULT_EVERY, ConsistencyGuard
 from chaos.injob import flight_recorder, fsdp
+from chaos.injob.attach_rules import refuse_misuse
 from chaos.injob.fault_specs import BitFlipSpec, GradCorruptSpec, Site
 from chaos.injob.grad_faults import corrupt_bucket
 from chaos.injob.hang_faults import HANG_FAULTS, SKIP, HangFaults
+from chaos.injob.loop_hooks import LoopCalls, LoopHooks
 from chaos.injob.phase_faults import PhaseFaults, in_this_replica
 from chaos.injob.progress import JobEmits, Progress, ProgressCalls
 from chaos.injob.tensor_faults import ArmedFault, TensorFaultError, arm
@@ -140,8 +148,8 @@ class Agent(ProgressCalls):
     def __init__(
         self,
         model: nn.Module,
-        *,
         optimizer: torch.optim.Optimizer | None = None,
+        *,
         ddp: nn.Module | None = None,
         manager: ft.Manager | None = None,
         guard: Literal["checksum", "none"] = "none",
@@ -153,13 +161,15 @@ class Agent(ProgressCalls):
         emit: Emit = events.emit,
         data: object | None = None,
         job_emits: JobEmits = (),
+        hooks: bool = True,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.rank, self.world_size = _rank_and_world()
         self.emit = emit
         self.plan = plan if plan is not None else load_plan()
-        _refuse_misuse(self.plan, ddp=ddp, manager=manager, guard=guard, consistency_every=consistency_every)
+        ft_ddp = ddp is not None and ft.is_torchft_ddp(ddp)
+        refuse_misuse(self.plan, ddp=ddp, torchft_ddp=ft_ddp, manager=manager, guard=guard, consistency_every=consistency_every)
         self.group = _ddp_group(ddp)  # the data-parallel group every guard's collective runs on
         self.manager = manager
         if consistency_optimizer and optimizer is None:
@@ -232,6 +242,17 @@ class Agent(ProgressCalls):
         )
         if manager is not None:
             self.progress.step_fields = self._torchft_step
+        # The one-line tier: the per-step calls made from hooks until the loop makes one itself (loop_hooks).
+        self._hooks = (
+            LoopHooks(
+                LoopCalls(self._begin_step, lambda: self._after_backward(None), self._allow_optimizer_step,
+                          self._end_step, self._close_at_exit),
+                ddp if ddp is not None else model, optimizer, rank=self.rank, emit=emit,
+                manager_step=None if manager is None else manager.current_step,
+            )
+            if hooks and optimizer is not None
+            else None
+        )  # fmt: skip
 
     # -- plan bookkeeping -------------------------------------------------------------------------------
     def _targets_me(self, op: InJobOp) -> bool:
@@ -336,8 +357,36 @@ class Agent(ProgressCalls):
             self.emit("fault.healed", rank=self.rank, fault=fault.op.fault, op=fault.op.op_id, injector="grad_corrupt")
 
     # -- the loop hooks ---------------------------------------------------------------------------------
+    def _take_over(self) -> None:
+        """The loop makes the per-step calls itself: the one-line tier's hooks stand down for good."""
+        if self._hooks is not None and not self._hooks.driving:
+            self._hooks.remove()
+            self._hooks = None
+
     def begin_step(self, step: int) -> None:
         """Call at the top of each step (1-based); fires weight/activation faults due at this step."""
+        self._take_over()
+        self._begin_step(step)
+
+    def after_backward(self, loss: torch.Tensor | None = None) -> None:
+        """Call after ``loss.backward()``: gradient-phase faults, then the anomaly guard."""
+        self._take_over()
+        self._after_backward(loss)
+
+    def allow_optimizer_step(self) -> bool:
+        """False when a guard (checksum after a failed retry, anomaly) agreed on every rank to skip this step.
+        Always True under torchft (``manager=``): there a detection is reported to torchft, whose
+        ``optimizer.step()`` then does not commit."""
+        self._take_over()
+        return self._allow_optimizer_step()
+
+    def end_step(self) -> None:
+        """Call at the end of each step (after the optimizer step): heals tensor faults whose persistence ran
+        out, then, at every ``consistency_every``-th step, compares the ranks' parameters (a collective)."""
+        self._take_over()
+        self._end_step()
+
+    def _begin_step(self, step: int) -> None:
         self.step = step
         if self.recorder is not None:
             self.recorder.begin_step(step)
@@ -356,8 +405,7 @@ class Agent(ProgressCalls):
             self.phase_faults.at("forward")
             self.hang_faults.at("forward")
 
-    def after_backward(self, loss: torch.Tensor | None = None) -> None:
-        """Call after ``loss.backward()``: gradient-phase faults, then the anomaly guard."""
+    def _after_backward(self, loss: torch.Tensor | None) -> None:
         self.progress.after_backward(loss)
         if "backward" in self._fault_phases:
             self.phase_faults.at("backward")
@@ -375,10 +423,7 @@ class Agent(ProgressCalls):
             if flag.item() > 0:
                 self._skip = True
 
-    def allow_optimizer_step(self) -> bool:
-        """False when a guard (checksum after a failed retry, anomaly) agreed on every rank to skip this step.
-        Always True under torchft (``manager=``): there a detection is reported to torchft, whose
-        ``optimizer.step()`` then does not commit."""
+    def _allow_optimizer_step(self) -> bool:
         if "optimizer_step" in self._fault_phases:
             self._tensor_phase("optimizer_step")
             self.phase_faults.at("optimizer_step")
@@ -390,9 +435,7 @@ class Agent(ProgressCalls):
             self.emit("target.step_skipped", rank=self.rank, step=self.step)
         return not self._skip
 
-    def end_step(self) -> None:
-        """Call at the end of each step (after the optimizer step): heals tensor faults whose persistence ran
-        out, then, at every ``consistency_every``-th step, compares the ranks' parameters (a collective)."""
+    def _end_step(self) -> None:
         if self._armed:
             for op_id, armed in list(self._armed.items()):
                 if armed.expired(self.step):
@@ -406,8 +449,13 @@ class Agent(ProgressCalls):
     def close(self) -> None:
         """Take the last consistency verdict (a collective when a check is in flight: every rank calls close),
         then heal every in-job fault still applied (only the fault's own change is undone); idempotent."""
+        self._take_over()
         if self.consistency is not None:
             self.consistency.finish()
+        self._close_at_exit()
+
+    def _close_at_exit(self) -> None:
+        """``close`` without the consistency guard's last exchange (the one-line tier's close at exit)."""
         for op_id in list(self._armed):
             self._heal(op_id)
         if self.torchft is not None:
@@ -473,53 +521,6 @@ def _register(ddp: nn.Module, state: object, hook: Callable[..., torch.futures.F
     register(state, hook)
 
 
-def _refuse_misuse(
-    plan: InJobPlan, *, ddp: nn.Module | None, manager: ft.Manager | None, guard: str, consistency_every: int
-) -> None:
-    """Raise ValueError, saying what to pass, for settings that would otherwise silently do nothing."""
-    if guard not in ("checksum", "none"):
-        raise ValueError(f"guard={guard!r} is not a guard: pass guard='checksum' (with ddp=) or guard='none'")
-    if consistency_every < 0:
-        raise ValueError(
-            f"consistency_every={consistency_every}: pass N >= 1 to compare the ranks every N steps, 0 for off"
-        )
-    if ddp is not None and ft.is_torchft_ddp(ddp) and manager is None:
-        raise ValueError(
-            "ddp= is torchft's DistributedDataParallel, whose own comm hook reduces through its Manager: pass the "
-            "Manager too: attach(model, optimizer=optimizer, manager=manager, ddp=ddp_model)"
-        )
-    if manager is not None:
-        return
-    if ddp is not None:
-        if fsdp.is_fsdp1(ddp) or fsdp.is_fsdp2(ddp):
-            fsdp.refuse(ddp, guard=guard)  # FSDP1 without the checksum guard is fine (chaos.injob.fsdp)
-        elif not isinstance(ddp, nn.parallel.DistributedDataParallel):
-            _refuse_other_wrapper(ddp)
-        return
-    if guard == "checksum":
-        raise ValueError(
-            "guard='checksum' checks DDP's gradient all-reduce, so it needs the DDP-wrapped model: "
-            "attach(model, optimizer=optimizer, ddp=ddp_model, guard='checksum') with "
-            "ddp_model = DistributedDataParallel(model); or pass guard='none'"
-        )
-    grad = sorted({op.fault for op in plan.ops if op.injector == "grad_corrupt"})
-    if grad:
-        raise ValueError(
-            f"the plan has grad_corrupt fault(s) {', '.join(grad)}: they corrupt a gradient bucket inside DDP's "
-            "all-reduce, so attach needs the DDP-wrapped model: attach(model, optimizer=optimizer, ddp=ddp_model) "
-            "with ddp_model = DistributedDataParallel(model); without it they would never fire"
-        )
-
-
-def _refuse_other_wrapper(ddp: nn.Module) -> None:
-    """ValueError for a ``ddp=`` that is not DistributedDataParallel, saying why and what to pass instead."""
-    raise ValueError(
-        f"ddp= is a {type(ddp).__name__}, not DistributedDataParallel: the agent works inside DDP's gradient "
-        "all-reduce (a DDP comm hook), or torchft's (pass manager=); pass the DDP-wrapped model, or leave ddp= out "
-        "(no checksum guard, grad_corrupt or allreduce-phase faults then)"
-    )
-
-
 def _plain_hook(agent: Agent, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP's default all-reduce (divide, then sum) with the three corruption sites and no detection."""
     tensor = bucket.buffer()
@@ -549,8 +550,8 @@ _plain_hook.__annotations__.update({"bucket": GradBucket, "return": torch.future
 
 def attach(
     model: nn.Module,
-    *,
     optimizer: torch.optim.Optimizer | None = None,
+    *,
     ddp: nn.Module | None = None,
     manager: ft.Manager | None = None,
     guard: Literal["checksum", "none"] = "none",
@@ -560,8 +561,15 @@ def attach(
     consistency_optimizer: bool = False,
     data: object | None = None,
     job_emits: JobEmits = (),
+    hooks: bool = True,
 ) -> Agent:
     """Opt a training loop into mlchaos: arms this rank's planned faults and the chosen guards.
+
+    With ``optimizer`` given, nothing else is needed in the loop (``hooks``, :mod:`chaos.injob.loop_hooks`): a
+    forward pre-hook on ``ddp`` (else ``model``) begins each step, the optimizer's step pre- and post-hooks run
+    the backward and optimizer-step phases and end it, ``atexit`` reports the digest, ``sys.excepthook``
+    reports a collective failure as ``detect.*``. The loop's first explicit per-step call removes them all;
+    ``hooks=False`` installs none.
 
     ``consistency_every``: compare the ranks' parameters every N steps (on in a distributed job of more than
     one rank; 0 turns it off, and must be passed when the ranks do not run the same steps);
@@ -584,6 +592,7 @@ def attach(
         consistency_optimizer=consistency_optimizer,
         data=data,
         job_emits=job_emits,
+        hooks=hooks,
     )
 
 

@@ -19,7 +19,7 @@ Events (``attempt`` is ``TORCHELASTIC_RESTART_COUNT``, 0 on the first launch; ``
   before it wraps the model in DDP, i.e. before ``attach``, so the load is usually not observable; the step
   the loop starts at is, and it is what the recovery and lineage checks count from. ``agent.resumed(step, path,
   verified=True)`` adds ``verified``: the job checked the checkpoint before loading it.
-- ``target.digest`` {digest, step, attempt} at ``close``: sha256 over the model's ``state_dict`` and the
+- ``target.digest`` {digest, step, attempt} at ``close`` (or at a normal exit, with no per-step calls in the loop): sha256 over the model's ``state_dict`` and the
   optimizer's state (:func:`state_digest`), after the agent healed its faults: what ``matches_golden``
   compares with a fault-free run.
 

@@ -58,7 +58,7 @@ class ChaosCallback(pl.Callback):  # type: ignore[misc, unused-ignore]  # Any wh
         wrapped = getattr(trainer.strategy, "model", None)
         ddp = wrapped if isinstance(wrapped, nn.parallel.DistributedDataParallel) else None
         optimizer = optimizers[0] if optimizers else None
-        self.agent = chaos.agent.attach(pl_module, optimizer=optimizer, ddp=ddp, **self.options)
+        self.agent = chaos.agent.attach(pl_module, optimizer=optimizer, ddp=ddp, hooks=False, **self.options)
 
     def on_train_batch_start(self, trainer: Any, pl_module: nn.Module, batch: Any, batch_idx: int) -> None:
         if self.agent is not None:

@@ -39,6 +39,7 @@ from chaos.history.timeline import (
     TARGET_WORKER,
     Event,
     History,
+    now_ns,
 )
 from chaos.load.driver import LoadDriver
 from chaos.plan.agent_plan import ENV_PLAN
@@ -372,9 +373,12 @@ class Execution:
         revert = injector.revert_command(applied)
         safety = self.scenario.safety
         then = one_command(injector, applied, "apply")  # on a remote host: armed and applied in one round trip
+        # The fault's time is taken BEFORE the signal or rule goes out (what checks split before/after at).
+        sent_ns = now_ns()
         switch = DeadMan.arm(ctx, self.journal.path, journal_id, revert, op.duration_s, safety, local=local, then=then)
         try:
             if switch is None or not switch.applied_with_arm:
+                sent_ns = now_ns()
                 injector.apply(ctx, applied)
         except (InjectionError, ValueError, OSError, TransportError) as exc:
             self.journal.failed(journal_id, str(exc))
@@ -391,14 +395,9 @@ class Execution:
         with self._lock:
             self.fired += 1
         self.history.record(
-            FAULT_APPLIED,
-            fault=op.fault,
-            op=op.op_id,
-            injector=op.injector,
-            host=host,
-            description=applied.description,
-            duration_s=op.duration_s,
-        )
+            FAULT_APPLIED, ts_ns=sent_ns, fault=op.fault, op=op.op_id, injector=op.injector, host=host,
+            description=applied.description, duration_s=op.duration_s, apply_s=round((now_ns() - sent_ns) / 1e9, 4),
+        )  # fmt: skip
         where = "" if host == LOCAL else f" on {host}"
         self.log(f"fault applied{where}: {applied.description or op.op_id}")
         if applied.reversible:

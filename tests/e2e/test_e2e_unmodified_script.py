@@ -6,6 +6,9 @@ and recovery is measured; its detections come from what torch prints when a coll
 that printed it. A kill of rank 1 is seen at once (rank 0's gloo connection is reset); a freeze of rank 1 is
 seen when rank 0's all-reduce reaches the job's own 10 s timeout, not when torchrun notices a worker exit
 tens of seconds later.
+
+The same script with the one ``attach`` line added (and nothing else: the test writes that copy and checks the
+difference is the two lines) gets the digest too: ``matches_golden`` on every rank after a kill and a resume.
 """
 
 from __future__ import annotations
@@ -25,8 +28,32 @@ JOB = ROOT / "tests" / "jobs" / "user_plain_ddp.py"
 PG_TIMEOUT = 10.0
 
 
-def run(root: Path, tmp: Path, name: str, fault: dict[str, Any], checks: list[dict[str, Any]]) -> RunResult:
-    target = {"type": "torchrun", "script": str(JOB), "nproc_per_node": 2, "max_restarts": 2,
+ONE_LINE = "    agent = chaos.agent.attach(model, optimizer, ddp=ddp)  # the one line\n"
+
+
+def with_one_line(tmp: Path, drop: str | None = None) -> Path:
+    """``user_plain_ddp.py`` with ``import chaos.agent`` and the one ``attach`` line after its DDP wrap (and, for
+    a mutant, without the line ``drop``)."""
+    lines = JOB.read_text().splitlines(keepends=True)
+    out: list[str] = []
+    for line in lines:
+        if drop is not None and line.strip() == drop:
+            continue
+        out.append(line)
+        if line == "import torch\n":
+            out.append("import chaos.agent\n")
+        elif line.strip() == "ddp = DistributedDataParallel(model)":
+            out.append(ONE_LINE)
+    assert len(out) == len(lines) + 2 - (drop is not None), "user_plain_ddp.py changed: update this test's edits"
+    script = tmp / ("user_plain_ddp_attached.py" if drop is None else "user_plain_ddp_mutant.py")
+    script.write_text("".join(out))
+    return script
+
+
+def run(
+    root: Path, tmp: Path, name: str, fault: dict[str, Any], checks: list[dict[str, Any]], job: Path = JOB
+) -> RunResult:
+    target = {"type": "torchrun", "script": str(job), "nproc_per_node": 2, "max_restarts": 2,
               "args": ["--steps", 60, "--checkpoint-dir", "{run_dir}/ckpt", "--pg-timeout", PG_TIMEOUT]}  # fmt: skip
     text = scenario_yaml(
         name, 5, target, faults=[fault], checks=checks, safety={"max_duration": "150s", "no_progress_timeout": "60s"}
@@ -86,3 +113,35 @@ def test_a_frozen_rank_is_detected_at_the_jobs_own_timeout(e2e_report_root: Path
     [applied] = result.history.of("fault.applied")
     first = next(e for e in result.history.of("detect.*") if e.ts_ns > applied.ts_ns)
     assert (first.kind, first.rank, first.data.get("detector")) == ("detect.collective_timeout", 0, "gloo"), first
+
+
+KILL_RANK1 = {"name": "kill-rank1", "type": "kill", "params": {"rank": 1}, "trigger": {"at_step": 20, "rank": 1}}
+
+
+def test_with_the_one_attach_line_a_killed_rank_resumes_and_matches_golden(e2e_report_root: Path, tmp_path: Path) -> None:
+    checks = [
+        {"type": "detected_within", "params": {"fault": "kill-rank1", "within": "5s"}},
+        {"type": "recovered_within", "params": {"fault": "kill-rank1", "within": "60s"}},
+        {"type": "restarts_at_most", "params": {"restarts": 1}},
+        {"type": "lost_work_at_most", "params": {"steps": 10}},
+        {"type": "matches_golden"},
+        {"type": "completes"},
+    ]
+    result = run(e2e_report_root, tmp_path, "one-line-kill", KILL_RANK1, checks, job=with_one_line(tmp_path))
+    got = verdicts(result)
+    assert all(status == "pass" for status, _ in got.values()), got
+    steps = result.history.of("target.step")
+    assert steps and not any(e.data.get("source") == "optimizer" for e in steps), "the step reporter did not stand down"
+    digests = result.history.of("target.digest")
+    assert {e.rank for e in digests} == {0, 1}, [e.data for e in digests]
+    assert result.history.of("target.resume"), "the resumed attempt's first step was not reported as a resume"
+
+
+def test_a_resume_that_forgets_the_optimizer_state_fails_matches_golden(e2e_report_root: Path, tmp_path: Path) -> None:
+    mutant = with_one_line(tmp_path, drop='optimizer.load_state_dict(state["optimizer"])')
+    checks = [{"type": "matches_golden"}, {"type": "completes"}]
+    result = run(e2e_report_root, tmp_path, "one-line-forgets", KILL_RANK1, checks, job=mutant)
+    got = verdicts(result)
+    assert got["completes"][0] == "pass", got  # the job ran to its end: only the digest tells
+    assert got["matches_golden"][0] == "fail", got
+

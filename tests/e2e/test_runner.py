@@ -306,3 +306,26 @@ def test_a_slow_start_is_not_a_stall_but_silence_after_it_is(tmp_path: Path) -> 
     silent = "import time\nprint('started', flush=True); time.sleep(300)"
     result = execute(parse_scenario(scenario("started-then-silent", silent)), RunOptions(report_root=tmp_path))
     assert result.ended_by.startswith("no progress"), result.ended_by
+
+
+def test_a_faults_time_is_taken_before_its_signal_is_sent(tmp_path: Path) -> None:
+    """The job stamps the SIGTERM it receives with its own clock; the run's ``fault.applied`` is not later than
+    that (it was stamped after the signal went out, which a fast job beat: a check splitting time at the fault
+    then counted the job's reaction as "before"), and says how long the apply took."""
+    code = (
+        "import signal, sys, time\nfrom chaos import events  # stamp-before-signal\n"
+        "def on_term(signum, frame):\n    events.emit('job.sigterm', rank=0)\n    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, on_term)\n"
+        "for i in range(100): print('tick', i, flush=True); time.sleep(0.1)\n"
+    )
+    target = {"type": "command", "command": [sys.executable, "-c", code],
+              "matchers": [{"pattern": r"tick (?P<step>\d+)", "event": "target.step"}]}  # fmt: skip
+    fault = {"name": "term", "type": "kill", "params": {"name": "stamp-before-signal", "signal": "SIGTERM"},
+             "trigger": {"at_step": 5}}  # fmt: skip
+    text = scenario_yaml("stamp", 3, target, faults=[fault], safety={"max_duration": "60s"})
+    result = execute(parse_scenario(text), RunOptions(report_root=tmp_path))
+    [applied] = result.history.of(FAULT_APPLIED)
+    [received] = result.history.of("job.sigterm")
+    assert applied.ts_ns <= received.ts_ns, (applied.ts_ns - received.ts_ns) / 1e6
+    apply_s = applied.data.get("apply_s")
+    assert isinstance(apply_s, float) and apply_s >= 0, applied.data

@@ -1,0 +1,206 @@
+"""The one-line agent's hooks: ``agent = chaos.agent.attach(model, optimizer)`` and no other line in the loop.
+
+What :class:`LoopHooks` installs, each undone by :meth:`LoopHooks.remove` (``attach(..., hooks=False)``
+installs none):
+
+- a forward pre-hook on the module the loop calls (``ddp=`` when given, else ``model``): the first forward
+  after an optimizer step opens the next step (the agent's ``begin_step``: forward-phase faults fire there);
+  further forwards before the optimizer step (gradient accumulation) stay in that step;
+- a step pre-hook on ``optimizer``: ``after_backward`` then ``allow_optimizer_step`` (backward- and
+  optimizer_step-phase faults, the guards). A step the guards agreed to skip becomes a no-op: every gradient
+  of this optimizer is set to None, and torch's optimizers leave a parameter without a gradient untouched;
+- a step post-hook on ``optimizer``: ``end_step`` (``target.step``, the consistency check);
+- ``atexit``: the agent's close at a normal exit (heals, ``target.digest``) without the consistency guard's
+  last exchange (a collective at exit would hang on a peer that is gone; an explicit ``close()`` takes it);
+- ``sys.excepthook``: an uncaught exception that is a collective failure is reported as ``detect.*`` naming
+  this rank (:func:`collective_failure`) before the traceback is printed; the previous hook then runs, and
+  the exit reports no digest (training did not finish).
+
+The loop's first explicit call (``agent.begin_step`` and the others) removes them: explicit calls take over.
+
+Step numbers are exact or not reported: torchft's ``manager.current_step() + 1``; else the optimizer's own
+count plus one (``state["step"]``, kept by every torch optimizer but SGD and LBFGS and restored with the
+optimizer's state on a resume); else the count of steps this process took, on a first launch (attempt 0) or
+for an optimizer that keeps a count but has no state yet (so a resume that restores the model but not the
+optimizer's state counts from 1 again: the optimizer did start over, and ``matches_golden`` fails). Otherwise (SGD after a restart: a resume cannot be
+told from a fresh start) the hooks stop driving the loop and one ``target.step_source`` {exact: false, reason}
+says what to add.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+Emit = Callable[..., None]
+STEP_SOURCE = "target.step_source"
+
+_TIMEOUT = re.compile(r"timed out|timeout", re.IGNORECASE)
+_PEER_LOST = re.compile(
+    r"connection (reset|closed) by peer|connectFullMesh|broken pipe|connection refused|Socket closed", re.IGNORECASE
+)
+_COLLECTIVE = re.compile(r"gloo|nccl|c10d|ProcessGroup|collective|all_?reduce|barrier", re.IGNORECASE)
+
+
+def collective_failure(exc: BaseException) -> str | None:
+    """The ``detect.*`` kind an uncaught exception stands for, or None for one that is not a collective's
+    failure (a bug in the script is the job's error, not a detection)."""
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text.lower():
+        return "detect.oom"
+    distributed = isinstance(exc, dist.DistError) or bool(_COLLECTIVE.search(text))
+    if not distributed:
+        return None
+    if _PEER_LOST.search(text):
+        return "detect.peer_lost"
+    if _TIMEOUT.search(text):
+        return "detect.collective_timeout"
+    return "detect.collective_error"
+
+
+def optimizer_count(optimizer: torch.optim.Optimizer) -> int | None:
+    """The optimizer's own step count (the highest ``state["step"]`` of its parameters), None when none has one."""
+    counts = [int(state["step"]) for state in optimizer.state.values() if "step" in state]
+    return max(counts) if counts else None
+
+
+def keeps_count(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer`` is a torch optimizer that records ``state["step"]`` (all but SGD and LBFGS)."""
+    torch_made = type(optimizer).__module__.startswith("torch.optim.")
+    return torch_made and not isinstance(optimizer, (torch.optim.SGD, torch.optim.LBFGS))
+
+
+@dataclass
+class LoopCalls:
+    """The agent's per-step calls the hooks make, and its close at a normal exit."""
+
+    begin: Callable[[int], None]
+    after_backward: Callable[[], None]
+    allow: Callable[[], bool]
+    end: Callable[[], None]
+    at_exit: Callable[[], None]
+
+
+class LoopHooks:
+    """Drives an agent's per-step calls from hooks on the loop's own module and optimizer (module docstring)."""
+
+    def __init__(
+        self,
+        calls: LoopCalls,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        rank: int,
+        emit: Emit,
+        manager_step: Callable[[], int] | None = None,
+    ) -> None:
+        self.calls = calls
+        self.optimizer = optimizer
+        self.rank = rank
+        self.emit = emit
+        self.manager_step = manager_step
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        self.attempt = int(attempt) if attempt.isdigit() else 0
+        self.step = 0
+        self.taken = 0
+        self.open = False
+        self.driving = False  # True while a hook is inside one of the agent's calls
+        self.stood_down = False
+        self.died = False
+        self._handles = [
+            module.register_forward_pre_hook(self._before_forward),
+            optimizer.register_step_pre_hook(self._before_optimizer_step),
+            optimizer.register_step_post_hook(self._after_optimizer_step),
+        ]
+        self._previous_excepthook = sys.excepthook
+        sys.excepthook = self._uncaught
+        atexit.register(self._at_exit)
+
+    def remove(self) -> None:
+        """Undo every hook (idempotent)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        if sys.excepthook == self._uncaught:
+            sys.excepthook = self._previous_excepthook
+        atexit.unregister(self._at_exit)
+
+    # -- the step ---------------------------------------------------------------------------------------
+    def next_step(self) -> int | None:
+        """The number of the step about to begin, or None when it cannot be known exactly (module docstring)."""
+        if self.manager_step is not None:
+            return self.manager_step() + 1
+        counted = optimizer_count(self.optimizer)
+        if counted is not None:
+            return counted + 1
+        if self.taken > 0:
+            return self.step + 1
+        if self.attempt == 0 or keeps_count(self.optimizer):
+            return 1
+        return None
+
+    def _drive(self, call: Callable[[], object]) -> object:
+        self.driving = True
+        try:
+            return call()
+        finally:
+            self.driving = False
+
+    def _before_forward(self, module: nn.Module, args: object) -> None:
+        if self.open or self.stood_down:
+            return
+        step = self.next_step()
+        if step is None:
+            self.stood_down = True
+            reason = (
+                f"{type(self.optimizer).__name__} keeps no step count and this is restart {self.attempt}: a resume "
+                "cannot be told from a fresh start. Call agent.begin_step(step) at the top of the loop (and the "
+                "other per-step calls), or use an optimizer that keeps state['step'] (Adam, AdamW, ...)"
+            )
+            self.emit(STEP_SOURCE, rank=self.rank, exact=False, source="agent", reason=reason)
+            return
+        self.open = True
+        self.step = step
+        self._drive(lambda: self.calls.begin(step))
+
+    def _before_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if not self.open:
+            return  # no forward through the hooked module began this step: not the loop the agent follows
+        self._drive(self.calls.after_backward)
+        if not self._drive(self.calls.allow):
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    param.grad = None  # torch's optimizers skip a parameter without a gradient: a skipped step
+
+    def _after_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if not self.open:
+            return
+        self.open = False
+        self.taken += 1
+        self._drive(self.calls.end)
+
+    # -- the end ----------------------------------------------------------------------------------------
+    def _uncaught(
+        self, kind: type[BaseException], exc: BaseException, tb: TracebackType | None
+    ) -> None:
+        self.died = True
+        detected = collective_failure(exc)
+        if detected is not None:
+            self.emit(
+                detected, rank=self.rank, detector="agent", step=self.step, error=f"{kind.__name__}: {exc}"[:400]
+            )
+        self._previous_excepthook(kind, exc, tb)
+
+    def _at_exit(self) -> None:
+        if not self.died:
+            self.calls.at_exit()
