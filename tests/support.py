@@ -160,6 +160,23 @@ def ticker(
     return {"type": "command", "command": [sys.executable, "-c", code], "matchers": [steps, *matchers]}
 
 
+def edited_script(script: Path, out: Path, insert: dict[str, str], drop: str | None = None) -> Path:
+    """``script`` written to ``out`` with ``insert[key]`` (a line) added after the line whose stripped text is
+    ``key``, and without the line ``drop`` (a mutant): a user's script plus exactly those edits, which this
+    asserts, so a test that says "one line" cannot drift."""
+    lines = script.read_text().splitlines(keepends=True)
+    edited: list[str] = []
+    for line in lines:
+        if line.strip() != drop:
+            edited.append(line)
+        if line.strip() in insert:
+            edited.append(insert[line.strip()] + "\n")
+    expected = len(lines) + len(insert) - (drop is not None)
+    assert len(edited) == expected, f"{script.name} changed: its edits ({sorted(insert)}, drop {drop!r}) no longer apply"
+    out.write_text("".join(edited))
+    return out
+
+
 def cut_off(host: str, *, after: str, duration: float) -> dict[str, Any]:
     """A partition fault named ``cut-<host>`` that cuts ``host`` from every other host for ``duration`` s."""
     hosts, peers = {"host": host}, {"peers": ["group:all"]}

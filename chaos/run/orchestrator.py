@@ -373,12 +373,12 @@ class Execution:
         revert = injector.revert_command(applied)
         safety = self.scenario.safety
         then = one_command(injector, applied, "apply")  # on a remote host: armed and applied in one round trip
-        # The fault's time is taken BEFORE the signal or rule goes out (what checks split before/after at).
-        sent_ns = now_ns()
         switch = DeadMan.arm(ctx, self.journal.path, journal_id, revert, op.duration_s, safety, local=local, then=then)
+        # The fault's time: BEFORE the signal or rule goes out (what checks split before/after at); when the host
+        # applied it with its dead-man in one round trip, when is not known here: that round trip's end.
+        sent_ns = now_ns()
         try:
             if switch is None or not switch.applied_with_arm:
-                sent_ns = now_ns()
                 injector.apply(ctx, applied)
         except (InjectionError, ValueError, OSError, TransportError) as exc:
             self.journal.failed(journal_id, str(exc))

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import ROOT, scenario_yaml
+from support import ROOT, edited_script, scenario_yaml
 
 from chaos.run.orchestrator import RunOptions, RunResult, execute
 from chaos.spec.scenario import load_scenario
@@ -28,26 +28,16 @@ JOB = ROOT / "tests" / "jobs" / "user_plain_ddp.py"
 PG_TIMEOUT = 10.0
 
 
-ONE_LINE = "    agent = chaos.agent.attach(model, optimizer, ddp=ddp)  # the one line\n"
+ONE_LINE = {
+    "import torch": "import chaos.agent",
+    "ddp = DistributedDataParallel(model)": "    agent = chaos.agent.attach(model, optimizer, ddp=ddp)  # the one line",
+}
 
 
 def with_one_line(tmp: Path, drop: str | None = None) -> Path:
     """``user_plain_ddp.py`` with ``import chaos.agent`` and the one ``attach`` line after its DDP wrap (and, for
     a mutant, without the line ``drop``)."""
-    lines = JOB.read_text().splitlines(keepends=True)
-    out: list[str] = []
-    for line in lines:
-        if drop is not None and line.strip() == drop:
-            continue
-        out.append(line)
-        if line == "import torch\n":
-            out.append("import chaos.agent\n")
-        elif line.strip() == "ddp = DistributedDataParallel(model)":
-            out.append(ONE_LINE)
-    assert len(out) == len(lines) + 2 - (drop is not None), "user_plain_ddp.py changed: update this test's edits"
-    script = tmp / ("user_plain_ddp_attached.py" if drop is None else "user_plain_ddp_mutant.py")
-    script.write_text("".join(out))
-    return script
+    return edited_script(JOB, tmp / ("attached.py" if drop is None else "mutant.py"), ONE_LINE, drop)
 
 
 def run(
@@ -137,8 +127,13 @@ def test_with_the_one_attach_line_a_killed_rank_resumes_and_matches_golden(e2e_r
     assert result.history.of("target.resume"), "the resumed attempt's first step was not reported as a resume"
 
 
-def test_a_resume_that_forgets_the_optimizer_state_fails_matches_golden(e2e_report_root: Path, tmp_path: Path) -> None:
-    mutant = with_one_line(tmp_path, drop='optimizer.load_state_dict(state["optimizer"])')
+@pytest.mark.parametrize(
+    "drop",
+    ['optimizer.load_state_dict(state["optimizer"])', 'start = state["step"] + 1'],
+    ids=["forgets-the-optimizer", "resumes-at-step-1"],
+)
+def test_a_resume_mutant_fails_matches_golden(drop: str, e2e_report_root: Path, tmp_path: Path) -> None:
+    mutant = with_one_line(tmp_path, drop=drop)
     checks = [{"type": "matches_golden"}, {"type": "completes"}]
     result = run(e2e_report_root, tmp_path, "one-line-forgets", KILL_RANK1, checks, job=mutant)
     got = verdicts(result)

@@ -111,7 +111,7 @@ def test_the_exit_reports_the_digest_unless_the_process_died_of_an_exception() -
     assert hooks is not None
     hooks._at_exit()  # what atexit runs at a normal exit
     assert [d["step"] for d in said.of("target.digest")] == [2]
-    hooks.remove()
+    agent.close()
 
     dying = Recorder()
     agent = Agent(nn.Linear(3, 1), torch.optim.Adam(model.parameters()), emit=dying)
@@ -123,7 +123,7 @@ def test_the_exit_reports_the_digest_unless_the_process_died_of_an_exception() -
     hooks._at_exit()
     assert [d["detector"] for d in dying.of("detect.peer_lost")] == ["agent"]
     assert not dying.of("target.digest")
-    hooks.remove()
+    agent.close()  # undoes the torch.save/load wraps (a dying process needs no undo)
 
 
 @pytest.mark.parametrize(
@@ -146,5 +146,6 @@ def test_collective_failures_are_told_from_the_scripts_own_errors(error: BaseExc
 def test_no_optimizer_no_hooks() -> None:
     agent = Agent(nn.Linear(3, 1), emit=Recorder())
     assert agent._hooks is None
+    agent.close()
     assert loop_hooks.keeps_count(torch.optim.AdamW(nn.Linear(1, 1).parameters()))
     assert not loop_hooks.keeps_count(torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1))

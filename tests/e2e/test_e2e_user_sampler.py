@@ -1,0 +1,84 @@
+"""A DataLoader + DistributedSampler script as users write theirs (``tests/jobs/user_sampler_ddp.py``: epochs,
+AdamW, a mid-epoch resume that skips the batches its checkpoint trained, gloo with a 10 s timeout), run
+unmodified and then with the one ``attach`` line.
+
+Unmodified, a kill and a freeze of rank 1 are detected (the freeze at the job's own timeout), recovered, and
+the job completes. With ``import chaos.agent`` and ``agent = chaos.agent.attach(model, optimizer, ddp=ddp,
+data=loader)`` added (the test writes that copy and checks those are the only edits), a kill in the middle of
+an epoch also passes ``exactly_once`` (every sample of the three epochs trained once, counting the resumed
+attempt from the batch the checkpoint ended at) and ``matches_golden`` on both ranks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import ROOT, edited_script, scenario_yaml
+
+from chaos.run.orchestrator import RunOptions, RunResult, execute
+from chaos.spec.scenario import load_scenario
+
+pytestmark = pytest.mark.slow
+
+JOB = ROOT / "tests" / "jobs" / "user_sampler_ddp.py"
+PG_TIMEOUT = 10.0
+ONE_LINE = {
+    "import torch": "import chaos.agent",
+    "ddp = DistributedDataParallel(model)": "    agent = chaos.agent.attach(model, optimizer, ddp=ddp, data=loader)",
+}
+
+
+def run(root: Path, tmp: Path, name: str, job: Path, fault: dict[str, Any], checks: list[dict[str, Any]]) -> RunResult:
+    target = {"type": "torchrun", "script": str(job), "nproc_per_node": 2, "max_restarts": 2,
+              "args": ["--checkpoint-dir", "{run_dir}/ckpt", "--pg-timeout", PG_TIMEOUT]}  # fmt: skip
+    text = scenario_yaml(
+        name, 5, target, faults=[fault], checks=checks, safety={"max_duration": "150s", "no_progress_timeout": "60s"}
+    )
+    source = tmp / f"{name}.yaml"
+    source.write_text(text)
+    return execute(load_scenario(source), RunOptions(report_root=root, scenario_file=source))
+
+
+def verdicts(result: RunResult) -> dict[str, tuple[str, str]]:
+    return {r.check: (r.status, r.reason) for r in result.results}
+
+
+@pytest.mark.parametrize("fault_type", ["kill", "freeze"])
+def test_unmodified_a_lost_rank_is_detected_and_recovered(fault_type: str, e2e_report_root: Path, tmp_path: Path) -> None:
+    fault: dict[str, Any] = {"name": "lose-rank1", "type": fault_type, "params": {"rank": 1},
+                             "trigger": {"at_step": 25, "rank": 1}}  # fmt: skip
+    if fault_type == "freeze":
+        fault["duration"] = "15s"
+    within = "5s" if fault_type == "kill" else f"{PG_TIMEOUT + 1:g}s"
+    checks = [
+        {"type": "detected_within", "params": {"fault": "lose-rank1", "within": within}},
+        {"type": "recovered_within", "params": {"fault": "lose-rank1", "within": "90s"}},
+        {"type": "restarts_at_most", "params": {"restarts": 1}},
+        {"type": "completes"},
+    ]
+    result = run(e2e_report_root, tmp_path, f"sampler-{fault_type}", JOB, fault, checks)
+    got = verdicts(result)
+    assert all(status == "pass" for status, _ in got.values()), got
+    assert all(e.data.get("source") == "optimizer" for e in result.history.of("target.step"))
+
+
+def test_with_the_one_attach_line_every_sample_is_trained_once_and_matches_golden(
+    e2e_report_root: Path, tmp_path: Path
+) -> None:
+    job = edited_script(JOB, tmp_path / "attached.py", ONE_LINE)
+    fault = {"name": "kill-rank1", "type": "kill", "params": {"rank": 1}, "trigger": {"at_step": 35, "rank": 1}}
+    checks = [
+        {"type": "detected_within", "params": {"fault": "kill-rank1", "within": "5s"}},
+        {"type": "recovered_within", "params": {"fault": "kill-rank1", "within": "60s"}},
+        {"type": "lost_work_at_most", "params": {"steps": 10}},
+        {"type": "exactly_once"},
+        {"type": "matches_golden"},
+        {"type": "completes"},
+    ]
+    result = run(e2e_report_root, tmp_path, "sampler-one-line", job, fault, checks)
+    got = verdicts(result)
+    assert all(status == "pass" for status, _ in got.values()), got
+    resumed = [e for e in result.history.of("target.resume") if e.rank == 1]
+    assert resumed and resumed[0].get_int("step") == 30, [e.data for e in resumed]  # mid-epoch: epoch 1, batch 10
