@@ -19,9 +19,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from chaos.history.timeline import Event
+
+if TYPE_CHECKING:
+    from chaos.run.result import RunResult
 
 # tests/support.py -> the repository root, whatever folder a test module sits in.
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,6 +178,32 @@ def edited_script(script: Path, out: Path, insert: dict[str, str], drop: str | N
     assert len(edited) == expected, f"{script.name} changed: its edits ({sorted(insert)}, drop {drop!r}) no longer apply"
     out.write_text("".join(edited))
     return out
+
+
+def run_user_script(
+    report_root: Path,
+    folder: Path,
+    name: str,
+    script: Path,
+    args: list[str | float],
+    fault: dict[str, Any],
+    checks: list[dict[str, Any]],
+) -> RunResult:
+    """``script`` (a user's training script) as a 2-rank torchrun target with 2 restarts, one ``fault`` and
+    ``checks``, through the whole harness: the scenario is written to ``folder`` as a user would write it."""
+    from chaos.run.orchestrator import RunOptions, execute
+    from chaos.spec.scenario import load_scenario
+
+    target = {"type": "torchrun", "script": str(script), "nproc_per_node": 2, "max_restarts": 2, "args": args}
+    safety = {"max_duration": "150s", "no_progress_timeout": "60s"}
+    source = folder / f"{name}.yaml"
+    source.write_text(scenario_yaml(name, 5, target, faults=[fault], checks=checks, safety=safety))
+    return execute(load_scenario(source), RunOptions(report_root=report_root, scenario_file=source))
+
+
+def verdicts(result: RunResult) -> dict[str, tuple[str, str]]:
+    """Each check's (status, reason), by check name."""
+    return {r.check: (r.status, r.reason) for r in result.results}
 
 
 def cut_off(host: str, *, after: str, duration: float) -> dict[str, Any]:

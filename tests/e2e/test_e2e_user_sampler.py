@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import ROOT, edited_script, scenario_yaml
+from support import ROOT, edited_script, run_user_script, verdicts
 
-from chaos.run.orchestrator import RunOptions, RunResult, execute
-from chaos.spec.scenario import load_scenario
+from chaos.run.result import RunResult
 
 pytestmark = pytest.mark.slow
 
@@ -31,18 +30,8 @@ ONE_LINE = {
 
 
 def run(root: Path, tmp: Path, name: str, job: Path, fault: dict[str, Any], checks: list[dict[str, Any]]) -> RunResult:
-    target = {"type": "torchrun", "script": str(job), "nproc_per_node": 2, "max_restarts": 2,
-              "args": ["--checkpoint-dir", "{run_dir}/ckpt", "--pg-timeout", PG_TIMEOUT]}  # fmt: skip
-    text = scenario_yaml(
-        name, 5, target, faults=[fault], checks=checks, safety={"max_duration": "150s", "no_progress_timeout": "60s"}
-    )
-    source = tmp / f"{name}.yaml"
-    source.write_text(text)
-    return execute(load_scenario(source), RunOptions(report_root=root, scenario_file=source))
-
-
-def verdicts(result: RunResult) -> dict[str, tuple[str, str]]:
-    return {r.check: (r.status, r.reason) for r in result.results}
+    return run_user_script(root, tmp, name, job, ["--checkpoint-dir", "{run_dir}/ckpt", "--pg-timeout", PG_TIMEOUT],
+                           fault, checks)  # fmt: skip
 
 
 @pytest.mark.parametrize("fault_type", ["kill", "freeze"])

@@ -26,6 +26,14 @@ class Recorder:
         return [data for k, data in self.events if k == kind]
 
 
+def attached(optimizer: str) -> tuple[Recorder, nn.Module, torch.optim.Optimizer, Agent]:
+    """A model, its ``optimizer`` (a torch.optim class name) and an agent attached with the one line."""
+    said, model = Recorder(), nn.Linear(3, 1)
+    kind = getattr(torch.optim, optimizer)
+    opt = kind(model.parameters(), lr=0.1) if optimizer == "SGD" else kind(model.parameters())
+    return said, model, opt, Agent(model, opt, emit=said)
+
+
 def train(model: nn.Module, optimizer: torch.optim.Optimizer, steps: int, accumulate: int = 1) -> None:
     """A loop as users write it: nothing of mlchaos in it."""
     torch.manual_seed(3)
@@ -37,10 +45,7 @@ def train(model: nn.Module, optimizer: torch.optim.Optimizer, steps: int, accumu
 
 
 def test_steps_come_from_the_optimizer_and_a_resume_continues_its_count() -> None:
-    said = Recorder()
-    model = nn.Linear(3, 1)
-    optimizer = torch.optim.Adam(model.parameters())
-    agent = Agent(model, optimizer, emit=said)
+    said, model, optimizer, agent = attached("Adam")
     train(model, optimizer, 4, accumulate=3)  # gradient accumulation: three forwards, one step
     assert [e["step"] for e in said.of("target.step")] == [1, 2, 3, 4]
     agent.close()
@@ -58,10 +63,7 @@ def test_steps_come_from_the_optimizer_and_a_resume_continues_its_count() -> Non
 
 
 def test_the_first_explicit_call_takes_over_and_nothing_is_reported_twice() -> None:
-    said = Recorder()
-    model = nn.Linear(3, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    agent = Agent(model, optimizer, emit=said)
+    said, model, optimizer, agent = attached("SGD")
     for step in (1, 2):
         agent.begin_step(step)
         model(torch.randn(2, 3)).sum().backward()
@@ -73,10 +75,7 @@ def test_the_first_explicit_call_takes_over_and_nothing_is_reported_twice() -> N
 
 
 def test_a_step_the_guards_skip_leaves_the_parameters_alone() -> None:
-    said = Recorder()
-    model = nn.Linear(3, 1)
-    optimizer = torch.optim.Adam(model.parameters())
-    agent = Agent(model, optimizer, emit=said)
+    said, model, optimizer, agent = attached("Adam")
     verdicts = iter([False, True])  # the guards' word on the next two steps: skip, then go
     assert agent._hooks is not None
     agent._hooks.calls.allow = lambda: next(verdicts)
@@ -90,10 +89,7 @@ def test_a_step_the_guards_skip_leaves_the_parameters_alone() -> None:
 
 def test_sgd_after_a_restart_is_not_numbered_and_says_what_to_add(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    said = Recorder()
-    model = nn.Linear(3, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    agent = Agent(model, optimizer, emit=said)
+    said, model, optimizer, agent = attached("SGD")
     train(model, optimizer, 2)
     assert not said.of("target.step")
     [note] = said.of("target.step_source")
@@ -102,10 +98,7 @@ def test_sgd_after_a_restart_is_not_numbered_and_says_what_to_add(monkeypatch: p
 
 
 def test_the_exit_reports_the_digest_unless_the_process_died_of_an_exception() -> None:
-    said = Recorder()
-    model = nn.Linear(3, 1)
-    optimizer = torch.optim.Adam(model.parameters())
-    agent = Agent(model, optimizer, emit=said)
+    said, model, optimizer, agent = attached("Adam")
     train(model, optimizer, 2)
     hooks = agent._hooks
     assert hooks is not None
