@@ -84,7 +84,7 @@ def main(seconds: float = 5.0) -> dict[str, float | None]:
         try:
             _wait_ready(job, history)
             print(f"stack ready in {time.monotonic() - t0:.1f} s")
-            gateway_pid = job._gateway.pid if job._gateway is not None else None  # noqa: SLF001 - a benchmark
+            gateway_pid = next(iter(job.pids_for_replica("gateway")), None)
             [primary_pid] = job.pids_for_replica("primary")
             print(f"{'rate':>6} {'ok %':>7} {'p50 ms':>8} {'p99 ms':>8} {'gateway cpu/s':>14} {'primary cpu/s':>14}")
             p99s: dict[int, float] = {}
