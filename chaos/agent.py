@@ -359,7 +359,7 @@ class Agent(ProgressCalls):
     # -- the loop hooks ---------------------------------------------------------------------------------
     def _take_over(self) -> None:
         """The loop makes the per-step calls itself: the one-line tier's hooks stand down for good."""
-        if self._hooks is not None and not self._hooks.driving:
+        if self._hooks is not None:  # (the hooks call the private halves, never these)
             self._hooks.remove()
             self._hooks = None
 

@@ -114,7 +114,6 @@ class LoopHooks:
         self.step = 0
         self.taken = 0
         self.open = False
-        self.driving = False  # True while a hook is inside one of the agent's calls
         self.stood_down = False
         self.died = False
         self._handles = [
@@ -149,13 +148,6 @@ class LoopHooks:
             return 1
         return None
 
-    def _drive(self, call: Callable[[], object]) -> object:
-        self.driving = True
-        try:
-            return call()
-        finally:
-            self.driving = False
-
     def _before_forward(self, module: nn.Module, args: object) -> None:
         if self.open or self.stood_down:
             return
@@ -171,13 +163,13 @@ class LoopHooks:
             return
         self.open = True
         self.step = step
-        self._drive(lambda: self.calls.begin(step))
+        self.calls.begin(step)
 
     def _before_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self.open:
             return  # no forward through the hooked module began this step: not the loop the agent follows
-        self._drive(self.calls.after_backward)
-        if not self._drive(self.calls.allow):
+        self.calls.after_backward()
+        if not self.calls.allow():
             for group in optimizer.param_groups:
                 for param in group["params"]:
                     param.grad = None  # torch's optimizers skip a parameter without a gradient: a skipped step
@@ -187,7 +179,7 @@ class LoopHooks:
             return
         self.open = False
         self.taken += 1
-        self._drive(self.calls.end)
+        self.calls.end()
 
     # -- the end ----------------------------------------------------------------------------------------
     def _uncaught(
