@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -119,6 +120,13 @@ def spawn_harness(*args: str | Path, env: dict[str, str]) -> subprocess.Popen[by
     )
 
 
+def reported_run_dir(done: subprocess.CompletedProcess[str]) -> Path:
+    """The run folder ``mlchaos run`` named on its last ``reports:`` line (one report root may hold many)."""
+    found = re.findall(r"reports: (\S+)", done.stdout)
+    assert found, done.stdout[-2000:]
+    return Path(found[-1])
+
+
 def write_inventory(inventory: Any, folder: Path) -> Path:
     """``inventory`` written as ``FOLDER/inventory.yaml`` (what ``--inventory`` takes); its path."""
     from chaos.cluster.inventory import dump_inventory
@@ -175,7 +183,9 @@ def edited_script(script: Path, out: Path, insert: dict[str, str], drop: str | N
         if line.strip() in insert:
             edited.append(insert[line.strip()] + "\n")
     expected = len(lines) + len(insert) - (drop is not None)
-    assert len(edited) == expected, f"{script.name} changed: its edits ({sorted(insert)}, drop {drop!r}) no longer apply"
+    assert len(edited) == expected, (
+        f"{script.name} changed: its edits ({sorted(insert)}, drop {drop!r}) no longer apply"
+    )
     out.write_text("".join(edited))
     return out
 

@@ -10,20 +10,21 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from support import read_jsonl, run_scenario_file, write_inventory
+from support import read_jsonl, reported_run_dir, run_scenario_file, write_inventory
 
 from chaos.cluster.inventory import Inventory
 
 pytestmark = pytest.mark.slow
 
 # (scenario, extra CLI args): the four multi-host scenarios, and the local kill-rank scenario file moved,
-# unchanged, onto one remote host with --nodes (its kill lands over SSH on the host running rank 1).
+# unchanged, onto one remote host with --nodes (its kill lands over SSH on the host running rank 1). kill-rank's
+# golden run is shared with test_e2e_docker's kill-rank on the same host (the suite's report root; one computes it).
 CASES = [
     ("partition-node", []),
     ("slow-node", []),
     ("checkpoint-storage-stall", []),
     ("lossy-link", []),
-    ("kill-rank", ["--nodes", "host:h2"]),
+    ("kill-rank", ["--nodes", "host:h1"]),
 ]
 
 
@@ -48,14 +49,16 @@ def test_scenario_passes_on_the_testbed(
     extra: list[str],
     testbed: Inventory,
     tmp_path: Path,
+    e2e_report_root: Path,
 ) -> None:
     inventory_file = write_inventory(testbed, tmp_path)
-    reports = tmp_path / "reports"
     # A RELATIVE report dir, as `mlchaos run` and `mlchaos suite run` default to: the job on the other hosts
-    # must still find its run dir (they do not start in the harness's working directory).
-    done = run_scenario_file(name, "--inventory", inventory_file, "--report-dir", "reports", *extra, cwd=tmp_path)
+    # must still find its run dir (they do not start in the harness's working directory). kill-rank's is the
+    # suite's shared root, for its golden run.
+    reports = str(e2e_report_root) if name == "kill-rank" else "reports"
+    done = run_scenario_file(name, "--inventory", inventory_file, "--report-dir", reports, *extra, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    [run_dir] = [p for p in reports.iterdir() if p.name.startswith(name)]  # (the golden run is in .golden/)
+    run_dir = reported_run_dir(done)
     run = json.loads((run_dir / "run.json").read_text())
     assert run["verdict"] == "pass"
     history = read_jsonl(run_dir / "history.jsonl")
@@ -65,6 +68,6 @@ def test_scenario_passes_on_the_testbed(
     assert len(healed) == (0 if name == "kill-rank" else 1)  # a kill is one-shot: nothing to heal
     # The rank -> host mapping is in the history: every rank's start names the host it ran on.
     starts = [e for e in history if e["kind"] == "target.start"]
-    expected = {"h2"} if extra else set(testbed.names())
+    expected = {"h1"} if extra else set(testbed.names())
     assert {e["data"]["host"] for e in starts} == expected
     assert not _leftovers(testbed, run_dir)
