@@ -97,9 +97,7 @@ def test_a_frozen_rank_is_detected_at_the_jobs_own_timeout(e2e_report_root: Path
 KILL_RANK1 = {"name": "kill-rank1", "type": "kill", "params": {"rank": 1}, "trigger": {"at_step": 20, "rank": 1}}
 
 
-def test_with_the_one_attach_line_a_killed_rank_resumes_and_matches_golden(
-    e2e_report_root: Path, tmp_path: Path
-) -> None:
+def test_with_the_one_attach_line_a_killed_rank_resumes_and_matches_golden(e2e_report_root: Path, tmp_path: Path) -> None:
     checks = [
         {"type": "detected_within", "params": {"fault": "kill-rank1", "within": "5s"}},
         {"type": "recovered_within", "params": {"fault": "kill-rank1", "within": "60s"}},
@@ -118,11 +116,16 @@ def test_with_the_one_attach_line_a_killed_rank_resumes_and_matches_golden(
     assert result.history.of("target.resume"), "the resumed attempt's first step was not reported as a resume"
 
 
-def test_a_resume_mutant_that_restarts_at_step_1_fails_matches_golden(e2e_report_root: Path, tmp_path: Path) -> None:
-    # (The classic mutant, a resume that forgets the optimizer's state, is test_e2e_user_resume's.)
-    mutant = with_one_line(tmp_path, drop='start = state["step"] + 1')
+@pytest.mark.parametrize(
+    "drop",
+    ['optimizer.load_state_dict(state["optimizer"])', 'start = state["step"] + 1'],
+    ids=["forgets-the-optimizer", "resumes-at-step-1"],
+)
+def test_a_resume_mutant_fails_matches_golden(drop: str, e2e_report_root: Path, tmp_path: Path) -> None:
+    mutant = with_one_line(tmp_path, drop=drop)
     checks = [{"type": "matches_golden"}, {"type": "completes"}]
-    result = run(e2e_report_root, tmp_path, "one-line-restarts-at-1", KILL_RANK1, checks, job=mutant)
+    result = run(e2e_report_root, tmp_path, "one-line-forgets", KILL_RANK1, checks, job=mutant)
     got = verdicts(result)
     assert got["completes"][0] == "pass", got  # the job ran to its end: only the digest tells
     assert got["matches_golden"][0] == "fail", got
+
