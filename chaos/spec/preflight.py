@@ -18,11 +18,14 @@ The rules, each one a fault that would otherwise fail when it fires, or never fi
 - a ``trigger.phase`` (the job's agent fires the fault on its own process at that point of the step) is for a
   ``kill`` of a torchrun job, selecting the process by ``rank`` (the rank that fires it; the trigger's ``rank``,
   if given, is the same), or of a roles target's replica (``replica``; the trigger's ``rank`` is inside it),
-  without ``hosts:``; ``freeze``/``slow`` with a phase are refused (nothing outside the
-  job would continue a process that stopped itself);
+  without ``hosts:``; a ``freeze`` with a phase needs a duration (a thaw the agent starts continues it) and a
+  ``slow`` with a phase is refused (a duty cycle spans many steps);
 - ``hosts: {rank: R}`` needs a job spread over hosts (torchrun with ``nodes:``, or ``run --nodes``);
 - a host selection can be met: a named host is neither excluded nor protected, and ``count`` is within the
-  blast radius.
+  blast radius;
+- a fault ends within the run: its ``duration`` is at most ``safety.max_duration``, an ``every`` trigger's last
+  firing comes before it, and ``safety.heal_grace`` is at most :data:`MAX_HEAL_GRACE_S` (a dead-man fires
+  that long after a fault's end, so a harness that died leaves the fault that much longer).
 """
 
 from __future__ import annotations
@@ -60,7 +63,41 @@ def findings(scenario: Scenario) -> Iterator[Finding]:
     """The rules of the module docstring, each broken one as a :class:`Finding` (a path, not a position)."""
     for index, fault in enumerate(scenario.faults):
         yield from _fault(scenario, index, fault)
+        yield from _within_the_run(scenario, fault, ("faults", index))
     yield from _hang(scenario)
+    if scenario.safety.heal_grace > MAX_HEAL_GRACE_S:
+        yield Finding(
+            ("safety", "heal_grace"),
+            f"heal_grace {scenario.safety.heal_grace:.0f}s: a fault left by a harness that died would stay that long "
+            "past its end before its dead-man heals it",
+            f"use at most {MAX_HEAL_GRACE_S:g}s (the default, 5s, suits most faults)",
+        )
+
+
+MAX_HEAL_GRACE_S = 600.0
+
+
+def _within_the_run(scenario: Scenario, fault: FaultSpec, at: Path_) -> Iterator[Finding]:
+    """A fault's duration and an ``every`` trigger's last firing fit in ``safety.max_duration``."""
+    limit = scenario.safety.max_duration
+    if fault.duration is not None and fault.duration > limit:
+        yield Finding(
+            (*at, "duration"),
+            f"fault {fault.name!r} lasts {fault.duration:g}s, longer than the whole run (safety.max_duration "
+            f"{limit:g}s): the run would end, and heal it, first",
+            "shorten the duration, or raise safety.max_duration",
+        )
+    every = fault.trigger.every
+    if every is not None:
+        last = (every.interval if every.start is None else every.start) + every.interval * (every.count - 1)
+        if last > limit:
+            yield Finding(
+                (*at, "trigger", "every", "count"),
+                f"fault {fault.name!r} fires {every.count} times every {every.interval:g}s, the last at +{last:g}s, "
+                f"after the run's end (safety.max_duration {limit:g}s)",
+                f"fire at most {max(1, int((limit - (every.start if every.start is not None else every.interval)) // every.interval) + 1)} "
+                "times, or raise safety.max_duration",
+            )
 
 
 def refusal(problems: list[Problem]) -> str:

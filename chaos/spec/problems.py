@@ -81,6 +81,33 @@ def yaml_positions(
             yaml_positions(item, here, out, dupes, file, walked)
 
 
+MAX_NUMBER_CHARS = 64  # no number a scenario holds is longer; Python refuses to parse ints past 4,300 digits
+
+
+class _NumberTooLong(Exception):
+    def __init__(self, node: yaml.ScalarNode) -> None:
+        super().__init__(node.value[:20])
+        self.node = node
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` whose numbers are bounded in length (a 5,000-digit literal is refused at its line
+    instead of failing deep in int() with a traceback, or costing seconds of arithmetic)."""
+
+
+def _bounded(construct: Any) -> Any:
+    def checked(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
+        if len(str(node.value)) > MAX_NUMBER_CHARS:
+            raise _NumberTooLong(node)
+        return construct(loader, node)
+
+    return checked
+
+
+_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _bounded(yaml.SafeLoader.construct_yaml_int))
+_BoundedLoader.add_constructor("tag:yaml.org,2002:float", _bounded(yaml.SafeLoader.construct_yaml_float))
+
+
 def read_yaml_mapping(
     text: str, file: str, *, what: str, hint: str, error: type[ScenarioError] | None = None
 ) -> tuple[dict[str, Any], dict[Path_, tuple[int, int]], list[Problem]]:
@@ -90,7 +117,7 @@ def read_yaml_mapping(
     raise_as = error or ScenarioError
     loader: yaml.SafeLoader | None = None
     try:
-        loader = yaml.SafeLoader(text)  # reads the whole text first: a control character fails here
+        loader = _BoundedLoader(text)  # reads the whole text first: a control character fails here
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as exc:
@@ -106,6 +133,12 @@ def read_yaml_mapping(
         message = f"YAML syntax: {what} is not allowed in YAML"
         raise raise_as(
             [Problem(file, line, column, message, "delete it, or write it as an escape in a quoted string")]
+        ) from None
+    except _NumberTooLong as exc:
+        mark = exc.node.start_mark
+        message = f"a number {len(str(exc.node.value))} characters long ({exc}...): no value here needs one"
+        raise raise_as(
+            [Problem(file, mark.line + 1, mark.column + 1, message, f"write a number of at most {MAX_NUMBER_CHARS} characters")]
         ) from None
     except RecursionError:  # nested thousands of levels deep (no scenario is): refused rather than a crash
         raise raise_as([Problem(file, 1, 1, "YAML nests too deeply to read", "flatten the file")]) from None

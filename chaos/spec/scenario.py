@@ -75,7 +75,7 @@ class EveryTrigger(BaseModel):
 
     model_config = _STRICT
     interval: Duration = Field(gt=0)
-    count: int = Field(ge=1)
+    count: int = Field(ge=1, le=10_000)  # (and its last firing within max_duration: chaos.spec.preflight)
     start: Duration | None = None
 
 
@@ -84,7 +84,7 @@ class PoissonTrigger(BaseModel):
 
     model_config = _STRICT
     mtbf: Duration = Field(gt=0)
-    count: int = Field(ge=1)
+    count: int = Field(ge=1, le=10_000)
     start: Duration = 0.0
 
 

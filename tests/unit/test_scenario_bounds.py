@@ -1,0 +1,78 @@
+"""Inputs that could never make sense are refused at their line with the fix, with bounded work: a number
+thousands of digits long (Python's int() refuses past 4,300 digits with a traceback), a trigger that would
+expand to millions of firings or fire after the run has ended, a fault that outlasts the run, a heal grace that
+would leave a dead harness's fault in place for days."""
+
+from __future__ import annotations
+
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support import ROOT
+
+from chaos.spec.preflight import MAX_HEAL_GRACE_S, preflight
+from chaos.spec.problems import MAX_NUMBER_CHARS
+from chaos.spec.scenario import ScenarioError, parse_scenario
+
+KILL_RANK = (ROOT / "scenarios" / "kill-rank.yaml").read_text()
+FREEZE_RANK = (ROOT / "scenarios" / "freeze-rank.yaml").read_text()
+TRIGGER = "trigger: {at_step: 25, rank: 1}"
+
+
+def _refused(text: str) -> list[str]:
+    with pytest.raises(ScenarioError) as info:
+        parse_scenario(text, "bad.yaml")
+    return [str(problem) for problem in info.value.problems]
+
+
+def _preflight(text: str) -> list[str]:
+    return [str(problem) for problem in preflight(parse_scenario(text, "bad.yaml"))]
+
+
+@pytest.mark.parametrize("literal", ["9" * 5000, "-" + "1" * 4301, "1" * 65, "1." + "5" * 5000])
+def test_a_number_thousands_of_digits_long_is_refused_at_its_line(literal: str) -> None:
+    [problem] = _refused(KILL_RANK.replace("seed: 1234", f"seed: {literal}"))
+    assert problem.startswith("bad.yaml:7:7: a number") and f"at most {MAX_NUMBER_CHARS} characters" in problem
+
+
+def test_the_cli_says_so_without_a_traceback(tmp_path: Path) -> None:
+    bad = tmp_path / "huge.yaml"
+    bad.write_text(KILL_RANK.replace("seed: 1234", "seed: " + "9" * 100_000))
+    done = subprocess.run(
+        [sys.executable, "-m", "chaos.cli.commands", "validate", str(bad)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"{bad}:7:7: a number 100000 characters long" in done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    assert peak_mb < 200, peak_mb
+
+
+@pytest.mark.parametrize("kind", ["every: {interval: 1ms, count: 100000000}", "poisson: {mtbf: 1s, count: 100000000}"])
+def test_a_trigger_of_millions_of_firings_is_refused_before_it_is_expanded(kind: str) -> None:
+    [problem] = _refused(KILL_RANK.replace(TRIGGER, f"trigger: {{{kind}}}"))
+    assert "count" in problem and "less than or equal to 10000" in problem, problem
+
+
+def test_an_every_trigger_firing_after_the_run_is_refused_with_the_count_that_fits() -> None:
+    [problem] = _preflight(KILL_RANK.replace(TRIGGER, "trigger: {every: {interval: 1s, count: 500, start: 30s}}"))
+    assert problem.startswith("bad.yaml:19:") and "the last at +529s, after the run's end" in problem
+    assert "fire at most 151 times" in problem  # +30 s, then every second up to the 180 s max_duration
+    assert _preflight(KILL_RANK.replace(TRIGGER, "trigger: {every: {interval: 1s, count: 151, start: 30s}}")) == []
+
+
+def test_a_fault_longer_than_the_run_and_a_heal_grace_of_days_are_refused() -> None:
+    text = FREEZE_RANK.replace("duration: 20s", "duration: 1h")
+    text = text.replace("heal_grace: 5s", "heal_grace: 1000h") if "heal_grace" in text else text + "  heal_grace: 1000h\n"
+    problems = _preflight(text)
+    assert len(problems) == 2, problems
+    assert "lasts 3600s, longer than the whole run" in problems[0] and "fix: shorten the duration" in problems[0]
+    assert "heal_grace 3600000s" in problems[1] and f"use at most {MAX_HEAL_GRACE_S:g}s" in problems[1]
+
+
+def test_the_shipped_scenarios_fit_their_runs() -> None:
+    for path in sorted((ROOT / "scenarios").glob("*.yaml")):
+        assert _preflight(path.read_text()) == [], path
