@@ -1,11 +1,22 @@
-"""The Transport protocol every host access goes through, and the small value types it returns."""
+"""The Transport protocol every host access goes through, the small value types it returns, and the one way a
+child this machine starts is tied to its parent's life (:func:`die_with_parent`)."""
 
 from __future__ import annotations
 
+import ctypes
 import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Generic, Protocol, TypeVar, runtime_checkable
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(signum: int = signal.SIGTERM) -> None:
+    """Ask the kernel to send ``signum`` to this process when its parent dies, even by SIGKILL. Call it in a
+    child, between fork and exec (``Popen(preexec_fn=...)``). The parent is the THREAD that forked: a child
+    started from a thread that ends before it is signalled then."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
 
 
 class TransportError(RuntimeError):

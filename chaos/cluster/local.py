@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
-from chaos.cluster.base import Completed, Spawner, TransportError
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _death_signal(signum: int) -> None:
-    """Ask the kernel to send ``signum`` to this (child) process when its parent dies."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
+from chaos.cluster.base import Completed, Spawner, TransportError, die_with_parent
 
 
 class HereTransport(Spawner["subprocess.Popen[bytes]"]):
@@ -73,7 +64,7 @@ class HereTransport(Spawner["subprocess.Popen[bytes]"]):
             death = kill_with_parent
 
             def preexec() -> None:
-                _death_signal(death)
+                die_with_parent(death)
 
         wrapped = self.argv(argv)
         try:

@@ -27,6 +27,7 @@ from typing import Literal
 
 from pydantic import JsonValue
 
+from chaos.cluster.base import die_with_parent
 from chaos.history.timeline import Event, History
 from chaos.load.engine import LOAD_END, LOAD_START, LoadEngine
 from chaos.spec.load import LoadSpec
@@ -82,7 +83,10 @@ class LoadRun:
             env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
             argv = [sys.executable, "-m", "chaos.load", "--emit", "--source", self.source,
                     "--spec-json", self.spec.model_dump_json(by_alias=True)]  # fmt: skip
-            self._proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
+            # It dies with the harness (even a SIGKILLed one): a load left sending would hit the next run's fleet.
+            self._proc = subprocess.Popen(
+                argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env, preexec_fn=die_with_parent
+            )
             self._thread = threading.Thread(target=self._pump, name=f"load-pump:{self.source}", daemon=True)
         self._thread.start()
         if not self._started.wait(timeout):

@@ -281,6 +281,12 @@ def needs_duration(injector: object) -> bool:
     return bool(getattr(injector, "needs_duration", False))
 
 
+def is_one_shot(injector: object) -> bool:
+    """True for a fault that happens once and has nothing to hold or heal (a signal, a restart): a ``duration``
+    on it means nothing, and the preflight refuses one. Declared as ``one_shot: ClassVar[bool] = True``."""
+    return bool(getattr(injector, "one_shot", False))
+
+
 def is_in_job(injector: object) -> bool:
     """True for injectors whose faults the job's own agent applies."""
     return bool(getattr(injector, "in_job", False))

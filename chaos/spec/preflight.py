@@ -23,6 +23,9 @@ The rules, each one a fault that would otherwise fail when it fires, or never fi
 - ``hosts: {rank: R}`` needs a job spread over hosts (torchrun with ``nodes:``, or ``run --nodes``);
 - a host selection can be met: a named host is neither excluded nor protected, and ``count`` is within the
   blast radius;
+- a one-shot fault (``kill``, ``container_kill``, ``container_restart``: ``one_shot`` on the injector) has no
+  ``duration``, and a serving or http target's faults wait for nothing it never reports (a checkpoint, a
+  resume; on an http target, a step);
 - a fault ends within the run: its ``duration`` is at most ``safety.max_duration``, an ``every`` trigger's last
   firing comes before it, and ``safety.heal_grace`` is at most :data:`MAX_HEAL_GRACE_S` (a dead-man fires
   that long after a fault's end, so a harness that died leaves the fault that much longer).
@@ -35,7 +38,7 @@ from dataclasses import dataclass
 
 from chaos.cluster.base import Transport, TransportError
 from chaos.plugins import registry
-from chaos.plugins.injector import InjectionContext, InjectionError, Unsupported, is_in_job, needs_duration
+from chaos.plugins.injector import InjectionContext, InjectionError, Unsupported, is_in_job, is_one_shot, needs_duration
 from chaos.spec.problems import Path_, Problem
 from chaos.spec.roles import RolesTarget
 from chaos.spec.scenario import CommandTarget, FaultSpec, Scenario, TorchrunTarget
@@ -166,6 +169,18 @@ def _fault(scenario: Scenario, index: int, fault: FaultSpec) -> Iterator[Finding
             "(without one it would be refused when it fires, after the run started)",
             "add `duration: 20s` (or how long it should last) to the fault",
         )
+    if is_one_shot(registry.injectors()[fault.type]) and fault.duration is not None:
+        yield Finding(
+            (*at, "duration"),
+            f"fault {fault.name!r} ({fault.type}) happens once and holds nothing, so a duration would change nothing",
+            "drop duration (a held fault: freeze, container_stop, partition ... takes one)",
+        )
+    if isinstance(target, (ServingTarget, HttpTarget)) and (kind := _training_event(fault, target)) is not None:
+        yield Finding(
+            (*at, "trigger", fault.trigger.kind),
+            f"fault {fault.name!r} waits for {kind}, which a {target.type} target never reports: it would never fire",
+            "trigger it by time (after: 10s) or on an event the target reports (load.request, serving.*)",
+        )
     if in_job and isinstance(target, HttpTarget):
         yield Finding(
             (*at, "type"),
@@ -209,6 +224,21 @@ def _fault(scenario: Scenario, index: int, fault: FaultSpec) -> Iterator[Finding
     yield from _replica(target, fault, at)
     yield from _hosts(scenario, fault, at)
     yield from _phase(scenario, fault, at)
+
+
+def _training_event(fault: FaultSpec, target: object) -> str | None:
+    """The training progress a fault's trigger waits for that ``target`` never reports, or None: an http target
+    (nothing of ours runs in it) reports no step at all; a serving target's model servers count inferences as
+    steps, but nothing checkpoints, resumes or restarts a worker there."""
+    never = TRAINING_EVENTS if isinstance(target, HttpTarget) else TRAINING_EVENTS[2:]
+    if fault.trigger.at_step is not None and isinstance(target, HttpTarget):
+        return "a training step"
+    event = fault.trigger.on_event
+    return f"event {event.kind}" if event is not None and event.kind in never else None
+
+
+# What a training job reports (the kinds a trigger names exactly); the first two a serving target reports too.
+TRAINING_EVENTS = ("target.step", "target.digest", "target.checkpoint", "target.restore", "target.resume", "target.worker")
 
 
 # Hang faults (injectors.hang) fire in the agent of a training rank; culprit_named judges the hang watch's events.

@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator
 from pydantic.fields import FieldInfo
 
-from chaos.spec.units import NonFiniteDuration, parse_duration
+from chaos.spec.units import NonFiniteDuration, parse_duration, short_repr
 
 
 @dataclass(frozen=True)
@@ -352,8 +352,7 @@ def _parses(parse: Any, value: object) -> bool:
 
 def _got(value: object) -> str:
     """``value`` as the message's "(got ...)", short: the file has the whole of a long mapping or list."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return short_repr(value)
 
 
 def _invalid_value(error: dict[str, Any], where: str, field: FieldInfo | None) -> tuple[str, str]:

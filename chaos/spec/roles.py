@@ -56,7 +56,7 @@ class RoleTorchrun(BaseModel):
     module: str | None = Field(default=None, pattern=_MODULE, description="a dotted module name (python -m)")
     script: Name | None = None
     args: Argv = []
-    nproc_per_node: int = Field(default=1, ge=1)
+    nproc_per_node: int = Field(default=1, ge=1, le=1024)
     max_restarts: int = Field(default=0, ge=0, description="torchrun's own restarts, inside one replica start")
     monitor_interval: Duration = Field(default=0.5, gt=0)
 

@@ -217,7 +217,7 @@ class TorchrunTarget(BaseModel):
     module: str | None = Field(default=None, pattern=_MODULE, description="a dotted module name (python -m)")
     script: Name | None = None
     args: Argv = []
-    nproc_per_node: int = Field(default=2, ge=1)
+    nproc_per_node: int = Field(default=2, ge=1, le=1024)
     max_restarts: int = Field(default=3, ge=0)
     monitor_interval: Duration = Field(default=0.5, gt=0)
     nodes: HostSelector | None = Field(

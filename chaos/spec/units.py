@@ -1,4 +1,5 @@
-"""Value checks shared by the scenario model and the CLI: human-friendly durations, and http(s) URLs.
+"""Value checks shared by the scenario model and the CLI: human-friendly durations, and http(s) URLs; and the
+short form of a value an error message quotes.
 
 ``"500ms"``, ``"10s"``, ``"2m"``, ``"1h"``, ``"1m30s"`` and plain numbers (seconds) are accepted as durations.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import reprlib
 from typing import Annotated
 from urllib.parse import urlsplit
 
@@ -15,6 +17,18 @@ from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema
 
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxtuple, _SHORT.maxdict, _SHORT.maxset = 2, 4, 4, 4, 4
+_SHORT.maxstring = _SHORT.maxlong = _SHORT.maxother = 60
+
+
+def short_repr(value: object, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters, built without the whole of it: a YAML alias bomb (a list of
+    nine aliases of a list of nine aliases ...) is a few kilobytes of file and gigabytes of repr."""
+    text = _SHORT.repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 NON_FINITE_DURATION = "a duration must be a finite number of seconds, like 30s, 2m"
@@ -46,7 +60,7 @@ def parse_duration(value: object) -> float:
                     f"{value!r} is not a duration; write e.g. 500ms, 10s, 2m, 1h or 1m30s"
                 ) from None
     else:
-        raise ValueError(f"{value!r} is not a duration; write e.g. 500ms, 10s, 2m, 1h or 1m30s")
+        raise ValueError(f"{short_repr(value)} is not a duration; write e.g. 500ms, 10s, 2m, 1h or 1m30s")
     if not math.isfinite(seconds):
         # float() reads "nan"/"inf" and YAML reads .nan/.inf; a NaN timeout compares False with everything, so a
         # watch given one never fires and a run "passes" that should have been stopped.

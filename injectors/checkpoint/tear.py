@@ -20,7 +20,6 @@ writer's own. Linux only (``/proc``, ptrace: root or ``CAP_SYS_PTRACE``).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import fnmatch
 import json
 import os
@@ -32,6 +31,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from chaos.cluster.base import die_with_parent
 from chaos.safety.deadman import detach
 
 MODULE = "injectors.checkpoint.tear"
@@ -39,7 +39,6 @@ WRITE_SYSCALLS = "write,writev,pwrite64,pwritev"
 _POLL_S = 0.001
 _ATTACH_S = 0.3  # strace attaches within this (it prints nothing with -qq, so we wait instead of reading)
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR
-_PR_SET_PDEATHSIG = 1
 
 
 def strace_argv(pids: list[int], delay_us: int) -> list[str]:
@@ -78,12 +77,6 @@ def _open_for_write(pid: int, directory: str, pattern: str) -> list[str]:
         if flags & _WRITE_FLAGS:
             found.append(target)
     return found
-
-
-def _die_with_parent() -> None:
-    """In the strace child: SIGTERM it (it then detaches) if this watcher dies, even by SIGKILL, so no tracer
-    outlives the watcher and keeps holding the job's writes."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _alive(pid: int) -> bool:
@@ -157,7 +150,7 @@ def main(argv: list[str]) -> int:
         stop[0] = True
 
     signal.signal(signal.SIGTERM, on_term)
-    tracer = subprocess.Popen(strace_argv(pids, args.delay_us), stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+    tracer = subprocess.Popen(strace_argv(pids, args.delay_us), stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)  # SIGTERM: strace detaches
     torn: dict[str, Any] | None = None
     final: dict[str, Any] = {"phase": "done", "torn": None}
     try:

@@ -454,6 +454,7 @@ class KillInjector(_ProcessFault):
     name: ClassVar[str] = "kill"
     Params: ClassVar[type[BaseModel]] = KillParams
     summary: ClassVar[str] = "send a signal (default SIGKILL) to a rank, pid or command-line match"
+    one_shot: ClassVar[bool] = True  # a duration means nothing to it: refused at validate
 
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
         params = op.params_as(KillParams)

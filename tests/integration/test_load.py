@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -18,8 +19,9 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import yaml
 from pydantic import ValidationError
-from support import ROOT
+from support import ROOT, wait_for
 
+from chaos.cluster.local import process_state
 from chaos.history.timeline import Event, History
 from chaos.load import (
     LOAD_END,
@@ -445,3 +447,27 @@ def test_codec_paths_truthiness_and_start_failures(tmp_path: Path) -> None:
         LoadRun(missing, isolation="thread").start()
     with pytest.raises(RuntimeError, match="exited with 1"):
         LoadRun(missing, isolation="process").start()
+
+
+def test_the_load_generator_dies_with_a_sigkilled_harness() -> None:
+    """A harness stand-in starts a process-isolated load (a minute of requests) and is SIGKILLed: its load
+    generator must stop too (it used to go on sending for its whole duration, into the next run's fleet)."""
+    harness = (
+        "import sys, time\n"
+        "from chaos.load.run import LoadRun\n"
+        "from chaos.spec.load import LoadSpec\n"
+        "run = LoadRun(LoadSpec(url='http://127.0.0.1:9/', rate=20, duration=60)).start()\n"
+        "print(run._proc.pid, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", harness], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert process_state(child) not in (None, "Z"), "the load generator never ran"
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=10)
+        assert wait_for(lambda: process_state(child) in (None, "Z"), 10), "the load generator outlived its harness"
+    finally:
+        parent.kill()
+        parent.wait(timeout=10)

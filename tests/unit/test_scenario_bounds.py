@@ -5,6 +5,7 @@ would leave a dead harness's fault in place for days."""
 
 from __future__ import annotations
 
+import os
 import resource
 import subprocess
 import sys
@@ -38,16 +39,29 @@ def test_a_number_thousands_of_digits_long_is_refused_at_its_line(literal: str) 
     assert problem.startswith("bad.yaml:7:7: a number") and f"at most {MAX_NUMBER_CHARS} characters" in problem
 
 
+def _validate(path: Path, limit_bytes: int | None = None) -> tuple[int, str, float]:
+    """``mlchaos validate PATH``: its exit code, its output, and its own peak memory in MB (``os.wait4``: this
+    child's, not the largest of all the children this worker ever reaped)."""
+
+    def limited() -> None:  # a regression fails here (MemoryError), not by taking the machine
+        if limit_bytes is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+
+    command = [sys.executable, "-m", "chaos.cli.commands", "validate", str(path)]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=limited) as child:
+        assert child.stdout is not None
+        out = child.stdout.read().decode(errors="replace")
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)
+    return child.returncode, out, usage.ru_maxrss / 1024
+
+
 def test_the_cli_says_so_without_a_traceback(tmp_path: Path) -> None:
     bad = tmp_path / "huge.yaml"
     bad.write_text(KILL_RANK.replace("seed: 1234", "seed: " + "9" * 100_000))
-    done = subprocess.run(
-        [sys.executable, "-m", "chaos.cli.commands", "validate", str(bad)], capture_output=True, text=True, timeout=60
-    )
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert f"{bad}:7:7: a number 100000 characters long" in done.stdout + done.stderr
-    assert "Traceback" not in done.stdout + done.stderr
-    peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    code, out, peak_mb = _validate(bad)
+    assert code == 2, out
+    assert f"{bad}:7:7: a number 100000 characters long" in out and "Traceback" not in out, out
     assert peak_mb < 200, peak_mb
 
 
@@ -66,7 +80,9 @@ def test_an_every_trigger_firing_after_the_run_is_refused_with_the_count_that_fi
 
 def test_a_fault_longer_than_the_run_and_a_heal_grace_of_days_are_refused() -> None:
     text = FREEZE_RANK.replace("duration: 20s", "duration: 1h")
-    text = text.replace("heal_grace: 5s", "heal_grace: 1000h") if "heal_grace" in text else text + "  heal_grace: 1000h\n"
+    text = (
+        text.replace("heal_grace: 5s", "heal_grace: 1000h") if "heal_grace" in text else text + "  heal_grace: 1000h\n"
+    )
     problems = _preflight(text)
     assert len(problems) == 2, problems
     assert "lasts 3600s, longer than the whole run" in problems[0] and "fix: shorten the duration" in problems[0]
@@ -76,3 +92,33 @@ def test_a_fault_longer_than_the_run_and_a_heal_grace_of_days_are_refused() -> N
 def test_the_shipped_scenarios_fit_their_runs() -> None:
     for path in sorted((ROOT / "scenarios").glob("*.yaml")):
         assert _preflight(path.read_text()) == [], path
+
+
+def _bomb(levels: int) -> str:
+    """YAML anchors, each a list of nine aliases of the one before: a few hundred bytes, 9**levels leaves."""
+    lines = ["x-bomb:", "  - &b0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"  - &b{i} [{', '.join([f'*b{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+BOMBED = [
+    ("faults.0.duration", FREEZE_RANK.replace("duration: 20s", "duration: *b8")),
+    ("safety.max_duration", FREEZE_RANK.replace("max_duration: 180s", "max_duration: *b8")),
+    ("faults.0.params.rank", FREEZE_RANK.replace("params: {rank: 1}", "params: {rank: *b8}")),
+    ("faults.0.trigger.at_step", FREEZE_RANK.replace("at_step: 20,", "at_step: *b8,")),
+    ("name", FREEZE_RANK.replace("name: freeze-rank\n", "name: *b8\n")),
+]
+
+
+@pytest.mark.parametrize(("field", "text"), BOMBED, ids=[field for field, _ in BOMBED])
+def test_an_alias_bomb_in_a_field_is_refused_at_its_line_with_a_short_quote(
+    field: str, text: str, tmp_path: Path
+) -> None:
+    assert "*b8" in text, field
+    bad = tmp_path / "bomb.yaml"
+    bad.write_text(_bomb(9) + text)  # 9**9 (387 million) leaves if anything walked or printed the whole value
+
+    code, out, peak_mb = _validate(bad, limit_bytes=2 << 30)
+    assert code == 2 and "Traceback" not in out, out[-3000:]
+    assert f"{field}:" in out and len(out) < 4000, out[-3000:]
+    assert peak_mb < 200, peak_mb
