@@ -196,18 +196,20 @@ def run_user_script(
     name: str,
     script: Path,
     args: list[str | float],
-    fault: dict[str, Any],
+    fault: dict[str, Any] | list[dict[str, Any]],
     checks: list[dict[str, Any]],
 ) -> RunResult:
-    """``script`` (a user's training script) as a 2-rank torchrun target with 2 restarts, one ``fault`` and
-    ``checks``, through the whole harness: the scenario is written to ``folder`` as a user would write it."""
+    """``script`` (a user's training script) as a 2-rank torchrun target with 2 restarts, one ``fault`` (or a
+    list of them) and ``checks``, through the whole harness: the scenario is written to ``folder`` as a user
+    would write it."""
     from chaos.run.orchestrator import RunOptions, execute
     from chaos.spec.scenario import load_scenario
 
     target = {"type": "torchrun", "script": str(script), "nproc_per_node": 2, "max_restarts": 2, "args": args}
     safety = {"max_duration": "150s", "no_progress_timeout": "60s"}
     source = folder / f"{name}.yaml"
-    source.write_text(scenario_yaml(name, 5, target, faults=[fault], checks=checks, safety=safety))
+    faults = fault if isinstance(fault, list) else [fault]
+    source.write_text(scenario_yaml(name, 5, target, faults=faults, checks=checks, safety=safety))
     return execute(load_scenario(source), RunOptions(report_root=report_root, scenario_file=source))
 
 

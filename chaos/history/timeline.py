@@ -38,6 +38,7 @@ FAULT_HEALED = "fault.healed"
 FAULT_FAILED = "fault.failed"
 FAULT_OVERLAP = "fault.overlap"
 FAULT_NOT_FIRED = "fault.not_fired"  # an op still waiting for its trigger when the run ended: {fault, op, reason}
+FAULT_CLAIMED = "fault.claimed"  # a rank's agent will fire this at_step op itself, at the step's start: {fault, op}
 TARGET_START = "target.start"
 TARGET_STEP = "target.step"
 TARGET_CHECKPOINT = "target.checkpoint"

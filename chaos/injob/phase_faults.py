@@ -21,6 +21,11 @@ process if it is still the same one, by its kernel start time), and the process 
 at once. The thaw does not depend on the harness or the launcher: it is this fault's dead-man switch, so a
 harness that dies mid-freeze leaves no stopped rank behind. Once continued, the process reports
 ``fault.healed`` {frozen_s} itself. A ``slow`` (a duty cycle) is not fired at a phase: the preflight refuses it.
+
+A kill with a plain ``at_step`` trigger on one torchrun rank comes as a ``claimable`` op at phase ``forward``:
+the agent of that rank claims it when it attaches (``fault.claimed`` {fault, op}, unless it already fired in this
+run) and fires it at the start of the step, like any phase op; the harness then leaves it alone (see
+:mod:`chaos.run.triggers`).
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ def in_this_replica(op: InJobOp) -> bool:
     target's replica, e.g. a torchft replica group)."""
     replica = op.params.get("replica")
     return replica is None or replica == os.environ.get(ENV_REPLICA)
+
+
 IN_FLIGHT = "in_flight"  # the collective site of an allreduce-phase fault: all-reduce started, not waited for
 # The thaw of a freeze fired at a phase: ``python -c THAW SECONDS PID START_TIME``. Sleeps, then SIGCONTs PID only
 # while /proc says it is still the process that stopped itself (a reused pid is never touched).
@@ -96,6 +103,9 @@ class PhaseFaults:
         self._already_fired = already_fired
         self._mark_fired = mark_fired
         self._done: set[str] = set()
+        for op in self._ops:
+            if op.claimable and not already_fired(op):
+                emit("fault.claimed", rank=rank, fault=op.fault, op=op.op_id, at_step=op.at_step)
         for op in planned:
             if op.injector not in PROCESS_FAULTS:
                 raise ValueError(
@@ -149,9 +159,7 @@ class PhaseFaults:
                 self._kill(op, phase, step, where)
 
     def _kill(self, op: InJobOp, phase: str, step: int, where: dict[str, JsonValue]) -> None:
-        raw = op.params.get("signal", "SIGKILL")
-        name = raw if isinstance(raw, str) else "SIGKILL"
-        number = signal.Signals[name] if name in signal.Signals.__members__ else signal.SIGKILL
+        number = _signal(op.params.get("signal", "SIGKILL"))
         pid = os.getpid()
         at = _point(phase, where)
         self._emit(
@@ -191,6 +199,15 @@ class PhaseFaults:
         stopped = time.monotonic()
         os.kill(pid, signal.SIGSTOP)  # every thread of the process, until the thaw (or anyone) continues it
         self._emit("fault.healed", rank=self._rank, frozen_s=round(time.monotonic() - stopped, 3), **common)
+
+
+def _signal(raw: JsonValue) -> signal.Signals:
+    """The signal a kill op names (``SIGTERM``, ``TERM``, ``15`` or 15); SIGKILL when it names none."""
+    text = str(raw).upper() if isinstance(raw, (str, int)) and not isinstance(raw, bool) else "SIGKILL"
+    if text.isdigit():
+        return signal.Signals(int(text))
+    name = text if text.startswith("SIG") else f"SIG{text}"
+    return signal.Signals[name] if name in signal.Signals.__members__ else signal.SIGKILL
 
 
 def _point(phase: str, where: dict[str, JsonValue]) -> str:

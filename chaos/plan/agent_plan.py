@@ -29,7 +29,9 @@ class PlanFileError(ValueError):
 @dataclass(frozen=True)
 class InJobOp:
     """One fault the agent fires: which injector with which params, at which step, on which rank; ``phase`` is
-    set for a process fault the agent fires on its own process at that point of the step (``trigger.phase``)."""
+    set for a process fault the agent fires on its own process at that point of the step (``trigger.phase``).
+    ``claimable``: a process fault with a plain ``at_step`` trigger, which the harness fires when the job reports
+    the step unless the rank's agent claims it (``fault.claimed``) and fires it at the start of that step."""
 
     op_id: str
     fault: str
@@ -39,6 +41,7 @@ class InJobOp:
     rank: int | None = None
     phase: str | None = None  # a process fault (kill, freeze) fired by the agent at this point of the step
     duration_s: float | None = None  # a fault's duration (a freeze fired at a phase is thawed after it)
+    claimable: bool = False  # the harness fires it unless this rank's agent claims it (see the class doc)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> InJobOp:
@@ -95,6 +98,7 @@ _OP_TYPES: dict[str, tuple[type, ...]] = {
     "rank": (int, type(None)),
     "phase": (str, type(None)),
     "duration_s": (float, type(None)),
+    "claimable": (bool,),
 }
 _OP_REQUIRED = ("op_id", "fault", "injector", "params", "at_step")
 

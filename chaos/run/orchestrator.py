@@ -63,7 +63,7 @@ from chaos.run.faults import (
 )
 from chaos.run.golden import Golden, golden_outcome
 from chaos.run.result import EXIT_FAIL, EXIT_HARNESS, EXIT_INVALID, EXIT_PASS, RunResult, RunStatus, Verdict
-from chaos.run.triggers import Triggers, not_fired
+from chaos.run.triggers import Triggers, not_fired, placed, polled
 from chaos.safety import remote_deadman
 from chaos.safety.cleanup import heal_leftovers
 from chaos.safety.journal import Journal
@@ -131,7 +131,7 @@ class Execution:
         self.status = status
         self.transport = LocalTransport()
         self.journal = Journal.for_run(run_dir.name)
-        self.in_job, plan_file = in_job_plan(plan, run_dir)
+        self.in_job, plan_file = in_job_plan(plan, run_dir, claims=scenario.target.type == "torchrun")
         # detect.hang when the target asks for it; an all_waiting one (no rank is odd) has the links probed
         self.hang_watch = link_probe.attach(hang_watch.for_scenario(scenario, run_dir), history, hosts, log)
         env = {ENV_PLAN: str(plan_file), **hang_watch.job_env(self.hang_watch)}
@@ -143,6 +143,7 @@ class Execution:
         self.fired = 0
         self.step: int | None = None
         self.triggers = Triggers()
+        self.rank_hosts: dict[int, str] = {}  # each rank's host, from its target.start
         self.ended_by = ""
         self._lock = threading.Lock()  # active faults and counters: per-host applies and heals run in threads
 
@@ -222,6 +223,7 @@ class Execution:
                 return
             exited = False
             for event in [*self.target.poll_events(), *hang_watch.poll(self.hang_watch)]:
+                event = placed(event, self.rank_hosts)
                 self.history.append(event)
                 exited = exited or event.kind == TARGET_EXIT
                 if event.kind in (TARGET_STEP, TARGET_START, TARGET_WORKER):
@@ -320,14 +322,15 @@ class Execution:
     def _end(self, why: str) -> None:
         self.ended_by = why
         self.history.record("runner.end", reason=why)
-        for event in not_fired(self.pending, self.step, why):
+        for event in not_fired(self.pending, self.step, why, self.triggers.claims):
             self.history.append(event)
             self.log(f"fault {event.get_str('op')} never fired: {event.get_str('reason')}")
         self.log(f"run ended: {why}")
 
     def _on_event(self, event: Event) -> None:
         if event.kind == FAULT_APPLIED and event.source == "target":
-            self.fired += 1  # an in-job fault, fired by the job's agent
+            self.fired += 1  # an in-job fault, or a claimed one, fired by the job's agent
+            self.pending = [op for op in self.pending if op.op_id != event.get_str("op")]
             self.log(f"fault applied in the job: {event.get_str('description') or event.get_str('op')}")
         elif event.kind.startswith("detect."):
             where = f" on rank {event.rank}" if event.rank is not None else ""
@@ -397,6 +400,7 @@ class Execution:
         self.history.record(
             FAULT_APPLIED, ts_ns=sent_ns, fault=op.fault, op=op.op_id, injector=op.injector, host=host,
             description=applied.description, duration_s=op.duration_s, apply_s=round((now_ns() - sent_ns) / 1e9, 4),
+            **polled(op, self.step, POLL_S, self.triggers),
         )  # fmt: skip
         where = "" if host == LOCAL else f" on {host}"
         self.log(f"fault applied{where}: {applied.description or op.op_id}")

@@ -48,7 +48,9 @@ def test_scenario_file_runs_unchanged_on_containers(
     name: str, extra: list[str], docker_testbed: Inventory, tmp_path: Path, e2e_report_root: Path
 ) -> None:
     inventory_file = write_inventory(docker_testbed, tmp_path)
-    reports = e2e_report_root if name == "kill-rank" else tmp_path / "reports"  # kill-rank: a shared golden run
+    # kill-rank: a folder of the suite's report root that test_e2e_multinode's kill-rank shares (one golden
+    # run for both), apart from the local kill-rank runs other tests find by name there
+    reports = e2e_report_root / "on-hosts" if name == "kill-rank" else tmp_path / "reports"
     done = run_scenario_file(name, "--inventory", inventory_file, "--report-dir", reports, *extra)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     run_dir = reported_run_dir(done)

@@ -17,8 +17,9 @@ from chaos.cluster.inventory import Inventory
 pytestmark = pytest.mark.slow
 
 # (scenario, extra CLI args): the four multi-host scenarios, and the local kill-rank scenario file moved,
-# unchanged, onto one remote host with --nodes (its kill lands over SSH on the host running rank 1). kill-rank's
-# golden run is shared with test_e2e_docker's kill-rank on the same host (the suite's report root; one computes it).
+# unchanged, onto one remote host with --nodes (rank 1's own agent there fires its kill; the history names the
+# host). kill-rank's golden run is shared with test_e2e_docker's kill-rank on the same host (the suite's report
+# root; one of them computes it).
 CASES = [
     ("partition-node", []),
     ("slow-node", []),
@@ -54,8 +55,8 @@ def test_scenario_passes_on_the_testbed(
     inventory_file = write_inventory(testbed, tmp_path)
     # A RELATIVE report dir, as `mlchaos run` and `mlchaos suite run` default to: the job on the other hosts
     # must still find its run dir (they do not start in the harness's working directory). kill-rank's is the
-    # suite's shared root, for its golden run.
-    reports = str(e2e_report_root) if name == "kill-rank" else "reports"
+    # folder of the suite's report root test_e2e_docker's kill-rank shares, for one golden run.
+    reports = str(e2e_report_root / "on-hosts") if name == "kill-rank" else "reports"
     done = run_scenario_file(name, "--inventory", inventory_file, "--report-dir", reports, *extra, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     run_dir = reported_run_dir(done)

@@ -96,7 +96,9 @@ def test_sigkilled_harness_frozen_torchrun_rank_is_resumed_by_dead_man(tmp_path:
     """
     env = {**os.environ, "MLCHAOS_STATE_DIR": str(tmp_path / "state")}
     text = (ROOT / "scenarios" / "freeze-rank.yaml").read_text()
-    text = text.replace("trigger: {at_step: 20, rank: 1}", "trigger: {at_step: 10, rank: 1}")
+    # On rank 1's first checkpoint (step 10): an event trigger, so the HARNESS freezes it (an at_step freeze of
+    # one rank is fired by that rank's own agent, which thaws itself) and its dead-man is what this test judges.
+    text = text.replace("trigger: {at_step: 20, rank: 1}", "trigger: {on_event: {kind: target.checkpoint, rank: 1}}")
     text = text.replace("duration: 20s", f"duration: {FREEZE_S}s").replace("heal_grace: 5s", f"heal_grace: {GRACE_S}s")
     assert f"duration: {FREEZE_S}s" in text and f"heal_grace: {GRACE_S}s" in text
     scenario = tmp_path / "freeze.yaml"

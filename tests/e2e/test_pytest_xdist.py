@@ -2,8 +2,8 @@
 files (a killed rank, a frozen rank, a bit flip on the wire, a killed model server) passes, each item on its own
 worker, with every run's history holding only its own faults.
 
-The report dir is the suite's shared e2e root, so the golden runs the other end-to-end tests compute (same
-scenarios, same seeds, same code) are read from its cache instead of being run again. These runs are also the
+The report dir links the golden cache of the suite's shared e2e root, so the golden runs the other end-to-end
+tests compute (same scenarios, same seeds, same code) are read from its cache instead of being run again. These runs are also the
 suite's only runs of ``freeze-rank`` and ``sdc-in-transit`` as shipped: what each must show (the freeze healed
 and seen as a collective timeout; the flip fired by the in-job agent and caught in its step, naming rank 1) is
 asserted here, on their histories.
@@ -27,8 +27,13 @@ pytestmark = pytest.mark.slow
 SIDE_BY_SIDE = ["kill-rank", "freeze-rank", "sdc-in-transit", "serving-primary-killed"]
 
 
-def test_pytest_n_2_runs_shipped_scenarios_side_by_side(e2e_report_root: Path) -> None:
-    reports = e2e_report_root
+def test_pytest_n_2_runs_shipped_scenarios_side_by_side(e2e_report_root: Path, tmp_path: Path) -> None:
+    # Its own report dir (other tests run these scenarios into the suite's root too: each run found here is
+    # one of this call's), with the suite's golden cache linked in.
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    (e2e_report_root / ".golden").mkdir(exist_ok=True)
+    (reports / ".golden").symlink_to(e2e_report_root / ".golden")
     files = [str(SCENARIOS / f"{name}.yaml") for name in SIDE_BY_SIDE]
     argv = [sys.executable, "-m", "pytest", "-n", "2", "-p", "no:cacheprovider", "-q", "--chaos-report-dir", str(reports)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}  # not this session's xdist worker

@@ -184,7 +184,10 @@ def test_kill_rank_1_of_a_user_script_resolves_by_discovery_and_restarts_are_rep
 
     target = {"type": "torchrun", "script": str(JOB), "nproc_per_node": 2, "max_restarts": 1,
               "args": ["--steps", STEPS]}  # fmt: skip
-    fault = {"name": "kill-rank1", "type": "kill", "params": {"rank": 1}, "trigger": {"at_step": KILL_AT}}
+    # An event trigger on rank 1's step KILL_AT: the HARNESS resolves and kills (an at_step kill of one rank is
+    # fired by that rank's own agent, and this job attaches one).
+    trigger = {"on_event": {"kind": "target.step", "nth": KILL_AT, "rank": 1}}
+    fault = {"name": "kill-rank1", "type": "kill", "params": {"rank": 1}, "trigger": trigger}
     checks = [
         {"type": "restarts_at_most", "name": "restarts_at_most[0]", "params": {"restarts": 0}},
         {"type": "restarts_at_most", "name": "restarts_at_most[1]", "params": {"restarts": 1}},

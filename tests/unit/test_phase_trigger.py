@@ -27,7 +27,7 @@ from chaos.injob.phase_faults import PHASES as AGENT_PHASES
 from chaos.injob.phase_faults import PROCESS_FAULTS, PhaseFaults
 from chaos.plan.agent_plan import InJobOp, load_plan
 from chaos.plan.build import make_plan
-from chaos.run.faults import in_job_plan
+from chaos.run.faults import claimable, in_job_plan
 from chaos.spec.preflight import PHASE_FAULTS, preflight
 from chaos.spec.scenario import PHASES, Trigger, parse_scenario
 
@@ -72,10 +72,33 @@ def test_a_phase_kill_goes_into_the_jobs_plan_file_with_its_phase_and_rank(tmp_p
     assert (phased.at_step, phased.rank, phased.phase) == (3, 1, "allreduce")
     assert "in phase allreduce" in phased.describe()
     assert outside.phase is None
-    in_job, path = in_job_plan(plan, tmp_path)
+    in_job, path = in_job_plan(plan, tmp_path, claims=False)
     assert in_job == [phased]  # the other kill stays with the harness (fired when rank 0 reports step 5)
     [op] = load_plan(str(path)).ops
     assert (op.injector, op.at_step, op.rank, op.phase, op.params["signal"]) == ("kill", 3, 1, "allreduce", "SIGKILL")
+    assert not op.claimable
+    # On a torchrun target the other kill is offered to rank 0's agent too: at the start of step 5, claimable.
+    in_job, path = in_job_plan(plan, tmp_path, claims=True)
+    assert in_job == [phased]  # still the harness's until an agent claims it
+    _, offered = load_plan(str(path)).ops
+    assert (offered.op_id, offered.at_step, offered.phase, offered.claimable) == (outside.op_id, 5, "forward", True)
+
+
+CLAIMABLE = [
+    ("{type: kill, params: {rank: 1}, trigger: {at_step: 3}}", True),
+    ("{type: kill, params: {rank: 1, signal: SIGTERM}, trigger: {at_step: 3, rank: 1}}", True),
+    ("{type: freeze, params: {rank: 1}, trigger: {at_step: 3}, duration: 2s}", False),  # its heal is the harness's
+    ("{type: kill, params: {rank: 1}, trigger: {at_step: 3, rank: 0}}", False),  # rank 0's steps, rank 1's death
+    ("{type: kill, params: {name: trainer}, trigger: {at_step: 3}}", False),  # not one rank's own process
+    ("{type: kill, params: {rank: 1}, trigger: {after: 3s}}", False),
+    ("{type: slow, params: {rank: 1}, trigger: {at_step: 3}, duration: 2s}", False),
+]
+
+
+@pytest.mark.parametrize(("fault", "offered"), CLAIMABLE)
+def test_only_a_kill_of_the_rank_whose_step_triggers_it_is_claimable(fault: str, offered: bool) -> None:
+    [op] = make_plan(parse_scenario(TORCHRUN.replace("FAULTS", f"  - {fault}"))).ops
+    assert claimable(op) is offered
 
 
 # -- the preflight ---------------------------------------------------------------------------------------------
@@ -245,6 +268,23 @@ def test_a_restarted_worker_does_not_fire_again(usr1: list[int]) -> None:
     job.step = 3
     faults.in_collective(0)
     assert usr1 == [] and job.events == []
+
+
+def test_a_claimable_op_is_claimed_at_attach_and_fired_at_its_steps_start(usr1: list[int]) -> None:
+    job = _Job(usr1)
+    mine = dataclasses.replace(_op("forward", signal_name="USR1"), claimable=True)
+    theirs = dataclasses.replace(mine, op_id="k#2", rank=0, params={"rank": 0})
+    faults = job.faults([mine, theirs])
+    assert [(kind, data["op"]) for kind, data, _ in job.events] == [("fault.claimed", "k#1")]  # rank 1's only
+    for step in (1, 2, 3):
+        job.step = step
+        faults.at("forward")
+    assert usr1 == [signal.SIGUSR1]  # a name without SIG, as a scenario may write it
+    (_, applied, before) = job.events[-1]
+    assert (applied["step"], applied["phase"], before) == (3, "forward", 0)
+    again = _Job(usr1, fired={"k#1"})  # a restarted worker: the op already fired in this run, no new claim
+    again.faults([mine])
+    assert again.events == []
 
 
 def test_misuse_is_refused_at_attach() -> None:

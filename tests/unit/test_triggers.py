@@ -11,7 +11,7 @@ from chaos.checks._evidence import missing_fault_reason
 from chaos.cli.preflight import step_source_notes
 from chaos.history.timeline import Event, History
 from chaos.plan.build import PlannedOp
-from chaos.run.triggers import STEP_SOURCES, Triggers, not_fired
+from chaos.run.triggers import STEP_SOURCES, Triggers, not_fired, placed, polled
 from chaos.spec.scenario import Scenario, load_scenario
 
 KILL = PlannedOp(op_id="kill#1", fault="kill", injector="kill", trigger="at_step", at_step=25, rank=1)
@@ -35,6 +35,48 @@ def test_a_step_fires_its_ranks_op_at_or_past_its_step_and_the_nth_event_fires_a
     assert triggers.due_on(pending, checkpoint) == []
     assert triggers.due_on(pending, checkpoint) == [ON_CKPT]
     assert triggers.due_at(pending, 29.9) == [] and triggers.due_at(pending, 30.0) == [LATER]
+
+
+def claim(op: PlannedOp, rank: int) -> Event:
+    return Event(ts_ns=1, kind="fault.claimed", source="target", rank=rank, data={"fault": op.fault, "op": op.op_id})
+
+
+def test_a_claimed_step_op_is_the_agents_and_the_poll_takes_it_back_only_past_its_step() -> None:
+    triggers = Triggers()
+    anyone = KILL.model_copy(update={"rank": None, "op_id": "any#1"})
+    pending = [KILL, anyone]
+    forged = claim(KILL, 1).model_copy(update={"source": "runner"})
+    assert triggers.due_on(pending, forged) == [] and not triggers.claimed(KILL)  # only the job's agent claims
+    assert triggers.due_on(pending, claim(KILL, 1)) == [] and triggers.due_on(pending, claim(anyone, 1)) == []
+    assert triggers.claimed(KILL) and triggers.claims == {"kill#1": 1, "any#1": 1}
+    # The agent fires at the start of step 25, before it reports step 25: a report of 25 without its
+    # fault.applied is not yet a lapse; 26 is, and only the claiming rank's steps count.
+    assert triggers.due_on(pending, step(25, 1)) == []
+    assert triggers.due_on(pending, step(26, 0)) == []
+    assert triggers.due_on(pending, step(26, 1)) == [KILL, anyone]
+    assert polled(KILL, 26, 0.05, triggers) == {
+        "fired_by": "poll",
+        "seen_step": 26,
+        "poll_s": 0.05,
+        "claim_lapsed": True,
+    }
+    assert polled(KILL, 27, 0.05, Triggers()) == {"fired_by": "poll", "seen_step": 27, "poll_s": 0.05}
+    assert polled(LATER, 27, 0.05, triggers) == {}  # a time trigger has no step resolution
+    [record] = not_fired([KILL], 12, "target exited (1)", triggers.claims)
+    assert "agent of rank 1 claimed it, to fire at the start of step 25" in str(record.data["reason"])
+    assert "step 12 at most" in str(record.data["reason"])
+
+
+def test_a_fault_a_ranks_agent_fired_is_recorded_on_that_ranks_host() -> None:
+    hosts: dict[int, str] = {}
+    start = Event(ts_ns=1, kind="target.start", source="target", rank=1, data={"pid": 7, "host": "h2"})
+    assert placed(start, hosts) == start and hosts == {1: "h2"}
+    fired = Event(ts_ns=2, kind="fault.applied", source="target", rank=1, data={"op": "kill#1"})
+    assert placed(fired, hosts).data == {"op": "kill#1", "host": "h2"}
+    named = fired.model_copy(update={"data": {"op": "kill#1", "host": "h9"}})
+    assert placed(named, hosts) == named  # a host the job named stays
+    other = fired.model_copy(update={"rank": 0})
+    assert placed(other, hosts) == other  # a rank with no known host: as it came
 
 
 def test_a_step_op_on_a_job_without_steps_says_what_to_add_and_the_check_cites_it() -> None:
