@@ -10,7 +10,7 @@ from chaos.history.timeline import Event
 from chaos.plugins.injector import JobTree
 from chaos.spec.scenario import CommandTarget
 from chaos.targets.base import SpawnedJob, output_matchers, with_step_reporter
-from chaos.targets.interpreter import command_argv
+from chaos.targets.interpreter import command_argv, torchrun_log_env
 from chaos.targets.process_tree import tree
 
 
@@ -30,7 +30,7 @@ class CommandJob:
         values = {"run_dir": str(run_dir), "seed": str(seed)}
         # {python} and a python: the target names (chaos.targets.interpreter); the rest runs as written.
         argv = [expand(part, values) for part in command_argv(spec, values)]
-        env = {**(extra_env or {}), **{k: expand(v, values) for k, v in spec.env.items()}}
+        env = {**torchrun_log_env(str(run_dir)), **(extra_env or {}), **{k: expand(v, values) for k, v in spec.env.items()}}
         env = with_step_reporter(env, wanted=spec.optimizer_steps, matchers=spec.matchers, transport=transport)
         matchers = output_matchers(spec.signatures, spec.matchers)
         self.job = SpawnedJob(transport, argv, env=env, run_dir=run_dir, matchers=matchers)

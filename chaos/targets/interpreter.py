@@ -199,6 +199,13 @@ def torchrun_log_dir(launcher: Sequence[str], run_dir: str) -> list[str]:
     return ["--log-dir", f"{run_dir}/{TORCHRUN_LOG_DIR}"]
 
 
+def torchrun_log_env(run_dir: str) -> dict[str, str]:
+    """``PET_LOG_DIR`` for a job that may launch torchrun itself (a command or an sbatch script): torchrun reads
+    its ``--log-dir`` default from it, so its files go under the run directory instead of a new
+    ``/tmp/torchelastic_*`` that nobody removes. A ``--log-dir`` the job passes still wins."""
+    return {"PET_LOG_DIR": f"{run_dir}/{TORCHRUN_LOG_DIR}"}
+
+
 def command_argv(spec: CommandTarget, values: dict[str, str]) -> list[str]:
     """``spec.command`` with ``{python}`` expanded to the job's interpreter and, when the target names one
     (``python:``), a bare ``python``/``python3`` program replaced by it. Other placeholders are the caller's."""

@@ -42,6 +42,7 @@ from chaos.history.timeline import TARGET_EXIT, TARGET_START, Event, EventFileTa
 from chaos.spec.slurm import SlurmTarget
 from chaos.targets.base import TargetUnusable, output_matchers
 from chaos.targets.command import expand
+from chaos.targets.interpreter import torchrun_log_env
 from chaos.targets.slurm_watch import SOURCE, JobView, JobWatch, NodeWatch, exit_code_of
 from chaos.targets.torchrun import RankTable
 
@@ -79,6 +80,7 @@ class SlurmJob:
         self.events_path = run_dir / "events.jsonl"
         self.log_path = run_dir / "target.log"
         self.env = {
+            **torchrun_log_env(str(run_dir)),  # an sbatch script's torchrun: its files under the run dir, not /tmp
             **(extra_env or {}),
             ENV_EVENTS: str(self.events_path),
             "CHAOS_RUN_DIR": str(run_dir),

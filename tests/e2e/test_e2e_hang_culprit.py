@@ -58,7 +58,9 @@ def test_the_reference_trainer_names_the_frozen_rank(good: RunResult) -> None:
     assert hangs, "no detect.hang"
     first = hangs[0]
     assert first.rank == 2 and first.data["culprit_ranks"] == [2] and first.data["reason"] == "stopped", first
-    assert first.data["waiting_ranks"] == [0, 1], first
+    # Ranks 0 and 1 wait on it; rank 2 itself may be listed too when the SIGSTOP landed inside its own all-reduce
+    # (the harness's freeze lands a poll after the step's report, anywhere in the next step).
+    assert {0, 1} <= set(first.data["waiting_ranks"]), first
     got = statuses(good)
     for check in ("culprit_named", "detected_within", "restarts_at_most", "exactly_once", "completes"):
         assert got[check][0] == "pass", (check, got[check])

@@ -96,6 +96,8 @@ def test_the_health_check_drains_the_bad_node_and_the_requeued_job_resumes_elsew
     for check in ("node_drained_within", "requeued_within", "no_repeat_failure_on_bad_node", "matches_golden"):
         assert got[check][0] == "pass", (check, got[check])
     assert result.verdict == "pass", got
+    # The sbatch script's torchrun wrote its files under the run dir (PET_LOG_DIR), not a new /tmp/torchelastic_*.
+    assert list((result.run_dir / "torchelastic").glob("slurm-*")), list(result.run_dir.iterdir())
 
 
 def test_with_the_health_check_off_the_requeued_job_lands_on_the_bad_node_and_the_scenario_fails(

@@ -5,8 +5,6 @@ would leave a dead harness's fault in place for days."""
 
 from __future__ import annotations
 
-import os
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -39,21 +37,27 @@ def test_a_number_thousands_of_digits_long_is_refused_at_its_line(literal: str) 
     assert problem.startswith("bad.yaml:7:7: a number") and f"at most {MAX_NUMBER_CHARS} characters" in problem
 
 
+# Runs validate from a small parent that reports the child's peak RSS: a child forked from this test worker
+# would start its ru_maxrss at the worker's own size (Linux carries it across fork and exec).
+_MEASURED = """import resource, subprocess, sys
+limit = int(sys.argv[1])
+def limited():
+    if limit:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+done = subprocess.run(sys.argv[2:], capture_output=True, text=True, preexec_fn=limited)
+sys.stdout.write(done.stdout + done.stderr)
+sys.stdout.write(f"\\nPEAK_KB {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}\\n")
+sys.exit(done.returncode)
+"""
+
+
 def _validate(path: Path, limit_bytes: int | None = None) -> tuple[int, str, float]:
-    """``mlchaos validate PATH``: its exit code, its output, and its own peak memory in MB (``os.wait4``: this
-    child's, not the largest of all the children this worker ever reaped)."""
-
-    def limited() -> None:  # a regression fails here (MemoryError), not by taking the machine
-        if limit_bytes is not None:
-            resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
-
-    command = [sys.executable, "-m", "chaos.cli.commands", "validate", str(path)]
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=limited) as child:
-        assert child.stdout is not None
-        out = child.stdout.read().decode(errors="replace")
-        _, status, usage = os.wait4(child.pid, 0)
-        child.returncode = os.waitstatus_to_exitcode(status)
-    return child.returncode, out, usage.ru_maxrss / 1024
+    """``mlchaos validate PATH``: its exit code, its output, and its own peak memory in MB."""
+    validate = [sys.executable, "-m", "chaos.cli.commands", "validate", str(path)]
+    command = [sys.executable, "-c", _MEASURED, str(limit_bytes or 0), *validate]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    out, _, peak = done.stdout.rpartition("\nPEAK_KB ")
+    return done.returncode, out + done.stderr, int(peak) / 1024
 
 
 def test_the_cli_says_so_without_a_traceback(tmp_path: Path) -> None:
