@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from support import ROOT, edited_script, run_user_script, verdicts
+from support import ROOT, attached_script, run_user_script, verdicts
 
 pytestmark = pytest.mark.slow
 
@@ -24,19 +24,10 @@ JOB = ROOT / "tests" / "jobs" / "user_plain_ddp.py"
 ARGS: list[str | float] = ["--checkpoint-dir", "{run_dir}/ckpt", "--step-time", 0.05, "--pg-timeout", 10]
 
 
-def one_line(tmp: Path, attach: str) -> Path:
-    """``user_plain_ddp.py`` plus ``import chaos.agent`` and ``attach`` after its DDP wrap."""
-    insert = {
-        "import torch": "import chaos.agent",
-        "ddp = DistributedDataParallel(model)": f"    agent = {attach}  # the one line",
-    }
-    return edited_script(JOB, tmp / "attached.py", insert)
-
-
 def test_a_flip_in_transit_is_caught_and_a_kill_in_the_all_reduce_recovers_bit_identical(
     e2e_report_root: Path, tmp_path: Path
 ) -> None:
-    job = one_line(tmp_path, 'chaos.agent.attach(model, optimizer, ddp=ddp, guard="checksum")')
+    job = attached_script(JOB, tmp_path / "attached.py", 'chaos.agent.attach(model, optimizer, ddp=ddp, guard="checksum")')
     flip = {"name": "flip", "type": "grad_corrupt", "params": {"site": "in_transit", "rank": 1, "bit": "exponent",
             "magnitude": "rms"}, "trigger": {"at_step": 10, "rank": 1}}  # fmt: skip
     kill = {"name": "kill", "type": "kill", "params": {"rank": 1},
@@ -62,7 +53,7 @@ def test_a_flip_in_transit_is_caught_and_a_kill_in_the_all_reduce_recovers_bit_i
 
 
 def test_a_flip_in_one_ranks_adam_state_fails_ranks_agree(e2e_report_root: Path, tmp_path: Path) -> None:
-    job = one_line(tmp_path, "chaos.agent.attach(model, optimizer, ddp=ddp)")
+    job = attached_script(JOB, tmp_path / "attached.py", "chaos.agent.attach(model, optimizer, ddp=ddp)")
     flip = {"name": "flip-exp-avg", "type": "bitflip", "params": {"where": "optimizer_state", "state": "exp_avg",
             "layer": "0.weight", "bit": 22, "rank": 1}, "trigger": {"at_step": 12, "rank": 1}}  # fmt: skip
     checks = [{"type": "ranks_agree"}, {"type": "completes"}]

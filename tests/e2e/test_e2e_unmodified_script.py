@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import ROOT, edited_script, run_user_script, verdicts
+from support import ROOT, attached_script, run_user_script, verdicts
 
 from chaos.run.result import RunResult
 
@@ -27,16 +27,13 @@ JOB = ROOT / "tests" / "jobs" / "user_plain_ddp.py"
 PG_TIMEOUT = 10.0
 
 
-ONE_LINE = {
-    "import torch": "import chaos.agent",
-    "ddp = DistributedDataParallel(model)": "    agent = chaos.agent.attach(model, optimizer, ddp=ddp)  # the one line",
-}
 
 
 def with_one_line(tmp: Path, drop: str | None = None) -> Path:
     """``user_plain_ddp.py`` with ``import chaos.agent`` and the one ``attach`` line after its DDP wrap (and, for
     a mutant, without the line ``drop``)."""
-    return edited_script(JOB, tmp / ("attached.py" if drop is None else "mutant.py"), ONE_LINE, drop)
+    out = tmp / ("attached.py" if drop is None else "mutant.py")
+    return attached_script(JOB, out, "chaos.agent.attach(model, optimizer, ddp=ddp)", drop)
 
 
 def run(

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import ROOT, edited_script, run_user_script, verdicts
+from support import ROOT, attached_script, run_user_script, verdicts
 
 from chaos.run.result import RunResult
 
@@ -23,10 +23,6 @@ pytestmark = pytest.mark.slow
 
 JOB = ROOT / "tests" / "jobs" / "user_sampler_ddp.py"
 PG_TIMEOUT = 10.0
-ONE_LINE = {
-    "import torch": "import chaos.agent",
-    "ddp = DistributedDataParallel(model)": "    agent = chaos.agent.attach(model, optimizer, ddp=ddp, data=loader)",
-}
 
 
 def run(root: Path, tmp: Path, name: str, job: Path, fault: dict[str, Any], checks: list[dict[str, Any]]) -> RunResult:
@@ -35,7 +31,9 @@ def run(root: Path, tmp: Path, name: str, job: Path, fault: dict[str, Any], chec
 
 
 @pytest.mark.parametrize("fault_type", ["kill", "freeze"])
-def test_unmodified_a_lost_rank_is_detected_and_recovered(fault_type: str, e2e_report_root: Path, tmp_path: Path) -> None:
+def test_unmodified_a_lost_rank_is_detected_and_recovered(
+    fault_type: str, e2e_report_root: Path, tmp_path: Path
+) -> None:
     fault: dict[str, Any] = {"name": "lose-rank1", "type": fault_type, "params": {"rank": 1},
                              "trigger": {"at_step": 25, "rank": 1}}  # fmt: skip
     if fault_type == "freeze":
@@ -56,7 +54,7 @@ def test_unmodified_a_lost_rank_is_detected_and_recovered(fault_type: str, e2e_r
 def test_with_the_one_attach_line_every_sample_is_trained_once_and_matches_golden(
     e2e_report_root: Path, tmp_path: Path
 ) -> None:
-    job = edited_script(JOB, tmp_path / "attached.py", ONE_LINE)
+    job = attached_script(JOB, tmp_path / "attached.py", "chaos.agent.attach(model, optimizer, ddp=ddp, data=loader)")
     fault = {"name": "kill-rank1", "type": "kill", "params": {"rank": 1}, "trigger": {"at_step": 35, "rank": 1}}
     checks = [
         {"type": "detected_within", "params": {"fault": "kill-rank1", "within": "5s"}},
