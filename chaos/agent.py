@@ -57,10 +57,9 @@ What it attaches to (``ddp=``, the data-parallel wrapper the loop calls):
 - torchft: ``attach(model, optimizer=optimizer, manager=manager, ddp=ddp)`` with torchft's Manager and
   DistributedDataParallel. torchft's DDP owns the comm hook, so the agent sits in ``manager.allreduce``
   (:mod:`chaos.guards.torchft`); a detected SDC is reported with ``manager.report_error`` so this replica
-  does not commit the step. Call ``begin_step(manager.current_step() + 1)`` and ``optimizer.step()`` every step
-  (torchft's ``should_commit`` is a collective of the replica group: under torchft the agent never vetoes a
-  step, it reports an error instead); ``target.step`` carries torchft's step, ``committed`` and
-  ``participants``.
+  does not commit the step. The one line drives the loop through torchft's commit vote (:mod:`chaos.injob.loop_hooks`);
+  explicit calls: ``begin_step(manager.current_step() + 1)``, ``optimizer.step()`` every step (under torchft the agent
+  never vetoes a step, it reports an error instead). ``target.step`` carries torchft's step, ``committed``, ``participants``.
 - FSDP1 (``FullyShardedDataParallel``, as ``ddp=``): faults inside its reduce-scatter (grad_corrupt, phase
   allreduce) through FSDP1's comm hook; the checksum guard and FSDP2 (``fully_shard``, no comm hook) are refused
   at attach, saying why (:mod:`chaos.injob.fsdp`); no consistency check (the ranks hold different shards).
@@ -240,6 +239,7 @@ class Agent(ProgressCalls):
         self.progress = Progress(
             model, optimizer, rank=self.rank, world_size=self.world_size, emit=emit, job_emits=job_emits, data=data
         )
+        self.progress.digest_every = self.plan.digest_every
         if manager is not None:
             self.progress.step_fields = self._torchft_step
         # The one-line tier: the per-step calls made from hooks until the loop makes one itself (loop_hooks).
@@ -248,7 +248,7 @@ class Agent(ProgressCalls):
                 LoopCalls(self._begin_step, lambda: self._after_backward(None), self._allow_optimizer_step,
                           self._end_step, self._close_at_exit),
                 ddp if ddp is not None else model, optimizer, rank=self.rank, emit=emit,
-                manager_step=None if manager is None else manager.current_step,
+                manager=manager,
             )
             if hooks and optimizer is not None
             else None

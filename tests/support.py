@@ -190,14 +190,14 @@ def edited_script(script: Path, out: Path, insert: dict[str, str], drop: str | N
     return out
 
 
-def attached_script(script: Path, out: Path, attach: str, drop: str | None = None) -> Path:
-    """A user's DDP script (``import torch`` ... ``ddp = DistributedDataParallel(model)``) written to ``out`` with
-    exactly the one-line tier's two edits: ``import chaos.agent``, and ``agent = <attach>`` after the DDP wrap
-    (and, for a mutant, without the line ``drop``): see :func:`edited_script`."""
-    insert = {
-        "import torch": "import chaos.agent",
-        "ddp = DistributedDataParallel(model)": f"    agent = {attach}  # the one line",
-    }
+def attached_script(
+    script: Path, out: Path, attach: str, drop: str | None = None, after: str = "ddp = DistributedDataParallel(model)"
+) -> Path:
+    """A user's DDP script (``import torch`` ... ``ddp = DistributedDataParallel(model)``, or the line ``after``)
+    written to ``out`` with exactly the one-line tier's two edits: ``import chaos.agent``, and
+    ``agent = <attach>`` after the DDP wrap (and, for a mutant, without the line ``drop``): see
+    :func:`edited_script`."""
+    insert = {"import torch": "import chaos.agent", after: f"    agent = {attach}  # the one line"}
     return edited_script(script, out, insert, drop)
 
 

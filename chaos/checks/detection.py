@@ -16,7 +16,7 @@ or the host it hit as a whole. A detection counts when:
    it is the FIRST detection after the op the check fails, since whoever acts on it acts on the wrong rank;
 2. else it names what the op hit: a subject rank (``ranks``, ``odd_ranks``, ``peer`` when it is a rank
    number, or the event's own rank, except for group-level kinds below, whose rank is the reporter), the hit
-   process (its ``host`` and ``pid``), the hit replica (``backend`` or ``replica``), or, for a fault that hit
+   process (its ``host`` and ``pid``), the hit replica (``backend``, ``replica``, or among ``replicas``), or, for a fault that hit
    a whole host, that host (a detection naming no rank, whose ``host`` is the hit host; events without
    ``host`` come from the harness's host);
 3. else it comes from the process group the op hit: its kind is group-level (``group_kinds``) and the op hit
@@ -137,7 +137,7 @@ def _subject_ranks(event: Event, group: bool) -> set[int]:
 
 def _names_a_subject(event: Event) -> bool:
     """True when ``event`` says which part of a job it is about (rule 4 of the module docstring)."""
-    keys = ("culprit_rank", "ranks", "odd_ranks", "peer", "pid", "backend", "replica")
+    keys = ("culprit_rank", "ranks", "odd_ranks", "peer", "pid", "backend", "replica", "replicas")
     return event.rank is not None or any(event.data.get(key) is not None for key in keys)
 
 
@@ -174,6 +174,9 @@ def relation(
         replica = event.get_str(key)
         if replica is not None and replica in target.replicas:
             return "names", f"names replica {replica}"
+    listed = event.data.get("replicas")  # several replicas lost at once (torchft's quorum, say)
+    if isinstance(listed, list) and set(target.replicas) & {r for r in listed if isinstance(r, str)}:
+        return "names", f"names replica {min(set(target.replicas) & {r for r in listed if isinstance(r, str)})}"
     if target.hosts and not named and ev.host_of(event) in target.hosts:
         return "names", f"from host {ev.host_of(event)}, which the fault hit"
     if group and target.ranks:

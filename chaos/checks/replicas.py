@@ -13,8 +13,10 @@ target tags each replica's events with it), and a step counts as COMMITTED unles
   ``within``, and its first commit after the fault is at a step no lower than the highest step committed
   before it (it healed from a peer; a replica that restarted from scratch and trains alone has not rejoined, and
   one that had committed nothing before the fault has nothing to rejoin: ``unknown``).
-- ``replicas_agree`` {fault?}: at every step two or more replicas reported a digest for (with ``fault``: every
-  step after the faulted replica rejoined, the rejoined replica among them), the digests are identical.
+- ``replicas_agree`` {fault?, every?}: at every step two or more replicas reported a digest for (with ``fault``:
+  every step after the faulted replica rejoined, the rejoined replica among them), the digests are identical.
+  ``every: k`` has the attached agent report a digest after every k-th committed step (the plan file's
+  ``digest_every``), so a job with the one ``attach`` line is compared step by step, not only at exit.
 """
 
 from __future__ import annotations
@@ -266,6 +268,14 @@ class ReplicasAgreeParams(CheckParams):
     included; without it, every step two or more replicas reported a digest for."""
 
     fault: str | None = Field(default=None, description="judge the steps after the replica this fault hit rejoined")
+    every: int = Field(
+        default=0,
+        ge=0,
+        le=1_000_000,
+        description="have each replica's agent report its training state's digest after every k-th committed step "
+        "(k; 0: the job's own digests, or the agent's one at exit). Each digest hashes the model and optimizer "
+        "state: BENCHMARKS.md 'State digest' has its cost",
+    )
 
 
 @register_check(

@@ -10,7 +10,9 @@ per host (``data.host``; events without one are this machine's):
   or reported by the reference trainer's rank 0);
 - ``target.agent_restart`` {``attempts_left``, ``max_restarts``}: the launcher's log line ``Worker group FAILED.
   L/M attempts left`` (it logs it right before restart M - L + 1);
-- ``target.start`` {``node_attempt``, or ``attempt``}: a rank's own report of the count (the reference trainer).
+- ``target.start`` {``node_attempt``, or ``attempt``}: a rank's own report of the count (the reference trainer);
+- ``target.role_start`` {``replica``, ``attempt``}: a ``roles`` target's supervisor (re)started a replica: its
+  attempt is that replica's restarts (counted per replica, as a host's launcher is per host).
 
 Restarts used = the highest restart number any of these shows, on the host where it is highest (a node that
 re-joins after another node's failure does not spend its own budget, so hosts are not added up).
@@ -33,7 +35,8 @@ if TYPE_CHECKING:
     from chaos.spec.scenario import Scenario
 
 CHECK_RESTARTS = "restarts_at_most"
-EVIDENCE_KINDS = (TARGET_WORKER, TARGET_RESTART, TARGET_AGENT_RESTART, TARGET_START)
+ROLE_START = "target.role_start"  # chaos.targets.roles.ROLE_START (checks sit below targets in the layering)
+EVIDENCE_KINDS = (TARGET_WORKER, TARGET_RESTART, TARGET_AGENT_RESTART, TARGET_START, ROLE_START)
 
 
 def restart_number(event: Event) -> int | None:
@@ -43,6 +46,8 @@ def restart_number(event: Event) -> int | None:
         return budget - left + 1 if left is not None and budget is not None else None
     if event.kind == TARGET_WORKER:
         return event.get_int("restart")
+    if event.kind == ROLE_START:
+        return event.get_int("attempt")
     if event.kind in (TARGET_RESTART, TARGET_START):
         for key in ("restart", "node_attempt", "attempt"):  # node_attempt: a multi-node rank's own count
             value = event.get_int(key)
@@ -85,7 +90,7 @@ def restarts_used(history: History) -> RestartsUsed | None:
             if number is None:
                 continue
             observations += 1
-            host = host_of(event)
+            host = host_of(event) if event.kind != ROLE_START else f"{host_of(event)}/{event.get_str('replica')}"
             by_host[host] = max(by_host.get(host, 0), number)
             if highest is None or number > (restart_number(highest) or 0):
                 highest = event

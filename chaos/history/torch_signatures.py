@@ -12,7 +12,8 @@ timeout or lost peer is a group-level detection (``detect.collective_timeout`` /
 Each line becomes at most one event: the signatures are tried in table order and the first that matches wins,
 so a gloo timeout's exception line is a ``collective_timeout``, never also a ``worker_error``.
 
-Targets read them by default (``signatures: all``); ``signatures: none`` turns them off and a list keeps only
+torchft's quorum that lost a replica group (:mod:`chaos.history.torchft_signatures`, named ``torchft_quorum``)
+is read with them. Targets read them by default (``signatures: all``); ``signatures: none`` turns them off and a list keeps only
 the named ones. The scenario's own ``matchers:`` are read besides them.
 """
 
@@ -22,7 +23,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from chaos.history.timeline import Event, LogMatcher
+from chaos.history import torchft_signatures
+from chaos.history.timeline import Event, LineMatcher, LogMatcher
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,7 @@ SIGNATURES: tuple[Signature, ...] = (
         source="torchrun",
     ),
 )
-NAMES = tuple(signature.name for signature in SIGNATURES)
+NAMES = (*(signature.name for signature in SIGNATURES), torchft_signatures.NAME)  # torchft's: its own module
 
 SignatureChoice = Literal["all", "none"] | list[str]
 
@@ -130,7 +132,7 @@ def unknown_names(names: Iterable[str]) -> list[str]:
 class FirstMatch:
     """Several matchers read as one: the first that matches a line makes its event (at most one per line)."""
 
-    def __init__(self, matchers: Sequence[LogMatcher]) -> None:
+    def __init__(self, matchers: Sequence[LineMatcher]) -> None:
         self.matchers = list(matchers)
 
     def match(self, line: str, ts_ns: int) -> Event | None:
@@ -142,5 +144,9 @@ class FirstMatch:
 
 
 def signature_matcher(choice: SignatureChoice = "all") -> FirstMatch:
-    """The chosen signatures as one line matcher."""
-    return FirstMatch([signature.matcher() for signature in chosen(choice)])
+    """The chosen signatures as one line matcher (with torchft's lost-replica reading when chosen: it keeps the
+    previous quorum, so one matcher reads one replica group's output)."""
+    found: list[LineMatcher] = [signature.matcher() for signature in chosen(choice)]
+    if choice == "all" or (choice != "none" and torchft_signatures.NAME in choice):
+        found.append(torchft_signatures.TorchftQuorum())
+    return FirstMatch(found)

@@ -10,6 +10,11 @@ installs none):
   optimizer_step-phase faults, the guards). A step the guards agreed to skip becomes a no-op: every gradient
   of this optimizer is set to None, and torch's optimizers leave a parameter without a gradient untouched;
 - a step post-hook on ``optimizer``: ``end_step`` (``target.step``, the consistency check);
+- under torchft (``manager=``), a wrapper around this Manager's ``should_commit`` (torchft's optimizer wrapper
+  calls it before the inner optimizer's step, and that step runs only when it returns True): the backward and
+  optimizer_step phases run before torchft's commit vote (a guard's detection reaches ``report_error`` in time);
+  a step torchft does not commit ends there (``committed: false``), a committed one at the inner optimizer's
+  post-hook. torchft's ``OptimizerWrapper`` passed as ``optimizer`` is hooked through its inner optimizer;
 - ``atexit``: the agent's close at a normal exit (heals, ``target.digest``) without the consistency guard's
   last exchange (a collective at exit would hang on a peer that is gone; an explicit ``close()`` takes it);
 - ``sys.excepthook``: an uncaught exception that is a collective failure is reported as ``detect.*`` naming
@@ -102,13 +107,18 @@ class LoopHooks:
         *,
         rank: int,
         emit: Emit,
-        manager_step: Callable[[], int] | None = None,
+        manager: Any | None = None,
     ) -> None:
         self.calls = calls
+        inner = getattr(optimizer, "optim", None)
+        if type(optimizer).__module__.startswith("torchft") and isinstance(inner, torch.optim.Optimizer):
+            optimizer = inner  # torchft's OptimizerWrapper: its step runs the inner one's hooks
         self.optimizer = optimizer
         self.rank = rank
         self.emit = emit
-        self.manager_step = manager_step
+        self.manager = manager
+        self.manager_step: Callable[[], int] | None = None if manager is None else manager.current_step
+        self.phases_done = False  # the backward and optimizer_step phases ran in this step (torchft: at the vote)
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         self.attempt = int(attempt) if attempt.isdigit() else 0
         self.step = 0
@@ -121,6 +131,8 @@ class LoopHooks:
             optimizer.register_step_pre_hook(self._before_optimizer_step),
             optimizer.register_step_post_hook(self._after_optimizer_step),
         ]
+        if manager is not None:
+            manager.should_commit = self._wrap_commit(manager.should_commit)
         self._previous_excepthook = sys.excepthook
         sys.excepthook = self._uncaught
         atexit.register(self._at_exit)
@@ -130,6 +142,8 @@ class LoopHooks:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        if self.manager is not None and getattr(vars(self.manager).get("should_commit"), "_chaos_hook", None) is self:
+            del self.manager.should_commit  # the class's own method again
         if sys.excepthook == self._uncaught:
             sys.excepthook = self._previous_excepthook
         atexit.unregister(self._at_exit)
@@ -162,12 +176,29 @@ class LoopHooks:
             self.emit(STEP_SOURCE, rank=self.rank, exact=False, source="agent", reason=reason)
             return
         self.open = True
+        self.phases_done = False
         self.step = step
         self.calls.begin(step)
 
+    def _wrap_commit(self, should_commit: Callable[..., bool]) -> Callable[..., bool]:
+        def vote(*args: Any, **kwargs: Any) -> bool:
+            if self.open and not self.phases_done:
+                self.phases_done = True
+                self.calls.after_backward()
+                self.calls.allow()  # always True under torchft: a detection went to manager.report_error
+            committed = should_commit(*args, **kwargs)
+            if self.open and not committed:  # torchft drops the step: the inner optimizer will not step
+                self.open = False
+                self.calls.end()
+            return committed
+
+        vote._chaos_hook = self  # type: ignore[attr-defined]
+        return vote
+
     def _before_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if not self.open:
+        if not self.open or self.phases_done:
             return  # no forward through the hooked module began this step: not the loop the agent follows
+        self.phases_done = True
         self.calls.after_backward()
         if not self.calls.allow():
             for group in optimizer.param_groups:

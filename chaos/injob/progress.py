@@ -21,7 +21,9 @@ Events (``attempt`` is ``TORCHELASTIC_RESTART_COUNT``, 0 on the first launch; ``
   verified=True)`` adds ``verified``: the job checked the checkpoint before loading it.
 - ``target.digest`` {digest, step, attempt} at ``close`` (or at a normal exit, with no per-step calls in the loop): sha256 over the model's ``state_dict`` and the
   optimizer's state (:func:`state_digest`), after the agent healed its faults: what ``matches_golden``
-  compares with a fault-free run.
+  compares with a fault-free run. With the plan's ``digest_every: k`` also after every k-th committed step
+  (torchft's step under torchft; a step torchft did not commit is not digested): what ``replicas_agree``
+  compares across replica groups.
 
 A job that reports some of these itself names them in ``attach(..., job_emits={...})`` (``"all"``: the agent
 reports none, as the reference trainer does), so no event is reported twice. Outside a chaos run
@@ -400,6 +402,8 @@ class Progress:
         self._closed = False
         # Fields that replace or extend a step's report (torchft: its own step, committed, participants).
         self.step_fields: Callable[[], Mapping[str, Any]] | None = None
+        self.digest_every = 0  # a digest after every k-th committed step too (the plan's digest_every)
+        self._digested = -1
         if data is not None:  # first: data it cannot track is refused before anything is wrapped or reported
             self.track(data)
         if TARGET_START in self.kinds:
@@ -466,17 +470,23 @@ class Progress:
             self._loss = loss
 
     def end_step(self) -> None:
-        if TARGET_STEP not in self.kinds:
-            return
-        data: dict[str, Any] = {"step": self.step, "attempt": self.attempt}
-        if self._loss is not None:
-            data["loss"] = float(self._loss.item())  # item(): no detached tensor to allocate (a quarter of float(detach))
-            self._loss = None
-        if self._samples is not None:
-            data["samples"] = self._samples.take(first=self.step == self._first)
-        if self.step_fields is not None:
-            data.update(self.step_fields())
-        self.emit(TARGET_STEP, rank=self.rank, **data)
+        fields = dict(self.step_fields()) if self.step_fields is not None else {}
+        if TARGET_STEP in self.kinds:
+            data: dict[str, Any] = {"step": self.step, "attempt": self.attempt}
+            if self._loss is not None:
+                data["loss"] = float(self._loss.item())  # item(): no detached tensor (a quarter of float(detach))
+                self._loss = None
+            if self._samples is not None:
+                data["samples"] = self._samples.take(first=self.step == self._first)
+            data.update(fields)
+            self.emit(TARGET_STEP, rank=self.rank, **data)
+        step = fields.get("step", self.step)
+        committed = fields.get("committed", True) is not False
+        if self.digest_every > 0 and committed and isinstance(step, int) and step > 0 and step != self._digested:
+            if step % self.digest_every == 0 and TARGET_DIGEST in self.kinds:
+                self._digested = step
+                digest = state_digest(self.model, self.optimizer)
+                self.emit(TARGET_DIGEST, rank=self.rank, digest=digest, step=step, attempt=self.attempt)
 
     def close(self) -> None:
         """Report the final digest (once), then undo every wrap."""

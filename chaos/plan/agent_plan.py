@@ -63,10 +63,13 @@ class InJobOp:
 
 @dataclass(frozen=True)
 class InJobPlan:
-    """The run's seed (every corruption choice derives from it) and this job's in-job ops."""
+    """The run's seed (every corruption choice derives from it), this job's in-job ops, and ``digest_every``:
+    report the training state's digest after every k-th committed step (0: only at exit), so replicas can be
+    compared step by step (``replicas_agree``'s ``every``)."""
 
     seed: int = 0
     ops: list[InJobOp] = field(default_factory=list)
+    digest_every: int = 0
 
     @classmethod
     def from_json(cls, text: str) -> InJobPlan:
@@ -78,12 +81,12 @@ class InJobPlan:
         if not isinstance(data, dict):
             raise PlanFileError("the plan file holds no JSON object")
         _no_unknown(cls, data, "plan")
-        seed, ops = data.get("seed", 0), data.get("ops", [])
-        if not isinstance(seed, int) or isinstance(seed, bool) or not isinstance(ops, list):
-            raise PlanFileError("the plan's seed must be an integer and its ops a list")
+        seed, ops, every = data.get("seed", 0), data.get("ops", []), data.get("digest_every", 0)
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in (seed, every)) or not isinstance(ops, list):
+            raise PlanFileError("the plan's seed and digest_every must be integers and its ops a list")
         if not all(isinstance(op, dict) for op in ops):
             raise PlanFileError("every plan op must be a JSON object")
-        return cls(seed=seed, ops=[InJobOp.from_dict(op) for op in ops])
+        return cls(seed=seed, ops=[InJobOp.from_dict(op) for op in ops], digest_every=every)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1)
@@ -121,8 +124,8 @@ def load_plan(path: str | None = None) -> InJobPlan:
     return InJobPlan.from_json(Path(where).read_text(encoding="utf-8"))
 
 
-def write_plan(path: Path, seed: int, ops: list[InJobOp]) -> None:
+def write_plan(path: Path, seed: int, ops: list[InJobOp], digest_every: int = 0) -> None:
     """Write the plan file atomically (the job may start reading it at once)."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(InJobPlan(seed=seed, ops=ops).to_json(), encoding="utf-8")
+    tmp.write_text(InJobPlan(seed=seed, ops=ops, digest_every=digest_every).to_json(), encoding="utf-8")
     os.replace(tmp, path)

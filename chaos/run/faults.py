@@ -29,14 +29,15 @@ from chaos.plugins import registry
 from chaos.plugins.injector import Applied, InjectionContext, Injector, is_in_job
 from chaos.safety import deadman, remote_deadman
 from chaos.safety.remote_deadman import HostCommand
-from chaos.spec.scenario import FaultSpec, SafetySpec
+from chaos.spec.scenario import FaultSpec, SafetySpec, Scenario
 
 
-def in_job_plan(plan: Plan, run_dir: Path, *, claims: bool) -> tuple[list[PlannedOp], Path]:
+def in_job_plan(plan: Plan, run_dir: Path, *, claims: bool, digest_every: int = 0) -> tuple[list[PlannedOp], Path]:
     """Split off the ops the job's agent fires itself and write them to the plan file it reads: in-job faults,
     and process faults with a ``trigger.phase`` (the rank's agent signals its own process at that point). With
     ``claims`` (a torchrun target: one agent per rank), :func:`claimable` ops are written too, marked so, and
-    stay the harness's: it fires them at the step unless the rank's agent claims them first."""
+    stay the harness's: it fires them at the step unless the rank's agent claims them first. ``digest_every``:
+    see :func:`digest_interval`."""
     in_job = [op for op in plan.ops if is_in_job(registry.injectors()[op.injector]) or op.phase is not None]
     offered = [op for op in plan.ops if claims and claimable(op)]
     path = run_dir / "chaos-plan.json"
@@ -57,8 +58,16 @@ def in_job_plan(plan: Plan, run_dir: Path, *, claims: bool) -> tuple[list[Planne
             )
             for op in [*in_job, *offered]
         ],
+        digest_every,
     )
     return in_job, path
+
+
+def digest_interval(scenario: Scenario) -> int:
+    """The plan file's ``digest_every``: the smallest ``every`` of the scenario's ``replicas_agree`` checks (a
+    digest after every k-th committed step), 0 when none asks."""
+    asked = [getattr(check.params, "every", 0) for check in scenario.checks if check.type == "replicas_agree"]
+    return min((k for k in asked if isinstance(k, int) and k > 0), default=0)
 
 
 def claimable(op: PlannedOp) -> bool:

@@ -52,6 +52,7 @@ from chaos.run.control import Order, RunControl
 from chaos.run.faults import (
     ActiveFault,
     DeadMan,
+    digest_interval,
     disarm,
     heal_and_disarm,
     in_job_plan,
@@ -131,7 +132,8 @@ class Execution:
         self.status = status
         self.transport = LocalTransport()
         self.journal = Journal.for_run(run_dir.name)
-        self.in_job, plan_file = in_job_plan(plan, run_dir, claims=scenario.target.type == "torchrun")
+        claims, every = scenario.target.type == "torchrun", digest_interval(scenario)
+        self.in_job, plan_file = in_job_plan(plan, run_dir, claims=claims, digest_every=every)
         # detect.hang when the target asks for it; an all_waiting one (no rank is odd) has the links probed
         self.hang_watch = link_probe.attach(hang_watch.for_scenario(scenario, run_dir), history, hosts, log)
         env = {ENV_PLAN: str(plan_file), **hang_watch.job_env(self.hang_watch)}

@@ -3,7 +3,7 @@ kind; and, for an op still waiting when the run ends, why it never fired and wha
 
 The harness's at_step trigger fires on the first ``target.step`` event with step >= N (of the op's rank when it
 names one): the job must report steps, through the one-line agent, the zero-line step reporter (a local
-torchrun or command target's ``optimizer_steps``), its own ``chaos.events`` or a matcher with event
+torchrun, command or roles target's ``optimizer_steps``), its own ``chaos.events`` or a matcher with event
 ``target.step``. A run that ends with such an op still waiting records ``fault.not_fired`` {fault, op, trigger,
 reason} with that fix, and the checks about the fault cite it.
 
@@ -34,8 +34,8 @@ from chaos.history.timeline import (
 from chaos.plan.build import PlannedOp
 
 STEP_SOURCES = (
-    "add `agent = chaos.agent.attach(model, optimizer)` to the script, keep `optimizer_steps: true` on a torchrun "
-    "or command target on this host (the default), or add a matcher with `event: target.step` that reads the "
+    "add `agent = chaos.agent.attach(model, optimizer)` to the script, keep `optimizer_steps: true` on a torchrun, "
+    "command or roles target on this host (the default), or add a matcher with `event: target.step` that reads the "
     "step from a line the job prints"
 )
 

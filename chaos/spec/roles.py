@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
-from chaos.spec.matchers import LogMatcherSpec, Signatures
+from chaos.spec.matchers import LogMatcherSpec, OptimizerSteps, Signatures
 from chaos.spec.units import Duration, EnvVars, Name
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
@@ -116,6 +116,7 @@ class RoleSpec(BaseModel):
         default=[], description="regexes over each replica's output whose matches become events (of that replica)"
     )
     signatures: Signatures = "all"
+    optimizer_steps: OptimizerSteps = True
     balancer: Literal["haproxy"] | None = Field(
         default=None,
         description="this role is a load balancer of that kind: the backend state changes it logs become "

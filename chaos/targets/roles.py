@@ -53,10 +53,18 @@ from pydantic import JsonValue
 
 from chaos.cluster.base import Transport
 from chaos.history.timeline import TARGET_EXIT, Event, LineMatcher, now_ns
+from chaos.history.torchft_signatures import TORCHFT_REPLICA
 from chaos.plugins.injector import JobTree
 from chaos.spec.roles import RoleSpec, RolesTarget, replica_names_of
 from chaos.targets.balancers import balancer_matchers
-from chaos.targets.base import SpawnedJob, TargetUnusable, output_matchers, port_for, ports_event
+from chaos.targets.base import (
+    SpawnedJob,
+    TargetUnusable,
+    output_matchers,
+    port_for,
+    ports_event,
+    with_step_reporter,
+)
 from chaos.targets.command import expand
 from chaos.targets.http import TARGET_READY
 from chaos.targets.interpreter import torchrun_log_dir
@@ -140,6 +148,7 @@ class RolesJob:
         self._exit_reported = False
         self._all_ready = False  # target.ready was reported
         self._ports: dict[str, int] = {}  # role -> its port (a pinned one, or the one chosen for `auto`)
+        self._torchft_ids: dict[str, str] = {}  # torchft replica id -> the replica whose output announced it
 
     # -- the Target protocol
     def start(self) -> None:
@@ -332,6 +341,8 @@ class RolesJob:
         env.update(
             {"CHAOS_ROLE": replica.role, "CHAOS_REPLICA": replica.name, "CHAOS_REPLICA_INDEX": str(replica.index)}
         )
+        spec = replica.spec
+        env = with_step_reporter(env, wanted=spec.optimizer_steps, matchers=spec.matchers, transport=replica.host.transport)
         replica.job = SpawnedJob(
             replica.host.transport,
             argv,
@@ -361,12 +372,7 @@ class RolesJob:
         for event in job.poll_events():
             if event.kind != TARGET_EXIT:
                 if "replica" not in event.data:
-                    # An event about a backend (a load balancer's or a gateway's) is about that replica; any
-                    # other is about the replica that reported it.
-                    backend = event.data.get("backend")
-                    about = backend if isinstance(backend, str) else replica.name
-                    tag: dict[str, JsonValue] = {"role": replica.role, "replica": about}
-                    event = event.model_copy(update={"data": {**event.data, **tag}})
+                    event = event.model_copy(update={"data": {**event.data, **self._about(replica, event)}})
                 self._events.put(event)
                 continue
             exited = True
@@ -376,6 +382,19 @@ class RolesJob:
             data.update({"attempt": replica.attempt, "expected": self._stopping.is_set()})
             self._events.put(Event(ts_ns=event.ts_ns, kind=ROLE_EXIT, source="runner", data=data))
         return exited
+
+    def _about(self, replica: _Replica, event: Event) -> dict[str, JsonValue]:
+        """The replica an event of ``replica``'s output is about: a backend's (a load balancer's or a gateway's
+        event), the torchft groups a survivor saw leave its quorum (``lost``: torchft replica ids, named by each
+        group's own ``target.torchft_replica``; the survivor is the ``reporter``), else the reporting replica."""
+        if event.kind == TORCHFT_REPLICA:
+            self._torchft_ids[str(event.data.get("replica_id"))] = replica.name
+        backend, lost = event.data.get("backend"), event.data.get("lost")
+        if isinstance(lost, list):
+            named = sorted({self._torchft_ids[i] for i in lost if isinstance(i, str) and i in self._torchft_ids})
+            about: dict[str, JsonValue] = {"role": replica.role, "reporter": replica.name}
+            return about | ({"replica": named[0]} if len(named) == 1 else {"replicas": list(named)})
+        return {"role": replica.role, "replica": backend if isinstance(backend, str) else replica.name}
 
     def _restarts(self, replica: _Replica) -> bool:
         restart = replica.spec.restart

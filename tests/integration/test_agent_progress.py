@@ -286,3 +286,18 @@ def test_torch_distributed_checkpoint_saves_and_loads_are_seen(tmp_path: Path, m
     [resume] = _of(recorder, "target.resume")
     assert resume["step"] == 1 and resume["seen"] == "torch.distributed.checkpoint.load", resume
     assert resume["path"] == str(tmp_path / "dcp-1")
+
+
+def test_a_plans_digest_every_reports_the_state_after_every_kth_step_and_at_close() -> None:
+    model, recorder = _model(), Recorder()
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    agent = Agent(model, optimizer=optimizer, plan=InJobPlan(digest_every=2), emit=recorder, consistency_every=0)
+    digests = []
+    for step in range(1, 6):
+        _train_step(agent, model, optimizer, step)
+        digests.append(state_digest(model, optimizer))
+    agent.close()
+    got = [(d["step"], d["digest"]) for d in _of(recorder, "target.digest")]
+    # after steps 2 and 4 (the state then: each differs), and the final one at close (step 5)
+    assert got == [(2, digests[1]), (4, digests[3]), (5, digests[4])], got
+    assert len({digest for _, digest in got}) == 3

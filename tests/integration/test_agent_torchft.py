@@ -1,6 +1,7 @@
-"""The in-job agent on torchft (issue 16, Build 5): real torchft 0.2.0 replica groups (a lighthouse and two groups,
-each its own torchrun with one gloo rank) of ``tests/jobs/user_torchft.py``, a job written like torchft's
-``train_ddp.py`` that imports nothing from ``chaos`` but ``chaos.agent.attach(..., manager=manager, ddp=ddp)``.
+"""The in-job agent on torchft: real torchft 0.2.0 replica groups (a lighthouse and two groups, each its own
+torchrun with one gloo rank) of ``tests/jobs/user_torchft.py``, a job written like torchft's ``train_ddp.py``,
+with the one-line tier's two edits (``import chaos.agent``; ``agent = chaos.agent.attach(model, optimizer,
+manager=manager, ddp=ddp, guard=...)``) and nothing else: the loop is driven through torchft's commit vote.
 
 - One launch, two planned faults on group 1 under the checksum guard: a bit flip in the bucket's send buffer at
   step 6 (``in_transit``: the corrupted sum reaches BOTH groups) and one in group 1's received result at step 10
@@ -20,15 +21,22 @@ from typing import Any
 
 import pytest
 from jobs.launch_torchft import launch_groups
-from support import ROOT
+from support import ROOT, attached_script
 from torch import nn
 
 import chaos.agent
 
 pytest.importorskip("torchft", reason="torchft is not installed: pip install -e '.[torchft]' (scripts/setup.sh does)")
 
-JOB = str(ROOT / "tests" / "jobs" / "user_torchft.py")
+JOB = ROOT / "tests" / "jobs" / "user_torchft.py"
 STEPS = 14
+
+
+def one_line(tmp: Path, guard: str) -> str:
+    """``user_torchft.py`` plus the one-line tier's edits, with ``guard``."""
+    attach = f"chaos.agent.attach(model, optimizer, manager=manager, ddp=ddp, guard={guard!r})"
+    out = tmp / f"user_torchft_{guard}.py"
+    return str(attached_script(JOB, out, attach, after="optimizer = Optimizer(manager, inner)"))
 
 
 def _sdc(step: int, site: str) -> dict[str, Any]:
@@ -56,7 +64,7 @@ def test_sdc_in_torchfts_allreduce_is_reported_to_torchft_and_the_step_is_not_co
     ops = [_sdc(6, "in_transit"), _sdc(10, "post_reduce")]
     # min_replicas 2: every step is one reduction of both groups (a group that started late cannot train alone).
     group0, group1 = launch_groups(
-        tmp_path / "ft", [JOB, "--steps", str(STEPS), "--guard", "checksum"], ops, min_replicas=2
+        tmp_path / "ft", [one_line(tmp_path, "checksum"), "--steps", str(STEPS)], ops, min_replicas=2
     )
     for run in (group0, group1):
         assert run.code == 0, run.log[-3000:]
@@ -83,7 +91,7 @@ def test_sdc_in_torchfts_allreduce_is_reported_to_torchft_and_the_step_is_not_co
 
 @pytest.mark.slow
 def test_without_the_guard_the_corrupted_step_is_committed(tmp_path: Path) -> None:
-    job = [JOB, "--steps", "8", "--guard", "none"]
+    job = [one_line(tmp_path, "none"), "--steps", "8"]
     group0, group1 = launch_groups(tmp_path / "ft", job, [_sdc(6, "in_transit")], min_replicas=2)
     assert group0.code == 0 and group1.code == 0, group1.log[-3000:]
     assert [e["data"]["step"] for e in group1.events if e["kind"] == "fault.applied"] == [6]

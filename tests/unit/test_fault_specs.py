@@ -66,3 +66,7 @@ def test_the_plan_file_reads_back_what_was_written_and_a_wrong_one_is_named(tmp_
                             '"at_step": "three"}]}')  # fmt: skip
     with pytest.raises(PlanFileError, match=r"unknown field\(s\) colour"):
         InJobPlan.from_json('{"seed": 1, "colour": "red"}')
+    write_plan(path, 7, [op], digest_every=5)
+    assert load_plan(str(path)) == InJobPlan(seed=7, ops=[op], digest_every=5)
+    with pytest.raises(PlanFileError, match=r"seed and digest_every must be integers"):
+        InJobPlan.from_json('{"seed": 1, "digest_every": "5"}')

@@ -27,7 +27,7 @@ from chaos.injob.phase_faults import PHASES as AGENT_PHASES
 from chaos.injob.phase_faults import PROCESS_FAULTS, PhaseFaults
 from chaos.plan.agent_plan import InJobOp, load_plan
 from chaos.plan.build import make_plan
-from chaos.run.faults import claimable, in_job_plan
+from chaos.run.faults import claimable, digest_interval, in_job_plan
 from chaos.spec.preflight import PHASE_FAULTS, preflight
 from chaos.spec.scenario import PHASES, Trigger, parse_scenario
 
@@ -82,6 +82,17 @@ def test_a_phase_kill_goes_into_the_jobs_plan_file_with_its_phase_and_rank(tmp_p
     assert in_job == [phased]  # still the harness's until an agent claims it
     _, offered = load_plan(str(path)).ops
     assert (offered.op_id, offered.at_step, offered.phase, offered.claimable) == (outside.op_id, 5, "forward", True)
+
+
+
+def test_replicas_agree_every_k_asks_the_agents_for_a_digest_every_k_steps(tmp_path: Path) -> None:
+    plain = TORCHRUN.replace("FAULTS", "  - {type: kill, params: {rank: 1}, trigger: {at_step: 3}}")
+    checks = "checks: [{type: replicas_agree, params: {every: 10}}, {type: replicas_agree, params: {every: 4}}]"
+    scenario = parse_scenario(plain.replace("checks: [{type: completes}]", checks))
+    assert digest_interval(scenario) == 4  # the smallest k: every check gets its steps
+    in_job_plan(make_plan(scenario), tmp_path, claims=False, digest_every=digest_interval(scenario))
+    assert load_plan(str(tmp_path / "chaos-plan.json")).digest_every == 4
+    assert digest_interval(parse_scenario(plain)) == 0
 
 
 CLAIMABLE = [

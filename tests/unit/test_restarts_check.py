@@ -149,3 +149,16 @@ def test_report_html_shows_the_row() -> None:
     assert row is not None and row.measured == "1"
     page = render_html(document, png=b"not drawn here")
     assert "restarts used" in page and "max_restarts 1" in page and "SIGKILL" in page
+
+
+def role_start(t: float, replica: str, attempt: int) -> Event:
+    return Event(ts_ns=int(t * S), kind="target.role_start", source="runner", data={"replica": replica, "attempt": attempt})
+
+
+def test_a_roles_supervisors_restarts_count_per_replica() -> None:
+    started = [role_start(0, "lighthouse", 0), role_start(0, "group.0", 0), role_start(0, "group.1", 0)]
+    assert judge(started, 0).status == "pass"  # observed: every replica in its first attempt
+    twice = [*started, role_start(5, "group.1", 1), role_start(9, "group.1", 2), role_start(9, "group.0", 1)]
+    failed = judge(twice, 1)
+    assert failed.status == "fail" and failed.measured == 2.0, failed  # group.1's two, not the three added up
+    assert judge(twice, 2).status == "pass"

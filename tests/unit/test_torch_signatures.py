@@ -82,7 +82,7 @@ def test_a_chosen_list_keeps_only_those_and_none_keeps_nothing() -> None:
     only = signature_matcher(["gloo_timeout"])
     assert only.match(GLOO_TIMEOUT, 1) is not None
     assert only.match(PEER_RESET, 1) is None
-    assert chosen("none") == [] and [s.name for s in chosen("all")] == list(NAMES)
+    assert chosen("none") == [] and [s.name for s in chosen("all")] + ["torchft_quorum"] == list(NAMES)
 
 
 def test_a_target_reads_signatures_and_its_own_matchers_and_can_turn_signatures_off() -> None:
@@ -106,3 +106,48 @@ def test_a_target_reads_signatures_and_its_own_matchers_and_can_turn_signatures_
 def test_an_unknown_signature_name_is_refused_with_the_names_to_choose_from() -> None:
     with pytest.raises(ValueError, match=r"'gloo_timout' is not a signature: choose from gloo_timeout"):
         TorchrunTarget.model_validate({"type": "torchrun", "script": "t.py", "signatures": ["gloo_timout"]})
+
+
+# torchft 0.2.0's manager, as group 0 of tests/jobs/user_torchft.py printed it on this machine (a quorum of both
+# groups; the uuid torchft appends to a replica id is new at every start of a group's process).
+TORCHFT_LISTENING = (
+    "2026-11-29T00:17:50.251 [INFO] [torchft::manager] - [Replica user_torchft_0] Manager listening on http://vm:38183"
+)
+G0 = "user_torchft_0:e6ef7277-937c-4e25-802c-9c008bc6ceec"
+G1 = "user_torchft_1:66a542ef-ff5d-4a0a-996e-6206ef0e860e"
+G1_RESTARTED = "user_torchft_1:0b1e2d3c-4f5a-4b6c-8d7e-9f0a1b2c3d4e"
+
+
+def quorum_line(quorum_id: int, *members: str) -> str:
+    listed = ", ".join(
+        f'QuorumMember {{ replica_id: "{m}", address: "http://vm:38183", store_address: "localhost:36549", step: 3, '
+        'world_size: 1, shrink_only: false, commit_failures: 0, data: "" }'
+        for m in members
+    )
+    return (
+        "2026-11-29T00:17:50.433 [INFO] [torchft::manager] - [Replica user_torchft_0] got lighthouse quorum "
+        f"LighthouseQuorumResponse {{ quorum: Some(Quorum {{ quorum_id: {quorum_id}, participants: [{listed}], "
+        "created: Some(Timestamp { seconds: 1795911470, nanos: 432346566 }) }) }"
+    )
+
+
+def test_torchfts_quorum_without_a_groups_process_is_a_detection_naming_that_group() -> None:
+    reader = signature_matcher("all")
+    own = reader.match(TORCHFT_LISTENING, 1)
+    assert own is not None and (own.kind, own.data["replica_id"]) == ("target.torchft_replica", "user_torchft_0")
+    # The first quorum, the same one again, a group joining: nothing lost.
+    assert [reader.match(quorum_line(n, *m), 2) for n, m in ((1, [G0]), (1, [G0]), (2, [G0, G1]), (2, [G0, G1]))] == [None] * 4
+    # Group 1's process replaced (killed, restarted, rejoined before its heartbeat ran out): the old one is lost.
+    replaced = reader.match(quorum_line(3, G0, G1_RESTARTED), 3)
+    assert replaced is not None and replaced.kind == "detect.peer_lost", replaced
+    assert (replaced.data["lost"], replaced.data["quorum_id"], replaced.data["signature"]) == (
+        ["user_torchft_1"], 3, "torchft_quorum_lost"
+    )
+    # Group 1 gone (frozen past its heartbeat): lost again; its return is not a detection.
+    shrunk = reader.match(quorum_line(4, G0), 4)
+    assert shrunk is not None and shrunk.data["lost"] == ["user_torchft_1"] and shrunk.data["participants"] == ["user_torchft_0"]
+    assert reader.match(quorum_line(5, G0, G1_RESTARTED), 5) is None
+    # Off with the other signatures, or by leaving it out of a list.
+    for choice in ("none", ["gloo_timeout"]):
+        assert signature_matcher(choice).match(TORCHFT_LISTENING, 1) is None  # type: ignore[arg-type]
+    assert "torchft_quorum" in NAMES

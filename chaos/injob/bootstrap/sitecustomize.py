@@ -12,6 +12,11 @@ that steps. The step is exact or not reported:
   step (a fresh start); after a load (a resume) the count would restart at 1, so the job's steps are then not
   reported and one ``target.step_source`` {exact: false, reason} says why.
 
+Under torchft (``torchft.manager`` imported) the steps are torchft's: a wrapper around ``Manager.should_commit``
+reports ``target.step`` {step: ``manager.current_step()``, committed, attempt, source: "torchft"} after each
+commit vote (a healed replica takes its step from its peers, so no count of its own could be right), and the
+optimizer hook stands aside.
+
 It stands down when the job reports for itself (``chaos.events`` or ``chaos.agent`` imported: the one-line
 agent, or a job emitting its own events). Anything else it does not touch: it imports no mlchaos package (the
 job's interpreter may not have mlchaos importable; ``chaos/events.py``, stdlib only, is loaded by its path under
@@ -32,7 +37,6 @@ from types import ModuleType
 from typing import Any
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_WATCHED = "torch"  # its import ends after torch.optim and torch.load exist
 
 
 def _run_the_interpreters_own() -> None:
@@ -71,6 +75,7 @@ class _StepReporter:
         self.taken = 0
         self.loaded_before_first_step = False
         self.said_inexact = False
+        self.torchft = False
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
         self.attempt = int(attempt) if attempt.isdigit() else 0
         original_load = torch.load
@@ -83,8 +88,15 @@ class _StepReporter:
         load.__wrapped__ = original_load  # type: ignore[attr-defined]
         torch.load = load  # type: ignore[attr-defined]
 
+    def on_commit(self, manager: Any, committed: bool) -> None:
+        """After torchft's commit vote: torchft's step (already advanced when the step committed)."""
+        self.torchft = True
+        if "chaos.events" not in sys.modules:
+            step = int(manager.current_step())
+            _emit("target.step", step=step, committed=bool(committed), attempt=self.attempt, source="torchft")
+
     def __call__(self, optimizer: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
-        if "chaos.events" in sys.modules:  # the job reports for itself (the agent, or its own events)
+        if "chaos.events" in sys.modules or self.torchft:  # the job reports for itself, or torchft's votes do
             return
         if self.optimizer is None:
             self.optimizer = optimizer
@@ -117,19 +129,44 @@ class _StepReporter:
         return None
 
 
+_reporter: _StepReporter | None = None
+
+
 def _on_torch(torch: ModuleType) -> None:
+    global _reporter
     optimizer = importlib.import_module("torch.optim.optimizer")
-    optimizer.register_optimizer_step_post_hook(_StepReporter(torch))
+    _reporter = _StepReporter(torch)
+    optimizer.register_optimizer_step_post_hook(_reporter)
+
+
+def _on_torchft(manager_module: ModuleType) -> None:
+    """Wrap ``Manager.should_commit`` (torchft's optimizer wrapper calls it every step) to report the vote."""
+    cls = manager_module.Manager
+    original = cls.should_commit
+
+    def should_commit(self: Any, *args: Any, **kwargs: Any) -> bool:
+        committed = original(self, *args, **kwargs)
+        if _reporter is not None:
+            _reporter.on_commit(self, bool(committed))
+        return bool(committed)
+
+    should_commit.__wrapped__ = original  # type: ignore[attr-defined]
+    cls.should_commit = should_commit
+
+
+_WATCHED: dict[str, Any] = {"torch": _on_torch, "torchft.manager": _on_torchft}  # after its import, this
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs a callback once a module has been imported, without importing it first (post-import hook)."""
+    """Runs a callback once a watched module has been imported, without importing it first (post-import hook)."""
 
     def find_spec(self, name: str, path: Sequence[str] | None, target: ModuleType | None = None) -> Any:
-        if name != _WATCHED:
+        callback = _WATCHED.pop(name, None)
+        if callback is None:
             return None
-        sys.meta_path.remove(self)  # once: the spec below is found by the finders after this one
-        spec = importlib.util.find_spec(name)
+        if not _WATCHED:
+            sys.meta_path.remove(self)  # every watched module seen: out of the way
+        spec = importlib.util.find_spec(name)  # found by the finders after this one (the name is popped)
         if spec is None or spec.loader is None:
             return spec
         loader = spec.loader
@@ -138,9 +175,9 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         def exec_module(module: ModuleType) -> None:
             original_exec(module)
             try:
-                _on_torch(module)
+                callback(module)
             except Exception as exc:  # noqa: BLE001  (never break the job: say why no steps come)
-                _emit("target.step_source", exact=False, reason=f"optimizer step hook not installed: {exc}")
+                _emit("target.step_source", exact=False, reason=f"step hook on {name} not installed: {exc}")
 
         loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
@@ -155,7 +192,7 @@ def _wanted() -> bool:
 _run_the_interpreters_own()
 if _wanted():
     _emit = _load_emit()
-    if _WATCHED in sys.modules:
-        _on_torch(sys.modules[_WATCHED])
-    else:
+    for _name in [n for n in _WATCHED if n in sys.modules]:
+        _WATCHED.pop(_name)(sys.modules[_name])
+    if _WATCHED:
         sys.meta_path.insert(0, _AfterImport())
