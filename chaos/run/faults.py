@@ -3,9 +3,11 @@ rank-aimed fault lands, which dead-man a fault gets, how one fault reaches many 
 of a fault applied on one host until it heals.
 
 Every reversible fault gets a dead-man switch (:class:`DeadMan`). One with a ``duration`` fires at duration +
-``safety.heal_grace``; one without fires at ``safety.max_duration`` + ``heal_grace`` and is re-armed (its
-deadline pushed a whole window on) whenever half of the window is left, for as long as the harness lives and
-the fault is active; so a SIGKILLed harness leaves a duration-less fault in place at most one window.
+``safety.heal_grace``; one without fires at ``safety.max_duration`` + ``heal_grace``; and none later than the
+run's deadline (the moment the harness ends the run: its fault clock's start + ``max_duration``) +
+``heal_grace``, so whatever happens to the harness, no fault outlives the run by more than the grace. A switch
+without that deadline (the pytest plugin's) and without a duration is re-armed (its deadline pushed a whole
+window on) whenever half of the window is left, for as long as the harness lives and the fault is active.
 
 Fan-out: one fault's hosts are all issued at once (:func:`parallel`, a thread per host up to
 :data:`MAX_PARALLEL`), and on a remote host an injector with a one-command apply and heal (:class:`OneCommand`)
@@ -154,11 +156,13 @@ class DeadMan:
         *,
         local: bool,
         then: HostCommand | None = None,
+        ends_at: float = float("inf"),
     ) -> DeadMan | None:
         """Arm ``op_key``'s switch (on this machine when ``local``, else on ``ctx``'s host): at ``duration_s`` +
-        heal_grace, or, without a duration, at max_duration + heal_grace and renewable. None when the fault has
-        no revert command (nothing a switch could run). Raises what starting it raises (RuntimeError,
-        TransportError): the caller has applied nothing yet.
+        heal_grace, or, without a duration, at max_duration + heal_grace and renewable; never later than
+        ``ends_at`` (the run's deadline, monotonic) + heal_grace: a switch that reaches it fires there and is not
+        renewed. None when the fault has no revert command (nothing a switch could run). Raises what starting it
+        raises (RuntimeError, TransportError): the caller has applied nothing yet.
 
         ``then`` (the fault's :class:`OneCommand` apply) rides along on a remote host: one command arms the switch
         and, only once it runs, applies the fault. ``applied_with_arm`` says whether it did; when not (no
@@ -167,6 +171,9 @@ class DeadMan:
             return None
         renewable = duration_s is None
         window = (safety.max_duration if duration_s is None else duration_s) + safety.heal_grace
+        by_deadline = ends_at + safety.heal_grace - time.monotonic()  # the run ends by then, harness alive or not
+        if window >= by_deadline:
+            window, renewable = max(by_deadline, 1.0), False
         switch = cls(ctx, journal_path, op_key, list(revert), window, renewable)
         switch.fires_at = time.monotonic() + window
         if local:

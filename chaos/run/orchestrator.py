@@ -3,8 +3,8 @@
 Guarantees:
 - Before anything is applied, the preflight (:mod:`chaos.spec.preflight`, ``mlchaos validate``) and then every
   fault's capabilities on every host it may hit are checked: a run is refused.
-- Every fault is journaled (fsync) and covered by a detached dead-man reverter BEFORE the world changes (a
-  duration-less one's armed at max_duration + heal_grace, re-armed while the harness lives); heal runs in
+- Every fault is journaled (fsync) and covered by a detached dead-man reverter BEFORE the world changes, which
+  fires by the run's deadline (its clock's start + max_duration) + heal_grace at the latest; heal runs in
   ``finally`` in reverse order, also on SIGINT/SIGTERM, which wait while a fault is applied or healed.
 - A stalled run is ended (``runner.no_progress``); the ``progress`` check fails it from its history (no verdicts here).
 - Targets are asked for optional abilities (:mod:`chaos.targets.base`), never for their type.
@@ -142,11 +142,10 @@ class Execution:
         self.load = LoadDriver(scenario.load, history, plan.seed) if scenario.load is not None else None
         self.pending: list[PlannedOp] = [op for op in plan.ops if op not in self.in_job]
         self.active: list[ActiveFault] = []
-        self.fired = 0
+        self.fired, self.ended_by, self.ends_at = 0, "", float("inf")  # ends_at: the run's deadline (monotonic)
         self.step: int | None = None
         self.triggers = Triggers()
         self.rank_hosts: dict[int, str] = {}  # each rank's host, from its target.start
-        self.ended_by = ""
         self._lock = threading.Lock()  # active faults and counters: per-host applies and heals run in threads
 
     # -- setup -------------------------------------------------------------------------------------------
@@ -284,7 +283,8 @@ class Execution:
             spec = self.load.start(self.target.url if isinstance(self.target, Serves) else None)
             self.history.record("runner.load_started", url=spec.url, rate=spec.rate, duration_s=spec.duration)
             self.log(f"load: {spec.rate:g} req/s {spec.method} {spec.url} for {spec.duration:g}s")
-        return time.monotonic()
+        self.ends_at = time.monotonic() + self.scenario.safety.max_duration  # every dead-man fires by then + grace
+        return self.ends_at - self.scenario.safety.max_duration
 
     def _obey(self, orders: list[Order]) -> bool:
         """Carry out operator commands in order; False when one ended the run."""
@@ -372,13 +372,13 @@ class Execution:
             return
         # Journal first, then the dead-man, then the world: a crash at any point leaves a healable record.
         self.journal.intent(applied)
-        # Every fault gets a dead-man, duration or not (chaos.run.faults.DeadMan); one whose revert runs here (e.g.
-        # `docker start` for a container) is local even for a remote host: one in a stopped container cannot fire.
+        # A dead-man for every fault (chaos.run.faults.DeadMan); local when its revert runs here (`docker start`)
         local = host == LOCAL or reverts_on_harness(injector, applied)
-        revert = injector.revert_command(applied)
-        safety = self.scenario.safety
+        revert, safety = injector.revert_command(applied), self.scenario.safety
         then = one_command(injector, applied, "apply")  # on a remote host: armed and applied in one round trip
-        switch = DeadMan.arm(ctx, self.journal.path, journal_id, revert, op.duration_s, safety, local=local, then=then)
+        switch = DeadMan.arm(
+            ctx, self.journal.path, journal_id, revert, op.duration_s, safety, local=local, then=then, ends_at=self.ends_at
+        )
         # The fault's time: BEFORE the signal or rule goes out (what checks split before/after at); when the host
         # applied it with its dead-man in one round trip, when is not known here: that round trip's end.
         sent_ns = now_ns()

@@ -152,6 +152,27 @@ def test_a_fault_with_a_duration_is_armed_once_and_never_renewed() -> None:
     assert DeadMan.arm(ctx, Path("unused"), "op2", None, None, safety, local=True) is None  # nothing to revert
 
 
+@pytest.mark.parametrize("local", [True, False])
+@pytest.mark.parametrize("duration_s", [3600.0, None])
+def test_no_switch_outlives_the_runs_deadline_plus_grace(local: bool, duration_s: float | None) -> None:
+    # `duration: 1h` (or none) in a run that ends in 2 s: the switch fires at the run's end + grace, not in an hour
+    # (or max_duration after its apply), and a live harness does not push it past that either.
+    safety = SafetySpec(max_duration=300.0, heal_grace=1.0)
+    op_key = f"hang-{uuid.uuid4().hex[:6]}#1"
+    ctx = InjectionContext(LocalTransport())
+    with frozen_child() as child, journal_for(child.pid, op_key) as journal:
+        ends_at = time.monotonic() + 2.0
+        switch = DeadMan.arm(ctx, journal.path, op_key, cont(child.pid), duration_s, safety, local=local, ends_at=ends_at)
+        assert switch is not None and not switch.renewable and switch.window_s == pytest.approx(3.0, abs=0.2)
+        try:
+            assert renew_switches([_active(switch, child.pid)], time.monotonic() + 2.5, print) == []
+            assert switch.window_s == pytest.approx(3.0, abs=0.2)  # not pushed on
+            assert wait_for(lambda: process_state(child.pid) not in ("T", None), 3.0 + 5)
+            assert time.monotonic() >= ends_at + 1.0 - 0.5, "it fired before the run's end + grace"
+        finally:
+            switch.disarm()
+
+
 class Unreachable:
     """A host that stopped answering: every command fails to run."""
 
