@@ -10,8 +10,10 @@ from pathlib import Path
 from chaos.cluster.base import Transport
 from chaos.plugins import registry
 from chaos.plugins.injector import InjectionContext
-from chaos.safety import deadman
-from chaos.safety.journal import HEALED_BY_CLEANUP, Journal, all_journals
+from chaos.safety import deadman, remote_deadman
+from chaos.safety.journal import HEALED_BY_CLEANUP, HEALED_BY_DEADMAN, Journal, all_journals
+
+LOCAL = "local"  # Applied.host of a fault on this machine
 
 
 def _ignore(line: str) -> None:
@@ -29,8 +31,10 @@ def heal_leftovers(
     """Heal every unhealed op of every journal whose run is no longer alive; return what was done, one line each.
 
     ``transport`` reaches the hosts the faults were applied on: one transport (used for every host) or a
-    mapping from :attr:`Applied.host`. Each op is healed through its injector, marked healed by "cleanup",
-    and its dead-man (if still running) is disarmed. A failed heal is reported, recorded as ``failed`` and
+    mapping from :attr:`Applied.host`. An op on another host whose switch there already fired (it left its
+    record, :func:`chaos.safety.remote_deadman.fired`) is marked healed by "deadman" and not healed again; every
+    other op is healed through its injector, marked healed by "cleanup", and its dead-man (if still running:
+    this machine's reverter, or the host's switch) is disarmed. A failed heal is reported, recorded as ``failed`` and
     leaves the op unhealed for the next cleanup: nothing is ever dropped silently. Journals with nothing
     left to heal move to ``journal/done/``, so the next cleanup does not read them again.
 
@@ -63,10 +67,17 @@ def heal_leftovers(
             pending = journal.unhealed()
             for problem in journal.unreadable:
                 say(f"run {journal.run_id}: unreadable journal line {problem}")
+            local_switches = journal.deadman_pids()
             for applied in pending:
                 what = f"run {journal.run_id}: {applied.op_id} ({applied.description or applied.injector})"
+                on_host = applied.host != LOCAL and applied.op_id not in local_switches  # its switch is the host's
                 try:
                     host_transport = _transport_for(transport, applied.host)
+                    status = remote_deadman.fired(host_transport, applied.op_id) if on_host else None
+                    if status is not None:  # the host's own switch reverted it: record that, heal nothing twice
+                        journal.healed(applied.op_id, HEALED_BY_DEADMAN)
+                        say(f"{what}: already healed by its dead-man on {applied.host} (revert exit {status})")
+                        continue
                     registry.injector(applied.injector).heal(InjectionContext(host_transport), applied)
                 except Exception as exc:  # noqa: BLE001 - any failure is reported and kept, never aborts the rest
                     journal.failed(applied.op_id, f"cleanup heal failed: {type(exc).__name__}: {exc}")
@@ -74,6 +85,8 @@ def heal_leftovers(
                     continue
                 journal.healed(applied.op_id, HEALED_BY_CLEANUP)
                 say(f"{what}: healed")
+                if on_host and remote_deadman.disarm(host_transport, remote_deadman.marker(applied.op_id)):
+                    say(f"run {journal.run_id}: {applied.op_id}: dead-man on {applied.host} stopped")
             still_pending = {a.op_id for a in journal.unhealed()}
             for op_id, pid in journal.deadman_pids().items():
                 # A pending op keeps its dead-man: it may still succeed where cleanup failed.

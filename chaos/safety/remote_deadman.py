@@ -5,7 +5,9 @@ switch has to fire, so the switch is the most portable thing there is: ``setsid 
 CONSTANT script that sleeps, then ``exec``s the injector's revert argv passed as positional parameters. No
 scenario text is ever interpolated into the script. The marker (``$0``, a hash of the op) names the process
 so heal can cancel it with ``pkill -f``; reverts are idempotent, so a switch that fires after a heal (or after
-``mlchaos cleanup``) changes nothing.
+``mlchaos cleanup``) changes nothing. A switch that fired leaves ``/tmp/<marker>.fired`` (its revert's exit
+status): :func:`fired` reads and removes it, so ``cleanup`` and the next run's start record the heal as the
+dead-man's instead of healing again; a cancel (and a heal with its cancel) removes it too.
 
 One round trip per host per action: :func:`armed_argv` arms the switch and, only once it runs, the fault's own
 command (its text on stdin), in ONE command; :func:`disarmed_argv` runs the heal command and then cancels the
@@ -32,8 +34,13 @@ MARKER_PREFIX = "mlchaos-deadman-"
 # marker with one ``read``.
 SCRIPT = (
     "echo $$; exec </dev/null >/dev/null 2>&1; trap 'kill $! 2>/dev/null; exit 143' TERM; "
-    'sleep "$1" & wait $!; trap - TERM; shift; exec "$@"'
+    'sleep "$1" & wait $!; trap - TERM; shift; "$@"; echo "$?" >"/tmp/$0.fired"'
 )
+# $1 = marker: print the status a fired switch of it left and remove the record; exit 1 when none fired.
+FIRED_SCRIPT = 'for f in /tmp/"$1"*.fired; do [ -f "$f" ] || continue; cat "$f"; rm -f "$f"; exit 0; done; exit 1'
+# $1$2 = marker (split, so this shell's own command line does not match it): cancel every switch of it and drop
+# any record of one that fired; pkill's status.
+CANCEL_SCRIPT = 'm=$1$2; pkill -f -- "$m"; rc=$?; rm -f /tmp/"$m"*.fired; exit $rc'
 
 # $1 = k, $2 = stdin text, $3..$(k+2) = the switch's arm argv (prints its pid), the rest = the fault's command.
 # The subshell keeps only the first k words and starts the switch; the command runs only once a pid came back.
@@ -54,6 +61,7 @@ mark=$1 pid=$2 input=$3; shift 3
 printf '%s' "$input" | "$@" || exit
 { IFS= read -r cmd; } 2>/dev/null <"/proc/$pid/cmdline"
 case $cmd in *"$mark"*) kill -TERM "-$pid" 2>/dev/null;; esac
+rm -f /tmp/"$mark"*.fired
 exit 0
 """
 # $@ = the switch's arm argv. Its pid line comes from the detached switch, which may write it after ``setsid``
@@ -138,11 +146,22 @@ def rearm(transport: Transport, op_key: str, revert_argv: list[str], fires_in_s:
 
 
 def disarm(transport: Transport, mark: str) -> bool:
-    """Cancel the switch named ``mark`` on the host; True if one was running. Never raises for 'not found'."""
+    """Cancel the switch named ``mark`` on the host (and drop the record of one that fired); True if one was
+    running. Never raises for 'not found'."""
     try:
-        return transport.run(["pkill", "-f", "--", _checked(mark)], timeout=15).returncode == 0
+        argv = ["sh", "-c", CANCEL_SCRIPT, "mlchaos-cancel", MARKER_PREFIX, _checked(mark)[len(MARKER_PREFIX) :]]
+        return transport.run(argv, timeout=15).returncode == 0
     except TransportError:
         return False
+
+
+def fired(transport: Transport, op_key: str) -> int | None:
+    """The exit status of ``op_key``'s revert when a switch of it (any generation) fired on the host, whose
+    record is then removed (so it is reported once); None when none fired. Raises TransportError when the host
+    cannot be asked."""
+    done = transport.run(["sh", "-c", FIRED_SCRIPT, "mlchaos-fired", marker(op_key)], timeout=15)
+    status = done.stdout.strip()
+    return int(status) if done.returncode == 0 and status.lstrip("-").isdigit() else None
 
 
 def _checked(mark: str) -> str:

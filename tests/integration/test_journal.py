@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -10,7 +13,7 @@ from support import sleeper, wait_for
 
 from chaos.cluster.local import LocalTransport, process_state
 from chaos.plugins.injector import Applied, FaultOp, InjectionContext
-from chaos.safety import deadman
+from chaos.safety import deadman, remote_deadman
 from chaos.safety.cleanup import heal_leftovers
 from chaos.safety.journal import Journal, all_journals, journal_dir
 from chaos.safety.state import state_dir
@@ -152,3 +155,55 @@ def test_failed_heal_is_reported_and_kept(tmp_path: Path) -> None:
     assert [a.op_id for a in kept.unhealed()] == ["op"]
     assert [r.kind for r in kept.records()] == ["intent", "failed"]
     assert "FAILED" in heal_leftovers(LocalTransport(), state_dir=tmp_path)[0]  # still there next time
+
+
+def _frozen_on_host(pid: int, run_id: str) -> tuple[Path, Applied]:
+    """:func:`_frozen_leftover` as if on host ``h1``, whose transport (here: this machine's) ran its switch."""
+    ctx = InjectionContext(LocalTransport())
+    op = FaultOp(op_id=f"{run_id}-op", fault="hang", injector="freeze", params=FreezeParams(pid=pid), duration_s=60)
+    injector = FreezeInjector()
+    record = injector.prepare(ctx, op).model_copy(update={"host": "h1"})
+    journal = Journal.for_run(run_id)
+    journal.intent(record)
+    injector.apply(ctx, record)
+    journal.applied(record.op_id)
+    journal.close()
+    return journal.path, record
+
+
+def _switches(op_id: str) -> list[str]:
+    found = subprocess.run(["pgrep", "-f", remote_deadman.marker(op_id)], capture_output=True, text=True, check=False)
+    return found.stdout.split()
+
+
+def test_a_heal_done_by_the_hosts_own_deadman_is_recorded_as_its_and_not_done_again(tmp_path: Path) -> None:
+    hosts = {"h1": LocalTransport()}
+    with sleeper() as child:
+        path, record = _frozen_on_host(child.pid, "fired-run")
+        remote_deadman.start(LocalTransport(), record.op_id, ["kill", "-s", "CONT", str(child.pid)], 0.5)
+        assert wait_for(lambda: process_state(child.pid) not in (None, "T"), 10)  # the host's switch fired
+        os.kill(child.pid, signal.SIGSTOP)  # a heal now would continue it: cleanup must not heal again
+        try:
+            lines = heal_leftovers(hosts, state_dir=tmp_path)
+            assert lines == [f"run fired-run: {record.op_id} ({record.description}): already healed by its dead-man "
+                             "on h1 (revert exit 0)"], lines  # fmt: skip
+            assert wait_for(lambda: process_state(child.pid) == "T", 5)
+            done = Journal(journal_dir(tmp_path) / "done" / "fired-run.jsonl", owner=False)
+            assert done.healed_by(record.op_id) == "deadman"
+            assert not list(Path("/tmp").glob(f"{remote_deadman.marker(record.op_id)}*.fired"))  # read once, removed
+        finally:
+            os.kill(child.pid, signal.SIGCONT)
+
+
+def test_cleanup_stops_the_hosts_deadman_of_what_it_heals(tmp_path: Path) -> None:
+    with sleeper() as child:
+        path, record = _frozen_on_host(child.pid, "armed-run")
+        remote_deadman.start(LocalTransport(), record.op_id, ["kill", "-s", "CONT", str(child.pid)], 120)
+        assert wait_for(lambda: len(_switches(record.op_id)) == 1, 5) and process_state(child.pid) == "T"
+        try:
+            lines = heal_leftovers({"h1": LocalTransport()}, state_dir=tmp_path)
+            assert lines[0].endswith(": healed") and lines[1] == f"run armed-run: {record.op_id}: dead-man on h1 stopped"
+            assert wait_for(lambda: process_state(child.pid) not in (None, "T"), 5)
+            assert wait_for(lambda: _switches(record.op_id) == [], 5)
+        finally:
+            remote_deadman.disarm(LocalTransport(), remote_deadman.marker(record.op_id))
