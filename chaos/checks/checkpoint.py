@@ -98,6 +98,7 @@ class VerifiedParams(CheckParams):
 @register_check(
     CHECK_VERIFIED,
     VerifiedParams,
+    to_add="aim a checkpoint fault (checkpoint_corrupt, checkpoint_torn_write) at the files the job saves",
     summary="every resume after a checkpoint fault loaded a checkpoint the job verified, never the damaged one",
 )
 def resumed_from_verified_checkpoint(history: History, params: BaseModel, scenario: Scenario | None) -> CheckResult:
@@ -175,6 +176,7 @@ def newest_intact(history: History, hits: list[Damage], before_ns: int) -> tuple
 @register_check(
     CHECK_FELL_BACK,
     FellBackParams,
+    to_add="aim a checkpoint fault (checkpoint_corrupt, checkpoint_torn_write) at the files the job saves",
     summary="after a checkpoint fault the job resumed from the expected step (default: the newest intact one)",
 )
 def fell_back_to(history: History, params: BaseModel, scenario: Scenario | None) -> CheckResult:

@@ -98,6 +98,10 @@ def _first_step_after(history: History, op: Event) -> int:
 @register_check(
     "ranks_agree",
     RanksAgreeParams,
+    to_add=(
+        "add agent = chaos.agent.attach(model, optimizer, ddp=ddp) on every rank (each reports its digest at "
+        "exit), or its consistency guard (consistency_every=N)"
+    ),
     summary="the data-parallel ranks held identical, finite parameters (consistency guard, final digests)",
 )
 def ranks_agree(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:

@@ -16,8 +16,8 @@ or the host it hit as a whole. A detection counts when:
    it is the FIRST detection after the op the check fails, since whoever acts on it acts on the wrong rank;
 2. else it names what the op hit: a subject rank (``ranks``, ``odd_ranks``, ``peer`` when it is a rank
    number, or the event's own rank, except for group-level kinds below, whose rank is the reporter), the hit
-   process (its ``host`` and ``pid``), the hit replica (``backend``, ``replica``, or among ``replicas``), or, for a fault that hit
-   a whole host, that host (a detection naming no rank, whose ``host`` is the hit host; events without
+   process (its ``host`` and ``pid``), the hit replica (``backend``, ``replica``, or among ``replicas``), or,
+   for a fault that hit a whole host, that host (a detection naming no rank, whose ``host`` is the hit host; events without
    ``host`` come from the harness's host);
 3. else it comes from the process group the op hit: its kind is group-level (``group_kinds``) and the op hit
    at least one training rank of the job;

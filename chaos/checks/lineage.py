@@ -157,6 +157,10 @@ class MatchesGoldenParams(CheckParams):
 @register_check(
     CHECK_MATCHES_GOLDEN,
     MatchesGoldenParams,
+    to_add=(
+        "add agent = chaos.agent.attach(model, optimizer) (it reports the digest at exit), or emit target.digest "
+        "at the end"
+    ),
     summary="every rank's final model digest equals the golden (fault-free) run's digest of that rank",
     needs_golden=True,
 )
@@ -383,6 +387,10 @@ def committed_lineage(history: History, steps: list[Event]) -> dict[int | None, 
 @register_check(
     CHECK_EXACTLY_ONCE,
     ExactlyOnceParams,
+    to_add=(
+        "pass the loader to the agent: attach(model, optimizer, ddp=ddp, data=loader) (or agent.track(sampler)), "
+        "or emit target.step with samples"
+    ),
     summary="along the committed lineage every sample id is trained exactly once and no step is skipped",
 )
 def exactly_once(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:

@@ -256,6 +256,7 @@ progress, an operator's abort, an interrupt), recorded just before the job is si
 @register_check(
     CHECK_COMPLETES,
     CompletesParams,
+    to_add="let the job end by itself within safety.max_duration (the target records its exit code)",
     summary="the job ended by itself with code 0 (not stopped by the harness at a limit)",
 )
 def completes(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:

@@ -281,6 +281,10 @@ class ReplicasAgreeParams(CheckParams):
 @register_check(
     CHECK_REPLICAS_AGREE,
     ReplicasAgreeParams,
+    to_add=(
+        "add agent = chaos.agent.attach(model, optimizer, manager=manager, ddp=ddp) and every: k here (a digest "
+        "every k-th committed step), or emit target.digest {step, digest} per committed step"
+    ),
     summary="replicas hold identical parameters (target.digest) at every step after the rejoin",
 )
 def replicas_agree(history: History, params: BaseModel, scenario: Scenario | None) -> CheckResult:

@@ -114,6 +114,10 @@ class RestartsParams(CheckParams):
 @register_check(
     CHECK_RESTARTS,
     RestartsParams,
+    to_add=(
+        "launch the job with torchrun (its process tree shows the restarts) or as a roles target, or emit "
+        "target.start with attempt"
+    ),
     summary="the torchrun launcher used at most N restarts (counted from the launcher and its workers)",
 )
 def restarts_at_most(history: History, params: BaseModel, scenario: Scenario | None) -> CheckResult:

@@ -244,6 +244,10 @@ class NoFalsePositivesParams(CheckParams):
 @register_check(
     "no_false_positives",
     NoFalsePositivesParams,
+    to_add=(
+        "let the golden run happen (a scenario whose checks need it runs it; see runner.golden in the history for"
+        " why it failed)"
+    ),
     summary="no detection fired in the golden run, nor in this run before the first fault",
     needs_golden=True,
 )

@@ -10,6 +10,7 @@ Rule: a check never passes vacuously. If its fault never fired or its evidence i
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -56,27 +57,50 @@ CheckFn = Callable[[History, Any, Any], CheckResult]  # (history, params model, 
 
 @dataclass(frozen=True)
 class CheckSpec:
-    """A registered check: its YAML name, params model, evaluator and one-line summary."""
+    """A registered check: its YAML name, params model, evaluator (its ``unknown`` reasons ending with what to
+    add, :func:`with_fix`), one-line summary, and ``to_add``: what a job or scenario adds to give it evidence."""
 
     name: str
     Params: type[BaseModel]
     evaluate: CheckFn
     summary: str
     needs_golden: bool = False
+    to_add: str = ""
 
 
 CHECKS: dict[str, CheckSpec] = {}
 
+FAULT_FIX = (
+    "`mlchaos plan FILE` shows when each op fires; check the fault's name here and its trigger (the run's "
+    "fault.not_fired says why one never fired)"
+)
+
+
+def with_fix(result: CheckResult, to_add: str) -> CheckResult:
+    """``result`` with an ``unknown`` reason ending in ``to fix: ...``: ``to_add`` for missing evidence, or how to
+    find out why for a fault that never applied (unless the reason already says what would make it fire)."""
+    if result.status != "unknown" or "to fix:" in result.reason or "it never fired:" in result.reason:
+        return result
+    fault_missing = "never applied" in result.reason or result.reason.startswith("no fault")
+    fix = FAULT_FIX if fault_missing else to_add
+    return result.model_copy(update={"reason": f"{result.reason}; to fix: {fix}"}) if fix else result
+
 
 def register_check(
-    name: str, params: type[BaseModel], *, summary: str, needs_golden: bool = False
+    name: str, params: type[BaseModel], *, summary: str, needs_golden: bool = False, to_add: str = ""
 ) -> Callable[[CheckFn], CheckFn]:
-    """Decorator registering a check under ``name``; a second check of the same name is an error."""
+    """Decorator registering a check under ``name``; a second check of the same name is an error. ``to_add``:
+    what gives the check its evidence, appended to its ``unknown`` reasons (:func:`with_fix`)."""
 
     def wrap(fn: CheckFn) -> CheckFn:
         if name in CHECKS:
             raise ValueError(f"check {name!r} registered twice ({CHECKS[name].evaluate.__module__})")
-        CHECKS[name] = CheckSpec(name, params, fn, summary, needs_golden)
+
+        @functools.wraps(fn)
+        def evaluate(history: History, params: Any, scenario: Any) -> CheckResult:
+            return with_fix(fn(history, params, scenario), to_add)
+
+        CHECKS[name] = CheckSpec(name, params, evaluate, summary, needs_golden, to_add)
         return fn
 
     return wrap

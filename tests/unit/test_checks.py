@@ -474,3 +474,14 @@ def test_progress_counts_a_restart_as_life_but_not_a_restart_that_hangs() -> Non
     hung = [*start(), *steps(1, 3, t0=1.0), ev(5.0, "target.start", 0, pid=7, attempt=1), *steps(4, 5, t0=70.0)]
     failed = progress(History.from_events(hung), ProgressParams(), watched)  # type: ignore[arg-type]
     assert failed.status == "fail" and "no target.step or rank start for" in failed.reason, failed.reason
+
+
+def test_every_unknown_verdict_says_what_to_add() -> None:
+    # Each check on a history with nothing in it (no fault fired, no evidence): its reason ends with the fix.
+    scenario_free = [Event(ts_ns=1, kind="runner.start", source="runner")]
+    for name, spec in sorted(checks().items()):
+        required = {k: f for k, f in spec.Params.model_fields.items() if f.is_required()}
+        params = {k: ("f" if "str" in str(f.annotation) else 1) for k, f in required.items()}
+        result = spec.evaluate(History.from_events(scenario_free), spec.Params.model_validate(params), cast(Any, None))
+        if result.status == "unknown":
+            assert "to fix: " in result.reason or "give min, max or both" in result.reason, (name, result.reason)

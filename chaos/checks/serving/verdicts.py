@@ -113,7 +113,12 @@ class ErrorRateParams(WindowParams):
     priority: str | None = Field(default=None, description="count only requests of this priority (null: all)")
 
 
-@register_check(CHECK_ERROR_RATE, ErrorRateParams, summary="share of non-ok requests in a window is at most max")
+@register_check(
+    CHECK_ERROR_RATE,
+    ErrorRateParams,
+    to_add="add a load: section (the open-loop load generator) to the scenario",
+    summary="share of non-ok requests in a window is at most max",
+)
 def error_rate(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
     """Share of the window's requests that were not ok: any 4xx/5xx, ``timeout``, ``error``, ``dropped_client``
     (the generator had too many in flight) or ``cancelled``, over all requests scheduled in the window.
@@ -153,7 +158,12 @@ class LatencyParams(WindowParams):
     priority: str | None = Field(default=None, description="count only requests of this priority (null: all)")
 
 
-@register_check(CHECK_LATENCY, LatencyParams, summary="a latency quantile of the requests in a window is at most max")
+@register_check(
+    CHECK_LATENCY,
+    LatencyParams,
+    to_add="add a load: section (the open-loop load generator) to the scenario",
+    summary="a latency quantile of the requests in a window is at most max",
+)
 def latency(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
     """Nearest-rank ``q`` quantile of latency (seconds from the scheduled send) over the window's requests that
     got an HTTP answer (any status) or timed out; a timeout counts at its recorded latency, the timeout, so a
@@ -373,6 +383,7 @@ class NoFlappingParams(WindowParams):
 @register_check(
     CHECK_NO_FLAPPING,
     NoFlappingParams,
+    to_add="add a load: section (the open-loop load generator) to the scenario",
     summary="traffic switches backends at most max_switches times, and fails back only after the hysteresis",
 )
 def no_flapping(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
@@ -515,6 +526,7 @@ class PriorityParams(WindowParams):
 @register_check(
     CHECK_PRIORITY,
     PriorityParams,
+    to_add="add a load: section with priorities (load.priorities) to the scenario",
     summary="while other priorities are shed, a priority's error rate in a window stays at most max_error_rate",
 )
 def priority_preserved(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
