@@ -9,6 +9,9 @@ refuse at its start that needs more than the file: the inventory's host selectio
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,8 +21,9 @@ from chaos.plugins import registry
 from chaos.plugins.injector import is_in_job
 from chaos.run.triggers import STEP_SOURCES
 from chaos.spec.matchers import reports_steps
-from chaos.spec.preflight import capability_problems, preflight
+from chaos.spec.preflight import capability_problems, fault_ranks, preflight
 from chaos.spec.problems import Problem
+from chaos.spec.roles import RolesTarget
 from chaos.spec.scenario import CommandTarget, HostSelector, Scenario, ScenarioError, TorchrunTarget, load_scenario
 from chaos.targets.factory import TargetSpecError, on_nodes
 from chaos.targets.interpreter import command_scripts, script_needs, torchrun_entry
@@ -58,7 +62,7 @@ def check_files(
             except TargetSpecError as exc:
                 checked.problems.append(Problem(*scenario.located(("target", "type")), str(exc), "drop --nodes"))
                 continue
-        found = preflight(scenario)
+        found = preflight(scenario) or entry_point_problems(scenario)
         if hosts and not found:
             found = _inventory_problems(file, scenario, inventory, checked.notes)
         if probe and not found:
@@ -69,6 +73,33 @@ def check_files(
             checked.scenarios.append((file, loaded))
             checked.notes.extend(f"{file}: {note}" for note in step_source_notes(scenario))
     return checked
+
+
+def entry_point_problems(scenario: Scenario) -> list[Problem]:
+    """The job's entry points that do not exist on this machine, where the job runs here: a torchrun target's or
+    a torchrun role's ``script`` (relative to the directory mlchaos runs in, as torchrun reads it), a module whose
+    top-level package the job's interpreter (mlchaos's own) cannot find. A path with a placeholder, a job on other
+    hosts, or a role with its own ``python`` is left to the run (the host may have it where this one does not)."""
+    entries: list[tuple[tuple[str | int, ...], str | None, str | None]] = []
+    target = scenario.target
+    if isinstance(target, TorchrunTarget) and target.nodes is None:
+        entries.append((("target",), target.script, target.module))
+    if isinstance(target, RolesTarget):
+        for name, role in target.roles.items():
+            if role.torchrun is not None and role.host is None and role.python is None:
+                entries.append((("target", "roles", name, "torchrun"), role.torchrun.script, role.torchrun.module))
+    problems: list[Problem] = []
+    for at, script, module in entries:
+        if script is not None and "{" not in script and not os.path.isfile(script):
+            where = "" if os.path.isabs(script) else f" (relative to {os.getcwd()}, where mlchaos runs)"
+            problems.append(Problem(*scenario.located((*at, "script")), f"script {script!r} does not exist{where}: "
+                                    "torchrun would start and every rank fail with code 1",
+                                    "give the script's path from the directory you run mlchaos in, or an absolute one"))  # fmt: skip
+        if module is not None and importlib.util.find_spec(module.split(".")[0]) is None:
+            problems.append(Problem(*scenario.located((*at, "module")), f"module {module!r}: no package "
+                                    f"{module.split('.')[0]!r} for {sys.executable}, which runs the job",
+                                    "install it into that interpreter, or give the script's path instead"))  # fmt: skip
+    return problems
 
 
 def step_source_notes(scenario: Scenario) -> list[str]:
@@ -123,6 +154,15 @@ def _inventory_problems(file: Path, scenario: Scenario, inventory: Path | None, 
             job_nodes = [name for name, _ in hosts.job_nodes(spec_nodes, scenario.seed)]
         except HostsError as exc:
             problems.append(Problem(*scenario.located(("target", "nodes")), str(exc), "select inventory hosts"))
+    if job_nodes is not None and isinstance(scenario.target, TorchrunTarget):
+        size = len(job_nodes) * scenario.target.nproc_per_node  # the world the inventory gives the job
+        for index, fault in enumerate(scenario.faults):
+            for path, rank in fault_ranks(fault, ("faults", index)):
+                if rank is not None and rank >= size:
+                    problems.append(Problem(*scenario.located(path), f"rank {rank} does not exist: the job runs "
+                                            f"{size} rank(s) ({len(job_nodes)} inventory node(s) x nproc_per_node "
+                                            f"{scenario.target.nproc_per_node}), 0..{size - 1}",
+                                            "aim at a rank below the world size, or select more nodes"))  # fmt: skip
     for index, fault in enumerate(scenario.faults):
         rank = fault.hosts.rank if fault.hosts is not None else getattr(fault.params, "rank", None)
         try:

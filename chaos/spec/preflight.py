@@ -188,7 +188,7 @@ def _fault(scenario: Scenario, index: int, fault: FaultSpec) -> Iterator[Finding
             "the harness did not start: no agent of ours runs in it",
             "use a fault applied from outside (kill, partition, delay ...) or a target the harness starts",
         )
-    ranks = [(path, rank) for path, rank in _ranks(fault, at) if rank is not None]
+    ranks = [(path, rank) for path, rank in fault_ranks(fault, at) if rank is not None]
     rank_param = getattr(fault.params, "rank", None)
     if not in_job and isinstance(rank_param, int) and not isinstance(target, (TorchrunTarget, SlurmTarget)):
         hint = (
@@ -359,7 +359,7 @@ def _phase(scenario: Scenario, fault: FaultSpec, at: Path_) -> Iterator[Finding]
         )
 
 
-def _ranks(fault: FaultSpec, at: Path_) -> Iterator[tuple[Path_, int | None]]:
+def fault_ranks(fault: FaultSpec, at: Path_) -> Iterator[tuple[Path_, int | None]]:
     """Every rank the fault names, with the path of its key: its params', its trigger's, its hosts'."""
     rank_param = getattr(fault.params, "rank", None)
     if isinstance(rank_param, int) and not isinstance(rank_param, bool):

@@ -293,3 +293,16 @@ def test_validate_with_an_inventory_refuses_a_rank_whose_every_node_is_protected
     assert code == EXIT_INVALID and f"{path}:9:5: " in output and "is protected and cannot be targeted" in output, (
         output
     )
+
+
+def test_validate_with_an_inventory_refuses_a_rank_beyond_the_world_the_inventory_gives(tmp_path: Path) -> None:
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("hosts:\n  - {name: h1, address: 10.0.0.1}\n  - {name: h2, address: 10.0.0.2}\n")
+    text = TORCHRUN.replace("nproc_per_node: 2", "nproc_per_node: 3\n  nodes: {group: all}").replace(
+        "FAULTS", "  - type: kill\n    params: {rank: 99}\n    trigger: {at_step: 3}"
+    )
+    assert _validate(tmp_path, text, "--no-probe")[0] == 0  # without the inventory the world size is not known
+    code, output, path = _validate(tmp_path, text, "--inventory", str(inventory), "--no-probe")
+    assert code == EXIT_INVALID and f"{path}:9:14: rank 99 does not exist: the job runs 6 rank(s)" in output, output
+    assert "(2 inventory node(s) x nproc_per_node 3), 0..5" in output.replace("\n", " ")
+    assert _validate(tmp_path, text.replace("rank: 99", "rank: 5"), "--inventory", str(inventory), "--no-probe")[0] == 0

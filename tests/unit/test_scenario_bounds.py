@@ -126,3 +126,24 @@ def test_an_alias_bomb_in_a_field_is_refused_at_its_line_with_a_short_quote(
     assert code == 2 and "Traceback" not in out, out[-3000:]
     assert f"{field}:" in out and len(out) < 4000, out[-3000:]
     assert peak_mb < 200, peak_mb
+
+
+def test_a_script_or_module_that_does_not_exist_here_is_refused_at_its_line(tmp_path: Path) -> None:
+    from chaos.cli.preflight import check_files
+
+    missing = tmp_path / "typo.yaml"
+    missing.write_text(KILL_RANK.replace("module: chaos.targets.reference.trainer", "script: tests/jobs/trian.py"))
+    no_module = tmp_path / "module.yaml"
+    no_module.write_text(KILL_RANK.replace("chaos.targets.reference.trainer", "trainr.main"))
+    roles = tmp_path / "roles.yaml"
+    roles.write_text((ROOT / "scenarios" / "torchft-replica-killed.yaml").read_text().replace("torchft_train.py", "torchft_trian.py"))
+    placeholder = tmp_path / "placeholder.yaml"  # its path is known only at run time: left to the run
+    placeholder.write_text(KILL_RANK.replace("module: chaos.targets.reference.trainer", "script: '{scenario_dir}/x.py'"))
+    checked = check_files([missing, no_module, roles, placeholder])
+    found = [str(problem) for problem in checked.problems]
+    assert len(found) == 3, found
+    assert found[0].startswith(f"{missing}:") and "script 'tests/jobs/trian.py' does not exist" in found[0]
+    assert "fix: give the script's path" in found[0]
+    assert "module 'trainr.main': no package 'trainr'" in found[1]
+    assert "script 'tests/jobs/torchft_trian.py' does not exist" in found[2]
+    assert [file for file, _ in checked.scenarios] == [placeholder]
