@@ -15,13 +15,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chaos.cluster.hosts import HostsError, HostSet, needs_inventory
+from chaos.cluster.hosts import LOCAL, HostsError, HostSet, needs_inventory
 from chaos.cluster.local import LocalTransport
 from chaos.plugins import registry
-from chaos.plugins.injector import is_in_job
+from chaos.plugins.injector import InjectionContext, Unsupported, is_in_job
 from chaos.run.triggers import STEP_SOURCES
 from chaos.spec.matchers import reports_steps
-from chaos.spec.preflight import capability_problems, fault_ranks, preflight
+from chaos.spec.preflight import capability_problems, fault_ranks, preflight, unsupported
 from chaos.spec.problems import Problem
 from chaos.spec.roles import RolesTarget
 from chaos.spec.scenario import CommandTarget, HostSelector, Scenario, ScenarioError, TorchrunTarget, load_scenario
@@ -64,7 +64,7 @@ def check_files(
                 continue
         found = preflight(scenario) or entry_point_problems(scenario)
         if hosts and not found:
-            found = _inventory_problems(file, scenario, inventory, checked.notes)
+            found = _inventory_problems(file, scenario, inventory, checked.notes, probe=probe)
         if probe and not found:
             found = capability_problems(scenario, LocalTransport())
         if found:
@@ -130,7 +130,9 @@ def step_source_notes(scenario: Scenario) -> list[str]:
     ]
 
 
-def _inventory_problems(file: Path, scenario: Scenario, inventory: Path | None, notes: list[str]) -> list[Problem]:
+def _inventory_problems(
+    file: Path, scenario: Scenario, inventory: Path | None, notes: list[str], *, probe: bool = False
+) -> list[Problem]:
     """The host selections a run would refuse at its start, resolved against the inventory (none when the
     scenario names none and ``--inventory`` is not given: then a note says the hosts were not checked)."""
     if inventory is None and scenario.cluster.inventory is None:
@@ -163,14 +165,54 @@ def _inventory_problems(file: Path, scenario: Scenario, inventory: Path | None, 
                                             f"{size} rank(s) ({len(job_nodes)} inventory node(s) x nproc_per_node "
                                             f"{scenario.target.nproc_per_node}), 0..{size - 1}",
                                             "aim at a rank below the world size, or select more nodes"))  # fmt: skip
+    reached: dict[tuple[str | int, ...], list[str]] = {("target", "nodes"): job_nodes or []}
     for index, fault in enumerate(scenario.faults):
         rank = fault.hosts.rank if fault.hosts is not None else getattr(fault.params, "rank", None)
         try:
             if job_nodes is not None and isinstance(rank, int):
                 hosts.refuse_protected(fault, job_nodes)  # the rank may run on any job node, as the run checks
+                reached[("faults", index, "hosts")] = job_nodes
             elif fault.hosts is not None and fault.hosts.rank is None:
-                hosts.resolve(fault, f"{fault.name}#1", scenario.seed)
+                reached[("faults", index, "hosts")] = hosts.resolve(fault, f"{fault.name}#1", scenario.seed)
         except HostsError as exc:
             problems.append(Problem(*scenario.located(("faults", index, "hosts")), str(exc), "select inventory hosts"))
-    hosts.close()
+    try:
+        if probe and not problems:
+            problems = _host_problems(scenario, hosts, reached)
+    finally:
+        hosts.close()
+    return problems
+
+
+def _host_problems(scenario: Scenario, hosts: HostSet, reached: dict[tuple[str | int, ...], list[str]]) -> list[Problem]:
+    """What ``run`` checks on the inventory hosts before it starts, at validate: each host the job or a fault
+    lands on answers (its address, its host key, the login), and each fault's injector is supported there."""
+    problems: list[Problem] = []
+    answered: dict[str, str | None] = {}  # host -> why it did not answer (None: it did)
+    for at, names in reached.items():
+        for name in names:
+            if name == LOCAL or name in answered and answered[name] is None:
+                continue
+            if name not in answered:
+                try:
+                    hosts.transport(name).run(["true"], timeout=15, check=True)
+                    answered[name] = None
+                except Exception as exc:  # noqa: BLE001 - a wrong key, a refused login, no route: all a problem here
+                    answered[name] = f"{type(exc).__name__}: {exc}"[:300]
+            why = answered[name]
+            if why is not None:
+                problems.append(Problem(*scenario.located(at), f"host {name} ({hosts.address(name)}) cannot be "
+                                        f"reached: {why}", "check its address, user, key and known_hosts in the "
+                                        "inventory (the run refuses it too)"))  # fmt: skip
+    for at, names in reached.items():
+        if at[0] != "faults" or any(answered.get(name) for name in names):
+            continue
+        fault = scenario.faults[int(at[1])]
+        for name in names:
+            ctx = InjectionContext(hosts.transport(name), extras={"host": name, "inventory": hosts.inventory})
+            try:
+                registry.injector(fault.type).check(ctx, fault.params)
+            except Unsupported as exc:
+                problems.append(Problem(*scenario.located(at), unsupported(fault, exc) + f" (on {name})",
+                                        "aim it at hosts that have it, or drop the fault"))  # fmt: skip
     return problems

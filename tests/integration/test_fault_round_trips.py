@@ -174,3 +174,37 @@ def test_one_command_only_where_it_is_whole_and_fits() -> None:
     no_restore = small.model_copy(update={"state": {**small.state, "restore": False}})
     assert one_command(injector, no_restore, "apply") is None and one_command(injector, no_restore, "heal") is None
     assert one_command(FlapInjector(), small, "apply") is None and one_command(FlapInjector(), small, "heal") is None
+
+
+def _validated(tmp_path: Path, inventory: Inventory, name: str) -> list[str]:
+    """``mlchaos validate --inventory`` (probing) of a partition of h2 from h3, against ``inventory``."""
+    from chaos.cli.preflight import check_files
+    from chaos.cluster.inventory import dump_inventory
+
+    inventory_file = tmp_path / f"{name}.inventory.yaml"
+    dump_inventory(inventory, inventory_file)
+    scenario = tmp_path / f"{name}.yaml"
+    scenario.write_text(
+        "name: cut\ntarget: {type: command, command: [sleep, '5']}\nfaults:\n"
+        "  - {name: cut, type: partition, params: {peers: [host:h3]}, hosts: {host: h2}, trigger: {after: 1s}, duration: 1s}\n"
+        "checks: [{type: completes}]\n"
+    )
+    return [str(p) for p in check_files([scenario], inventory=inventory_file, hosts=True, probe=True).problems]
+
+
+def test_validate_with_an_inventory_reaches_the_hosts_as_run_does(testbed: Inventory, tmp_path: Path) -> None:
+    assert _validated(tmp_path, testbed, "ok") == []
+    # A changed host key: the run refuses it, and now so does validate, at the fault's hosts line.
+    assert testbed.known_hosts is not None
+    forged = tmp_path / "known_hosts"
+    address = testbed.host("h2").address
+    lines = testbed.known_hosts.read_text().splitlines()
+    other = next(line for line in lines if not line.startswith(address + " ")).split(" ", 1)[1]  # another host's key
+    forged.write_text("\n".join([line for line in lines if not line.startswith(address + " ")] + [f"{address} {other}"]) + "\n")
+    [problem] = _validated(tmp_path, testbed.model_copy(update={"known_hosts": forged}), "key")
+    assert ":4:" in problem and "host h2" in problem and "cannot be reached" in problem, problem
+    assert "fix: check its address, user, key and known_hosts" in problem
+    # An address nothing answers on.
+    hosts = [h.model_copy(update={"address": "127.0.0.1", "port": 1}) if h.name == "h2" else h for h in testbed.hosts]
+    [problem] = _validated(tmp_path, testbed.model_copy(update={"hosts": hosts}), "gone")
+    assert "host h2 (127.0.0.1) cannot be reached" in problem, problem
