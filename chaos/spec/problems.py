@@ -81,6 +81,7 @@ def yaml_positions(
             yaml_positions(item, here, out, dupes, file, walked)
 
 
+MAX_YAML_CHARS = 256 * 1024  # YAML is parsed at ~1.5 MB/min here (line positions kept): a bigger file waits
 MAX_NUMBER_CHARS = 64  # no number a scenario holds is longer; Python refuses to parse ints past 4,300 digits
 
 
@@ -115,6 +116,11 @@ def read_yaml_mapping(
     every key and item, and the problems found so far (duplicate keys). A syntax error or a non-mapping raises
     ``error`` (default ScenarioError) naming file:line:column; ``what``/``hint`` word the non-mapping case."""
     raise_as = error or ScenarioError
+    if len(text) > MAX_YAML_CHARS:  # bounded work for any input: refused before it is parsed
+        raise raise_as([Problem(file, 1, 1, f"the file is {len(text):,} characters long, more than the "
+                                f"{MAX_YAML_CHARS:,} {what} may have",
+                                "split it into several files, or repeat a fault with an every or poisson trigger "
+                                "instead of listing each firing")])  # fmt: skip
     loader: yaml.SafeLoader | None = None
     try:
         loader = _BoundedLoader(text)  # reads the whole text first: a control character fails here
@@ -150,7 +156,53 @@ def read_yaml_mapping(
     marks: dict[Path_, tuple[int, int]] = {}
     problems: list[Problem] = []
     yaml_positions(node, (), marks, problems, file)
+    oversized = [
+        Problem(file, *position(marks, at), f"{'.'.join(map(str, at))}: an alias here expands to more than "
+                f"{MAX_EXPANDED_VALUES:,} values: no field holds that many", "write the value out, without anchors and aliases that repeat each other")
+        for at in _oversized(data)
+    ]  # fmt: skip
+    if oversized:  # before any model reads the value: a validator that walked or printed it would never finish
+        raise raise_as(oversized)
     return data, marks, problems
+
+
+MAX_EXPANDED_VALUES = 100_000  # a scenario's largest value holds a few hundred; an alias bomb, billions
+
+
+def _oversized(data: dict[str, Any]) -> list[Path_]:
+    """Where a value, aliases expanded, holds more than :data:`MAX_EXPANDED_VALUES` values: the key at which an
+    alias of such a value is used (or, for one written out, its deepest such key); at most five. Counted on the
+    graph YAML built (an alias is the same object again), so a bomb costs its size in nodes, not in leaves."""
+    sizes: dict[int, int] = {}
+    refs: dict[int, int] = {}
+
+    def size(node: Any) -> int:
+        if not isinstance(node, (dict, list)):
+            return 1
+        if id(node) not in sizes:
+            sizes[id(node)] = 1  # while counting: an alias of itself counts once
+            items = [*node.keys(), *node.values()] if isinstance(node, dict) else node
+            for item in items:
+                if isinstance(item, (dict, list)):
+                    refs[id(item)] = refs.get(id(item), 0) + 1
+            sizes[id(node)] = min(1 + sum(size(item) for item in items), MAX_EXPANDED_VALUES + 1)
+        return sizes[id(node)]
+
+    found: list[Path_] = []
+
+    def walk(node: Any, at: Path_, above: frozenset[int]) -> bool:
+        hit = False
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else []
+        for key, value in items:
+            if size(value) > MAX_EXPANDED_VALUES and id(value) not in above and len(found) < 5:
+                hit = True
+                if refs.get(id(value), 0) > 1 or not walk(value, (*at, key), above | {id(value)}):
+                    found.append((*at, key))
+        return hit
+
+    size(data)
+    walk(data, (), frozenset({id(data)}))
+    return found
 
 
 def _line_column(text: str, offset: int) -> tuple[int, int]:

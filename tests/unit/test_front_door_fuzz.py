@@ -380,3 +380,29 @@ def test_a_plugin_validator_that_crashes_is_named_at_its_fault_not_a_traceback(m
         assert str(problem).startswith("x.yaml:5:5: faults.0.params: its buggy validator failed (TypeError:"), problem
     finally:
         scenario_model.cache_clear()
+
+
+_BOMB = "x-bomb:\n  - &b0 [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"  - &b{i} [{', '.join([f'*b{i - 1}'] * 9)}]\n" for i in range(1, 9)
+)  # a few hundred bytes, 9**8 leaves if anything walked or printed the whole value
+HOSTILE = ["*b8", "9" * 5000, "-" + "1" * 4400, "1e999", "1" * 70, "100000000"]
+
+
+@settings(max_examples=min(EXAMPLES, 200), deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(st.sampled_from(sorted(DATA)), st.data())
+def test_a_hostile_value_in_any_field_is_refused_or_loaded_without_a_traceback(
+    tmp_path_factory: Any, name: str, data: Any
+) -> None:
+    # An alias bomb, a number thousands of digits long, an overflowing float, a count of a hundred million (an
+    # every/poisson count, a rank, a size): anywhere a value sits, the front door answers, at a line, in bounded
+    # work (the bounds themselves are measured in tests/unit/test_scenario_bounds.py).
+    tree = copy.deepcopy(DATA[name])
+    leaves = [p for p in _paths(tree) if not isinstance(_get(tree, p), (dict, list))]
+    path = data.draw(st.sampled_from(leaves))
+    hostile = data.draw(st.sampled_from(HOSTILE))
+    _get(tree, path[:-1])[path[-1]] = "HOSTILE_VALUE"
+    text = yaml.safe_dump(tree, sort_keys=False).replace("HOSTILE_VALUE", hostile)
+    problems = _judge(tmp_path_factory.mktemp("t"), name, (_BOMB if hostile == "*b8" else "") + text)
+    if hostile == "*b8" or len(hostile) > 64:
+        assert problems, f"{name}: {'.'.join(map(str, path))} = {hostile[:20]}... was accepted"
+        assert all(len(str(p)) < 2000 for p in problems), "a problem quoted the whole value"

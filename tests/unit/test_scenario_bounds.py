@@ -147,3 +147,17 @@ def test_a_script_or_module_that_does_not_exist_here_is_refused_at_its_line(tmp_
     assert "module 'trainr.main': no package 'trainr'" in found[1]
     assert "script 'tests/jobs/torchft_trian.py' does not exist" in found[2]
     assert [file for file, _ in checked.scenarios] == [placeholder]
+
+
+def test_a_file_too_big_to_parse_in_bounded_time_is_refused_before_parsing(tmp_path: Path) -> None:
+    from chaos.spec.problems import MAX_YAML_CHARS
+
+    entry = "  - {name: fNUM, type: freeze, params: {name: sleep}, trigger: {after: 1s}, duration: 1s}\n"
+    count = MAX_YAML_CHARS // len(entry) + 10
+    text = KILL_RANK.split("faults:")[0] + "faults:\n" + "".join(entry.replace("NUM", str(i)) for i in range(count))
+    [problem] = _refused(text)
+    assert problem.startswith("bad.yaml:1:1: the file is") and "more than the 262,144 a scenario may have" in problem
+    assert "repeat a fault with an every or poisson trigger" in problem
+    # Below the bound, validation stays linear: 2,000 faults parse and validate (the bound is ~2,800 such lines).
+    parse_scenario(KILL_RANK.split("faults:")[0] + "faults:\n" + "".join(entry.replace("NUM", str(i)) for i in range(2000))
+                   + "checks: [{type: completes}]\n", "ok.yaml")  # fmt: skip
