@@ -74,7 +74,7 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Literal
 
@@ -89,12 +89,13 @@ from chaos.guards import torchft as ft
 from chaos.guards.anomaly import GradAnomalyGuard
 from chaos.guards.checksum import ChecksumConfig, ChecksumState, checksum_hook
 from chaos.guards.consistency import DEFAULT_EVERY, ConsistencyGuard
+from chaos.guards.settings import Guards
 from chaos.injob import flight_recorder, fsdp
 from chaos.injob.attach_rules import refuse_misuse
 from chaos.injob.fault_specs import BitFlipSpec, GradCorruptSpec, Site
 from chaos.injob.grad_faults import corrupt_bucket
 from chaos.injob.hang_faults import HANG_FAULTS, SKIP, HangFaults
-from chaos.injob.loop_hooks import LoopCalls, LoopHooks
+from chaos.injob.loop_hooks import LoopCalls, LoopHooks, hook_names
 from chaos.injob.phase_faults import PhaseFaults, in_this_replica
 from chaos.injob.progress import JobEmits, Progress, ProgressCalls
 from chaos.injob.tensor_faults import ArmedFault, TensorFaultError, arm
@@ -160,7 +161,7 @@ class Agent(ProgressCalls):
         emit: Emit = events.emit,
         data: object | None = None,
         job_emits: JobEmits = (),
-        hooks: bool = True,
+        hooks: bool | Collection[str] = True,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
@@ -248,9 +249,9 @@ class Agent(ProgressCalls):
                 LoopCalls(self._begin_step, lambda: self._after_backward(None), self._allow_optimizer_step,
                           self._end_step, self._close_at_exit),
                 ddp if ddp is not None else model, optimizer, rank=self.rank, emit=emit,
-                manager=manager,
+                manager=manager, install=hook_names(hooks),
             )
-            if hooks and optimizer is not None
+            if hook_names(hooks) and optimizer is not None
             else None
         )  # fmt: skip
 
@@ -554,46 +555,34 @@ def attach(
     *,
     ddp: nn.Module | None = None,
     manager: ft.Manager | None = None,
-    guard: Literal["checksum", "none"] = "none",
-    anomaly: bool = False,
-    checksum: ChecksumConfig | None = None,
-    consistency_every: int = DEFAULT_EVERY,
-    consistency_optimizer: bool = False,
+    guard: Literal["checksum", "none"] | Guards = "none",
     data: object | None = None,
     job_emits: JobEmits = (),
-    hooks: bool = True,
+    hooks: bool | Collection[str] = True,
 ) -> Agent:
     """Opt a training loop into mlchaos: arms this rank's planned faults and the chosen guards.
 
-    With ``optimizer`` given, nothing else is needed in the loop (``hooks``, :mod:`chaos.injob.loop_hooks`): a
-    forward pre-hook on ``ddp`` (else ``model``) begins each step, the optimizer's step pre- and post-hooks run
-    the backward and optimizer-step phases and end it, ``atexit`` reports the digest, ``sys.excepthook``
-    reports a collective failure as ``detect.*``. The loop's first explicit per-step call removes them all;
-    ``hooks=False`` installs none.
+    With ``optimizer`` given, nothing else is needed in the loop (:mod:`chaos.injob.loop_hooks`): ``hooks``
+    installs a forward pre-hook on ``ddp`` (else ``model``) that begins each step (``"forward"``), the optimizer's
+    step pre- and post-hooks that run the backward and optimizer-step phases and end it (``"optimizer"``), a
+    wrapper of torchft's commit vote (``"commit"``, with ``manager=``), ``atexit`` for the digest (``"atexit"``)
+    and ``sys.excepthook`` reporting a collective failure as ``detect.*`` (``"excepthook"``): True for all, False
+    for none, or the names to install. The loop's first explicit per-step call removes them all.
 
-    ``consistency_every``: compare the ranks' parameters every N steps (on in a distributed job of more than
-    one rank; 0 turns it off, and must be passed when the ranks do not run the same steps);
-    ``consistency_optimizer``: hash the optimizer's state tensors too. ``data``: the job's DataLoader (or
-    sampler), whose sample ids each ``target.step`` then reports; ``job_emits``: the progress events the job
-    reports itself, which the agent leaves out (``"all"``: none; see :mod:`chaos.injob.progress`). ``ddp``:
-    the DDP-wrapped model (any process group); ``manager``: torchft's Manager (with torchft's DDP as ``ddp``).
-    Raises ValueError for ``guard="checksum"`` or a planned ``grad_corrupt`` fault without ``ddp=``/``manager=``,
+    ``guard``: ``"checksum"``, ``"none"`` or :class:`~chaos.guards.settings.Guards` (checksum, anomaly,
+    the cross-rank consistency interval and whether it hashes the optimizer's state). ``data``: the job's
+    DataLoader (or sampler), whose sample ids each ``target.step`` then reports; ``job_emits``: the progress
+    events the job reports itself (``"all"``: none; see :mod:`chaos.injob.progress`). ``ddp``: the DDP-wrapped
+    model (any process group); ``manager``: torchft's Manager (with torchft's DDP as ``ddp``).
+    Raises ValueError for a checksum guard or a planned ``grad_corrupt`` fault without ``ddp=``/``manager=``,
     torchft's DDP without ``manager=``, or a ``ddp=`` the agent cannot work inside (said why).
     """
+    guards = Guards.of(guard)
     return Agent(
-        model,
-        optimizer=optimizer,
-        ddp=ddp,
-        manager=manager,
-        guard=guard,
-        anomaly=anomaly,
-        checksum=checksum,
-        consistency_every=consistency_every,
-        consistency_optimizer=consistency_optimizer,
-        data=data,
-        job_emits=job_emits,
-        hooks=hooks,
-    )
+        model, optimizer=optimizer, ddp=ddp, manager=manager, guard=guards.mode, anomaly=guards.anomaly,  # type: ignore[arg-type]
+        checksum=guards.checksum_config, consistency_every=guards.consistency_every,
+        consistency_optimizer=guards.consistency_optimizer, data=data, job_emits=job_emits, hooks=hooks,
+    )  # fmt: skip
 
 
-__all__ = ["Agent", "attach"]
+__all__ = ["Agent", "Guards", "attach"]

@@ -100,7 +100,7 @@ def _first_step_after(history: History, op: Event) -> int:
     RanksAgreeParams,
     to_add=(
         "add agent = chaos.agent.attach(model, optimizer, ddp=ddp) on every rank (each reports its digest at "
-        "exit), or its consistency guard (consistency_every=N)"
+        "exit), or its consistency guard (guard=Guards(consistency_every=N))"
     ),
     summary="the data-parallel ranks held identical, finite parameters (consistency guard, final digests)",
 )

@@ -22,6 +22,8 @@ installs none):
   the exit reports no digest (training did not finish).
 
 The loop's first explicit call (``agent.begin_step`` and the others) removes them: explicit calls take over.
+``attach(..., hooks=[...])`` installs only the named ones (:data:`HOOKS`: forward,
+optimizer, commit, atexit, excepthook); a job with its own ``sys.excepthook``, say, leaves that one out.
 
 Step numbers are exact or not reported: torchft's ``manager.current_step() + 1``; else the optimizer's own
 count plus one (``state["step"]``, kept by every torch optimizer but SGD and LBFGS and restored with the
@@ -38,7 +40,7 @@ import atexit
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -48,6 +50,22 @@ import torch.distributed as dist
 from torch import nn
 
 Emit = Callable[..., None]
+HOOKS = ("forward", "optimizer", "commit", "atexit", "excepthook")
+"""The one-line tier's hooks (:mod:`chaos.injob.loop_hooks`): a forward pre-hook that begins a step; the
+optimizer's step pre/post hooks (the backward and optimizer-step phases, the step's end); torchft's commit vote
+(``Manager.should_commit``, with ``manager=``); ``atexit`` (the digest at a normal exit); ``sys.excepthook``
+(a collective failure reported as ``detect.*``)."""
+
+
+def hook_names(hooks: bool | Collection[str]) -> frozenset[str]:
+    """The hooks to install: all (True), none (False), or the named ones; ValueError for an unknown name."""
+    if isinstance(hooks, bool):
+        return frozenset(HOOKS) if hooks else frozenset()
+    unknown = sorted(set(hooks) - set(HOOKS))
+    if unknown:
+        raise ValueError(f"hooks={sorted(hooks)!r}: unknown {', '.join(unknown)} (choose from {', '.join(HOOKS)})")
+    return frozenset(hooks)
+
 STEP_SOURCE = "target.step_source"
 
 _TIMEOUT = re.compile(r"timed out|timeout", re.IGNORECASE)
@@ -108,6 +126,7 @@ class LoopHooks:
         rank: int,
         emit: Emit,
         manager: Any | None = None,
+        install: frozenset[str] = frozenset(HOOKS),
     ) -> None:
         self.calls = calls
         inner = getattr(optimizer, "optim", None)
@@ -126,16 +145,17 @@ class LoopHooks:
         self.open = False
         self.stood_down = False
         self.died = False
-        self._handles = [
-            module.register_forward_pre_hook(self._before_forward),
-            optimizer.register_step_pre_hook(self._before_optimizer_step),
-            optimizer.register_step_post_hook(self._after_optimizer_step),
-        ]
-        if manager is not None:
+        self._handles = [module.register_forward_pre_hook(self._before_forward)] if "forward" in install else []
+        if "optimizer" in install:
+            self._handles.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
+            self._handles.append(optimizer.register_step_post_hook(self._after_optimizer_step))
+        if manager is not None and "commit" in install:
             manager.should_commit = self._wrap_commit(manager.should_commit)
         self._previous_excepthook = sys.excepthook
-        sys.excepthook = self._uncaught
-        atexit.register(self._at_exit)
+        if "excepthook" in install:
+            sys.excepthook = self._uncaught
+        if "atexit" in install:
+            atexit.register(self._at_exit)
 
     def remove(self) -> None:
         """Undo every hook (idempotent)."""

@@ -40,7 +40,7 @@ from chaos.agent import Agent
 
 class ChaosCallback(pl.Callback):  # type: ignore[misc, unused-ignore]  # Any where lightning has no stubs
     """Attach mlchaos's in-job agent to a Lightning Trainer (see the module docstring). ``options`` go to
-    :func:`chaos.agent.attach` (``guard``, ``anomaly``, ``checksum``, ``consistency_every``, ``job_emits``, ...)."""
+    :func:`chaos.agent.attach` (``guard``: "checksum", "none" or ``Guards(...)``; ``data``, ``job_emits``)."""
 
     def __init__(self, **options: Any) -> None:
         super().__init__()

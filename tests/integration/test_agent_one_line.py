@@ -4,6 +4,7 @@ optimizer (single process, real torch)."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
@@ -142,3 +143,25 @@ def test_no_optimizer_no_hooks() -> None:
     agent.close()
     assert loop_hooks.keeps_count(torch.optim.AdamW(nn.Linear(1, 1).parameters()))
     assert not loop_hooks.keeps_count(torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1))
+
+
+def test_each_hook_can_be_left_out_by_name() -> None:
+    said, model = Recorder(), nn.Linear(3, 1)
+    optimizer = torch.optim.Adam(model.parameters())
+    own_hook = sys.excepthook
+    agent = Agent(model, optimizer, emit=said, hooks=["forward", "optimizer"])  # a job with its own excepthook
+    try:
+        assert sys.excepthook is own_hook  # left alone
+        train(model, optimizer, 3)
+        assert [e["step"] for e in said.of("target.step")] == [1, 2, 3]  # the loop is still followed
+    finally:
+        agent.close()
+    steps_only = Recorder()
+    quiet = Agent(nn.Linear(3, 1), torch.optim.Adam(model.parameters()), emit=steps_only, hooks=["excepthook"])
+    try:
+        assert sys.excepthook is not own_hook  # the one asked for
+        train(model, optimizer, 1)
+        assert steps_only.of("target.step") == []  # no forward/optimizer hooks: nothing follows the loop
+    finally:
+        quiet.close()
+        assert sys.excepthook is own_hook

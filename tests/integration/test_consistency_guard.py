@@ -18,7 +18,7 @@ from support import Recorder
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from chaos.agent import Agent, attach
+from chaos.agent import Agent, Guards, attach
 from chaos.guards._dist import Report, run_group
 from chaos.plan.agent_plan import ENV_PLAN, InJobOp, InJobPlan, write_plan
 
@@ -261,6 +261,10 @@ def test_a_planned_gradient_fault_without_ddp_raises_naming_it(tmp_path: Path, m
 def test_bad_consistency_settings_raise() -> None:
     model = _model()
     with pytest.raises(ValueError, match="consistency_every=-1"):
-        attach(model, consistency_every=-1)
+        attach(model, guard=Guards(consistency_every=-1))
     with pytest.raises(ValueError, match="pass optimizer="):
-        attach(model, consistency_optimizer=True)
+        attach(model, guard=Guards(consistency_optimizer=True))
+    with pytest.raises(ValueError, match="guard='checksums': pass 'checksum', 'none' or Guards"):
+        attach(model, guard="checksums")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"unknown forwards \(choose from forward, optimizer, commit, atexit, excepthook\)"):
+        attach(model, torch.optim.SGD(model.parameters(), lr=0.1), hooks=["forwards"])

@@ -19,7 +19,7 @@ dist.init_process_group("gloo", timeout=timedelta(seconds=float(os.environ.get("
 rank, world = dist.get_rank(), dist.get_world_size()
 torch.manual_seed(0)
 model = nn.Linear(32, 32)
-agent = chaos.agent.attach(model, consistency_every=0)
+agent = chaos.agent.attach(model, guard=chaos.agent.Guards(consistency_every=0))
 metrics = dist.new_group(list(range(world)))  # a second process group, as a job with metrics or TP groups has
 steps = int(os.environ.get("STEPS", "200"))
 step_time = float(os.environ.get("STEP_TIME", "0.02"))

@@ -36,9 +36,8 @@ def main() -> None:
     model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 4))
     ddp = DistributedDataParallel(model, process_group=groups[index])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    agent = chaos.agent.attach(
-        model, optimizer=optimizer, ddp=ddp, guard=args.guard, consistency_every=args.consistency_every
-    )
+    guards = chaos.agent.Guards(checksum=args.guard == "checksum", consistency_every=args.consistency_every)
+    agent = chaos.agent.attach(model, optimizer=optimizer, ddp=ddp, guard=guards)
     loss_fn = nn.MSELoss()
     for step in range(1, args.steps + 1):
         agent.begin_step(step)

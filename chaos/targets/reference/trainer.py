@@ -88,7 +88,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from chaos.agent import attach
+from chaos.agent import Guards, attach
 from chaos.events import emit
 from chaos.guards.consistency import DEFAULT_EVERY
 from chaos.guards.straggler import DEFAULT_MIN_EXCESS_S, DEFAULT_RATIO, DEFAULT_WINDOW, StragglerGuard
@@ -408,9 +408,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             model,
             optimizer=optimizer,
             ddp=ddp,
-            guard=cfg.guard,  # type: ignore[arg-type]
-            anomaly=cfg.anomaly_guard,
-            consistency_every=cfg.consistency_every,
+            guard=Guards(
+                checksum=cfg.guard == "checksum", anomaly=cfg.anomaly_guard, consistency_every=cfg.consistency_every
+            ),
             job_emits="all",  # this trainer reports its own start, steps, checkpoints, resume and digest
         )
         # The straggler guard only reads clocks and gathers two floats per rank: it never touches the model,
