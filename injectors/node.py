@@ -477,8 +477,12 @@ class MemoryPressureInjector:
         ProcessHost(ctx.transport).stop_helpers(MODULE, applied.op_id, helper)
 
     def revert_command(self, applied: Applied) -> list[str] | None:
-        """None: the hog ends by itself at the op's deadline, before any dead-man would fire."""
-        return None
+        """SIGTERM to this op's hog, found by its command line (module and op id). The hog ends by itself at the
+        op's deadline; the dead-man, later, finds nothing and records the op healed, or ends a hog whose own
+        deadline falls after the run's (a switch never fires later than the run's deadline + grace). The pattern
+        reaches ``sh`` split in two, so the shell running it never matches itself."""
+        head, tail = MODULE.replace(".", "[.]") + " --op-id ", re.escape(applied.op_id) + " "
+        return ["sh", "-c", 'pkill -TERM -f -- "$1$2"; exit 0', "mlchaos-hog-stop", head, tail]
 
 
 def hog(megabytes: int, until_ns: int) -> None:

@@ -269,3 +269,24 @@ def test_memory_pressure_holds_memory_until_heal() -> None:
         injector.heal(ctx, applied)
     with pytest.raises(InjectionError, match="available"):
         injector.prepare(ctx, _op(MemoryPressureParams(megabytes=10**9), "memory_pressure"))
+
+
+def test_memory_pressures_deadman_revert_ends_its_hog_and_nothing_else() -> None:
+    injector, ctx = MemoryPressureInjector(), _ctx()
+    applied = injector.prepare(ctx, _op(MemoryPressureParams(megabytes=8), "memory_pressure", duration=60))
+    other = injector.prepare(ctx, _op(MemoryPressureParams(megabytes=8), "memory_pressure", duration=60))
+    other = other.model_copy(update={"op_id": applied.op_id + "0"})  # an op id that extends this one
+    try:
+        injector.apply(ctx, applied)
+        injector.apply(ctx, other)
+        pid, bystander = applied.state["helper_pid"], other.state["helper_pid"]
+        assert isinstance(pid, int) and isinstance(bystander, int)
+        revert = injector.revert_command(applied)
+        assert revert is not None
+        assert subprocess.run(revert, check=False).returncode == 0  # what the dead-man runs
+        assert wait_for(lambda: not os.path.exists(f"/proc/{pid}/cmdline"), timeout=10), "the hog lives on"
+        assert os.path.exists(f"/proc/{bystander}/cmdline"), "another op's hog was stopped"
+        assert subprocess.run(revert, check=False).returncode == 0  # idempotent: nothing left to stop
+    finally:
+        injector.heal(ctx, applied)
+        injector.heal(ctx, other)

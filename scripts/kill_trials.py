@@ -1,0 +1,248 @@
+"""Kill the harness mid-fault, many times: after each kill, at the run's deadline + heal_grace, nothing is left.
+
+Run: ``.venv/bin/python scripts/kill_trials.py [--trials-per-kind 5] [--seed 1] [--kinds freeze,partition]
+[--parallel 4] [--json]`` (as root: cgroups, iptables, FUSE). Each trial is a real ``mlchaos run`` (its own state
+dir, so its journal is its own) of a command target beside a victim process, with ONE fault of a kind that runs
+on this machine, with or without a duration (duration-less faults are the ones only the run's deadline ends).
+The harness is SIGKILLed at a seeded random moment while the fault is applied, then, at its run's deadline
+(its fault clock's start + ``max_duration``) + ``heal_grace`` + a little slack, the trial looks for leftovers:
+
+- the victim is running (not stopped by a freeze or a duty cycle);
+- no process is left whose command line carries the trial's tag (helpers, holds, dead-men, the target, the load);
+- every iptables chain, cgroup and helper pid the journal recorded for the op is gone; no mount under the trial;
+- the journal says the op was healed, and by whom (``deadman`` expected: the harness was dead).
+
+Prints one line per trial and a summary per kind; exit 1 when any trial left something. ``--json`` prints one
+JSON object as the last line. Nothing here is faked: the faults, the kill and the heals are the real ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [str(ROOT / ".venv" / "bin" / "mlchaos")] if (ROOT / ".venv" / "bin" / "mlchaos").exists() else ["mlchaos"]
+MAX_DURATION_S, GRACE_S, FAULT_S, APPLY_AT_S = 10.0, 2.0, 6.0, 1.0
+PEER = "127.0.0.77"  # a loopback address nothing uses: the network faults' rules match it and nothing else
+
+
+def _fault(kind: str, tag: str, victim: int, folder: Path) -> dict[str, Any]:
+    """One fault of ``kind`` on the victim (or, for network faults, towards :data:`PEER`)."""
+    params: dict[str, Any] = {
+        "freeze": {"pid": victim},
+        "slow": {"pid": victim, "stopped_fraction": 0.5, "period": 1.0},
+        "cpu_throttle": {"pid": victim, "fraction": 0.2},
+        "memory_pressure": {"megabytes": 32},
+        "partition": {"peers": [PEER]},
+        "packet_loss": {"peers": [PEER], "probability": 0.5},
+        "flap": {"peers": [PEER], "period": 1.0},
+        "storage": {"path": str(folder / "data"), "mode": "latency", "latency": 0.2},
+    }[kind]
+    return {"name": f"f-{tag}", "type": kind, "params": params, "trigger": {"after": f"{APPLY_AT_S:g}s"}}
+
+
+DURATIONLESS = ("partition", "packet_loss")  # the kinds that may have no duration (the others need one)
+KINDS = ("freeze", "slow", "cpu_throttle", "memory_pressure", "partition", "packet_loss", "flap", "storage")
+
+
+@dataclass
+class Trial:
+    kind: str
+    index: int
+    durationless: bool
+    kill_after_s: float
+    left: list[str] = field(default_factory=list)
+    healed_by: str | None = None
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        what = "no duration" if self.durationless else f"duration {FAULT_S:g}s"
+        verdict = "clean" if not self.left else "LEFT: " + "; ".join(self.left)
+        return (f"{self.kind:16} #{self.index} ({what}, killed {self.kill_after_s:.2f}s after apply): {verdict} "
+                f"(healed by {self.healed_by}, {self.seconds:.0f}s)")  # fmt: skip
+
+
+def _cmdlines() -> dict[int, str]:
+    found: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                found[int(entry)] = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                pass
+    return found
+
+
+def _state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _wait(predicate: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def _journal(state_dir: Path) -> list[dict[str, Any]]:
+    records = []
+    for path in sorted(state_dir.glob("journal/**/*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass
+    return records
+
+
+def _strings_and_pids(value: Any, key: str = "") -> tuple[list[str], list[int]]:
+    strings: list[str] = []
+    pids: list[int] = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            s, p = _strings_and_pids(v, k)
+            strings += s
+            pids += p
+    elif isinstance(value, list):
+        for v in value:
+            s, p = _strings_and_pids(v, key)
+            strings += s
+            pids += p
+    elif isinstance(value, str):
+        strings.append(value)
+    elif isinstance(value, int) and not isinstance(value, bool) and key.endswith("pid"):
+        pids.append(value)
+    return strings, pids
+
+
+def run_trial(kind: str, index: int, rng: random.Random, keep: bool = False) -> Trial:
+    # Odd trials of a kind that may go without a duration (partition, packet_loss) have none: only the run's
+    # deadline ends those.
+    trial = Trial(kind, index, durationless=index % 2 == 1 and kind in DURATIONLESS,
+                  kill_after_s=rng.uniform(0.3, FAULT_S - 1.0))  # fmt: skip
+    began = time.monotonic()
+    folder = Path(tempfile.mkdtemp(prefix=f"mlchaos-trial-{kind}-"))
+    tag = f"{rng.getrandbits(40):010x}"
+    (folder / "data").mkdir()
+    victim = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)", f"victim-{tag}"])
+    env = {**os.environ, "MLCHAOS_STATE_DIR": str(folder / "state")}
+    harness: subprocess.Popen[bytes] | None = None
+    try:
+        fault = _fault(kind, tag, victim.pid, folder)
+        if not trial.durationless:
+            fault["duration"] = f"{FAULT_S:g}s"
+        target = {"type": "command", "command": [sys.executable, "-c", "import time; time.sleep(600)", f"target-{tag}"]}
+        scenario = {"name": f"trial-{kind}", "seed": index, "target": target, "faults": [fault],
+                    "checks": [{"type": "progress"}],
+                    "safety": {"max_duration": f"{MAX_DURATION_S:g}s", "heal_grace": f"{GRACE_S:g}s",
+                               "no_progress_timeout": None}}  # fmt: skip
+        source = folder / "trial.yaml"
+        source.write_text(json.dumps(scenario))
+        harness = subprocess.Popen([*CLI, "run", str(source), "--report-dir", str(folder / "reports"), "--no-golden"],
+                                   cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        started = time.monotonic()
+
+        def applied() -> bool:
+            return any(r.get("kind") == "applied" for r in _journal(folder / "state"))
+
+        if not _wait(applied, 30):
+            trial.left.append("the fault was never applied (no journal record)")
+            return trial
+        applied_at = time.monotonic()
+        time.sleep(trial.kill_after_s)
+        harness.send_signal(signal.SIGKILL)
+        harness.wait(timeout=10)
+        # The run's deadline counts from its fault clock, which started before the apply (trigger: after 1s).
+        clock_start = min(applied_at - APPLY_AT_S, started + 30)
+        deadline = clock_start + MAX_DURATION_S + GRACE_S + 3.0  # + slack for the reverter's own work
+        time.sleep(max(0.0, deadline - time.monotonic()))
+        records = _journal(folder / "state")
+        healed = [r for r in records if r.get("kind") == "healed"]
+        trial.healed_by = healed[-1].get("by") if healed else None
+        if not healed:
+            trial.left.append("the journal has no heal for the op")
+        if _state(victim.pid) in ("T", "t"):
+            trial.left.append("the victim is still stopped")
+        others = [f"{pid}: {cmd[:80]}" for pid, cmd in _cmdlines().items() if tag in cmd and pid != victim.pid]
+        if others:
+            trial.left.append(f"processes left: {others}")
+        rules = subprocess.run(["iptables", "-S"], capture_output=True, text=True, check=False).stdout
+        for record in records:
+            recorded = {"state": record.get("state"), "applied": (record.get("applied") or {}).get("state"),
+                        "deadman_pid": record.get("pid")}  # fmt: skip
+            strings, pids = _strings_and_pids(recorded)
+            for text in strings:
+                if re.fullmatch(r"CHAOS-[0-9a-f]{10}-(in|out)", text) and text in rules:
+                    trial.left.append(f"iptables chain {text}")
+                if text.startswith("/sys/fs/cgroup/") and "chaos-" in text and os.path.isdir(text):
+                    trial.left.append(f"cgroup {text}")
+            for pid in pids:
+                if pid != victim.pid and _state(pid) not in (None, "Z"):
+                    trial.left.append(f"pid {pid} ({_cmdlines().get(pid, '?')[:60]})")
+        mounts = Path("/proc/mounts").read_text()
+        if str(folder) in mounts:
+            trial.left.append("a mount under the trial's folder")
+        return trial
+    finally:
+        if harness is not None and harness.poll() is None:
+            harness.kill()
+        victim.send_signal(signal.SIGCONT)
+        victim.kill()
+        victim.wait(timeout=10)
+        trial.seconds = time.monotonic() - began
+        if trial.left:  # heal what was left, so one failed trial does not poison the machine or the next trial
+            subprocess.run([*CLI, "cleanup"], env=env, cwd=ROOT, capture_output=True, timeout=120, check=False)
+        if not keep and not trial.left:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials-per-kind", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--kinds", default=",".join(KINDS))
+    parser.add_argument("--parallel", type=int, default=4, help="trials at once (each is mostly waiting)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    kinds = [k for k in args.kinds.split(",") if k]
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown:
+        parser.error(f"unknown kind(s) {', '.join(unknown)}: choose from {', '.join(KINDS)}")
+    plan = [(kind, i, random.Random(f"{args.seed}-{kind}-{i}")) for kind in kinds for i in range(args.trials_per_kind)]
+    print(f"{len(plan)} trials ({', '.join(kinds)}), {args.parallel} at once, seed {args.seed}", flush=True)
+    trials: list[Trial] = []
+    with ThreadPoolExecutor(max_workers=max(1, args.parallel)) as pool:
+        for trial in pool.map(lambda item: run_trial(*item), plan):
+            print(trial.line(), flush=True)
+            trials.append(trial)
+    summary = {kind: {"trials": sum(t.kind == kind for t in trials), "clean": sum(t.kind == kind and not t.left for t in trials),
+                      "healed_by": sorted({str(t.healed_by) for t in trials if t.kind == kind})} for kind in kinds}  # fmt: skip
+    clean = sum(not t.left for t in trials)
+    print(f"{clean}/{len(trials)} trials left nothing behind")
+    if args.json:
+        print(json.dumps({"trials": len(trials), "clean": clean, "per_kind": summary}))
+    return 0 if clean == len(trials) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
