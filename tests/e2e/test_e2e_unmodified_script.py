@@ -13,10 +13,12 @@ difference is the two lines) gets the digest too: ``matches_golden`` on every ra
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from support import ROOT, attached_script, run_user_script, verdicts
 
 from chaos.run.result import RunResult
@@ -72,15 +74,24 @@ def test_a_killed_rank_of_an_unmodified_script_is_detected_and_recovered(e2e_rep
     assert first.data.get("signature") in ("peer_lost", "torchrun_worker_failed"), first
 
 
+def readme_snippet() -> dict[str, Any]:
+    """The scenario README.md shows under "Your own training script" (its first YAML block there)."""
+    section = (ROOT / "README.md").read_text(encoding="utf-8").split("## Your own training script", 1)[1]
+    found = re.search(r"```yaml\n(.*?)```", section, flags=re.S)
+    assert found is not None, "README.md lost its 'Your own training script' example"
+    snippet: dict[str, Any] = yaml.safe_load(found.group(1))
+    return snippet
+
+
 def test_a_frozen_rank_is_detected_at_the_jobs_own_timeout(e2e_report_root: Path, tmp_path: Path) -> None:
-    fault = {"name": "freeze-rank1", "type": "freeze", "params": {"rank": 1}, "trigger": {"at_step": 20, "rank": 1},
-             "duration": "15s"}  # fmt: skip
-    checks = [
-        {"type": "detected_within", "params": {"fault": "freeze-rank1", "within": f"{PG_TIMEOUT + 1:g}s"}},
-        {"type": "recovered_within", "params": {"fault": "freeze-rank1", "within": "90s"}},
-        {"type": "restarts_at_most", "params": {"restarts": 1}},
-        {"type": "completes"},
-    ]
+    # The README's example, run: its fault and checks, on the target it shows (this script as it is).
+    snippet = readme_snippet()
+    target = snippet["target"]
+    assert (target["type"], target["nproc_per_node"], target["max_restarts"]) == ("torchrun", 2, 2), target
+    assert target["args"] == ["--checkpoint-dir", "{run_dir}/ckpt"], target  # the test adds only steps and timeout
+    [fault] = snippet["faults"]
+    checks = snippet["checks"]
+    assert fault["name"] == "freeze-rank1" and checks[0]["params"]["within"] == f"{PG_TIMEOUT + 1:g}s", snippet
     result = run(e2e_report_root, tmp_path, "unmodified-freeze", fault, checks)
     got = verdicts(result)
     assert all(status == "pass" for status, _ in got.values()), got

@@ -26,3 +26,17 @@ def test_property_testing_example_runs() -> None:
     test = namespace["test_my_guard_sees_exponent_flips"]
     assert callable(test)
     test()  # hypothesis runs its examples here
+
+
+def test_the_one_line_the_readme_shows_is_the_one_the_tests_add() -> None:
+    # tests/e2e/test_e2e_unmodified_script.py and test_e2e_user_torchft.py add exactly these lines to users' scripts.
+    section = (ROOT / "README.md").read_text(encoding="utf-8").split("## Your own training script", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    for line in (
+        "chaos.agent.attach(model, optimizer, ddp=ddp)",
+        "chaos.agent.attach(model,\\noptimizer, manager=manager, ddp=ddp)",
+    ):
+        assert re.sub(r"\s+", " ", line.replace("\\n", " ")) in re.sub(r"\s+", " ", section), line
+    for test in ("test_e2e_unmodified_script.py", "test_e2e_user_torchft.py"):
+        source = (ROOT / "tests" / "e2e" / test).read_text(encoding="utf-8")
+        assert "chaos.agent.attach(model, optimizer, " in source, test
