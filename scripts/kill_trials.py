@@ -216,6 +216,75 @@ def run_trial(kind: str, index: int, rng: random.Random, keep: bool = False) -> 
             shutil.rmtree(folder, ignore_errors=True)
 
 
+def run_remote_trial(kind: str, index: int, rng: random.Random, inventory: Path) -> Trial:
+    """A trial whose job and fault are on testbed host h2 (the fault's dead-man is h2's own switch): the harness
+    is killed, the job on h2 dies with it, h2's switch heals by the run's deadline + grace, then ``mlchaos
+    cleanup`` asks h2 and journals that heal as the dead-man's (never healing it again)."""
+    from chaos.cluster.inventory import load_inventory
+    from chaos.cluster.ssh import SshTransport
+    from chaos.safety import remote_deadman
+
+    trial = Trial(f"{kind}@h2", index, durationless=index % 2 == 1, kill_after_s=rng.uniform(0.3, FAULT_S - 1.0))
+    began = time.monotonic()
+    folder = Path(tempfile.mkdtemp(prefix=f"mlchaos-trial-{kind}-h2-"))
+    tag = f"{rng.getrandbits(40):010x}"
+    env = {**os.environ, "MLCHAOS_STATE_DIR": str(folder / "state")}
+    hosts = load_inventory(inventory)
+    h2 = SshTransport.for_host(hosts, "h2")
+    harness: subprocess.Popen[bytes] | None = None
+    try:
+        params: dict[str, Any] = {"peers": ["host:h1"]} | ({"probability": 0.5} if kind == "packet_loss" else {})
+        fault: dict[str, Any] = {"name": f"f-{tag}", "type": kind, "params": params, "hosts": {"host": "h2"},
+                                 "trigger": {"after": f"{APPLY_AT_S:g}s"}}  # fmt: skip
+        if not trial.durationless:
+            fault["duration"] = f"{FAULT_S:g}s"
+        # The job runs on h2 too (a roles target): it must die with the harness there (the SSH channel's watcher).
+        job = {"command": ["{python}", "-c", "import time; time.sleep(600)", f"target-{tag}"], "host": "h2"}
+        target = {"type": "roles", "roles": {"job": job}, "until": ["job"]}
+        scenario = {"name": f"trial-{kind}-h2", "seed": index, "target": target, "faults": [fault],
+                    "checks": [{"type": "progress"}], "cluster": {"inventory": str(inventory)},
+                    "safety": {"max_duration": f"{MAX_DURATION_S:g}s", "heal_grace": f"{GRACE_S:g}s",
+                               "no_progress_timeout": None}}  # fmt: skip
+        source = folder / "trial.yaml"
+        source.write_text(json.dumps(scenario))
+        harness = subprocess.Popen([*CLI, "run", str(source), "--report-dir", str(folder / "reports"), "--no-golden"],
+                                   cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        started = time.monotonic()
+        if not _wait(lambda: any(r.get("kind") == "applied" for r in _journal(folder / "state")), 30):
+            trial.left.append("the fault was never applied (no journal record)")
+            return trial
+        applied_at = time.monotonic()
+        time.sleep(trial.kill_after_s)
+        harness.send_signal(signal.SIGKILL)
+        harness.wait(timeout=10)
+        deadline = min(applied_at - APPLY_AT_S, started + 30) + MAX_DURATION_S + GRACE_S + 3.0
+        time.sleep(max(0.0, deadline - time.monotonic()))
+        rules = h2.run(["iptables", "-S"], check=True).stdout
+        for record in _journal(folder / "state"):
+            strings, _ = _strings_and_pids((record.get("applied") or {}).get("state"))
+            trial.left += [f"chain {t} on h2" for t in strings if re.fullmatch(r"CHAOS-[0-9a-f]{10}-(in|out)", t) and t in rules]
+            if record.get("kind") == "intent":
+                switches = [c for c in _cmdlines().values() if remote_deadman.marker(str(record.get("op_id"))) in c]
+                trial.left += [f"h2's switch still running: {c[:60]}" for c in switches]
+        cleanup = subprocess.run([*CLI, "cleanup", "--inventory", str(inventory)], env=env, cwd=ROOT,
+                                 capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+        if "already healed by its dead-man on h2" not in cleanup.stdout:
+            trial.left.append(f"cleanup did not find h2's heal: {cleanup.stdout.strip()[-200:]}")
+        healed = [r for r in _journal(folder / "state") if r.get("kind") == "healed"]
+        trial.healed_by = healed[-1].get("by") if healed else None
+        others = [f"{pid}: {cmd[:80]}" for pid, cmd in _cmdlines().items() if tag in cmd]
+        if others:
+            trial.left.append(f"processes left: {others}")
+        return trial
+    finally:
+        if harness is not None and harness.poll() is None:
+            harness.kill()
+        h2.close()
+        trial.seconds = time.monotonic() - began
+        if not trial.left:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials-per-kind", type=int, default=5)
@@ -223,6 +292,8 @@ def main() -> int:
     parser.add_argument("--kinds", default=",".join(KINDS))
     parser.add_argument("--parallel", type=int, default=4, help="trials at once (each is mostly waiting)")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--remote-trials", type=int, default=0,
+                        help="also this many trials per network kind on a namespace testbed host (brought up here)")  # fmt: skip
     args = parser.parse_args()
     kinds = [k for k in args.kinds.split(",") if k]
     unknown = sorted(set(kinds) - set(KINDS))
@@ -235,6 +306,24 @@ def main() -> int:
         for trial in pool.map(lambda item: run_trial(*item), plan):
             print(trial.line(), flush=True)
             trials.append(trial)
+    if args.remote_trials:
+        testbed = Path(tempfile.mkdtemp(prefix="mlchaos-trials-tb-"))
+        up = subprocess.run([*CLI, "testbed", "up", "--hosts", "2", "--state-dir", str(testbed)], cwd=ROOT,
+                            capture_output=True, text=True, check=False)  # fmt: skip
+        if up.returncode != 0:
+            print(f"testbed up failed: {up.stdout[-500:]}{up.stderr[-500:]}")
+            return 1
+        inventory = Path(up.stdout.strip().splitlines()[-1])
+        try:
+            remote = [(kind, i, random.Random(f"{args.seed}-{kind}-h2-{i}")) for kind in DURATIONLESS
+                      for i in range(args.remote_trials)]  # fmt: skip
+            for trial in (run_remote_trial(*item, inventory) for item in remote):  # one at a time: one h2
+                print(trial.line(), flush=True)
+                trials.append(trial)
+        finally:
+            subprocess.run([*CLI, "testbed", "down", "--state-dir", str(testbed)], cwd=ROOT, capture_output=True,
+                           check=False)  # fmt: skip
+        kinds += [f"{kind}@h2" for kind in DURATIONLESS]
     summary = {kind: {"trials": sum(t.kind == kind for t in trials), "clean": sum(t.kind == kind and not t.left for t in trials),
                       "healed_by": sorted({str(t.healed_by) for t in trials if t.kind == kind})} for kind in kinds}  # fmt: skip
     clean = sum(not t.left for t in trials)

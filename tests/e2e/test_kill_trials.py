@@ -1,29 +1,38 @@
 """The harness SIGKILLed mid-fault, a sample of ``scripts/kill_trials.py`` (which runs 40 and more): one trial of
 each of five kinds at once, each a real ``mlchaos run`` killed at a seeded moment while its fault is applied;
 at the run's deadline + heal_grace nothing of it is left, and its journal says the dead-man healed it. Two of the
-five have no duration (a partition and a packet loss): only the run's deadline ends those."""
+five have no duration (a partition and a packet loss): only the run's deadline ends those. A sixth runs its job and
+a duration-less partition on testbed host h2: the job there dies with the harness, h2's own switch heals by the
+deadline, and ``mlchaos cleanup`` then journals that heal as the dead-man's instead of healing again."""
 
 from __future__ import annotations
 
 import random
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from support import ROOT
 
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from kill_trials import run_trial  # noqa: E402
+from kill_trials import run_remote_trial, run_trial  # noqa: E402
+
+from chaos.cluster.inventory import Inventory, dump_inventory  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 SAMPLE = [("freeze", 0), ("partition", 1), ("storage", 0), ("memory_pressure", 0), ("packet_loss", 1)]
 
 
-def test_a_killed_harness_leaves_nothing_past_its_runs_deadline() -> None:
-    with ThreadPoolExecutor(max_workers=len(SAMPLE)) as pool:
+def test_a_killed_harness_leaves_nothing_past_its_runs_deadline(testbed: Inventory, tmp_path: Path) -> None:
+    inventory = tmp_path / "inventory.yaml"
+    dump_inventory(testbed, inventory)
+    with ThreadPoolExecutor(max_workers=len(SAMPLE) + 1) as pool:
+        remote = pool.submit(run_remote_trial, "partition", 1, random.Random("suite-h2"), inventory)
         trials = list(pool.map(lambda item: run_trial(*item, random.Random(f"suite-{item[0]}")), SAMPLE))
+        trials.append(remote.result())
     assert [t.line() for t in trials if t.left] == []
     assert {t.healed_by for t in trials} == {"deadman"}, [t.line() for t in trials]
-    assert sum(t.durationless for t in trials) == 2
+    assert sum(t.durationless for t in trials) == 3
