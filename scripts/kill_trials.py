@@ -52,12 +52,22 @@ def _fault(kind: str, tag: str, victim: int, folder: Path) -> dict[str, Any]:
         "packet_loss": {"peers": [PEER], "probability": 0.5},
         "flap": {"peers": [PEER], "period": 1.0},
         "storage": {"path": str(folder / "data"), "mode": "latency", "latency": 0.2},
+        "drop_large_packets": {"peers": [PEER], "min_size": 1024},
+        "bandwidth": {"peers": [PEER], "rate": "1mbit"},
+        "gpu_xid": {"code": 79, "log": str(folder / "xid.log")},
+        "freeze_under_load": {"pid": victim},
     }[kind]
+    if kind == "freeze_under_load":
+        return {"name": f"f-{tag}", "type": "freeze", "params": params, "trigger": {"after": f"{APPLY_AT_S:g}s"}}
     return {"name": f"f-{tag}", "type": kind, "params": params, "trigger": {"after": f"{APPLY_AT_S:g}s"}}
 
 
-DURATIONLESS = ("partition", "packet_loss")  # the kinds that may have no duration (the others need one)
-KINDS = ("freeze", "slow", "cpu_throttle", "memory_pressure", "partition", "packet_loss", "flap", "storage")
+DURATIONLESS = ("partition", "packet_loss", "drop_large_packets", "bandwidth", "gpu_xid")  # no duration needed
+KINDS = ("freeze", "slow", "cpu_throttle", "memory_pressure", "partition", "packet_loss", "flap", "storage",
+         "drop_large_packets", "bandwidth", "gpu_xid", "freeze_under_load")  # fmt: skip
+# freeze_under_load: the victim is an HTTP server (an http target) under the open-loop load generator, frozen;
+# the load generator must die with the harness.
+REMOTE_KINDS = ("partition", "packet_loss")
 
 
 @dataclass
@@ -144,7 +154,18 @@ def run_trial(kind: str, index: int, rng: random.Random, keep: bool = False) -> 
     folder = Path(tempfile.mkdtemp(prefix=f"mlchaos-trial-{kind}-"))
     tag = f"{rng.getrandbits(40):010x}"
     (folder / "data").mkdir()
-    victim = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)", f"victim-{tag}"])
+    port = 0
+    if kind == "freeze_under_load":
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        serve = f"import http.server as h; h.ThreadingHTTPServer(('127.0.0.1', {port}), h.SimpleHTTPRequestHandler).serve_forever()"
+        victim = subprocess.Popen([sys.executable, "-c", serve, f"victim-{tag}"], cwd=folder,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    else:
+        victim = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)", f"victim-{tag}"])
     env = {**os.environ, "MLCHAOS_STATE_DIR": str(folder / "state")}
     harness: subprocess.Popen[bytes] | None = None
     try:
@@ -156,6 +177,10 @@ def run_trial(kind: str, index: int, rng: random.Random, keep: bool = False) -> 
                     "checks": [{"type": "progress"}],
                     "safety": {"max_duration": f"{MAX_DURATION_S:g}s", "heal_grace": f"{GRACE_S:g}s",
                                "no_progress_timeout": None}}  # fmt: skip
+        if kind == "freeze_under_load":
+            url = f"http://127.0.0.1:{port}/"
+            scenario["target"] = {"type": "http", "url": url}
+            scenario["load"] = {"url": url, "rate": 20, "duration": f"{MAX_DURATION_S:g}s", "timeout": 1.0}
         source = folder / "trial.yaml"
         source.write_text(json.dumps(scenario))
         harness = subprocess.Popen([*CLI, "run", str(source), "--report-dir", str(folder / "reports"), "--no-golden"],
@@ -170,8 +195,16 @@ def run_trial(kind: str, index: int, rng: random.Random, keep: bool = False) -> 
             return trial
         applied_at = time.monotonic()
         time.sleep(trial.kill_after_s)
+
+        def loaders() -> list[int]:  # the load generator: its spec (with this trial's port) is in its argv
+            return [pid for pid, cmd in _cmdlines().items() if "chaos.load" in cmd and f"127.0.0.1:{port}/" in cmd]
+
+        if port and not loaders():
+            trial.left.append("no load generator was running when the harness was killed: the trial proves nothing")
         harness.send_signal(signal.SIGKILL)
         harness.wait(timeout=10)
+        if port and not _wait(lambda: not loaders(), 10):
+            trial.left.append(f"the load generator outlived the harness: {loaders()}")
         # The run's deadline counts from its fault clock, which started before the apply (trigger: after 1s).
         clock_start = min(applied_at - APPLY_AT_S, started + 30)
         deadline = clock_start + MAX_DURATION_S + GRACE_S + 3.0  # + slack for the reverter's own work
@@ -183,7 +216,8 @@ def run_trial(kind: str, index: int, rng: random.Random, keep: bool = False) -> 
             trial.left.append("the journal has no heal for the op")
         if _state(victim.pid) in ("T", "t"):
             trial.left.append("the victim is still stopped")
-        others = [f"{pid}: {cmd[:80]}" for pid, cmd in _cmdlines().items() if tag in cmd and pid != victim.pid]
+        others = [f"{pid}: {cmd[:80]}" for pid, cmd in _cmdlines().items()
+                  if (tag in cmd or str(folder) in cmd) and pid != victim.pid]  # the load generator: its run dir
         if others:
             trial.left.append(f"processes left: {others}")
         rules = subprocess.run(["iptables", "-S"], capture_output=True, text=True, check=False).stdout
@@ -199,6 +233,18 @@ def run_trial(kind: str, index: int, rng: random.Random, keep: bool = False) -> 
             for pid in pids:
                 if pid != victim.pid and _state(pid) not in (None, "Z"):
                     trial.left.append(f"pid {pid} ({_cmdlines().get(pid, '?')[:60]})")
+        xid = folder / "xid.log"
+        if xid.exists() and "Xid" in xid.read_text():
+            trial.left.append("the XID line is still in the kernel log it was written to")
+        qdiscs = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True, check=False).stdout
+        for record in records:
+            shaped = (record.get("applied") or {}).get("state") or {}
+            handle, interface = shaped.get("handle"), shaped.get("interface")
+            if isinstance(handle, str) and any(
+                handle.rstrip(":") + ":" in line.split() and f"dev {interface} " in line and " root " in line
+                for line in qdiscs.splitlines()
+            ):
+                trial.left.append(f"qdisc {handle} on {interface}")
         mounts = Path("/proc/mounts").read_text()
         if str(folder) in mounts:
             trial.left.append("a mount under the trial's folder")
@@ -315,7 +361,7 @@ def main() -> int:
             return 1
         inventory = Path(up.stdout.strip().splitlines()[-1])
         try:
-            remote = [(kind, i, random.Random(f"{args.seed}-{kind}-h2-{i}")) for kind in DURATIONLESS
+            remote = [(kind, i, random.Random(f"{args.seed}-{kind}-h2-{i}")) for kind in REMOTE_KINDS
                       for i in range(args.remote_trials)]  # fmt: skip
             for trial in (run_remote_trial(*item, inventory) for item in remote):  # one at a time: one h2
                 print(trial.line(), flush=True)
@@ -323,7 +369,7 @@ def main() -> int:
         finally:
             subprocess.run([*CLI, "testbed", "down", "--state-dir", str(testbed)], cwd=ROOT, capture_output=True,
                            check=False)  # fmt: skip
-        kinds += [f"{kind}@h2" for kind in DURATIONLESS]
+        kinds += [f"{kind}@h2" for kind in REMOTE_KINDS]
     summary = {kind: {"trials": sum(t.kind == kind for t in trials), "clean": sum(t.kind == kind and not t.left for t in trials),
                       "healed_by": sorted({str(t.healed_by) for t in trials if t.kind == kind})} for kind in kinds}  # fmt: skip
     clean = sum(not t.left for t in trials)

@@ -22,6 +22,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
@@ -84,9 +85,12 @@ class LoadRun:
             argv = [sys.executable, "-m", "chaos.load", "--emit", "--source", self.source,
                     "--spec-json", self.spec.model_dump_json(by_alias=True)]  # fmt: skip
             # It dies with the harness (even a SIGKILLed one): a load left sending would hit the next run's fleet.
+            # SIGKILL, not its SIGTERM (which drains: waits for the requests in flight, then reports them to a
+            # harness that is gone; with a frozen server behind them it never ended: found by scripts/kill_trials.py).
             self._proc = subprocess.Popen(
-                argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env, preexec_fn=die_with_parent
-            )
+                argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env,
+                preexec_fn=partial(die_with_parent, signal.SIGKILL),
+            )  # fmt: skip
             self._thread = threading.Thread(target=self._pump, name=f"load-pump:{self.source}", daemon=True)
         self._thread.start()
         if not self._started.wait(timeout):

@@ -449,19 +449,28 @@ def test_codec_paths_truthiness_and_start_failures(tmp_path: Path) -> None:
         LoadRun(missing, isolation="process").start()
 
 
-def test_the_load_generator_dies_with_a_sigkilled_harness() -> None:
+@pytest.mark.parametrize("server", ["refusing", "never answering"])
+def test_the_load_generator_dies_with_a_sigkilled_harness(server: str) -> None:
     """A harness stand-in starts a process-isolated load (a minute of requests) and is SIGKILLed: its load
-    generator must stop too (it used to go on sending for its whole duration, into the next run's fleet)."""
+    generator must stop too (it used to go on sending for its whole duration, into the next run's fleet). Behind
+    a server that never answers (a frozen one), requests are in flight when the harness dies: a drain would wait
+    for them (it did, with SIGTERM as the parent-death signal: found by scripts/kill_trials.py)."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)  # accepts connections (the kernel's backlog), never reads or answers
+    port = silent.getsockname()[1] if server == "never answering" else 9
     harness = (
         "import sys, time\n"
         "from chaos.load.run import LoadRun\n"
         "from chaos.spec.load import LoadSpec\n"
-        "run = LoadRun(LoadSpec(url='http://127.0.0.1:9/', rate=20, duration=60)).start()\n"
+        f"run = LoadRun(LoadSpec(url='http://127.0.0.1:{port}/', rate=20, duration=60, timeout=50)).start()\n"
         "print(run._proc.pid, flush=True)\n"
         "time.sleep(120)\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", harness], stdout=subprocess.PIPE, text=True, cwd=ROOT)
     try:
+        if server == "never answering":
+            time.sleep(1.0)  # requests in flight
         assert parent.stdout is not None
         child = int(parent.stdout.readline())
         assert process_state(child) not in (None, "Z"), "the load generator never ran"
@@ -471,3 +480,4 @@ def test_the_load_generator_dies_with_a_sigkilled_harness() -> None:
     finally:
         parent.kill()
         parent.wait(timeout=10)
+        silent.close()
