@@ -126,3 +126,23 @@ def test_up_then_down_leaves_nothing(tmp_path: Path, docker_testbed: Inventory) 
     finally:
         dtb.down(state)
         client.close()
+
+
+@pytest.mark.slow
+def test_a_share_two_testbeds_bind_is_released_by_the_last_one_down(tmp_path: Path, docker_testbed: Inventory) -> None:
+    # The testbed that made the self-bind goes down first, while the other still binds the share: it must stay;
+    # the other then goes down and releases it (before, nobody did: every suite run left <checkout>/reports
+    # bound onto itself).
+    share = tmp_path / "share"
+    first, second = tmp_path / "first", tmp_path / "second"
+    try:
+        dtb.up(1, first, shares=[share])
+        dtb.up(1, second, shares=[share])
+        assert str(share) in mount_points()
+        dtb.down(first)
+        assert str(share) in mount_points(), "released while another testbed's container still binds it"
+        dtb.down(second)
+        assert str(share) not in mount_points(), "the last testbed down left the self-bind"
+    finally:
+        dtb.down(first)
+        dtb.down(second)

@@ -313,6 +313,7 @@ def up(
                 try:
                     if shared_mounts.ensure_shared(share):
                         self_binds.append(str(share))
+                        shared_mounts.remember(share)
                         log(f"made {share} a shared mount (a self-bind) so host mounts reach the containers")
                 except OSError as exc:
                     raise TestbedError(f"cannot share {share} with the containers: {exc}") from None
@@ -387,24 +388,30 @@ def down(state_dir: Path | None = None, *, log: Callable[[str], None] = tb.ignor
     Returns what was removed, one line each. Every step is tried even when an earlier one fails; then a
     TestbedError lists the failures."""
     layout = Layout.at(state_dir)
-    self_binds = [str(p) for p in layout.read_record().get("self_binds", [])]
+    made_here = set(layout.read_record().get("self_binds", []))
     done = _remove(layout, log)
-    if self_binds:
-        client = connect()
-        try:
-            # Sources other testbeds' containers still bind: their shares must stay shared.
-            in_use = {
-                str(mount.get("Source", ""))
-                for c in client.containers.list(all=True)
-                if (c.name or "").startswith(PREFIX)
-                for mount in c.attrs.get("Mounts") or []
-            }
-        finally:
-            client.close()
-        for bound in self_binds:
-            if bound not in in_use:
-                done.append(shared_mounts.release(Path(bound)))
-                log(done[-1])
+    with machine_lock():  # no testbed comes up (binding a share) while the last one down releases it
+        # Every self-bind mlchaos made here, this testbed's or another's (the testbed that made one may have gone
+        # down while this one still bound it), that no testbed container binds any more.
+        self_binds = made_here | set(shared_mounts.remembered())
+        if self_binds:
+            client = connect()
+            try:
+                in_use = {
+                    str(mount.get("Source", ""))
+                    for c in client.containers.list(all=True)
+                    if (c.name or "").startswith(PREFIX)
+                    for mount in c.attrs.get("Mounts") or []
+                }
+            finally:
+                client.close()
+            mounted = shared_mounts.mount_points()
+            for bound in sorted(self_binds - in_use):
+                if bound in mounted:
+                    done.append(shared_mounts.release(Path(bound)))
+                    log(done[-1])
+                if bound not in shared_mounts.mount_points():
+                    shared_mounts.remember(Path(bound), keep=False)
     removed = tb.remove_files((layout.record, layout.inventory))
     if removed:
         done.append(f"removed {removed} testbed file(s) under {layout.state_dir}")

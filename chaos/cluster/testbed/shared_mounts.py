@@ -11,8 +11,33 @@ mount below it. A busy self-bind is left in place, which changes nothing for any
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 from pathlib import Path
+
+OWNED = Path("/run/mlchaos-self-binds.json")
+"""The self-binds mlchaos made on this machine, whichever testbed made them: the last testbed down releases
+each one no container binds any more (the one that made it may go down while another still uses it). In /run:
+gone at a reboot, like the mounts themselves. Callers hold the testbeds' machine lock."""
+
+
+def remembered(record: Path = OWNED) -> list[str]:
+    """The self-binds mlchaos made here and has not released."""
+    try:
+        found = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    return sorted(str(p) for p in found) if isinstance(found, list) else []
+
+
+def remember(path: Path, record: Path = OWNED, *, keep: bool = True) -> None:
+    """Add ``path`` to (``keep``) or drop it from the machine's record of self-binds mlchaos made."""
+    paths = set(remembered(record))
+    (paths.add if keep else paths.discard)(str(path))
+    tmp = record.with_name(f".{record.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(sorted(paths)), encoding="utf-8")
+    os.replace(tmp, record)
 
 
 def _unescape(field: str) -> str:
