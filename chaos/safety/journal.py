@@ -82,9 +82,7 @@ class Journal:
         self.path = Path(path).absolute()
         self.unreadable: list[str] = []
         if owner:
-            self._create()
-            self._lock_fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-            fcntl.flock(self._lock_fd, fcntl.LOCK_SH)
+            self._lock_fd = self._create_locked()
 
     @classmethod
     def for_run(cls, run_id: str, *, root: Path | None = None) -> Journal:
@@ -149,6 +147,34 @@ class Journal:
     def failed(self, op_id: str, error: str) -> None:
         """Applying or healing ``op_id`` failed. The op stays unhealed until a ``healed`` record follows."""
         self._append(Record(kind="failed", op_id=op_id, t_ns=time.time_ns(), error=error))
+
+    def _create_locked(self) -> int:
+        """The journal's file, held with the owner's shared lock from the moment its name exists: it is made
+        under a temporary name, locked, then linked into place. (Created, then locked, another run's start-up
+        cleanup could take it between the two for a dead run's, and move it away: the new run then died at
+        start, or wrote to a journal nobody held.)"""
+        if self.path.exists():
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            return fd
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{id(self):x}.new")
+        fd = os.open(tmp, os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            os.fsync(fd)
+            os.link(tmp, self.path)
+        except BaseException:
+            os.close(fd)
+            raise
+        finally:
+            tmp.unlink(missing_ok=True)
+        dir_fd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)  # the new directory entry must be durable too
+        finally:
+            os.close(dir_fd)
+        return fd
 
     def _create(self) -> None:
         if self.path.exists():

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -207,3 +208,34 @@ def test_cleanup_stops_the_hosts_deadman_of_what_it_heals(tmp_path: Path) -> Non
             assert wait_for(lambda: _switches(record.op_id) == [], 5)
         finally:
             remote_deadman.disarm(LocalTransport(), remote_deadman.marker(record.op_id))
+
+
+def test_a_run_starting_beside_another_runs_cleanup_keeps_its_journal(tmp_path: Path) -> None:
+    # Two runs started at once on one state dir: each run's start heals dead runs' leftovers. A journal created
+    # and only then locked could be taken for a dead run's in between and moved to done/ (the new run then died
+    # at start or wrote to a journal nobody held). Owners are created while cleanups run, many times.
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def cleanups() -> None:
+        while not stop.is_set():
+            try:
+                heal_leftovers(LocalTransport(), state_dir=tmp_path)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+    sweeper = threading.Thread(target=cleanups)
+    sweeper.start()
+    try:
+        for index in range(300):
+            journal = Journal.for_run(f"starting-{index}")
+            try:
+                journal.intent(Applied(op_id=f"op{index}", fault="f", injector="no-such-injector"))  # nothing to heal
+                assert journal.path.exists() and journal.path.parent.name == "journal", journal.path
+                assert not (journal.path.parent / "done" / journal.path.name).exists(), "a live run's journal moved"
+            finally:
+                journal.close()
+    finally:
+        stop.set()
+        sweeper.join()
+    assert errors == []
