@@ -1,4 +1,4 @@
-"""Fuzz the front door (issue 15, Build 10): every shipped scenario, mutated (wrong types, deleted and misspelt
+"""Fuzz the front door: every shipped scenario, mutated (wrong types, deleted and misspelt
 keys, junk strings, truncated text, duplicated lines, stray characters), goes through what `mlchaos validate`
 runs. Each result is a clean load or problems that name this file, a line and a column (exit 2 through the
 CLI), never a traceback; and a mutation that can only be nonsense (a misspelt key of a strict model, a number
