@@ -36,6 +36,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from chaos.cluster.local import process_state  # noqa: E402
+
 CLI = [str(ROOT / ".venv" / "bin" / "mlchaos")] if (ROOT / ".venv" / "bin" / "mlchaos").exists() else ["mlchaos"]
 MAX_DURATION_S, GRACE_S, FAULT_S, APPLY_AT_S = 10.0, 2.0, 6.0, 1.0
 PEER = "127.0.0.77"  # a loopback address nothing uses: the network faults' rules match it and nothing else
@@ -99,11 +103,25 @@ def _cmdlines() -> dict[int, str]:
     return found
 
 
-def _state(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
+def _spawn_run(scenario: dict[str, Any], folder: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], float]:
+    """``mlchaos run`` of ``scenario`` (written to the trial's folder) in the background; the harness and when it
+    started (monotonic)."""
+    source = folder / "trial.yaml"
+    source.write_text(json.dumps(scenario))
+    harness = subprocess.Popen([*CLI, "run", str(source), "--report-dir", str(folder / "reports"), "--no-golden"],
+                               cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    return harness, time.monotonic()
+
+
+def _applied(folder: Path) -> bool:
+    return any(r.get("kind") == "applied" for r in _journal(folder / "state"))
+
+
+def _sleep_past_the_deadline(applied_at: float, started: float) -> None:
+    """Until the killed run's deadline + heal_grace + a little slack (the reverter's own work). The run's
+    deadline counts from its fault clock, which started before the apply (trigger: after APPLY_AT_S)."""
+    clock_start = min(applied_at - APPLY_AT_S, started + 30)
+    time.sleep(max(0.0, clock_start + MAX_DURATION_S + GRACE_S + 3.0 - time.monotonic()))
 
 
 def _wait(predicate: Callable[[], bool], seconds: float) -> bool:
@@ -182,16 +200,8 @@ def run_trial(kind: str, index: int, rng: random.Random, keep: bool = False) -> 
             url = f"http://127.0.0.1:{port}/"
             scenario["target"] = {"type": "http", "url": url}
             scenario["load"] = {"url": url, "rate": 20, "duration": f"{MAX_DURATION_S:g}s", "timeout": 1.0}
-        source = folder / "trial.yaml"
-        source.write_text(json.dumps(scenario))
-        harness = subprocess.Popen([*CLI, "run", str(source), "--report-dir", str(folder / "reports"), "--no-golden"],
-                                   cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        started = time.monotonic()
-
-        def applied() -> bool:
-            return any(r.get("kind") == "applied" for r in _journal(folder / "state"))
-
-        if not _wait(applied, 30):
+        harness, started = _spawn_run(scenario, folder, env)
+        if not _wait(lambda: _applied(folder), 30):
             trial.left.append("the fault was never applied (no journal record)")
             return trial
         applied_at = time.monotonic()
@@ -206,16 +216,13 @@ def run_trial(kind: str, index: int, rng: random.Random, keep: bool = False) -> 
         harness.wait(timeout=10)
         if port and not _wait(lambda: not loaders(), 10):
             trial.left.append(f"the load generator outlived the harness: {loaders()}")
-        # The run's deadline counts from its fault clock, which started before the apply (trigger: after 1s).
-        clock_start = min(applied_at - APPLY_AT_S, started + 30)
-        deadline = clock_start + MAX_DURATION_S + GRACE_S + 3.0  # + slack for the reverter's own work
-        time.sleep(max(0.0, deadline - time.monotonic()))
+        _sleep_past_the_deadline(applied_at, started)
         records = _journal(folder / "state")
         healed = [r for r in records if r.get("kind") == "healed"]
         trial.healed_by = healed[-1].get("by") if healed else None
         if not healed:
             trial.left.append("the journal has no heal for the op")
-        if _state(victim.pid) in ("T", "t"):
+        if process_state(victim.pid) in ("T", "t"):
             trial.left.append("the victim is still stopped")
         others = [f"{pid}: {cmd[:80]}" for pid, cmd in _cmdlines().items()
                   if (tag in cmd or str(folder) in cmd) and pid != victim.pid]  # the load generator: its run dir
@@ -232,7 +239,7 @@ def run_trial(kind: str, index: int, rng: random.Random, keep: bool = False) -> 
                 if text.startswith("/sys/fs/cgroup/") and "chaos-" in text and os.path.isdir(text):
                     trial.left.append(f"cgroup {text}")
             for pid in pids:
-                if pid != victim.pid and _state(pid) not in (None, "Z"):
+                if pid != victim.pid and process_state(pid) not in (None, "Z"):
                     trial.left.append(f"pid {pid} ({_cmdlines().get(pid, '?')[:60]})")
         xid = folder / "xid.log"
         if xid.exists() and "Xid" in xid.read_text():
@@ -292,20 +299,15 @@ def run_remote_trial(kind: str, index: int, rng: random.Random, inventory: Path)
                     "checks": [{"type": "progress"}], "cluster": {"inventory": str(inventory)},
                     "safety": {"max_duration": f"{MAX_DURATION_S:g}s", "heal_grace": f"{GRACE_S:g}s",
                                "no_progress_timeout": None}}  # fmt: skip
-        source = folder / "trial.yaml"
-        source.write_text(json.dumps(scenario))
-        harness = subprocess.Popen([*CLI, "run", str(source), "--report-dir", str(folder / "reports"), "--no-golden"],
-                                   cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        started = time.monotonic()
-        if not _wait(lambda: any(r.get("kind") == "applied" for r in _journal(folder / "state")), 30):
+        harness, started = _spawn_run(scenario, folder, env)
+        if not _wait(lambda: _applied(folder), 30):
             trial.left.append("the fault was never applied (no journal record)")
             return trial
         applied_at = time.monotonic()
         time.sleep(trial.kill_after_s)
         harness.send_signal(signal.SIGKILL)
         harness.wait(timeout=10)
-        deadline = min(applied_at - APPLY_AT_S, started + 30) + MAX_DURATION_S + GRACE_S + 3.0
-        time.sleep(max(0.0, deadline - time.monotonic()))
+        _sleep_past_the_deadline(applied_at, started)
         rules = h2.run(["iptables", "-S"], check=True).stdout
         for record in _journal(folder / "state"):
             strings, _ = _strings_and_pids((record.get("applied") or {}).get("state"))
