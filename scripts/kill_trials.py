@@ -113,8 +113,15 @@ def _spawn_run(scenario: dict[str, Any], folder: Path, env: dict[str, str]) -> t
     return harness, time.monotonic()
 
 
-def _applied(folder: Path) -> bool:
-    return any(r.get("kind") == "applied" for r in _journal(folder / "state"))
+def _into_the_fault(trial: Trial, folder: Path) -> float | None:
+    """Wait for the run to apply its fault (its journal says so), then the trial's seeded moment; when it was
+    applied (monotonic), or None (noted on the trial) when it never was."""
+    if not _wait(lambda: any(r.get("kind") == "applied" for r in _journal(folder / "state")), 30):
+        trial.left.append("the fault was never applied (no journal record)")
+        return None
+    applied_at = time.monotonic()
+    time.sleep(trial.kill_after_s)
+    return applied_at
 
 
 def _sleep_past_the_deadline(applied_at: float, started: float) -> None:
@@ -201,11 +208,9 @@ def run_trial(kind: str, index: int, rng: random.Random, keep: bool = False) -> 
             scenario["target"] = {"type": "http", "url": url}
             scenario["load"] = {"url": url, "rate": 20, "duration": f"{MAX_DURATION_S:g}s", "timeout": 1.0}
         harness, started = _spawn_run(scenario, folder, env)
-        if not _wait(lambda: _applied(folder), 30):
-            trial.left.append("the fault was never applied (no journal record)")
+        applied_at = _into_the_fault(trial, folder)
+        if applied_at is None:
             return trial
-        applied_at = time.monotonic()
-        time.sleep(trial.kill_after_s)
 
         def loaders() -> list[int]:  # the load generator: its spec (with this trial's port) is in its argv
             return [pid for pid, cmd in _cmdlines().items() if "chaos.load" in cmd and f"127.0.0.1:{port}/" in cmd]
@@ -300,11 +305,9 @@ def run_remote_trial(kind: str, index: int, rng: random.Random, inventory: Path)
                     "safety": {"max_duration": f"{MAX_DURATION_S:g}s", "heal_grace": f"{GRACE_S:g}s",
                                "no_progress_timeout": None}}  # fmt: skip
         harness, started = _spawn_run(scenario, folder, env)
-        if not _wait(lambda: _applied(folder), 30):
-            trial.left.append("the fault was never applied (no journal record)")
+        applied_at = _into_the_fault(trial, folder)
+        if applied_at is None:
             return trial
-        applied_at = time.monotonic()
-        time.sleep(trial.kill_after_s)
         harness.send_signal(signal.SIGKILL)
         harness.wait(timeout=10)
         _sleep_past_the_deadline(applied_at, started)
