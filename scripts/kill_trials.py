@@ -1,9 +1,12 @@
 """Kill the harness mid-fault, many times: after each kill, at the run's deadline + heal_grace, nothing is left.
 
 Run: ``.venv/bin/python scripts/kill_trials.py [--trials-per-kind 5] [--seed 1] [--kinds freeze,partition]
-[--parallel 4] [--json]`` (as root: cgroups, iptables, FUSE). Each trial is a real ``mlchaos run`` (its own state
-dir, so its journal is its own) of a command target beside a victim process, with ONE fault of a kind that runs
-on this machine, with or without a duration (duration-less faults are the ones only the run's deadline ends).
+[--parallel 4] [--remote-trials N] [--docker-trials N] [--json]`` (as root: cgroups, iptables, FUSE). Each trial
+is a real ``mlchaos run`` (its own state dir, so its journal is its own) of a command target (odd trials) or a
+two-replica roles target (even ones) beside a victim process, with ONE fault of a kind that runs on this machine,
+with or without a duration (duration-less faults are the ones only the run's deadline ends). ``--remote-trials``
+and ``--docker-trials`` add trials of :data:`REMOTE_KINDS` on host h2 of a testbed brought up for them (network
+namespaces over SSH, or containers): the job on a testbed host, the fault's dead-man h2's own switch.
 The harness is SIGKILLed at a seeded random moment while the fault is applied, then, at its run's deadline
 (its fault clock's start + ``max_duration``) + ``heal_grace`` + a little slack, the trial looks for leftovers:
 
@@ -71,7 +74,7 @@ KINDS = ("freeze", "slow", "cpu_throttle", "memory_pressure", "partition", "pack
          "drop_large_packets", "bandwidth", "gpu_xid", "freeze_under_load")  # fmt: skip
 # freeze_under_load: the victim is an HTTP server (an http target) under the open-loop load generator, frozen;
 # the load generator must die with the harness.
-REMOTE_KINDS = ("partition", "packet_loss")
+REMOTE_KINDS = ("partition", "packet_loss", "freeze", "slow")
 SERIAL_KINDS = ("bandwidth",)  # one root qdisc per interface: run one at a time
 
 
@@ -198,7 +201,10 @@ def run_trial(kind: str, index: int, rng: random.Random, keep: bool = False) -> 
         fault = _fault(kind, tag, victim.pid, folder)
         if not trial.durationless:
             fault["duration"] = f"{FAULT_S:g}s"
-        target = {"type": "command", "command": [sys.executable, "-c", "import time; time.sleep(600)", f"target-{tag}"]}
+        job = [sys.executable, "-c", "import time; time.sleep(600)", f"target-{tag}"]
+        target: dict[str, Any] = {"type": "command", "command": job}
+        if index % 2 == 0:  # even trials: a roles target of two replicas, whose processes must die with it too
+            target = {"type": "roles", "roles": {"job": {"command": job, "replicas": 2}}, "until": ["job"]}
         scenario = {"name": f"trial-{kind}", "seed": index, "target": target, "faults": [fault],
                     "checks": [{"type": "progress"}],
                     "safety": {"max_duration": f"{MAX_DURATION_S:g}s", "heal_grace": f"{GRACE_S:g}s",
@@ -217,6 +223,9 @@ def run_trial(kind: str, index: int, rng: random.Random, keep: bool = False) -> 
 
         if port and not loaders():
             trial.left.append("no load generator was running when the harness was killed: the trial proves nothing")
+        jobs = [pid for pid, cmd in _cmdlines().items() if f"target-{tag}" in cmd]
+        if not port and len(jobs) < (2 if target["type"] == "roles" else 1):
+            trial.left.append(f"the target's processes were not all running when the harness was killed: {jobs}")
         harness.send_signal(signal.SIGKILL)
         harness.wait(timeout=10)
         if port and not _wait(lambda: not loaders(), 10):
@@ -275,32 +284,71 @@ def run_trial(kind: str, index: int, rng: random.Random, keep: bool = False) -> 
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def run_remote_trial(kind: str, index: int, rng: random.Random, inventory: Path) -> Trial:
-    """A trial whose job and fault are on testbed host h2 (the fault's dead-man is h2's own switch): the harness
-    is killed, the job on h2 dies with it, h2's switch heals by the run's deadline + grace, then ``mlchaos
-    cleanup`` asks h2 and journals that heal as the dead-man's (never healing it again)."""
+def _host_transport(inventory: Path, host: str) -> Any:
+    """The transport to inventory host ``host``: Docker for a container, SSH otherwise."""
     from chaos.cluster.inventory import load_inventory
+
+    hosts = load_inventory(inventory)
+    if hosts.host(host).transport == "docker":
+        from chaos.cluster.docker import DockerTransport
+
+        return DockerTransport.for_host(hosts, host)
     from chaos.cluster.ssh import SshTransport
+
+    return SshTransport.for_host(hosts, host)
+
+
+def _start_remote_victim(transport: Any, tag: str) -> int:
+    """A shell loop on the transport's host, detached from everything (it must outlive the harness: a freeze or
+    a duty cycle on it is what the dead-man heals), named ``victim-<tag>``; its pid as this machine sees it (a
+    testbed host's processes, in a container too, are visible in this machine's /proc)."""
+    transport.run(["sh", "-c", 'setsid -f sh -c "while :; do sleep 0.2; done" "$1" </dev/null >/dev/null 2>&1',
+                   "sh", f"victim-{tag}"], timeout=30, check=True)  # fmt: skip
+    found: list[int] = []
+    _wait(lambda: bool(found.extend(p for p, c in _cmdlines().items() if f"victim-{tag}" in c) or found), 10)
+    if not found:
+        raise RuntimeError(f"the victim did not start on {transport.host}")
+    return min(found)
+
+
+def run_remote_trial(kind: str, index: int, rng: random.Random, inventory: Path, host: str = "h2") -> Trial:
+    """A trial whose job and fault are on testbed host ``host`` (a namespace host over SSH or a container;
+    the fault's dead-man is the host's own switch): the harness is killed, the job there dies with it, the
+    host's switch heals by the run's deadline + grace (a freeze or a duty cycle of a victim on that host: it
+    runs again; a partition: its chains are gone; a duty cycle's helper there: gone), then ``mlchaos cleanup``
+    asks the host and journals that heal as the dead-man's (never healing it again)."""
     from chaos.safety import remote_deadman
 
-    trial = Trial(f"{kind}@h2", index, durationless=index % 2 == 1, kill_after_s=rng.uniform(0.3, FAULT_S - 1.0))
+    h = _host_transport(inventory, host)
+    where = f"{host}({'docker' if type(h).__name__ == 'DockerTransport' else 'ssh'})"
+    trial = Trial(f"{kind}@{where}", index, durationless=index % 2 == 1 and kind in DURATIONLESS,
+                  kill_after_s=rng.uniform(0.3, FAULT_S - 1.0))  # fmt: skip
     began = time.monotonic()
-    folder = Path(tempfile.mkdtemp(prefix=f"mlchaos-trial-{kind}-h2-"))
+    folder = Path(tempfile.mkdtemp(prefix=f"mlchaos-trial-{kind}-{host}-"))
     tag = f"{rng.getrandbits(40):010x}"
     env = {**os.environ, "MLCHAOS_STATE_DIR": str(folder / "state")}
-    hosts = load_inventory(inventory)
-    h2 = SshTransport.for_host(hosts, "h2")
     harness: subprocess.Popen[bytes] | None = None
+    victim: int | None = None
     try:
-        params: dict[str, Any] = {"peers": ["host:h1"]} | ({"probability": 0.5} if kind == "packet_loss" else {})
-        fault: dict[str, Any] = {"name": f"f-{tag}", "type": kind, "params": params, "hosts": {"host": "h2"},
+        params: dict[str, Any] = {
+            "partition": {"peers": ["host:h1"]},
+            "packet_loss": {"peers": ["host:h1"], "probability": 0.5},
+            "freeze": {"name": f"victim-{tag}"},
+            "slow": {"name": f"victim-{tag}", "stopped_fraction": 0.5, "period": 1.0},
+        }[kind]
+        if kind in ("freeze", "slow"):
+            victim = _start_remote_victim(h, tag)
+        fault: dict[str, Any] = {"name": f"f-{tag}", "type": kind, "params": params, "hosts": {"host": host},
                                  "trigger": {"after": f"{APPLY_AT_S:g}s"}}  # fmt: skip
         if not trial.durationless:
             fault["duration"] = f"{FAULT_S:g}s"
-        # The job runs on h2 too (a roles target): it must die with the harness there (the SSH channel's watcher).
-        job = {"command": ["{python}", "-c", "import time; time.sleep(600)", f"target-{tag}"], "host": "h2"}
+        # The job runs on a testbed host too (a roles target): it must die with the harness there (the channel's
+        # watcher). On h1 when the fault hits a victim by name on h2: a name is searched below the target's own
+        # processes on a host the target runs on.
+        job_host = "h1" if victim is not None else host
+        job = {"command": ["{python}", "-c", "import time; time.sleep(600)", f"target-{tag}"], "host": job_host}
         target = {"type": "roles", "roles": {"job": job}, "until": ["job"]}
-        scenario = {"name": f"trial-{kind}-h2", "seed": index, "target": target, "faults": [fault],
+        scenario = {"name": f"trial-{kind}-{host}", "seed": index, "target": target, "faults": [fault],
                     "checks": [{"type": "progress"}], "cluster": {"inventory": str(inventory)},
                     "safety": {"max_duration": f"{MAX_DURATION_S:g}s", "heal_grace": f"{GRACE_S:g}s",
                                "no_progress_timeout": None}}  # fmt: skip
@@ -308,33 +356,77 @@ def run_remote_trial(kind: str, index: int, rng: random.Random, inventory: Path)
         applied_at = _into_the_fault(trial, folder)
         if applied_at is None:
             return trial
+        if victim is not None and kind == "freeze" and process_state(victim) not in ("T", "t"):
+            trial.left.append("the victim was not stopped while its freeze was applied: the trial proves nothing")
         harness.send_signal(signal.SIGKILL)
         harness.wait(timeout=10)
         _sleep_past_the_deadline(applied_at, started)
-        rules = h2.run(["iptables", "-S"], check=True).stdout
+        if victim is not None and process_state(victim) in ("T", "t"):
+            trial.left.append(f"the victim on {host} is still stopped")
+        rules = h.run(["iptables", "-S"], check=True).stdout
+        ops = set()
         for record in _journal(folder / "state"):
+            ops.add(str(record.get("op_id")))
             strings, _ = _strings_and_pids((record.get("applied") or {}).get("state"))
-            trial.left += [f"chain {t} on h2" for t in strings if re.fullmatch(r"CHAOS-[0-9a-f]{10}-(in|out)", t) and t in rules]
+            trial.left += [f"chain {t} on {host}" for t in strings if re.fullmatch(r"CHAOS-[0-9a-f]{10}-(in|out)", t) and t in rules]
             if record.get("kind") == "intent":
                 switches = [c for c in _cmdlines().values() if remote_deadman.marker(str(record.get("op_id"))) in c]
-                trial.left += [f"h2's switch still running: {c[:60]}" for c in switches]
+                trial.left += [f"{host}'s switch still running: {c[:60]}" for c in switches]
+        helpers = [c for c in _cmdlines().values() if any(f"--op-id {op}" in c for op in ops if op != "None")]
+        trial.left += [f"a helper of the op still running: {c[:80]}" for c in helpers]
         cleanup = subprocess.run([*CLI, "cleanup", "--inventory", str(inventory)], env=env, cwd=ROOT,
                                  capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
-        if "already healed by its dead-man on h2" not in cleanup.stdout:
-            trial.left.append(f"cleanup did not find h2's heal: {cleanup.stdout.strip()[-200:]}")
+        if f"already healed by its dead-man on {host}" not in cleanup.stdout:
+            trial.left.append(f"cleanup did not find {host}'s heal: {cleanup.stdout.strip()[-200:]}")
         healed = [r for r in _journal(folder / "state") if r.get("kind") == "healed"]
         trial.healed_by = healed[-1].get("by") if healed else None
-        others = [f"{pid}: {cmd[:80]}" for pid, cmd in _cmdlines().items() if tag in cmd]
+        others = [f"{pid}: {cmd[:80]}" for pid, cmd in _cmdlines().items() if tag in cmd and pid != victim]
         if others:
             trial.left.append(f"processes left: {others}")
         return trial
     finally:
         if harness is not None and harness.poll() is None:
             harness.kill()
-        h2.close()
+        if victim is not None:
+            for pid in [p for p, c in _cmdlines().items() if f"victim-{tag}" in c]:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        h.close()
         trial.seconds = time.monotonic() - began
-        if not trial.left:
+        if trial.left:
+            subprocess.run([*CLI, "cleanup", "--inventory", str(inventory)], env=env, cwd=ROOT, capture_output=True,
+                           timeout=120, check=False)  # fmt: skip
+        else:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _testbed_trials(docker: bool, count: int, seed: int) -> list[Trial] | None:
+    """``count`` trials per kind of :data:`REMOTE_KINDS` on host h2 of a testbed brought up (and down) here:
+    network namespaces over SSH, or Docker containers. The trials run side by side (each its own op, tag and
+    victim); None (printed why) when the testbed cannot be built."""
+    state = Path(tempfile.mkdtemp(prefix="mlchaos-trials-tb-"))
+    flags = ["--docker"] if docker else []
+    up = subprocess.run([*CLI, "testbed", "up", "--hosts", "2", *flags, "--state-dir", str(state)], cwd=ROOT,
+                        capture_output=True, text=True, check=False)  # fmt: skip
+    try:
+        if up.returncode != 0:
+            print(f"testbed up failed: {up.stdout[-500:]}{up.stderr[-500:]}")
+            return None
+        inventory = Path(up.stdout.strip().splitlines()[-1])
+        plan = [(kind, i, random.Random(f"{seed}-{kind}-{'d' if docker else 'n'}h2-{i}")) for kind in REMOTE_KINDS
+                for i in range(count)]  # fmt: skip
+        trials = []
+        with ThreadPoolExecutor(max_workers=len(REMOTE_KINDS)) as pool:
+            for trial in pool.map(lambda item: run_remote_trial(*item, inventory), plan):
+                print(trial.line(), flush=True)
+                trials.append(trial)
+        return trials
+    finally:
+        subprocess.run([*CLI, "testbed", "down", *flags, "--state-dir", str(state)], cwd=ROOT, capture_output=True,
+                       check=False)  # fmt: skip
 
 
 def main() -> int:
@@ -345,7 +437,9 @@ def main() -> int:
     parser.add_argument("--parallel", type=int, default=4, help="trials at once (each is mostly waiting)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--remote-trials", type=int, default=0,
-                        help="also this many trials per network kind on a namespace testbed host (brought up here)")  # fmt: skip
+                        help="also this many trials per remote kind on a namespace testbed host (brought up here)")  # fmt: skip
+    parser.add_argument("--docker-trials", type=int, default=0,
+                        help="also this many trials per remote kind on a container testbed host (brought up here)")  # fmt: skip
     args = parser.parse_args()
     kinds = [k for k in args.kinds.split(",") if k]
     unknown = sorted(set(kinds) - set(KINDS))
@@ -364,24 +458,13 @@ def main() -> int:
     for item in serial:
         trials.append(run_trial(*item))
         print(trials[-1].line(), flush=True)
-    if args.remote_trials:
-        testbed = Path(tempfile.mkdtemp(prefix="mlchaos-trials-tb-"))
-        up = subprocess.run([*CLI, "testbed", "up", "--hosts", "2", "--state-dir", str(testbed)], cwd=ROOT,
-                            capture_output=True, text=True, check=False)  # fmt: skip
-        if up.returncode != 0:
-            print(f"testbed up failed: {up.stdout[-500:]}{up.stderr[-500:]}")
-            return 1
-        inventory = Path(up.stdout.strip().splitlines()[-1])
-        try:
-            remote = [(kind, i, random.Random(f"{args.seed}-{kind}-h2-{i}")) for kind in REMOTE_KINDS
-                      for i in range(args.remote_trials)]  # fmt: skip
-            for trial in (run_remote_trial(*item, inventory) for item in remote):  # one at a time: one h2
-                print(trial.line(), flush=True)
-                trials.append(trial)
-        finally:
-            subprocess.run([*CLI, "testbed", "down", "--state-dir", str(testbed)], cwd=ROOT, capture_output=True,
-                           check=False)  # fmt: skip
-        kinds += [f"{kind}@h2" for kind in REMOTE_KINDS]
+    for docker, count in ((False, args.remote_trials), (True, args.docker_trials)):
+        if count:
+            done = _testbed_trials(docker, count, args.seed)
+            if done is None:
+                return 1
+            trials += done
+            kinds += sorted({t.kind for t in done})
     summary = {kind: {"trials": sum(t.kind == kind for t in trials), "clean": sum(t.kind == kind and not t.left for t in trials),
                       "healed_by": sorted({str(t.healed_by) for t in trials if t.kind == kind})} for kind in kinds}  # fmt: skip
     clean = sum(not t.left for t in trials)

@@ -182,7 +182,7 @@ def plan(
 def cleanup(
     inventory: Annotated[
         Path | None,
-        typer.Option(help="SSH inventory, to heal faults left on remote hosts too"),
+        typer.Option(help="inventory (SSH hosts, containers), to heal faults left on its hosts too"),
     ] = None,
     run: Annotated[
         str | None,
@@ -197,11 +197,11 @@ def cleanup(
     this machine keep their faults (they heal them themselves) unless named with --run or --include-live."""
     transports: dict[str, Transport] = {"local": LocalTransport()}
     if inventory is not None:
+        from chaos.cluster.hosts import open_transport
         from chaos.cluster.inventory import load_inventory
-        from chaos.cluster.ssh import SshTransport
 
         loaded = load_inventory(inventory)
-        transports.update({name: SshTransport.for_host(loaded, name) for name in loaded.names()})
+        transports.update({name: open_transport(loaded, name) for name in loaded.names()})
     lines = heal_leftovers(
         transports,
         log=lambda line: console.print(escape(line)),

@@ -290,6 +290,9 @@ class DockerTransport(RemoteTransport[DockerProcess]):
 
         api = self.client.api
         for attempt in (1, 2, 3):
+            # Learning is per exec: execs started at once while the daemon is unknown are each checked (one
+            # thread's lesson must not let another's refused exec through as the command's own 126).
+            learning = self.exec_privileged is None
             privileged = self.exec_privileged is not False
             try:
                 created = api.exec_create(
@@ -317,11 +320,11 @@ class DockerTransport(RemoteTransport[DockerProcess]):
                 raise TransportError(f"cannot start {argv[0]} in {self.container_name} ({self.host}): {exc}") from None
             except (docker.errors.DockerException, requests.RequestException, OSError) as exc:
                 raise TransportError(f"cannot start {argv[0]} in {self.container_name} ({self.host}): {exc}") from None
-            if privileged and self.exec_privileged is None:
+            if privileged and learning:
                 if self._refused_privileges(exec_id, conn):
                     continue
                 with _PRIVILEGED_LOCK:
-                    _PRIVILEGED[self.docker_url] = True
+                    _PRIVILEGED.setdefault(self.docker_url, True)
             return exec_id, conn
         raise TransportError(f"cannot start {argv[0]} in {self.container_name} ({self.host})")
 

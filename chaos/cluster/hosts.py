@@ -175,14 +175,7 @@ class HostSet:
         if name not in self._transports:
             if self.inventory is None:
                 raise HostsError(f"no inventory to reach host {name!r}")
-            if self.inventory.host(name).transport == "docker":
-                from chaos.cluster.docker import DockerTransport  # the docker SDK only when a container is used
-
-                self._transports[name] = DockerTransport.for_host(self.inventory, name)
-            else:
-                from chaos.cluster.ssh import SshTransport  # paramiko only when a remote host is used
-
-                self._transports[name] = SshTransport.for_host(self.inventory, name)
+            self._transports[name] = open_transport(self.inventory, name)
         return self._transports[name]
 
     def all_transports(self) -> dict[str, Transport]:
@@ -195,6 +188,18 @@ class HostSet:
             close = getattr(transport, "close", None)
             if name != LOCAL and callable(close):
                 close()
+
+
+def open_transport(inventory: Inventory, name: str) -> Transport:
+    """The transport to inventory host ``name`` by its kind: the Docker API for ``transport: docker``, SSH
+    otherwise (each client library is imported only when a host of its kind is used)."""
+    if inventory.host(name).transport == "docker":
+        from chaos.cluster.docker import DockerTransport
+
+        return DockerTransport.for_host(inventory, name)
+    from chaos.cluster.ssh import SshTransport
+
+    return SshTransport.for_host(inventory, name)
 
 
 def parse_node_selector(text: str) -> HostSelector:

@@ -2,7 +2,8 @@
 scenario files run unchanged with a docker inventory (a multi-node torchrun job across the three containers;
 the storage layer goes on the docker host over the bind mount's source); a container restarted in the middle of
 a partition is still healed, with the cut checked by real connects; a scenario naming a container that does not
-exist is refused before anything is applied.
+exist is refused before anything is applied; the harness SIGKILLed mid-fault on a container (a duration-less
+partition, a freeze of a process there) leaves nothing past its run's deadline.
 
 partition-node as shipped runs on the namespace testbed (test_e2e_multinode): what it adds here, a partition in
 a container's own network stack, is the restart test's; a torchrun job across all three containers is
@@ -12,14 +13,17 @@ test_e2e_multinode's kill-rank on the same host computes it too (one of the two 
 
 from __future__ import annotations
 
+import random
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import docker
 import pytest
 from support import (
+    ROOT,
     cut_off,
     read_jsonl,
     reported_run_dir,
@@ -151,3 +155,22 @@ def test_missing_container_is_refused_before_any_fault(docker_testbed: Inventory
     assert "chaos-no-such-container" in result.error, result.error
     assert not result.history.of(FAULT_APPLIED)
     assert not result.history.of("runner.target_started")
+
+
+def test_a_killed_harness_leaves_nothing_on_a_container_past_its_runs_deadline(
+    docker_testbed: Inventory, tmp_path: Path
+) -> None:
+    """Two trials of ``scripts/kill_trials.py`` at once on container h2: a partition without a duration (the job
+    on h2 too) and a freeze of a process there (the job on h1). The harness is SIGKILLed at a seeded moment; each
+    job dies with it, h2's own switch heals by the run's deadline + grace, and ``mlchaos cleanup`` finds that heal
+    and journals it as the dead-man's."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from kill_trials import run_remote_trial
+
+    inventory_file = write_inventory(docker_testbed, tmp_path)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        trials = list(pool.map(lambda item: run_remote_trial(*item, random.Random(f"suite-docker-{item[0]}"),
+                                                             inventory_file), [("partition", 1), ("freeze", 0)]))  # fmt: skip
+    assert [t.line() for t in trials if t.left] == []
+    assert [t.healed_by for t in trials] == ["deadman", "deadman"], [t.line() for t in trials]
+    assert trials[0].durationless

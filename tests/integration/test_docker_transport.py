@@ -208,3 +208,23 @@ def test_container_selected_by_label_and_selector_syntax(docker_testbed: Invento
     every = Host(name="x", address=h2.address, transport="docker", container=f"label:{LABEL}={tag}")
     with DockerTransport(every) as transport, pytest.raises(TransportError, match="must match exactly one"):
         transport.container()
+
+
+def test_execs_started_at_once_before_the_daemon_is_known_all_run(
+    docker_testbed: Inventory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Six first execs at once, while nobody knows whether this daemon grants privileged execs: each one that the
+    runtime refused for its capabilities is retried (it never ran), none comes back as the command's own exit."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from chaos.cluster import docker as docker_module
+
+    monkeypatch.setattr(docker_module, "_PRIVILEGED", {})  # the daemon unknown again, as in a fresh harness
+    transports = [DockerTransport.for_host(docker_testbed, "h2") for _ in range(6)]
+    try:
+        with ThreadPoolExecutor(max_workers=6) as pool:
+            done = list(pool.map(lambda t: t.run(["sh", "-c", "echo ran"], timeout=30), transports))
+    finally:
+        for transport in transports:
+            transport.close()
+    assert [(d.returncode, d.stdout.strip()) for d in done] == [(0, "ran")] * 6, [d.stdout[:120] for d in done]
