@@ -75,6 +75,12 @@ KINDS = ("freeze", "slow", "cpu_throttle", "memory_pressure", "partition", "pack
 # freeze_under_load: the victim is an HTTP server (an http target) under the open-loop load generator, frozen;
 # the load generator must die with the harness.
 REMOTE_KINDS = ("partition", "packet_loss", "freeze", "slow")
+# Faults on a whole container (its dead-man runs here, on the harness's machine: it reaches the Docker API): on
+# host h3, one at a time (a stopped container takes anything else on it down).
+CONTAINER_KINDS = ("container_pause", "container_stop", "container_cpu")
+# Faults on a Slurm node of the Slurm testbed (their dead-man runs here too: the testbed's commands): on h2, one
+# at a time (one node).
+SLURM_KINDS = ("drain", "slurmd_stop", "node_fail")
 SERIAL_KINDS = ("bandwidth",)  # one root qdisc per interface: run one at a time
 
 
@@ -298,6 +304,36 @@ def _host_transport(inventory: Path, host: str) -> Any:
     return SshTransport.for_host(hosts, host)
 
 
+def _container_facts(inventory: Path, host: str) -> dict[str, Any]:
+    """What a container fault changes, read through the Docker API: running or not, paused or not, its CPU
+    limits (a CpuQuota of 0 and of -1 both mean none: ``docker update`` reads 0 as "unchanged", so a restore of
+    "no quota" writes -1)."""
+    import docker
+
+    from chaos.cluster.inventory import load_inventory
+
+    name = load_inventory(inventory).host(host).container or ""
+    attrs = docker.from_env().containers.get(name).attrs
+    limits = attrs["HostConfig"]
+    return {"status": attrs["State"]["Status"], "paused": attrs["State"]["Paused"],
+            "cpus": (limits.get("NanoCpus"), max(0, limits.get("CpuQuota") or 0), limits.get("CpuPeriod"))}  # fmt: skip
+
+
+def _node_facts(inventory: Path, host: str) -> dict[str, Any]:
+    """What a Slurm node fault changes, as the testbed's controller and the host say: the node's state flags
+    (sinfo %T: idle, drained, down...) and whether its slurmd runs."""
+    conf = next(inventory.parent.glob("*slurm/slurm.conf"))
+    state = subprocess.run(["sinfo", "-h", "-N", "-n", host, "-o", "%T"], env={**os.environ, "SLURM_CONF": str(conf)},
+                           capture_output=True, text=True, timeout=30, check=False).stdout.strip()  # fmt: skip
+    from chaos.cluster.inventory import load_inventory
+
+    netns = load_inventory(inventory).host(host).labels.get("netns")
+    daemons = [pid for pid, cmd in _cmdlines().items() if cmd.split(" ", 1)[0].endswith("/slurmd")]
+    slurmd = any(subprocess.run(["ip", "netns", "identify", str(pid)], capture_output=True, text=True,
+                                check=False).stdout.strip() == netns for pid in daemons)  # fmt: skip
+    return {"state": state, "slurmd": slurmd}
+
+
 def _start_remote_victim(transport: Any, tag: str) -> int:
     """A shell loop on the transport's host, detached from everything (it must outlive the harness: a freeze or
     a duty cycle on it is what the dead-man heals), named ``victim-<tag>``; its pid as this machine sees it (a
@@ -335,7 +371,15 @@ def run_remote_trial(kind: str, index: int, rng: random.Random, inventory: Path,
             "packet_loss": {"peers": ["host:h1"], "probability": 0.5},
             "freeze": {"name": f"victim-{tag}"},
             "slow": {"name": f"victim-{tag}", "stopped_fraction": 0.5, "period": 1.0},
+            "container_pause": {},
+            "container_stop": {"timeout": 1.0},
+            "container_cpu": {"cpus": 0.25},
+            "drain": {"reason": f"trial {tag}"},
+            "slurmd_stop": {},
+            "node_fail": {},
         }[kind]
+        container = _container_facts(inventory, host) if kind in CONTAINER_KINDS else None
+        node = _node_facts(inventory, host) if kind in SLURM_KINDS else None
         if kind in ("freeze", "slow"):
             victim = _start_remote_victim(h, tag)
         fault: dict[str, Any] = {"name": f"f-{tag}", "type": kind, "params": params, "hosts": {"host": host},
@@ -345,9 +389,13 @@ def run_remote_trial(kind: str, index: int, rng: random.Random, inventory: Path,
         # The job runs on a testbed host too (a roles target): it must die with the harness there (the channel's
         # watcher). On h1 when the fault hits a victim by name on h2: a name is searched below the target's own
         # processes on a host the target runs on.
-        job_host = "h1" if victim is not None else host
+        job_host = host if victim is None and container is None and node is None else "h1"
         job = {"command": ["{python}", "-c", "import time; time.sleep(600)", f"target-{tag}"], "host": job_host}
-        target = {"type": "roles", "roles": {"job": job}, "until": ["job"]}
+        target: dict[str, Any] = {"type": "roles", "roles": {"job": job}, "until": ["job"]}
+        if node is not None:  # node faults act on the cluster of a slurm target: a batch job on h1
+            (folder / "job.sbatch").write_text("#!/bin/sh\nsleep 600\n")
+            target = {"type": "slurm", "script": str(folder / "job.sbatch"), "args": [f"target-{tag}"], "nodes": 1,
+                      "partition": "chaos", "sbatch": ["--nodelist=h1"], "job_name": f"trial-{tag}"}  # fmt: skip
         scenario = {"name": f"trial-{kind}-{host}", "seed": index, "target": target, "faults": [fault],
                     "checks": [{"type": "progress"}], "cluster": {"inventory": str(inventory)},
                     "safety": {"max_duration": f"{MAX_DURATION_S:g}s", "heal_grace": f"{GRACE_S:g}s",
@@ -363,6 +411,10 @@ def run_remote_trial(kind: str, index: int, rng: random.Random, inventory: Path,
         _sleep_past_the_deadline(applied_at, started)
         if victim is not None and process_state(victim) in ("T", "t"):
             trial.left.append(f"the victim on {host} is still stopped")
+        if container is not None and (now := _container_facts(inventory, host)) != container:
+            trial.left.append(f"container {host} is {now}, it was {container}")
+        if node is not None and not _wait(lambda: _node_facts(inventory, host) == node, 30):
+            trial.left.append(f"Slurm node {host} is {_node_facts(inventory, host)}, it was {node}")
         rules = h.run(["iptables", "-S"], check=True).stdout
         ops = set()
         for record in _journal(folder / "state"):
@@ -376,10 +428,22 @@ def run_remote_trial(kind: str, index: int, rng: random.Random, inventory: Path,
         trial.left += [f"a helper of the op still running: {c[:80]}" for c in helpers]
         cleanup = subprocess.run([*CLI, "cleanup", "--inventory", str(inventory)], env=env, cwd=ROOT,
                                  capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
-        if f"already healed by its dead-man on {host}" not in cleanup.stdout:
+        if container is not None or node is not None:  # healed by the dead-man here, which journals it itself: nothing for cleanup
+            if "nothing to heal" not in cleanup.stdout:
+                trial.left.append(f"cleanup found something to heal: {cleanup.stdout.strip()[-200:]}")
+        elif f"already healed by its dead-man on {host}" not in cleanup.stdout:
             trial.left.append(f"cleanup did not find {host}'s heal: {cleanup.stdout.strip()[-200:]}")
         healed = [r for r in _journal(folder / "state") if r.get("kind") == "healed"]
         trial.healed_by = healed[-1].get("by") if healed else None
+        if node is not None:
+            # Slurm ends a dead harness's job at its time limit: whole minutes from its start (here 1), enforced
+            # by slurmctld's periodic check (every 30 s) and then KillWait (5 s on the testbed).
+            time.sleep(max(0.0, started + 60 + 30 + 5 + 10 - time.monotonic()))
+            conf = next(inventory.parent.glob("*slurm/slurm.conf"))
+            queued = subprocess.run(["squeue", "-h", "-n", f"trial-{tag}", "-o", "%i %T"], capture_output=True, text=True,
+                                    env={**os.environ, "SLURM_CONF": str(conf)}, timeout=30, check=False).stdout.strip()  # fmt: skip
+            if queued:
+                trial.left.append(f"the Slurm job is still queued: {queued}")
         others = [f"{pid}: {cmd[:80]}" for pid, cmd in _cmdlines().items() if tag in cmd and pid != victim]
         if others:
             trial.left.append(f"processes left: {others}")
@@ -403,13 +467,14 @@ def run_remote_trial(kind: str, index: int, rng: random.Random, inventory: Path,
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _testbed_trials(docker: bool, count: int, seed: int) -> list[Trial] | None:
+def _testbed_trials(testbed: str, count: int, seed: int) -> list[Trial] | None:
     """``count`` trials per kind of :data:`REMOTE_KINDS` on host h2 of a testbed brought up (and down) here:
     network namespaces over SSH, or Docker containers. The trials run side by side (each its own op, tag and
     victim); None (printed why) when the testbed cannot be built."""
     state = Path(tempfile.mkdtemp(prefix="mlchaos-trials-tb-"))
-    flags = ["--docker"] if docker else []
-    up = subprocess.run([*CLI, "testbed", "up", "--hosts", "2", *flags, "--state-dir", str(state)], cwd=ROOT,
+    docker = testbed == "docker"
+    flags = {"ssh": [], "docker": ["--docker"], "slurm": ["--slurm"]}[testbed]
+    up = subprocess.run([*CLI, "testbed", "up", "--hosts", "3" if docker else "2", *flags, "--state-dir", str(state)], cwd=ROOT,
                         capture_output=True, text=True, check=False)  # fmt: skip
     try:
         if up.returncode != 0:
@@ -417,15 +482,21 @@ def _testbed_trials(docker: bool, count: int, seed: int) -> list[Trial] | None:
             return None
         inventory = Path(up.stdout.strip().splitlines()[-1])
         plan = [(kind, i, random.Random(f"{seed}-{kind}-{'d' if docker else 'n'}h2-{i}")) for kind in REMOTE_KINDS
-                for i in range(count)]  # fmt: skip
+                for i in range(count) if testbed != "slurm"]  # fmt: skip
         trials = []
         with ThreadPoolExecutor(max_workers=len(REMOTE_KINDS)) as pool:
             for trial in pool.map(lambda item: run_remote_trial(*item, inventory), plan):
                 print(trial.line(), flush=True)
                 trials.append(trial)
+        one_at_a_time = {"ssh": (), "docker": CONTAINER_KINDS, "slurm": SLURM_KINDS}[testbed]
+        for kind in one_at_a_time:
+            host = "h3" if docker else "h2"
+            for i in range(count):
+                trials.append(run_remote_trial(kind, i, random.Random(f"{seed}-{kind}-{host}-{i}"), inventory, host))
+                print(trials[-1].line(), flush=True)
         return trials
     finally:
-        subprocess.run([*CLI, "testbed", "down", *flags, "--state-dir", str(state)], cwd=ROOT, capture_output=True,
+        subprocess.run([*CLI, "testbed", "down", *[f for f in flags if f != "--slurm"], "--state-dir", str(state)], cwd=ROOT, capture_output=True,
                        check=False)  # fmt: skip
 
 
@@ -438,6 +509,8 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--remote-trials", type=int, default=0,
                         help="also this many trials per remote kind on a namespace testbed host (brought up here)")  # fmt: skip
+    parser.add_argument("--slurm-trials", type=int, default=0,
+                        help="also this many trials per Slurm node kind on a Slurm testbed (brought up here)")  # fmt: skip
     parser.add_argument("--docker-trials", type=int, default=0,
                         help="also this many trials per remote kind on a container testbed host (brought up here)")  # fmt: skip
     args = parser.parse_args()
@@ -458,9 +531,9 @@ def main() -> int:
     for item in serial:
         trials.append(run_trial(*item))
         print(trials[-1].line(), flush=True)
-    for docker, count in ((False, args.remote_trials), (True, args.docker_trials)):
+    for kind, count in (("ssh", args.remote_trials), ("docker", args.docker_trials), ("slurm", args.slurm_trials)):
         if count:
-            done = _testbed_trials(docker, count, args.seed)
+            done = _testbed_trials(kind, count, args.seed)
             if done is None:
                 return 1
             trials += done

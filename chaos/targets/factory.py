@@ -84,6 +84,7 @@ def _slurm_job(
         inventory=hosts.inventory,
         scenario_dir=scenario_dir,
         reach=hosts.transport,
+        run_bound_s=scenario.safety.max_duration + scenario.safety.heal_grace,
     )
     hosts.slurm = job
     return job

@@ -65,8 +65,10 @@ class SlurmJob:
         inventory: Inventory | None = None,
         scenario_dir: Path | None = None,
         reach: Callable[[str], Transport] | None = None,
+        run_bound_s: float | None = None,
     ) -> None:
         self.spec = spec
+        self.run_bound_s = run_bound_s  # the job's time limit is at most this (see time_limit_minutes)
         self._cluster = cluster  # or why none could be found (preflight and start refuse with it)
         self.run_dir = run_dir
         self.inventory = inventory
@@ -147,13 +149,20 @@ class SlurmJob:
         if self.cluster.kind == "testbed" and not Path(self.script_path()).is_file():
             raise TargetUnusable(f"slurm target: no batch script at {self.script_path()}")
 
+    def time_limit_minutes(self) -> int | None:
+        """``sbatch --time`` in whole minutes, rounded up: the target's ``time_limit``, and never more than the
+        run's own bound (``max_duration`` + ``heal_grace``). A harness that dies cannot scancel its job; Slurm
+        then ends it at this limit instead of the cluster running it on for as long as it likes (a whole-minute
+        bound: Slurm's unit)."""
+        limits = [limit for limit in (self.spec.time_limit, self.run_bound_s) if limit is not None]
+        return max(1, int(-(-min(limits) // 60))) if limits else None
+
     # -- Target ----------------------------------------------------------------------------------------------
 
     def start(self) -> None:
         spec = self.spec
         extra = ["--open-mode=append"]
-        if spec.time_limit is not None:
-            minutes = max(1, int(-(-spec.time_limit // 60)))  # sbatch --time in whole minutes, rounded up
+        if (minutes := self.time_limit_minutes()) is not None:
             extra.append(f"--time={minutes}")
         try:
             self.job_id = self.client.submit(

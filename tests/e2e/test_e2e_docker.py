@@ -3,7 +3,7 @@ scenario files run unchanged with a docker inventory (a multi-node torchrun job 
 the storage layer goes on the docker host over the bind mount's source); a container restarted in the middle of
 a partition is still healed, with the cut checked by real connects; a scenario naming a container that does not
 exist is refused before anything is applied; the harness SIGKILLed mid-fault on a container (a duration-less
-partition, a freeze of a process there) leaves nothing past its run's deadline.
+partition, a freeze of a process there, the container paused) leaves nothing past its run's deadline.
 
 partition-node as shipped runs on the namespace testbed (test_e2e_multinode): what it adds here, a partition in
 a container's own network stack, is the restart test's; a torchrun job across all three containers is
@@ -160,17 +160,19 @@ def test_missing_container_is_refused_before_any_fault(docker_testbed: Inventory
 def test_a_killed_harness_leaves_nothing_on_a_container_past_its_runs_deadline(
     docker_testbed: Inventory, tmp_path: Path
 ) -> None:
-    """Two trials of ``scripts/kill_trials.py`` at once on container h2: a partition without a duration (the job
-    on h2 too) and a freeze of a process there (the job on h1). The harness is SIGKILLed at a seeded moment; each
-    job dies with it, h2's own switch heals by the run's deadline + grace, and ``mlchaos cleanup`` finds that heal
-    and journals it as the dead-man's."""
+    """Three trials of ``scripts/kill_trials.py`` at once: on container h2 a partition without a duration (the job
+    on h2 too) and a freeze of a process there (the job on h1), and h3 paused through the Docker API. The harness
+    is SIGKILLed at a seeded moment; each job dies with it; h2's own switch heals by the run's deadline + grace
+    and ``mlchaos cleanup`` finds that heal and journals it as the dead-man's; h3 is unpaused by the dead-man on
+    this machine (the one that reaches the Docker API)."""
     sys.path.insert(0, str(ROOT / "scripts"))
     from kill_trials import run_remote_trial
 
     inventory_file = write_inventory(docker_testbed, tmp_path)
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        trials = list(pool.map(lambda item: run_remote_trial(*item, random.Random(f"suite-docker-{item[0]}"),
-                                                             inventory_file), [("partition", 1), ("freeze", 0)]))  # fmt: skip
+    plan = [("partition", 1, "h2"), ("freeze", 0, "h2"), ("container_pause", 0, "h3")]
+    with ThreadPoolExecutor(max_workers=len(plan)) as pool:
+        trials = list(pool.map(lambda item: run_remote_trial(item[0], item[1], random.Random(f"suite-docker-{item[0]}"),
+                                                             inventory_file, item[2]), plan))  # fmt: skip
     assert [t.line() for t in trials if t.left] == []
-    assert [t.healed_by for t in trials] == ["deadman", "deadman"], [t.line() for t in trials]
+    assert [t.healed_by for t in trials] == ["deadman"] * 3, [t.line() for t in trials]
     assert trials[0].durationless

@@ -261,3 +261,19 @@ def test_rng_draw_is_seeded() -> None:
     hosts = _hosts(_Placement({"allocated": ["h1", "h2", "h3"], "spare": []}))
     picks = {tuple(hosts.resolve(_fault({"slurm": "allocated", "count": 1}), "op", 3)) for _ in range(3)}
     assert len(picks) == 1
+
+
+@pytest.mark.parametrize(
+    ("time_limit", "bound", "minutes"),
+    [(None, None, None), (None, 130.0, 3), (600.0, 130.0, 3), (60.0, 130.0, 1), (1.0, None, 1), (None, 5.0, 1)],
+)
+def test_a_jobs_time_limit_never_outlasts_the_run(
+    time_limit: float | None, bound: float | None, minutes: int | None, tmp_path: Path
+) -> None:
+    """A harness that dies cannot scancel its job: its sbatch --time is at most the run's max_duration +
+    heal_grace (whole minutes, rounded up), below the target's own time_limit when that is longer."""
+    from chaos.targets.slurm import SlurmJob
+
+    spec = SlurmTarget(type="slurm", script="job.sbatch", time_limit=time_limit)
+    job = SlurmJob(spec, "no cluster", tmp_path, 1, run_bound_s=bound)
+    assert job.time_limit_minutes() == minutes
