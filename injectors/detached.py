@@ -10,8 +10,9 @@ so (a recycled pid is never touched).
 
 from __future__ import annotations
 
+import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from chaos.cluster.base import Transport
 from chaos.safety import deadman
@@ -62,3 +63,21 @@ def stop(
     while time.monotonic() < deadline and any(alive(pid) for pid in helpers):
         time.sleep(poll_s)
     signal("SIGKILL", [pid for pid in helpers if alive(pid)])  # did not leave in time
+
+
+# $1$2 = the helper's command-line pattern (split, so this shell's own command line never matches it), then the
+# revert argv. SIGTERM the helper, wait up to 2 s for it to leave (it continues its targets on the way out),
+# SIGKILL it if it stays, then run the revert: a helper left running would undo the revert at its next cycle.
+_STOP_THEN_SCRIPT = (
+    'p=$1$2; shift 2; pkill -TERM -f -- "$p"; i=0; '
+    'while pgrep -f -- "$p" >/dev/null && [ $i -lt 40 ]; do sleep 0.05; i=$((i + 1)); done; '
+    'pkill -KILL -f -- "$p"; [ $# -eq 0 ] || exec "$@"'
+)
+
+
+def stop_then(module: str, op_id: str, revert: Sequence[str] = ()) -> list[str]:
+    """The dead-man's argv for a fault with a helper: stop this op's helper (found by ``-m module --op-id op_id``
+    on its command line, as :func:`find` does), then run ``revert`` (nothing when empty). Runs under plain
+    ``sh`` with ``pkill``/``pgrep``, on this machine or a remote host alike."""
+    head, tail = "-m " + module.replace(".", "[.]") + " --op-id ", re.escape(op_id) + " "
+    return ["sh", "-c", _STOP_THEN_SCRIPT, "mlchaos-stop-helper", head, tail, *revert]

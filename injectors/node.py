@@ -479,10 +479,8 @@ class MemoryPressureInjector:
     def revert_command(self, applied: Applied) -> list[str] | None:
         """SIGTERM to this op's hog, found by its command line (module and op id). The hog ends by itself at the
         op's deadline; the dead-man, later, finds nothing and records the op healed, or ends a hog whose own
-        deadline falls after the run's (a switch never fires later than the run's deadline + grace). The pattern
-        reaches ``sh`` split in two, so the shell running it never matches itself."""
-        head, tail = MODULE.replace(".", "[.]") + " --op-id ", re.escape(applied.op_id) + " "
-        return ["sh", "-c", 'pkill -TERM -f -- "$1$2"; exit 0', "mlchaos-hog-stop", head, tail]
+        deadline falls after the run's (a switch never fires later than the run's deadline + grace)."""
+        return detached.stop_then(MODULE, applied.op_id)
 
 
 def hog(megabytes: int, until_ns: int) -> None:

@@ -11,6 +11,7 @@ Rule: a check never passes vacuously. If its fault never fired or its evidence i
 from __future__ import annotations
 
 import functools
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -86,6 +87,20 @@ def with_fix(result: CheckResult, to_add: str) -> CheckResult:
     return result.model_copy(update={"reason": f"{result.reason}; to fix: {fix}"}) if fix else result
 
 
+def raised(name: str, exc: BaseException) -> CheckResult:
+    """The verdict of check ``name`` that raised ``exc`` while judging: ``unknown`` (which fails the run), the
+    exception in its reason and the traceback as its evidence (the last 40 lines)."""
+    lines = "".join(traceback.format_exception(exc)).rstrip().splitlines()
+    return CheckResult(
+        check=name,
+        name=name,
+        status="unknown",
+        reason=f"the check raised {type(exc).__name__}: {str(exc)[:300]}; to fix: this is a bug in the check "
+        "(its traceback is the evidence); report it with the run's history.jsonl",
+        evidence=lines[-40:],
+    )
+
+
 def register_check(
     name: str, params: type[BaseModel], *, summary: str, needs_golden: bool = False, to_add: str = ""
 ) -> Callable[[CheckFn], CheckFn]:
@@ -98,7 +113,11 @@ def register_check(
 
         @functools.wraps(fn)
         def evaluate(history: History, params: Any, scenario: Any) -> CheckResult:
-            return with_fix(fn(history, params, scenario), to_add)
+            try:
+                result = fn(history, params, scenario)
+            except Exception as exc:  # a check's bug must not cost the run its reports, nor pass it
+                return raised(name, exc)
+            return with_fix(result, to_add)
 
         CHECKS[name] = CheckSpec(name, params, evaluate, summary, needs_golden, to_add)
         return fn

@@ -1,8 +1,12 @@
 """Where injectors and checks are found: the built-ins plus third-party entry points.
 
-Third parties add fault families under the ``mlchaos.injectors`` entry-point group (value: an Injector class)
-and checks under ``mlchaos.checks`` (value: a module whose import registers them). A name registered twice is
-an error at build time, never a silent override.
+One way in, for built-ins and plugins alike: an injector module lists its classes in an ``INJECTORS`` tuple,
+a check module registers its checks with :func:`chaos.plugins.check.register_check` when imported. The
+built-in modules are named here (:data:`BUILTIN_INJECTOR_MODULES`, :data:`BUILTIN_CHECK_MODULES`, the one list:
+``tests/unit/test_registry.py`` fails when a module defines an injector or check that is not registered);
+third parties name theirs under the ``mlchaos.injectors`` entry-point group (a module with ``INJECTORS``, or
+one Injector class) and ``mlchaos.checks`` (a module). A name registered twice is an error at build time,
+never a silent override.
 """
 
 from __future__ import annotations
@@ -72,7 +76,8 @@ def injectors() -> dict[str, type[Injector]]:
             loaded = ep.load()
         except Exception as exc:  # a broken plugin must be named, not crash with a bare traceback
             raise RegistryError(f"injector plugin {ep.name} ({ep.value}) failed to load: {exc}") from exc
-        add(loaded, ep.value)
+        for cls in getattr(loaded, "INJECTORS", (loaded,)):  # a module with INJECTORS, or one class
+            add(cls, ep.value)
     return dict(sorted(found.items()))
 
 

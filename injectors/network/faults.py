@@ -381,8 +381,8 @@ class FlapInjector(_FilterFault):
     The chains are installed with a RETURN bypass (not yet in force); the helper toggles it every period and
     removes everything at the op's deadline or on SIGTERM. ``apply`` records ``helper_pid`` in the state;
     heal stops the helper (found by its ``--op-id`` when that record is missing), then removes the chains.
-    ``revert_command`` is the partition one: once the chains are gone the helper's toggles fail harmlessly
-    (it only ever inserts into an existing chain, never creates one) until its own deadline ends it.
+    ``revert_command`` stops the helper, then is the partition one (were the helper left, its toggles would fail
+    harmlessly once the chains are gone, but it would outlive the revert until its own deadline).
     """
 
     name: ClassVar[str] = "flap"
@@ -458,6 +458,11 @@ class FlapInjector(_FilterFault):
         )
         # The helper removes the chains as it leaves, so look before deleting (no batch that would only fail).
         netfilter.remove(host.run, state.filter.chain_names)
+
+    def revert_command(self, applied: Applied) -> list[str] | None:
+        """Stop the helper first (left running, it would outlive the revert until its own deadline), then remove
+        the chains as a partition's revert does."""
+        return detached.stop_then(netflap.MODULE, applied.op_id, super().revert_command(applied) or ())
 
 
 def _is_helper(host: Host, pid: int, op_id: str) -> bool:

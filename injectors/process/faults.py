@@ -587,7 +587,8 @@ class SlowInjector(_ProcessFault):
         _release(ctx, host, state.targets, applied)
 
     def revert_command(self, applied: Applied) -> list[str] | None:
-        return _continue_command(applied)
+        """Stop the duty cycle's helper (it would stop its targets again at its next phase), then continue them."""
+        return detached.stop_then(dutycycle.MODULE, applied.op_id, _continue_command(applied) or ())
 
 
 INJECTORS = (KillInjector, FreezeInjector, SlowInjector)

@@ -44,19 +44,22 @@ def _hierarchy() -> node.Hierarchy | None:
         return find_hierarchy(handle.read(), lambda p: Path(p).read_text() if os.path.exists(p) else None)
 
 
-def _chaos_cgroups() -> list[str]:
-    found = _hierarchy()
-    if found is None:
-        return []
-    return sorted(entry for entry in os.listdir(found.mount) if entry.startswith("chaos-"))
-
-
 @pytest.fixture(autouse=True)
 def _no_leftover_cgroups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every cgroup a throttle of this test made is gone at its end. Only this test's own (recorded at prepare):
+    other test workers throttle on this machine at the same time, and their cgroups are theirs to judge."""
     monkeypatch.setenv("MLCHAOS_STATE_DIR", str(tmp_path))
-    before = set(_chaos_cgroups())
+    made: list[str] = []
+    prepare = CpuThrottleInjector.prepare
+
+    def recording(self: CpuThrottleInjector, ctx: InjectionContext, op: FaultOp) -> Applied:
+        applied = prepare(self, ctx, op)
+        made.append(str(applied.state["cgroup"]))
+        return applied
+
+    monkeypatch.setattr(CpuThrottleInjector, "prepare", recording)
     yield
-    left = [name for name in _chaos_cgroups() if name not in before]
+    left = [path for path in made if os.path.isdir(path)]
     assert not left, f"chaos- cgroups left behind: {left}"
 
 
