@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import BaseModel
 from rich.markup import escape
 from rich.table import Table
 
 from chaos import __version__
+from chaos.cli import registry_tables
 from chaos.cli.console import stderr_console, stdout_console, widen_help
 from chaos.cli.ettr import register as register_ettr
 from chaos.cli.gameday import register as register_gameday
@@ -31,7 +31,6 @@ from chaos.cluster.base import Transport
 from chaos.cluster.hosts import parse_node_selector
 from chaos.cluster.local import LocalTransport
 from chaos.plan.build import make_plan
-from chaos.plugins import registry
 from chaos.report.html import REPORT_HTML
 from chaos.report.restarts import restarts_row_of
 from chaos.run.orchestrator import RunOptions, execute
@@ -135,28 +134,23 @@ def schema() -> None:
     sys.stdout.write(json.dumps(json_schema(), indent=2) + "\n")
 
 
-def _params_text(model: type[BaseModel]) -> str:
-    parts = []
-    for name, field in model.model_fields.items():
-        default = "" if field.is_required() else f"={field.get_default(call_default_factory=True)!r}"
-        parts.append(f"{name}{default}")
-    return ", ".join(parts) or "-"
-
-
 @app.command("list")
-def list_plugins() -> None:
+def list_plugins(
+    markdown: Annotated[bool, typer.Option("--markdown", help="print markdown tables (as docs/ shows them)")] = False,
+) -> None:
     """Show every injector and check with its parameters."""
-    injectors = {name: (cls.summary, cls.Params) for name, cls in registry.injectors().items()}
-    checks = {name: (spec.summary, spec.Params) for name, spec in registry.checks().items()}
-    for title, what, plugins in (
-        ("injectors (faults: type)", "what it does", injectors),
-        ("checks (checks: type)", "what it asserts", checks),
+    for title, (header, rows) in (
+        ("injectors (faults: type)", registry_tables.injector_rows()),
+        ("checks (checks: type)", registry_tables.check_rows()),
     ):
+        if markdown:
+            sys.stdout.write(f"## {title}\n\n{registry_tables.markdown(header, rows)}\n\n")
+            continue
         table = Table(title=title)
-        for column in ("type", what, "params"):
+        for column in header:
             table.add_column(column)
-        for name, (summary, params) in plugins.items():
-            table.add_row(name, escape(summary), escape(_params_text(params)))
+        for row in rows:
+            table.add_row(*(escape(cell) for cell in row))
         console.print(table)
 
 
