@@ -84,6 +84,7 @@ from torch import nn
 from torch._C._distributed_c10d import GradBucket
 
 from chaos import events
+from chaos.event_kinds import FAULT_APPLIED, FAULT_FAILED, FAULT_HEALED, TARGET_STEP_SKIPPED, Site
 from chaos.guards import digest_carrier
 from chaos.guards import torchft as ft
 from chaos.guards.anomaly import GradAnomalyGuard
@@ -92,7 +93,7 @@ from chaos.guards.consistency import DEFAULT_EVERY, ConsistencyGuard
 from chaos.guards.settings import Guards
 from chaos.injob import flight_recorder, fsdp
 from chaos.injob.attach_rules import refuse_misuse
-from chaos.injob.fault_specs import BitFlipSpec, GradCorruptSpec, Site
+from chaos.injob.fault_specs import BitFlipSpec, GradCorruptSpec
 from chaos.injob.grad_faults import corrupt_bucket
 from chaos.injob.hang_faults import HANG_FAULTS, SKIP, HangFaults
 from chaos.injob.loop_hooks import LoopCalls, LoopHooks, hook_names
@@ -282,7 +283,7 @@ class Agent(ProgressCalls):
 
     def _applied(self, op: InJobOp, description: str, **extra: JsonValue) -> None:
         self.emit(
-            "fault.applied",
+            FAULT_APPLIED,
             rank=self.rank,
             fault=op.fault,
             op=op.op_id,
@@ -355,7 +356,7 @@ class Agent(ProgressCalls):
                 indices=list(record.indices[:16]),
             )
             # Transient by nature: the corrupted bucket is consumed by this reduction. Nothing to restore later.
-            self.emit("fault.healed", rank=self.rank, fault=fault.op.fault, op=fault.op.op_id, injector="grad_corrupt")
+            self.emit(FAULT_HEALED, rank=self.rank, fault=fault.op.fault, op=fault.op.op_id, injector="grad_corrupt")
 
     # -- the loop hooks ---------------------------------------------------------------------------------
     def _take_over(self) -> None:
@@ -433,7 +434,7 @@ class Agent(ProgressCalls):
         if state is not None and state.consume_skip():
             self._skip = True
         if self._skip:
-            self.emit("target.step_skipped", rank=self.rank, step=self.step)
+            self.emit(TARGET_STEP_SKIPPED, rank=self.rank, step=self.step)
         return not self._skip
 
     def _end_step(self) -> None:
@@ -480,7 +481,7 @@ class Agent(ProgressCalls):
                 # e.g. no gradient or optimizer state yet: say so, and leave nothing half-applied.
                 armed.heal()
                 self._armed.pop(op.op_id, None)
-                self.emit("fault.failed", rank=self.rank, fault=op.fault, op=op.op_id, injector=op.injector, error=str(exc))
+                self.emit(FAULT_FAILED, rank=self.rank, fault=op.fault, op=op.op_id, injector=op.injector, error=str(exc))
                 continue
             if first:
                 self._armed[op.op_id] = armed
@@ -504,7 +505,7 @@ class Agent(ProgressCalls):
                 "kept": list(healing.kept[:16]),
             }
         self.emit(
-            "fault.healed", rank=self.rank, fault=op.fault, op=op_id, injector=op.injector, step=self.step, **extra
+            FAULT_HEALED, rank=self.rank, fault=op.fault, op=op_id, injector=op.injector, step=self.step, **extra
         )
 
 

@@ -6,7 +6,3 @@ injector follows :class:`chaos.plugins.injector.Injector`: ``prepare`` changes n
 needs, ``heal`` is idempotent and safe after a crash, and anything that must outlive the harness (a duty
 cycle) runs as a detached helper that ends by itself and always leaves the target as it found it.
 """
-
-from chaos import with_moved
-
-with_moved(__path__)  # pre-0.2 paths (injectors.netfilter, ...): stubs in _moved/ (chaos.MOVED_MODULES)

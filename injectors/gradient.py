@@ -18,7 +18,8 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from chaos.injob.fault_specs import BitClass, Kind, Magnitude, Site
+from chaos.event_kinds import Site
+from chaos.injob.fault_specs import BitClass, Kind, Magnitude
 from chaos.plugins.injector import InJobInjector
 from injectors.tensor import BitIndex
 

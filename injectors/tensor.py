@@ -41,8 +41,8 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from chaos.event_kinds import TensorPhase as Phase
 from chaos.injob.fault_specs import DEFAULT_PHASE, BitClass, Kind, Persistence, Where
-from chaos.injob.fault_specs import TensorPhase as Phase
 from chaos.plugins.injector import InJobInjector
 
 # A bit index of the widest dtype (float64): refused at validate when no tensor could have it; the tensor's own

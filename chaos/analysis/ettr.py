@@ -32,9 +32,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from chaos import event_kinds as kinds  # the event kinds goodput is read from
 from chaos.checks._evidence import attempt_of, events_of, fmt_seconds, seconds, step_events, step_of
 from chaos.checks.lineage import committed_lineage  # the lineage exactly_once judges; one definition
-from chaos.history import timeline as kinds  # the event kinds goodput is read from
 from chaos.history.timeline import Event, History
 from chaos.spec.units import format_duration
 

@@ -46,9 +46,10 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
+from chaos.event_kinds import Site
 from chaos.guards._dist import Report, run_group
 from chaos.guards.anomaly import GradAnomalyGuard
-from chaos.guards.checksum import SITES, ChecksumConfig, ChecksumState, Site, checksummed_all_reduce
+from chaos.guards.checksum import SITES, ChecksumConfig, ChecksumState, checksummed_all_reduce
 from chaos.injob.bitflip import Flip, bit_class, bit_layout, bits_in_class, flip_bits
 
 DETECTORS = ("none", "anomaly", "checksum", "global")

@@ -5,7 +5,3 @@ Each module registers its checks with :func:`chaos.checks.base.register_check` o
 talks to the target and never passes vacuously: when the fault it judges never fired, or the events it
 needs are missing, it returns ``unknown`` and names what was missing.
 """
-
-from chaos import with_moved
-
-with_moved(__path__)  # pre-0.2 submodule paths: stubs in _moved/ (chaos.MOVED_MODULES)

@@ -14,16 +14,8 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
-from chaos.history.timeline import (
-    FAULT_APPLIED,
-    FAULT_FAILED,
-    FAULT_HEALED,
-    FAULT_NOT_FIRED,
-    TARGET_START,
-    TARGET_STEP,
-    Event,
-    History,
-)
+from chaos.event_kinds import FAULT_APPLIED, FAULT_FAILED, FAULT_HEALED, FAULT_NOT_FIRED, TARGET_START, TARGET_STEP
+from chaos.history.timeline import Event, History
 from chaos.spec.serving import REPLICA_RANKS, ServingTarget
 
 P = TypeVar("P", bound=BaseModel)

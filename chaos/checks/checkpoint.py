@@ -24,12 +24,12 @@ from pydantic import BaseModel, Field
 
 from chaos.checks._evidence import capped, cite, events_of, label, narrow, step_events, step_of
 from chaos.checks.base import CheckParams, CheckResult, register_check
-from chaos.history.timeline import TARGET_CHECKPOINT, TARGET_RESUME, TARGET_START, Event, History
+from chaos.event_kinds import FAULT_CHECKPOINT, TARGET_CHECKPOINT, TARGET_RESUME, TARGET_START
+from chaos.history.timeline import Event, History
 
 if TYPE_CHECKING:
     from chaos.spec.scenario import Scenario
 
-FAULT_CHECKPOINT = "fault.checkpoint"
 CHECK_VERIFIED = "resumed_from_verified_checkpoint"
 CHECK_FELL_BACK = "fell_back_to"
 

@@ -30,14 +30,14 @@ from chaos.checks._evidence import (
 )
 from chaos.checks.base import CheckParams, CheckResult, register_check
 from chaos.checks.lineage import final_digests
-from chaos.history.timeline import FAULT_APPLIED, Event, History
+from chaos.event_kinds import DETECT_DIVERGENCE as DIVERGENCE
+from chaos.event_kinds import DETECT_NONFINITE as NONFINITE
+from chaos.event_kinds import FAULT_APPLIED
+from chaos.event_kinds import GUARD_CONSISTENCY as GUARD_RAN
+from chaos.history.timeline import Event, History
 
 if TYPE_CHECKING:
     from chaos.spec.scenario import Scenario
-
-GUARD_RAN = "guard.consistency"
-DIVERGENCE = "detect.divergence"
-NONFINITE = "detect.nonfinite"
 
 
 class RanksAgreeParams(CheckParams):

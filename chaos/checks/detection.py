@@ -53,6 +53,7 @@ from pydantic import BaseModel, Field, model_validator
 from chaos.checks import _evidence as ev
 from chaos.checks.base import CheckResult, register_check
 from chaos.checks.latency import FaultBound, Latencies, judge_latency, latency_verdict
+from chaos.event_kinds import DETECT_PEER_LOST, TARGET_STEP
 from chaos.history.timeline import Event, History
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ if TYPE_CHECKING:
 
 CHECK_DETECTED_WITHIN = "detected_within"
 DEFAULT_KINDS = "detect.*"
-GROUP_KINDS = ("detect.collective_*", "detect.peer_lost")
+GROUP_KINDS = ("detect.collective_*", DETECT_PEER_LOST)
 """Detection kinds raised for the whole process group (see the module docstring)."""
 IGNORED_SHOWN = 3  # detections cited per op that were not evidence about it
 
@@ -212,7 +213,7 @@ def detected_within(history: History, params: BaseModel, scenario: Scenario) -> 
         return verdict(status="unknown", reason=ev.missing_fault_reason(history, p.fault))
 
     matching = ev.events_of(history, p.kinds)
-    steps = ev.events_of(history, "target.step")
+    steps = ev.events_of(history, TARGET_STEP)
     ranked = ranked_job(history)
     found = Latencies()
     undetected: list[tuple[Event, str, list[tuple[Event, str]]]] = []

@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 
 from chaos.checks import _evidence as ev
 from chaos.checks.base import CheckParams, CheckResult, Status, register_check
+from chaos.event_kinds import DETECT_HANG
 from chaos.history.timeline import Event, History
 from chaos.spec.units import Duration
 
@@ -30,7 +31,6 @@ if TYPE_CHECKING:
     from chaos.spec.scenario import Scenario
 
 CHECK_CULPRIT_NAMED = "culprit_named"
-DETECT_HANG = "detect.hang"  # chaos.run.hang_watch.DETECT_HANG (checks sit below run in the layering)
 
 
 class CulpritNamedParams(CheckParams):

@@ -25,7 +25,8 @@ from chaos.checks._evidence import (
     step_of,
 )
 from chaos.checks.base import CheckParams, CheckResult, register_check
-from chaos.history.timeline import RUNNER_GOLDEN, TARGET_CHECKPOINT, TARGET_DIGEST, TARGET_RESUME, Event, History
+from chaos.event_kinds import RUNNER_GOLDEN, TARGET_CHECKPOINT, TARGET_DIGEST, TARGET_RESUME
+from chaos.history.timeline import Event, History
 
 if TYPE_CHECKING:
     from chaos.spec.scenario import Scenario

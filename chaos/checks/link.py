@@ -36,7 +36,8 @@ from pydantic import BaseModel, Field
 
 from chaos.checks import _evidence as ev
 from chaos.checks.base import CheckParams, CheckResult, register_check
-from chaos.history.timeline import TARGET_EXIT, TARGET_RESTART, Event, History
+from chaos.event_kinds import DETECT_LINK, RUNNER_LINK_PROBE, TARGET_EXIT, TARGET_RESTART
+from chaos.history.timeline import Event, History
 from chaos.spec.units import Duration
 
 if TYPE_CHECKING:
@@ -44,8 +45,6 @@ if TYPE_CHECKING:
 
 CHECK_LINK_NAMED = "link_named"
 CHECK_STALLED = "stalled_during"
-DETECT_LINK = "detect.link"  # the link probe's kinds (chaos.run.link_probe), repeated to keep checks below run/
-RUNNER_LINK_PROBE = "runner.link_probe"
 HEAL_SLACK_NS = 1_000_000_000
 """``stalled_during`` stops looking this long before ``fault.healed``: the heal takes effect when the host's rule
 goes, which is before the heal command (an SSH round trip) returns and the runner records the event."""

@@ -26,14 +26,13 @@ from pydantic import BaseModel
 
 from chaos.checks._evidence import cite, events_of, fmt_offset, fmt_seconds, narrow, seconds, step_events
 from chaos.checks.base import CheckParams, CheckResult, register_check
-from chaos.history.timeline import TARGET_EXIT, TARGET_START, TARGET_WORKER, Event, History
+from chaos.event_kinds import RUNNER_END, RUNNER_NO_PROGRESS, TARGET_EXIT, TARGET_START, TARGET_WORKER
+from chaos.history.timeline import Event, History
 
 if TYPE_CHECKING:
     from chaos.spec.scenario import Scenario
 
 CHECK_PROGRESS = "progress"
-RUNNER_NO_PROGRESS = "runner.no_progress"
-RUNNER_END = "runner.end"
 GAP_SLACK_S = 2.0
 """Tolerance on a gap between steps: the runner times the ARRIVAL of events (tailed every 50 ms, with a
 per-host clock offset on a multi-node run), the history their own timestamps, so a gap the watch accepted can

@@ -31,15 +31,8 @@ from chaos.checks._evidence import (
 )
 from chaos.checks.base import CheckParams, CheckResult, Status, register_check
 from chaos.checks.latency import FaultBound, Latencies, judge_latency, latency_verdict
-from chaos.history.timeline import (
-    FAULT_APPLIED,
-    TARGET_EXIT,
-    TARGET_RESTART,
-    TARGET_RESUME,
-    TARGET_START,
-    Event,
-    History,
-)
+from chaos.event_kinds import FAULT_APPLIED, RUNNER_STOP, TARGET_EXIT, TARGET_RESTART, TARGET_RESUME, TARGET_START
+from chaos.history.timeline import Event, History
 
 if TYPE_CHECKING:
     from chaos.spec.scenario import Scenario
@@ -246,11 +239,6 @@ def lost_work_at_most(history: History, params: BaseModel, scenario: Scenario) -
 
 class CompletesParams(CheckParams):
     """``completes`` takes no parameters."""
-
-
-RUNNER_STOP = "runner.stop"
-"""The harness stopped a job that was still running (data ``reason``: what ended the run, e.g. max_duration, no
-progress, an operator's abort, an interrupt), recorded just before the job is signalled."""
 
 
 @register_check(

@@ -43,7 +43,9 @@ from chaos.checks._evidence import (
 )
 from chaos.checks.base import CheckParams, CheckResult, register_check
 from chaos.checks.latency import FaultBound, Latencies, judge_latency, latency_verdict
-from chaos.history.timeline import TARGET_DIGEST, TARGET_STEP, Event, History
+from chaos.event_kinds import TARGET_DIGEST, TARGET_STEP
+from chaos.event_kinds import TARGET_ROLE_EXIT as ROLE_EXIT
+from chaos.history.timeline import Event, History
 from chaos.spec.units import Duration
 
 if TYPE_CHECKING:
@@ -52,7 +54,6 @@ if TYPE_CHECKING:
 CHECK_SURVIVORS_PROGRESS = "survivors_progress"
 CHECK_REJOINED_WITHIN = "rejoined_within"
 CHECK_REPLICAS_AGREE = "replicas_agree"
-ROLE_EXIT = "target.role_exit"  # chaos.targets.roles.ROLE_EXIT (checks sit below targets in the layering)
 
 
 def commits(history: History) -> dict[str, list[Event]]:

@@ -29,13 +29,14 @@ from pydantic import BaseModel, Field
 
 from chaos.checks._evidence import capped, cite, events_of, host_of, narrow
 from chaos.checks.base import CheckParams, CheckResult, register_check
-from chaos.history.timeline import TARGET_AGENT_RESTART, TARGET_RESTART, TARGET_START, TARGET_WORKER, Event, History
+from chaos.event_kinds import TARGET_AGENT_RESTART, TARGET_RESTART, TARGET_START, TARGET_WORKER
+from chaos.event_kinds import TARGET_ROLE_START as ROLE_START
+from chaos.history.timeline import Event, History
 
 if TYPE_CHECKING:
     from chaos.spec.scenario import Scenario
 
 CHECK_RESTARTS = "restarts_at_most"
-ROLE_START = "target.role_start"  # chaos.targets.roles.ROLE_START (checks sit below targets in the layering)
 EVIDENCE_KINDS = (TARGET_WORKER, TARGET_RESTART, TARGET_AGENT_RESTART, TARGET_START, ROLE_START)
 
 

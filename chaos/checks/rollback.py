@@ -36,13 +36,13 @@ from chaos.checks._evidence import (
     step_of,
 )
 from chaos.checks.base import CheckParams, CheckResult, register_check
-from chaos.history.timeline import FAULT_APPLIED, TARGET_RESUME, TARGET_STEP, Event, History
+from chaos.event_kinds import DETECT_DIVERGENCE, FAULT_APPLIED, TARGET_RESUME, TARGET_ROLLBACK, TARGET_STEP
+from chaos.history.timeline import Event, History
 
 if TYPE_CHECKING:
     from chaos.spec.scenario import Scenario
 
 CHECK = "rolled_back_before_corruption"
-TARGET_ROLLBACK = "target.rollback"
 
 
 class RolledBackParams(CheckParams):
@@ -52,7 +52,7 @@ class RolledBackParams(CheckParams):
         default=None, description="the corrupting fault (its first application is the corruption); null: the first "
         "fault applied in the run",
     )  # fmt: skip
-    event: str = Field(default="detect.divergence", description="glob of the detections a rollback must follow")
+    event: str = Field(default=DETECT_DIVERGENCE, description="glob of the detections a rollback must follow")
 
 
 def corruption_step(history: History, op: Event) -> int:

@@ -28,7 +28,8 @@ from chaos.checks._evidence import (
 )
 from chaos.checks.base import CheckParams, CheckResult, register_check
 from chaos.checks.lineage import MatchesGoldenParams, compare_with_golden, matches_golden
-from chaos.history.timeline import FAULT_APPLIED, RUNNER_GOLDEN, Event, History
+from chaos.event_kinds import DETECT_SDC, FAULT_APPLIED, RUNNER_GOLDEN
+from chaos.history.timeline import Event, History
 
 if TYPE_CHECKING:
     from chaos.spec.scenario import Scenario
@@ -40,7 +41,7 @@ class SdcDetectedParams(CheckParams):
 
     fault: str
     within_steps: int = Field(default=0, ge=0, description="0: detected in the injected step itself")
-    event: str = Field(default="detect.sdc", description="glob of detection events that count")
+    event: str = Field(default=DETECT_SDC, description="glob of detection events that count")
     culprit: bool = Field(default=True, description="the detection must name the corrupted rank")
     if_masked: Literal["unknown", "pass", "fail"] = Field(
         default="unknown",

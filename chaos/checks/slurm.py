@@ -45,13 +45,12 @@ from chaos.checks._evidence import (
 )
 from chaos.checks.base import CheckParams, CheckResult, register_check
 from chaos.checks.latency import FaultBound, Latencies, judge_latency, latency_verdict
-from chaos.history.timeline import FAULT_APPLIED, FAULT_HEALED, Event, History
+from chaos.event_kinds import FAULT_APPLIED, FAULT_HEALED, SLURM_JOB, SLURM_NODE
+from chaos.history.timeline import Event, History
 
 if TYPE_CHECKING:
     from chaos.spec.scenario import Scenario
 
-SLURM_JOB = "slurm.job"
-SLURM_NODE = "slurm.node"
 HEALTH_CHECK_PREFIX = "mlchaos-hc:"
 CHECK_DRAINED = "node_drained_within"
 CHECK_REQUEUED = "requeued_within"

@@ -40,7 +40,17 @@ from chaos.checks._evidence import (
     step_of,
 )
 from chaos.checks.base import CheckParams, CheckResult, register_check
-from chaos.history.timeline import TARGET_CHECKPOINT, TARGET_EXIT, TARGET_START, TARGET_STEP, Event, History
+from chaos.event_kinds import (
+    STORAGE_HIT,
+    TARGET_CHECKPOINT,
+    TARGET_CHECKPOINT_FAILED,
+    TARGET_CHECKPOINT_RETRY,
+    TARGET_EXIT,
+    TARGET_RESTORE,
+    TARGET_START,
+    TARGET_STEP,
+)
+from chaos.history.timeline import Event, History
 from chaos.spec.units import Duration
 
 if TYPE_CHECKING:
@@ -48,10 +58,6 @@ if TYPE_CHECKING:
 
 CHECK_STRAGGLER = "restore_straggler_named"
 CHECK_RETRIED = "retried_with_backoff"
-STORAGE_HIT = "storage.hit"  # injectors.storage.hits.STORAGE_HIT (checks do not import injectors)
-TARGET_RESTORE = "target.restore"
-TARGET_CHECKPOINT_RETRY = "target.checkpoint_retry"
-TARGET_CHECKPOINT_FAILED = "target.checkpoint_failed"
 
 BURST_S = 0.05
 """Errors the layer returned less than this apart belong to one attempt (one save touches several files)."""

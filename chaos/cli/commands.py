@@ -147,8 +147,8 @@ def list_plugins(
             sys.stdout.write(f"## {title}\n\n{registry_tables.markdown(header, rows)}\n\n")
             continue
         table = Table(title=title)
-        for column in header:
-            table.add_column(column)
+        for index, column in enumerate(header):
+            table.add_column(column, no_wrap=index == 0)  # a type name is what users copy: never broken
         for row in rows:
             table.add_row(*(escape(cell) for cell in row))
         console.print(table)

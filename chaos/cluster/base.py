@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Generic, Protocol, TypeVar, runtime_checkable
 
+from chaos.kernel.procfs import parse_stat
+
 _PR_SET_PDEATHSIG = 1
 
 
@@ -140,11 +142,8 @@ def read_host_file(transport: Transport, path: str) -> str | None:
 
 def pid_start_time(transport: Transport, pid: int) -> int | None:
     """The kernel start time of ``pid`` on the transport's host (to tell a pid from its reuse); None if gone."""
-    stat = read_host_file(transport, f"/proc/{pid}/stat")
-    if not stat or ")" not in stat:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[19]) if len(fields) > 19 else None
+    parsed = parse_stat(read_host_file(transport, f"/proc/{pid}/stat") or "")
+    return None if parsed is None else parsed.start_time
 
 
 def kill_if_same(

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from chaos.cluster.base import Completed, Spawner, TransportError, die_with_parent
+from chaos.kernel.procfs import read_stat
 
 
 class HereTransport(Spawner["subprocess.Popen[bytes]"]):
@@ -111,29 +112,16 @@ class LocalTransport(HereTransport):
             return None
 
 
-def _stat_after_comm(pid: int) -> str | None:
-    """``/proc/<pid>/stat`` from field 3 (state) on, or None when the process is gone.
-
-    The command name (field 2) may contain spaces and parentheses; the fields after the LAST ')' are fixed.
-    """
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
-            stat = handle.read()
-    except OSError:
-        return None
-    return stat[stat.rindex(")") + 2 :]
-
-
 def process_start_time(pid: int) -> int | None:
     """The kernel's start time of ``pid`` (clock ticks since boot), to tell a pid from its reuse; None if gone."""
-    rest = _stat_after_comm(pid)
-    return None if rest is None else int(rest.split()[19])
+    stat = read_stat(pid)
+    return None if stat is None else stat.start_time
 
 
 def process_state(pid: int) -> str | None:
     """One-letter state of ``pid`` (R, S, T for stopped, Z …), or None when it no longer exists."""
-    rest = _stat_after_comm(pid)
-    return None if rest is None else rest[0]
+    stat = read_stat(pid)
+    return None if stat is None else stat.state
 
 
 def signal_number(name: str | int) -> int:

@@ -32,23 +32,30 @@ from pathlib import Path
 from pydantic import BaseModel, ValidationError
 
 from chaos.cluster.hosts import LOCAL, HostsError, HostSet
-from chaos.history.timeline import (
+from chaos.event_kinds import (
     FAULT_APPLIED,
     FAULT_FAILED,
     FAULT_HEALED,
+    LOAD_REQUEST,
+    RUNNER_END,
+    RUNNER_ERROR,
+    RUNNER_INTERRUPTED,
+    RUNNER_NOTE,
+    RUNNER_OPERATOR,
+    RUNNER_REFUSED,
+    RUNNER_START,
     TARGET_START,
     TARGET_STEP,
-    Event,
-    EventFileTail,
 )
+from chaos.event_kinds import SERVING_REPLICA_START as REPLICA_START
+from chaos.history.timeline import Event, EventFileTail
+from chaos.kernel.procfs import read_stat
 from chaos.plan.build import Plan
 from chaos.run.control import Command, RunControl
 from chaos.run.orchestrator import RunOptions, execute
 from chaos.run.result import RunResult, RunStatus
 from chaos.spec.scenario import CommandTarget, FaultSpec, Scenario, TorchrunTarget
 
-LOAD_REQUEST = "load.request"
-REPLICA_START = "serving.replica_start"
 TYPED_PREFIX = "typed: "
 # Too frequent to be worth a line in "recent events"; they feed the step and request-rate fields instead.
 QUIET_KINDS = (LOAD_REQUEST, TARGET_STEP, "target.log*")
@@ -187,11 +194,10 @@ def _local_matches(pattern: str) -> list[str]:
     ancestors, pid = set(), os.getpid()
     while pid > 1 and pid not in ancestors:
         ancestors.add(pid)
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
+        stat = read_stat(pid)
+        if stat is None:
             break
-        pid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        pid = stat.ppid
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) in ancestors:
@@ -324,9 +330,9 @@ class GameState:
 
     def observe(self, event: Event) -> None:
         kind, data = event.kind, event.data
-        if kind == "runner.start":
+        if kind == RUNNER_START:
             self.started_ns = event.ts_ns
-        elif kind in ("runner.end", "runner.interrupted", "runner.refused", "runner.error"):
+        elif kind in (RUNNER_END, RUNNER_INTERRUPTED, RUNNER_REFUSED, RUNNER_ERROR):
             self.ended = self.ended or kind
         elif kind == TARGET_STEP:
             step = event.get_int("step")
@@ -383,9 +389,9 @@ def describe_event(event: Event, started_ns: int | None) -> tuple[str, str, str]
     """(``+seconds``, kind, short detail) of one event, for the recent-events table."""
     at = f"+{(event.ts_ns - started_ns) / 1e9:.1f}s" if started_ns is not None else ""
     data = event.data
-    if event.kind == "runner.note":
+    if event.kind == RUNNER_NOTE:
         detail = f"{data.get('author') or '?'}: {data.get('text')}"
-    elif event.kind == "runner.operator":
+    elif event.kind == RUNNER_OPERATOR:
         detail = f"{data.get('author') or '?'}: {data.get('command')} {data.get('text') or ''}".rstrip()
     elif event.kind.startswith("fault."):
         detail = f"{data.get('op')} {data.get('description') or data.get('error') or ''}".rstrip()
@@ -410,7 +416,7 @@ def find_run_dir(root: Path, scenario: str, before: set[Path], pid: int) -> Path
                 first = Event.model_validate_json(handle.readline())
         except (OSError, ValidationError):
             continue
-        if first.kind == "runner.start" and first.get_int("pid") == pid and first.get_str("scenario") == scenario:
+        if first.kind == RUNNER_START and first.get_int("pid") == pid and first.get_str("scenario") == scenario:
             return candidate
     return None
 

@@ -11,9 +11,9 @@ from typing import Literal, Protocol
 
 import torch
 
+from chaos.event_kinds import Site
 from chaos.guards.rounding import CARRIER_DTYPES, SUB_BLOCK, BlockLayout
 
-Site = Literal["local", "in_transit", "post_reduce"]
 Policy = Literal["retry", "skip", "raise"]
 SITES: tuple[Site, ...] = ("local", "in_transit", "post_reduce")
 

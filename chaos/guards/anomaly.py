@@ -41,6 +41,7 @@ from torch._C._distributed_c10d import GradBucket  # the stub's home; torch.dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from chaos import events
+from chaos.event_kinds import DETECT_GRAD_ANOMALY
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ class GradAnomalyGuard:
         for anomaly in anomalies:
             if anomaly.rank == self.rank:
                 (self.emit or events.emit)(
-                    "detect.grad_anomaly",
+                    DETECT_GRAD_ANOMALY,
                     rank=self.rank,
                     detector="grad_anomaly",
                     reason=anomaly.reason,

@@ -69,7 +69,8 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import GradBucket  # the stub's home; torch.distributed re-exports it
 
-from chaos import events
+from chaos import event_kinds, events
+from chaos.event_kinds import Site
 from chaos.guards import _localize
 from chaos.guards._checksum_types import (
     SITES,
@@ -79,7 +80,6 @@ from chaos.guards._checksum_types import (
     Detection,
     Policy,
     SdcDetected,
-    Site,
 )
 from chaos.guards.rounding import (
     BlockLayout,
@@ -406,7 +406,7 @@ def _on_mismatch(job: _Job, attempt: int, action: str, bad: torch.Tensor, counts
     if detection.n_blocks:
         st.stats.mismatched_here += 1
         st._emit(
-            "detect.sdc",
+            event_kinds.DETECT_SDC,
             detector="checksum",
             bucket=job.bucket,
             blocks=list(own),

@@ -82,6 +82,7 @@ import torch.distributed as dist
 from torch import nn
 
 from chaos import events
+from chaos.event_kinds import DETECT_DIVERGENCE, DETECT_NONFINITE, GUARD_CONSISTENCY
 from chaos.guards.digest_carrier import DigestCarrier
 from chaos.guards.sum_batch import BatchResult, SumBatch
 
@@ -515,7 +516,7 @@ class ConsistencyGuard:
             return
         self._nonfinite_reported = True
         self.emit(
-            "detect.nonfinite",
+            DETECT_NONFINITE,
             rank=self._global[self.rank],
             detector=DETECTOR,
             step=step,
@@ -534,7 +535,7 @@ class ConsistencyGuard:
             return
         g = self._global
         self.emit(
-            "guard.consistency",
+            GUARD_CONSISTENCY,
             rank=g[self.rank],
             detector=DETECTOR,
             step=verdict.step,
@@ -548,7 +549,7 @@ class ConsistencyGuard:
         if onset:
             culprit = None if verdict.culprit is None else g[verdict.culprit]
             self.emit(
-                "detect.divergence",
+                DETECT_DIVERGENCE,
                 rank=g[self.rank] if culprit is None else culprit,
                 detector=DETECTOR,
                 reporter=g[self.rank],

@@ -58,6 +58,7 @@ import torch
 import torch.distributed as dist
 
 from chaos import events
+from chaos.event_kinds import DETECT_STRAGGLER
 
 DEFAULT_WINDOW = 5
 DEFAULT_RATIO = 2.0
@@ -239,7 +240,7 @@ class StragglerGuard:
         for detection in found:
             observed = detection.observed_ratio
             (self.emit or events.emit)(
-                "detect.straggler",
+                DETECT_STRAGGLER,
                 rank=detection.rank,  # the STRAGGLER, not the reporter
                 detector="straggler",
                 reporter=self.rank,

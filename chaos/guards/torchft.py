@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from chaos import events
+from chaos.event_kinds import DETECT_SDC
 from chaos.guards.checksum import ChecksumConfig, ChecksumStats, CorruptionHook, Detection, SdcDetected
 from chaos.guards.rounding import BlockLayout, abs_sum_bounds, block_sums, sums_and_lower_bounds, tolerance_coefficients
 
@@ -212,7 +213,7 @@ class TorchftReduction:
         self.stats.skipped_steps += 1
         self.detections.append(detection)
         self.emit(
-            "detect.sdc", rank=self.rank, detector="checksum", bucket=index, blocks=list(blocks), n_blocks=n_bad,
+            DETECT_SDC, rank=self.rank, detector="checksum", bucket=index, blocks=list(blocks), n_blocks=n_bad,
             step=self.step, site_hint="unknown", culprit_rank=None, ranks=[self.rank], attempt=0, action="report",
             participants=participants, via="torchft.Manager.report_error",
         )  # fmt: skip

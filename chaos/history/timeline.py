@@ -4,19 +4,8 @@ Everything the runner learns (faults applied and healed, steps, checkpoints, res
 becomes an :class:`Event` in one :class:`History`. Checks read only the history, never the target, so every
 check can be exercised offline on recorded or hand-made histories.
 
-Event kinds used across the project (``detect.*`` and ``runner.*`` are open families):
-
-- ``fault.applied`` / ``fault.healed`` / ``fault.failed``: data ``fault`` (name), ``op`` (plan op id), ``injector``
-- ``fault.overlap``: a fault applied on (``phase: apply``) or healed from (``phase: heal``) a process that other
-  faults (``with``: their op ids) also hold; ``pids``, and ``stays_stopped``: the pids its heal left stopped
-- ``target.start`` (a rank process started: ``pid``, ``attempt``), ``target.step`` (``step``, ``loss``,
-  ``samples``, ``attempt``), ``target.checkpoint`` (``step``, ``path``), ``target.resume`` (``step``),
-  ``target.restart``, ``target.exit`` (``code``), ``target.digest`` (``digest``, ``step``)
-- ``target.worker`` (a torchrun worker found in its launcher's process tree: ``pid``, ``local_rank``, ``host``,
-  ``restart`` …) and ``target.restart`` {``restart``, ``host``, ``cause``} from the same source
-  (:mod:`chaos.targets.rank_discovery`); ``target.agent_restart`` from the launcher's log
-- ``detect.<what>``: something noticed a fault (``detector``, ``message``), on ``rank`` when known
-- ``runner.*``: the harness's own milestones (``runner.start``, ``runner.golden``, ``runner.abort`` …)
+Every event kind, with its data keys, is declared once in :mod:`chaos.event_kinds`; the kinds this module
+declared before it are re-exported here, so ``from chaos.history.timeline import FAULT_APPLIED`` still works.
 """
 
 from __future__ import annotations
@@ -33,23 +22,24 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, JsonValue
 
-FAULT_APPLIED = "fault.applied"
-FAULT_HEALED = "fault.healed"
-FAULT_FAILED = "fault.failed"
-FAULT_OVERLAP = "fault.overlap"
-FAULT_NOT_FIRED = "fault.not_fired"  # an op still waiting for its trigger when the run ended: {fault, op, reason}
-FAULT_CLAIMED = "fault.claimed"  # a rank's agent will fire this at_step op itself, at the step's start: {fault, op}
-TARGET_START = "target.start"
-TARGET_STEP = "target.step"
-TARGET_CHECKPOINT = "target.checkpoint"
-TARGET_RESUME = "target.resume"
-TARGET_RESTART = "target.restart"
-TARGET_WORKER = "target.worker"  # a torchrun worker found in its launcher's process tree (rank, pid, restart)
-TARGET_AGENT_RESTART = "target.agent_restart"  # the torchrun launcher logged a worker group restart
-TARGET_EXIT = "target.exit"
-TARGET_DIGEST = "target.digest"
-TARGET_PORTS = "target.ports"  # the ports a target serves on, pinned or chosen free at start: {ports, chosen}
-RUNNER_GOLDEN = "runner.golden"
+from chaos.event_kinds import FAULT_APPLIED as FAULT_APPLIED
+from chaos.event_kinds import FAULT_CLAIMED as FAULT_CLAIMED
+from chaos.event_kinds import FAULT_FAILED as FAULT_FAILED
+from chaos.event_kinds import FAULT_HEALED as FAULT_HEALED
+from chaos.event_kinds import FAULT_NOT_FIRED as FAULT_NOT_FIRED
+from chaos.event_kinds import FAULT_OVERLAP as FAULT_OVERLAP
+from chaos.event_kinds import RUNNER_BAD_EVENT
+from chaos.event_kinds import RUNNER_GOLDEN as RUNNER_GOLDEN
+from chaos.event_kinds import TARGET_AGENT_RESTART as TARGET_AGENT_RESTART
+from chaos.event_kinds import TARGET_CHECKPOINT as TARGET_CHECKPOINT
+from chaos.event_kinds import TARGET_DIGEST as TARGET_DIGEST
+from chaos.event_kinds import TARGET_EXIT as TARGET_EXIT
+from chaos.event_kinds import TARGET_PORTS as TARGET_PORTS
+from chaos.event_kinds import TARGET_RESTART as TARGET_RESTART
+from chaos.event_kinds import TARGET_RESUME as TARGET_RESUME
+from chaos.event_kinds import TARGET_START as TARGET_START
+from chaos.event_kinds import TARGET_STEP as TARGET_STEP
+from chaos.event_kinds import TARGET_WORKER as TARGET_WORKER
 
 
 class Event(BaseModel):
@@ -204,7 +194,7 @@ def parse_event_line(line: bytes | str, source: str = "target") -> Event:
     except ValueError as exc:
         text = line.decode(errors="replace") if isinstance(line, bytes) else line
         return Event(
-            ts_ns=now_ns(), kind="runner.bad_event", data={"line": text[:500], "error": str(exc)[:300]}
+            ts_ns=now_ns(), kind=RUNNER_BAD_EVENT, data={"line": text[:500], "error": str(exc)[:300]}
         )
 
 

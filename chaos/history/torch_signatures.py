@@ -23,6 +23,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from chaos.event_kinds import (
+    DETECT_COLLECTIVE_ERROR,
+    DETECT_COLLECTIVE_TIMEOUT,
+    DETECT_OOM,
+    DETECT_PEER_LOST,
+    DETECT_WORKER_ERROR,
+    DETECT_WORKER_EXIT,
+    TARGET_AGENT_RESTART,
+)
 from chaos.history import torchft_signatures
 from chaos.history.timeline import Event, LineMatcher, LogMatcher
 
@@ -46,28 +55,28 @@ class Signature:
 SIGNATURES: tuple[Signature, ...] = (
     Signature(
         "gloo_timeout",
-        "detect.collective_timeout",
+        DETECT_COLLECTIVE_TIMEOUT,
         r"Timed out waiting (?P<timeout_ms>\d+)ms for (?P<op>\w+) operation",
         "gloo gave up on a collective at the process-group timeout (a peer is frozen, gone or cut off)",
         detector="gloo",
     ),
     Signature(
         "nccl_watchdog",
-        "detect.collective_timeout",
+        DETECT_COLLECTIVE_TIMEOUT,
         r"Watchdog caught collective operation timeout(?:.*?Timeout\(ms\)=(?P<timeout_ms>\d+))?",
         "NCCL's watchdog found a collective past the process-group timeout",
         detector="nccl",
     ),
     Signature(
         "nccl_error",
-        "detect.collective_error",
+        DETECT_COLLECTIVE_ERROR,
         r"NCCL (?:error|communicator was aborted)|ncclSystemError|ncclRemoteError|ncclInternalError",
         "NCCL reported a failed or aborted communicator",
         detector="nccl",
     ),
     Signature(
         "peer_lost",
-        "detect.peer_lost",
+        DETECT_PEER_LOST,
         r"^(?:\[rank\d+\]:|.*?gloo).*?(?:\[(?P<peer>[0-9a-fA-F.:]+)\]:\d+:? )?"
         r"(?:Connection (?:reset|closed) by peer|Broken pipe)",
         "a collective's connection to a peer broke: the peer died or was cut off (gloo, or a rank's traceback)",
@@ -75,26 +84,26 @@ SIGNATURES: tuple[Signature, ...] = (
     ),
     Signature(
         "connect_failed",
-        "detect.peer_lost",
+        DETECT_PEER_LOST,
         r"connectFullMesh failed|DistNetworkError|client socket has failed to connect|Socket Timeout",
         "the process group or its store could not (re)connect to its peers",
         detector="c10d",
     ),
     Signature(
         "out_of_memory",
-        "detect.oom",
+        DETECT_OOM,
         r"CUDA out of memory|OutOfMemoryError|DefaultCPUAllocator: can't allocate memory",
         "the rank ran out of GPU or host memory",
     ),
     Signature(
         "worker_error",
-        "detect.worker_error",
+        DETECT_WORKER_ERROR,
         r"^\[rank\d+\]:\s?(?P<error>(?:[A-Za-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Interrupt)\b.*)$",
         "the exception that ended a rank (the last line of its traceback, as torch prints it)",
     ),
     Signature(
         "torchrun_worker_failed",
-        "detect.worker_exit",
+        DETECT_WORKER_EXIT,
         r"failed \(exitcode: (?P<exitcode>-?\d+)\) local_rank: (?P<rank>\d+) \(pid: (?P<pid>\d+)\)",
         "torchrun's elastic agent saw a worker exit with an error",
         detector="torchrun",
@@ -102,7 +111,7 @@ SIGNATURES: tuple[Signature, ...] = (
     ),
     Signature(
         "torchrun_restart",
-        "target.agent_restart",
+        TARGET_AGENT_RESTART,
         r"Worker group (?P<state>FAILED|UNHEALTHY)\. (?P<attempts_left>\d+)/(?P<max_restarts>\d+) attempts left",
         "torchrun restarts its worker group",
         detector="torchrun",

@@ -28,10 +28,11 @@ import re
 
 from pydantic import JsonValue
 
+from chaos.event_kinds import DETECT_PEER_LOST
+from chaos.event_kinds import TARGET_TORCHFT_REPLICA as TORCHFT_REPLICA
 from chaos.history.timeline import Event
 
 NAME = "torchft_quorum"
-TORCHFT_REPLICA = "target.torchft_replica"
 _LISTENING = re.compile(r"\[Replica (?P<id>[^\]\s]+)\] Manager listening on")
 _QUORUM = re.compile(r"got lighthouse quorum .*?quorum_id: (?P<quorum>\d+), participants: \[(?P<members>.*)")
 _MEMBER = re.compile(r'replica_id: "(?P<id>[^"]+)"')
@@ -61,4 +62,4 @@ class TorchftQuorum:
         participants = sorted(member.split(":")[0] for member in members)
         data: dict[str, JsonValue] = {"lost": list(lost), "quorum_id": int(quorum["quorum"]), "participants": participants}
         data |= {"detector": "torchft", "signature": "torchft_quorum_lost"}
-        return Event(ts_ns=ts_ns, kind="detect.peer_lost", source="log", data=data)
+        return Event(ts_ns=ts_ns, kind=DETECT_PEER_LOST, source="log", data=data)

@@ -5,7 +5,7 @@ The harness validates a fault's params against its injector's pydantic model (``
 plan file; the agent, inside a training process that may have torch and nothing else, reads the already valid
 params into these. Same fields, same defaults, the same "phase follows where" default; unknown fields are
 refused. ``tests/unit/test_fault_specs.py`` holds the two views to each other. The literal types are defined
-here once and imported by the injector modules.
+here once (``Site`` and ``TensorPhase``: in :mod:`chaos.event_kinds`) and imported by the injector modules.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeVar
 
+from chaos.event_kinds import Site, TensorPhase
+
 BitClass = Literal["sign", "exponent", "mantissa"]
 Where = Literal["weights", "activations", "gradients", "optimizer_state"]
-TensorPhase = Literal["forward", "backward", "optimizer_step"]
 Kind = Literal["bitflip", "nan", "inf", "scale"]
 # latent: fires once and is never undone (a memory upset stays until the job itself overwrites the value: a
 # reload, a rollback); transient: fires once and is healed at the end of its step.
 Persistence = Literal["transient", "stuck", "intermittent", "latent"]
-Site = Literal["local", "in_transit", "post_reduce"]
 Magnitude = Literal["any", "rms"]
 
 # Where a tensor fault fires when ``phase`` is not given: the one point in the step where its tensor is live.

@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from chaos.kernel.procfs import read_stat
+
 ENV_FLIGHT_DIR = "CHAOS_FLIGHT_DIR"
 MAGIC = b"MLCFLT01"
 VERSION = 1
@@ -264,12 +266,8 @@ def parse_state(data: bytes) -> FlightState | None:
 
 
 def _start_time(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
-            stat = handle.read()
-        return int(stat[stat.rindex(")") + 2 :].split()[19])
-    except (OSError, ValueError, IndexError):
-        return 0
+    stat = read_stat(pid)
+    return 0 if stat is None else stat.start_time
 
 
 # --- wrapping torch.distributed -----------------------------------------------------------------------------

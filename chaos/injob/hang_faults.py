@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
+from chaos.event_kinds import FAULT_APPLIED, FAULT_HEALED
 from chaos.injob.flight_recorder import Recorder
 from chaos.plan.agent_plan import InJobOp
 
@@ -84,7 +85,7 @@ class HangFaults:
             return
         self._mark_fired(op)
         self._emit(
-            "fault.applied", rank=self._rank, fault=op.fault, op=op.op_id, injector=SKIP,
+            FAULT_APPLIED, rank=self._rank, fault=op.fault, op=op.op_id, injector=SKIP,
             description=f"rank {self._rank} skipped collective {index} ({op_name}) of step {step}",
             step=step, index=index, collective=op_name,
         )  # fmt: skip
@@ -99,7 +100,7 @@ class HangFaults:
             self._mark_fired(op)
             seconds = float(op.duration_s or 0.0)
             common = {"fault": op.fault, "op": op.op_id, "injector": SPIN}
-            self._emit("fault.applied", rank=self._rank, step=step, phase=phase, duration_s=seconds,
+            self._emit(FAULT_APPLIED, rank=self._rank, step=step, phase=phase, duration_s=seconds,
                        description=f"rank {self._rank} spins in a Python loop for {seconds:g}s at step {step}, "
                        f"phase {phase}", **common)  # fmt: skip
             began = time.monotonic()
@@ -107,7 +108,7 @@ class HangFaults:
             spins = 0
             while time.monotonic() < end:  # a Python loop: holds the GIL, burns CPU, never reaches a collective
                 spins += 1
-            self._emit("fault.healed", rank=self._rank, spun_s=round(time.monotonic() - began, 3), **common)
+            self._emit(FAULT_HEALED, rank=self._rank, spun_s=round(time.monotonic() - began, 3), **common)
 
 
 __all__ = ["HANG_FAULTS", "SKIP", "SPIN", "SPIN_PHASES", "HangFaults"]

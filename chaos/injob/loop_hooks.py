@@ -49,6 +49,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from chaos.event_kinds import DETECT_COLLECTIVE_ERROR, DETECT_COLLECTIVE_TIMEOUT, DETECT_OOM, DETECT_PEER_LOST
+from chaos.event_kinds import TARGET_STEP_SOURCE as STEP_SOURCE
+
 Emit = Callable[..., None]
 HOOKS = ("forward", "optimizer", "commit", "atexit", "excepthook")
 """The one-line tier's hooks (:mod:`chaos.injob.loop_hooks`): a forward pre-hook that begins a step; the
@@ -66,7 +69,6 @@ def hook_names(hooks: bool | Collection[str]) -> frozenset[str]:
         raise ValueError(f"hooks={sorted(hooks)!r}: unknown {', '.join(unknown)} (choose from {', '.join(HOOKS)})")
     return frozenset(hooks)
 
-STEP_SOURCE = "target.step_source"
 
 _TIMEOUT = re.compile(r"timed out|timeout", re.IGNORECASE)
 _PEER_LOST = re.compile(
@@ -80,15 +82,15 @@ def collective_failure(exc: BaseException) -> str | None:
     failure (a bug in the script is the job's error, not a detection)."""
     text = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text.lower():
-        return "detect.oom"
+        return DETECT_OOM
     distributed = isinstance(exc, dist.DistError) or bool(_COLLECTIVE.search(text))
     if not distributed:
         return None
     if _PEER_LOST.search(text):
-        return "detect.peer_lost"
+        return DETECT_PEER_LOST
     if _TIMEOUT.search(text):
-        return "detect.collective_timeout"
-    return "detect.collective_error"
+        return DETECT_COLLECTIVE_TIMEOUT
+    return DETECT_COLLECTIVE_ERROR
 
 
 def optimizer_count(optimizer: torch.optim.Optimizer) -> int | None:

@@ -37,6 +37,8 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
+from chaos.event_kinds import FAULT_APPLIED, FAULT_CLAIMED, FAULT_HEALED
+from chaos.kernel.procfs import read_stat
 from chaos.plan.agent_plan import InJobOp, JsonValue
 
 # The faults the agent can fire on its own process, and the phase points it calls (see the module docstring).
@@ -105,7 +107,7 @@ class PhaseFaults:
         self._done: set[str] = set()
         for op in self._ops:
             if op.claimable and not already_fired(op):
-                emit("fault.claimed", rank=rank, fault=op.fault, op=op.op_id, at_step=op.at_step)
+                emit(FAULT_CLAIMED, rank=rank, fault=op.fault, op=op.op_id, at_step=op.at_step)
         for op in planned:
             if op.injector not in PROCESS_FAULTS:
                 raise ValueError(
@@ -163,7 +165,7 @@ class PhaseFaults:
         pid = os.getpid()
         at = _point(phase, where)
         self._emit(
-            "fault.applied",
+            FAULT_APPLIED,
             rank=self._rank,
             fault=op.fault,
             op=op.op_id,
@@ -186,7 +188,7 @@ class PhaseFaults:
         at = _point(phase, where)
         description = f"SIGSTOP rank {self._rank} (pid {pid}) by its own agent at step {step}, {at}, for {seconds:g}s"
         common: dict[str, JsonValue] = {"fault": op.fault, "op": op.op_id, "injector": op.injector, "pid": pid}
-        self._emit("fault.applied", rank=self._rank, description=description, step=step, phase=phase,
+        self._emit(FAULT_APPLIED, rank=self._rank, description=description, step=step, phase=phase,
                    duration_s=seconds, **common, **where)  # fmt: skip
         subprocess.Popen(  # the thaw first: nothing could start it once this process is stopped
             [sys.executable, "-c", THAW, repr(seconds), str(pid), start],
@@ -198,7 +200,7 @@ class PhaseFaults:
         )
         stopped = time.monotonic()
         os.kill(pid, signal.SIGSTOP)  # every thread of the process, until the thaw (or anyone) continues it
-        self._emit("fault.healed", rank=self._rank, frozen_s=round(time.monotonic() - stopped, 3), **common)
+        self._emit(FAULT_HEALED, rank=self._rank, frozen_s=round(time.monotonic() - stopped, 3), **common)
 
 
 def _signal(raw: JsonValue) -> signal.Signals:
@@ -217,9 +219,10 @@ def _point(phase: str, where: dict[str, JsonValue]) -> str:
 
 def _start_time(pid: int) -> str:
     """The kernel start time of ``pid`` (field 22 of /proc/PID/stat), which tells it from a later reuse."""
-    with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
-        stat = handle.read()
-    return stat[stat.rindex(")") + 2 :].split()[19]
+    stat = read_stat(pid)
+    if stat is None:
+        raise ProcessLookupError(pid)
+    return str(stat.start_time)
 
 
 __all__ = ["IN_FLIGHT", "PHASES", "PROCESS_FAULTS", "THAW", "PhaseFaults"]

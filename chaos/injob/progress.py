@@ -60,13 +60,9 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset
 
 from chaos import events
+from chaos.event_kinds import TARGET_CHECKPOINT, TARGET_DIGEST, TARGET_RESUME, TARGET_START, TARGET_STEP
 from chaos.injob.bitflip import tensor_bytes
 
-TARGET_START = "target.start"
-TARGET_STEP = "target.step"
-TARGET_CHECKPOINT = "target.checkpoint"
-TARGET_RESUME = "target.resume"
-TARGET_DIGEST = "target.digest"
 REPORTS = (TARGET_START, TARGET_STEP, TARGET_CHECKPOINT, TARGET_RESUME, TARGET_DIGEST)
 """The event kinds the agent reports by itself (each can be left to the job: ``job_emits``)."""
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from chaos.event_kinds import FAULT_TENSOR
 from chaos.injob.bitflip import (
     SUPPORTED,
     Flip,
@@ -259,7 +260,7 @@ class ArmedFault:
         self.records.append(TensorChange(self.params.where, self.target, step, record))
         if self._emit is not None:
             self._emit(
-                "fault.tensor",
+                FAULT_TENSOR,
                 rank=self._rank,
                 step=step,
                 where=self.params.where,

@@ -84,7 +84,3 @@ __all__ = [
     "summarize",
     "windows",
 ]
-
-from chaos import with_moved
-
-with_moved(__path__)  # pre-0.2 submodule paths: stubs in _moved/ (chaos.MOVED_MODULES)

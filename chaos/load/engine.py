@@ -26,9 +26,10 @@ from typing import Any
 
 from pydantic import JsonValue
 
+from chaos.event_kinds import LOAD_END, LOAD_REQUEST, LOAD_START
 from chaos.history.timeline import Event
 from chaos.load.codec import Codec
-from chaos.spec.load import LOAD_END, LOAD_REQUEST, LOAD_START, LoadSpec, priority_sequence, schedule
+from chaos.spec.load import LoadSpec, priority_sequence, schedule
 
 __all__ = ["LOAD_END", "LOAD_REQUEST", "LOAD_START", "LoadEngine"]
 

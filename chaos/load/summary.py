@@ -18,8 +18,8 @@ from collections.abc import Iterable, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
+from chaos.event_kinds import LOAD_END, LOAD_REQUEST, LOAD_START
 from chaos.history.timeline import Event
-from chaos.spec.load import LOAD_END, LOAD_REQUEST, LOAD_START
 
 
 def run_bounds(events: Iterable[Event], *, source: str | None = None) -> tuple[int, int] | None:

@@ -27,7 +27,18 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from chaos.checks.base import CheckResult
-from chaos.history.timeline import FAULT_APPLIED, FAULT_FAILED, FAULT_HEALED, FAULT_OVERLAP, Event, History
+from chaos.event_kinds import (
+    FAULT_APPLIED,
+    FAULT_FAILED,
+    FAULT_HEALED,
+    FAULT_OVERLAP,
+    LOAD_REQUEST,
+    RUNNER_END,
+    RUNNER_NOTE,
+    RUNNER_OPERATOR,
+    RUNNER_START,
+)
+from chaos.history.timeline import Event, History
 from chaos.plan.build import PlannedOp
 from chaos.report.restarts import RestartsRow, restarts_row_of_document
 from chaos.report.timeline import POST_RUN, origin_of, plot_run_timeline
@@ -49,7 +60,7 @@ LINKED_FILES = (
 )
 """Files of the run folder the report links to (relative links) when they exist."""
 
-_OPERATOR_KINDS = ("runner.operator", "runner.note")
+_OPERATOR_KINDS = (RUNNER_OPERATOR, RUNNER_NOTE)
 _STYLE = """
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:1.5em auto;max-width:1300px;padding:0 1em;color:#212121}
 h1{margin-bottom:.2em}h2{margin-top:1.6em;border-bottom:1px solid #e0e0e0;padding-bottom:.2em}
@@ -178,8 +189,8 @@ def _compact(value: object, limit: int = DATA_CHARS) -> str:
 
 def _duration(events: Sequence[Event]) -> float | None:
     """runner.start → runner.end when both were recorded, else first → last event of the run itself."""
-    start = next((e.ts_ns for e in events if e.kind == "runner.start"), None)
-    end = next((e.ts_ns for e in reversed(events) if e.kind == "runner.end"), None)
+    start = next((e.ts_ns for e in events if e.kind == RUNNER_START), None)
+    end = next((e.ts_ns for e in reversed(events) if e.kind == RUNNER_END), None)
     run = [e.ts_ns for e in events if e.kind not in POST_RUN]
     if start is None and run:
         start = run[0]
@@ -332,7 +343,7 @@ def _operator_section(events: Sequence[Event], origin: int) -> str:
     rows = [
         [
             esc(_offset(e.ts_ns, origin)),
-            esc("note" if e.kind == "runner.note" else e.get_str("command") or "?"),
+            esc("note" if e.kind == RUNNER_NOTE else e.get_str("command") or "?"),
             esc(e.get_str("author") or "-"),
             esc(e.get_str("text") or ""),
         ]
@@ -430,7 +441,7 @@ def _transition(entry: object) -> str:
 
 def _events_section(events: Sequence[Event], origin: int) -> str:
     counts = Counter(e.kind for e in events)
-    listed = [e for e in events if e.kind != "load.request"]
+    listed = [e for e in events if e.kind != LOAD_REQUEST]
     shown = listed[:MAX_EVENTS]
     rows = [
         [
@@ -443,7 +454,7 @@ def _events_section(events: Sequence[Event], origin: int) -> str:
         for e in shown
     ]
     more = f"; the first {len(shown)} of {len(listed)} listed" if len(shown) < len(listed) else ""
-    requests = f"; {counts['load.request']} load.request events counted, not listed" if counts["load.request"] else ""
+    requests = f"; {counts[LOAD_REQUEST]} load.request events counted, not listed" if counts[LOAD_REQUEST] else ""
     kinds = _table(["kind", "count"], ([f"<code>{esc(k)}</code>", esc(n)] for k, n in sorted(counts.items())))
     return (
         f"<h2>Events</h2><p>{len(events)} events{esc(more)}{esc(requests)}; every event is in run.json and history.jsonl.</p>"

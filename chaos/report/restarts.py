@@ -18,7 +18,10 @@ from typing import TYPE_CHECKING
 from pydantic import JsonValue
 
 from chaos.checks.restarts import restarts_used
-from chaos.history.timeline import TARGET_AGENT_RESTART, TARGET_WORKER, History
+from chaos.event_kinds import TARGET_AGENT_RESTART, TARGET_WORKER
+from chaos.event_kinds import TARGET_ROLE_EXIT as ROLE_EXIT
+from chaos.event_kinds import TARGET_ROLE_RESTART as ROLE_RESTART
+from chaos.history.timeline import History
 
 if TYPE_CHECKING:
     from chaos.run.result import RunResult
@@ -68,10 +71,6 @@ def restarts_row(history: History, target_type: str | None, max_restarts: int | 
     causes = tuple(found.causes())
     why = "; ".join(causes) if causes else ("no restart" if found.used == 0 else "cause not recorded")
     return RestartsRow(str(found.used), bound, why, found.used, dict(found.by_host), causes)
-
-
-ROLE_RESTART = "target.role_restart"  # chaos.targets.roles's kinds (not imported: the report needs no target code)
-ROLE_EXIT = "target.role_exit"
 
 
 def _role_restarts(history: History) -> RestartsRow:

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from chaos.checks._evidence import origin_ns
 from chaos.checks.base import CheckResult
 from chaos.checks.serving.events import (
-    BACKEND_UP,
     FaultSpan,
     applied_ops,
     backend_of,
@@ -37,7 +36,9 @@ from chaos.checks.serving.events import (
 )
 from chaos.checks.serving.measures import OpTime, failback_times, failover_times
 from chaos.checks.serving.windows import Window, WindowKind, WindowParams, resolve_window
-from chaos.history.timeline import FAULT_APPLIED, Event, History
+from chaos.event_kinds import FAULT_APPLIED
+from chaos.event_kinds import SERVING_BACKEND_UP as BACKEND_UP
+from chaos.history.timeline import Event, History
 from chaos.load.summary import is_ok, latency_s, percentile, request_events, responded, scheduled_ns, status_of
 from chaos.spec.serving import PRIMARY
 

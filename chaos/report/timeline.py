@@ -25,29 +25,37 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from chaos.history.timeline import (
+from chaos.event_kinds import (
     FAULT_APPLIED,
     FAULT_FAILED,
     FAULT_HEALED,
+    LOAD_REQUEST,
+    RUNNER_GOLDEN,
+    RUNNER_VERDICT,
+    SERVING_STATS,
     TARGET_CHECKPOINT,
+    TARGET_CHECKPOINT_REJECTED,
+    TARGET_CHECKPOINT_RETRY,
     TARGET_RESTART,
+    TARGET_RESTORE,
     TARGET_RESUME,
+    TARGET_ROLE_RESTART,
     TARGET_STEP,
-    Event,
 )
+from chaos.event_kinds import TARGET_ROLLBACK as ROLLBACK
+from chaos.history.timeline import Event
 from chaos.load.summary import is_ok, request_events, scheduled_ns
 from chaos.report.serving import bin_requests
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-ROLLBACK = "target.rollback"  # chaos.targets.reference.rollback: training went back to an older checkpoint
-POST_RUN = frozenset({"runner.golden", "runner.verdict"})
+POST_RUN = frozenset({RUNNER_GOLDEN, RUNNER_VERDICT})
 """Kinds recorded after the run itself (the golden run, the verdict): kept off the x range."""
 MAX_POINTS = 2000
 LABEL_CHARS = 60  # a label on the plot is cut to this many characters
 MAX_LABELS = 25  # more label groups than this of one kind would overprint: see _overlays
-_RAIL_SKIP = frozenset({TARGET_STEP, "load.request", "serving.stats"})
+_RAIL_SKIP = frozenset({TARGET_STEP, LOAD_REQUEST, SERVING_STATS})
 _RAIL_ROWS = ("fault", "detect", "target", "serving", "load", "runner", "storage")
 _FAULT_COLORS = ("#e53935", "#fb8c00", "#8e24aa", "#3949ab", "#00897b", "#6d4c41", "#d81b60", "#546e7a")
 _RESTART_COLOR = "#6a1b9a"
@@ -257,9 +265,9 @@ def _progress(ax: Axes, events: Sequence[Event], steps: Sequence[Event], origin:
             Line2D([], [], color=_RESTART_COLOR, marker="o", markerfacecolor="none", linestyle="", label="resume")
         )
     # Issue 18 (chaos.checks.storage_recovery): failed save tries, and each rank's restore end (the straggler's is late).
-    if _step_markers(ax, events, "target.checkpoint_retry", origin, marker="x", s=30, color="#c62828", zorder=5):
+    if _step_markers(ax, events, TARGET_CHECKPOINT_RETRY, origin, marker="x", s=30, color="#c62828", zorder=5):
         handles.append(Line2D([], [], color="#c62828", marker="x", linestyle="", label="save retried"))
-    restores = [e for e in events if e.kind == "target.restore" and e.get_int("step") is not None]
+    restores = [e for e in events if e.kind == TARGET_RESTORE and e.get_int("step") is not None]
     for e in restores:  # a bar per rank over its own reading time: duration_s up to the event
         took = e.data.get("duration_s")
         begin = _s(e.ts_ns, origin) - (float(took) if isinstance(took, int | float) else 0.0)
@@ -268,7 +276,7 @@ def _progress(ax: Axes, events: Sequence[Event], steps: Sequence[Event], origin:
         handles.append(Line2D([], [], color="#757575", linewidth=6, label="restore (each rank's read)"))
     # Issue 18 (chaos.checks.checkpoint): the checkpoint a rank rejected while choosing where to resume, drawn at
     # its step, so the fallback reads off the plot: rejected at 30, resume circle at 20.
-    if _step_markers(ax, events, "target.checkpoint_rejected", origin, marker="X", s=60, color="#e53935", zorder=6):
+    if _step_markers(ax, events, TARGET_CHECKPOINT_REJECTED, origin, marker="X", s=60, color="#e53935", zorder=6):
         handles.append(Line2D([], [], color="#e53935", marker="X", linestyle="", label="checkpoint rejected"))
     ax.set_ylabel("step")
     ax.set_ylim(bottom=0, top=max(max(ys) for _, ys in lines.values()) * 1.3 + 1)
@@ -358,7 +366,7 @@ def _overlays(axes: list[Axes], events: Sequence[Event], marks: Sequence[FaultMa
 
     detections = [e for e in events if e.kind.startswith("detect.")]
     # An in-place rollback (target.rollback, every rank) is drawn like a restart: training went back to a step.
-    restarts = _one_per_restart([e for e in events if e.kind in (TARGET_RESTART, "target.role_restart", ROLLBACK)])
+    restarts = _one_per_restart([e for e in events if e.kind in (TARGET_RESTART, TARGET_ROLE_RESTART, ROLLBACK)])
     for ax in axes:
         band = ax.get_xaxis_transform()
         if detections:

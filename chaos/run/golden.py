@@ -29,7 +29,8 @@ from typing import Protocol
 from pydantic import JsonValue
 
 from chaos.checks.lineage import final_digests, golden_rank_digests, rank_key
-from chaos.history.timeline import RUNNER_GOLDEN, Event, History
+from chaos.event_kinds import RUNNER_GOLDEN
+from chaos.history.timeline import Event, History
 from chaos.spec.scenario import Scenario
 from chaos.targets.factory import entry_files, job_identity
 

@@ -46,11 +46,12 @@ from pathlib import Path
 
 from pydantic import JsonValue
 
+from chaos.event_kinds import DETECT_HANG, RUNNER_HANG_LISTENER_ERROR
 from chaos.history.timeline import Event
 from chaos.injob.flight_recorder import ENV_FLIGHT_DIR, FlightState, read_state
+from chaos.kernel.procfs import parse_stat
 from chaos.spec.scenario import Scenario, TorchrunTarget
 
-DETECT_HANG = "detect.hang"
 DETECTOR = "flight_recorder"
 REASONS = ("stopped", "spinning", "not_in_collective", "wrong_collective", "all_waiting")
 FLIGHT_DIR = "flight"
@@ -284,7 +285,7 @@ class HangWatch:
                 produced = list(listener(event))
             except Exception as exc:  # noqa: BLE001  (a listener's failure is recorded, never the run's)
                 produced = [
-                    Event(ts_ns=time.time_ns(), kind="runner.hang_listener_error", data={"error": str(exc)[:500]})
+                    Event(ts_ns=time.time_ns(), kind=RUNNER_HANG_LISTENER_ERROR, data={"error": str(exc)[:500]})
                 ]
             with self._lock:
                 self._extra.extend(produced)
@@ -294,13 +295,12 @@ def _parse_stat(stat: str | None, start_time: int, ticks: int) -> tuple[str, flo
     """(scheduler state, CPU seconds) from a /proc/PID/stat text; ``gone`` when it is another process or none."""
     if stat is None:
         return "gone", None
-    try:
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if start_time and int(fields[19]) != start_time:
-            return "gone", None
-        return fields[0], (int(fields[11]) + int(fields[12])) / ticks
-    except (ValueError, IndexError):
+    parsed = parse_stat(stat)
+    if parsed is None:
         return "unknown", None
+    if start_time and parsed.start_time != start_time:
+        return "gone", None
+    return parsed.state, parsed.cpu_ticks / ticks
 
 
 def for_scenario(scenario: Scenario, run_dir: Path) -> HangWatch | None:

@@ -38,12 +38,10 @@ from pydantic import JsonValue
 
 from chaos.cluster.base import Transport, TransportError, host_python
 from chaos.cluster.hosts import HostSet
-from chaos.history.timeline import TARGET_START, Event, History, now_ns
+from chaos.event_kinds import DETECT_HANG, DETECT_LINK, RUNNER_LINK_PROBE, TARGET_START
+from chaos.history.timeline import Event, History, now_ns
 from chaos.run.hang_watch import HangWatch
 
-DETECT_LINK = "detect.link"
-DETECT_HANG = "detect.hang"
-RUNNER_LINK_PROBE = "runner.link_probe"
 ALL_WAITING = "all_waiting"
 DETECTOR = "link_probe"
 SMALL_BYTES = 56  # ICMP payload, as `ping -s 56`: an 84-byte IP packet, what a health check sends

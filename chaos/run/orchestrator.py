@@ -22,25 +22,13 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from chaos import event_kinds as kinds
 from chaos.checks.base import CheckResult
 from chaos.checks.progress import CHECK_PROGRESS
-from chaos.checks.recovery import RUNNER_STOP
 from chaos.cluster.base import TransportError
 from chaos.cluster.hosts import LOCAL, HostsError, HostSet
 from chaos.cluster.local import LocalTransport
-from chaos.history.timeline import (
-    FAULT_APPLIED,
-    FAULT_FAILED,
-    FAULT_HEALED,
-    RUNNER_GOLDEN,
-    TARGET_EXIT,
-    TARGET_START,
-    TARGET_STEP,
-    TARGET_WORKER,
-    Event,
-    History,
-    now_ns,
-)
+from chaos.history.timeline import Event, History, now_ns
 from chaos.load.driver import LoadDriver
 from chaos.plan.agent_plan import ENV_PLAN
 from chaos.plan.build import Plan, PlannedOp, fault_op, make_plan
@@ -214,7 +202,7 @@ class Execution:
         safety = self.scenario.safety
         run_began = time.monotonic()
         self.target.start()
-        self.history.record("runner.target_started", target=self.target.describe())
+        self.history.record(kinds.RUNNER_TARGET_STARTED, target=self.target.describe())
         ready_kind = self.target.ready_event if isinstance(self.target, AwaitsReady) else None
         started: float | None = None if ready_kind else self._clock_start()
         last_progress = run_began
@@ -226,8 +214,8 @@ class Execution:
             for event in [*self.target.poll_events(), *hang_watch.poll(self.hang_watch)]:
                 event = placed(event, self.rank_hosts)
                 self.history.append(event)
-                exited = exited or event.kind == TARGET_EXIT
-                if event.kind in (TARGET_STEP, TARGET_START, TARGET_WORKER):
+                exited = exited or event.kind == kinds.TARGET_EXIT
+                if event.kind in (kinds.TARGET_STEP, kinds.TARGET_START, kinds.TARGET_WORKER):
                     last_progress = now  # a rank's (re)start counts too: a slow start or restart is no stall
                     step = event.get_int("step")
                     if step is not None:
@@ -251,7 +239,7 @@ class Execution:
                     self._end(f"max_duration {safety.max_duration:g}s reached before the target was ready")
                     return
                 if safety.no_progress_timeout is not None and now - run_began > safety.no_progress_timeout:
-                    self.history.record("runner.no_progress", seconds=round(now - run_began, 3), step=None)
+                    self.history.record(kinds.RUNNER_NO_PROGRESS, seconds=round(now - run_began, 3), step=None)
                     self._end(f"no progress: the target was not ready ({ready_kind}) within {safety.no_progress_timeout:g}s")
                     return
                 time.sleep(POLL_S)
@@ -263,13 +251,13 @@ class Execution:
             if due:
                 parallel([partial(self._heal, active) for active in due])
             for problem in renew_switches(self.active, now, self.log):  # duration-less faults' dead-men
-                self.history.record("runner.deadman_not_renewed", detail=problem)
+                self.history.record(kinds.RUNNER_DEADMAN_NOT_RENEWED, detail=problem)
             if elapsed > safety.max_duration:
                 self._end(f"max_duration {safety.max_duration:g}s reached")
                 return
             timeout = safety.no_progress_timeout
             if timeout is not None and now - last_progress > timeout:
-                self.history.record("runner.no_progress", seconds=round(now - last_progress, 3), step=self.step)
+                self.history.record(kinds.RUNNER_NO_PROGRESS, seconds=round(now - last_progress, 3), step=self.step)
                 self._end(f"no progress: no target.step or rank start for {timeout:g}s")
                 return
             self.status(
@@ -281,7 +269,7 @@ class Execution:
         """The fault clock starts now (``trigger.after`` counts from here); so does the load, if any."""
         if self.load is not None:
             spec = self.load.start(self.target.url if isinstance(self.target, Serves) else None)
-            self.history.record("runner.load_started", url=spec.url, rate=spec.rate, duration_s=spec.duration)
+            self.history.record(kinds.RUNNER_LOAD_STARTED, url=spec.url, rate=spec.rate, duration_s=spec.duration)
             self.log(f"load: {spec.rate:g} req/s {spec.method} {spec.url} for {spec.duration:g}s")
         self.ends_at = time.monotonic() + self.scenario.safety.max_duration  # every dead-man fires by then + grace
         return self.ends_at - self.scenario.safety.max_duration
@@ -290,9 +278,9 @@ class Execution:
         """Carry out operator commands in order; False when one ended the run."""
         for order in orders:
             if order.command == "note":
-                self.history.record("runner.note", text=order.text, author=order.author)
+                self.history.record(kinds.RUNNER_NOTE, text=order.text, author=order.author)
                 continue
-            self.history.record("runner.operator", command=order.command, text=order.text, author=order.author)
+            self.history.record(kinds.RUNNER_OPERATOR, command=order.command, text=order.text, author=order.author)
             if order.command == "abort":
                 self._end(f"aborted by the operator: {order.text}" if order.text else "aborted by the operator")
                 return False
@@ -318,26 +306,26 @@ class Execution:
         if self.target.exit_code() is None:
             in_flight = sys.exc_info()[1]  # set while an interrupt or a harness error unwinds through finally
             reason = self.ended_by or (f"{type(in_flight).__name__}: {in_flight}" if in_flight else "run ended")
-            self.history.record(RUNNER_STOP, reason=reason, grace_s=grace)
+            self.history.record(kinds.RUNNER_STOP, reason=reason, grace_s=grace)
         self.target.stop(grace=grace)
 
     def _end(self, why: str) -> None:
         self.ended_by = why
-        self.history.record("runner.end", reason=why)
+        self.history.record(kinds.RUNNER_END, reason=why)
         for event in not_fired(self.pending, self.step, why, self.triggers.claims):
             self.history.append(event)
             self.log(f"fault {event.get_str('op')} never fired: {event.get_str('reason')}")
         self.log(f"run ended: {why}")
 
     def _on_event(self, event: Event) -> None:
-        if event.kind == FAULT_APPLIED and event.source == "target":
+        if event.kind == kinds.FAULT_APPLIED and event.source == "target":
             self.fired += 1  # an in-job fault, or a claimed one, fired by the job's agent
             self.pending = [op for op in self.pending if op.op_id != event.get_str("op")]
             self.log(f"fault applied in the job: {event.get_str('description') or event.get_str('op')}")
         elif event.kind.startswith("detect."):
             where = f" on rank {event.rank}" if event.rank is not None else ""
             self.log(f"detected: {event.kind}{where}")
-        elif event.kind == "target.restart":
+        elif event.kind == kinds.TARGET_RESTART:
             self.log(f"target restarted (attempt {event.get_int('attempt')})")
         for op in self.triggers.due_on(self.pending, event):
             self._fire(op)
@@ -352,7 +340,7 @@ class Execution:
         try:
             hosts = self._hosts_of(self.scenario.fault(op.fault), op.op_id)
         except HostsError as exc:
-            self.history.record(FAULT_FAILED, fault=op.fault, op=op.op_id, injector=op.injector, error=str(exc))
+            self.history.record(kinds.FAULT_FAILED, fault=op.fault, op=op.op_id, injector=op.injector, error=str(exc))
             self.log(f"fault {op.op_id} has no host: {exc}")
             return
         parallel([partial(self._fire_on, op, h, op.op_id if h == LOCAL else f"{op.op_id}@{h}") for h in hosts])
@@ -366,7 +354,7 @@ class Execution:
             applied = injector.prepare(ctx, fop).model_copy(update={"host": host})
         except (InjectionError, ValueError, TransportError) as exc:
             self.history.record(
-                FAULT_FAILED, fault=op.fault, op=op.op_id, injector=op.injector, host=host, error=str(exc)
+                kinds.FAULT_FAILED, fault=op.fault, op=op.op_id, injector=op.injector, host=host, error=str(exc)
             )
             self.log(f"fault {journal_id} could not be prepared: {exc}")
             return
@@ -392,7 +380,7 @@ class Execution:
             injector.heal(ctx, applied)
             self.journal.healed(journal_id, "harness")
             self.history.record(
-                FAULT_FAILED, fault=op.fault, op=op.op_id, injector=op.injector, host=host, error=str(exc)
+                kinds.FAULT_FAILED, fault=op.fault, op=op.op_id, injector=op.injector, host=host, error=str(exc)
             )
             self.log(f"fault {journal_id} failed: {exc}")
             return
@@ -400,7 +388,7 @@ class Execution:
         with self._lock:
             self.fired += 1
         self.history.record(
-            FAULT_APPLIED, ts_ns=sent_ns, fault=op.fault, op=op.op_id, injector=op.injector, host=host,
+            kinds.FAULT_APPLIED, ts_ns=sent_ns, fault=op.fault, op=op.op_id, injector=op.injector, host=host,
             description=applied.description, duration_s=op.duration_s, apply_s=round((now_ns() - sent_ns) / 1e9, 4),
             **polled(op, self.step, POLL_S, self.triggers),
         )  # fmt: skip
@@ -422,7 +410,7 @@ class Execution:
         self.journal.healed(active.applied.op_id, "harness")
         host = active.applied.host
         self.history.record(
-            FAULT_HEALED, fault=active.op.fault, op=active.op.op_id, injector=active.op.injector, host=host
+            kinds.FAULT_HEALED, fault=active.op.fault, op=active.op.op_id, injector=active.op.injector, host=host
         )
         self.log(f"fault healed: {active.applied.op_id}")
 
@@ -445,7 +433,9 @@ class Execution:
                     None if applied.host == LOCAL else remote_deadman.marker(applied.op_id),
                 )
                 self.journal.healed(applied.op_id, "harness")
-                self.history.record(FAULT_HEALED, fault=applied.fault, op=applied.op_id, injector=applied.injector)
+                self.history.record(
+                    kinds.FAULT_HEALED, fault=applied.fault, op=applied.op_id, injector=applied.injector
+                )
             except Exception as exc:
                 errors.append(f"{applied.op_id}: {exc}")
         return errors
@@ -479,7 +469,7 @@ def _refused(
     scenario: Scenario, plan: Plan, run_dir: Path, history: History, reason: str, options: RunOptions
 ) -> RunResult:
     """The result of a run refused before anything started (exit 2, reports written)."""
-    history.record("runner.refused", reason=reason)
+    history.record(kinds.RUNNER_REFUSED, reason=reason)
     history.close()
     result = RunResult(scenario, plan, run_dir, history, [], "error", EXIT_INVALID, "refused", reason)
     if options.scenario_file is not None:
@@ -508,7 +498,7 @@ def execute(
     plan = make_plan(scenario, options.seed)
     run_dir = new_run_dir(options.report_root, scenario.name)
     history = History(run_dir / "history.jsonl")
-    history.record("runner.start", scenario=scenario.name, seed=plan.seed, pid=os.getpid())
+    history.record(kinds.RUNNER_START, scenario=scenario.name, seed=plan.seed, pid=os.getpid())
     base_dir = options.scenario_file.parent if options.scenario_file is not None else None
     if refusal:
         return _refused(scenario, plan, run_dir, history, refusal, options)
@@ -518,7 +508,7 @@ def execute(
         return _refused(scenario, plan, run_dir, history, str(exc), options)
     # Before this run's own journal exists: heal what dead runs left (live runs' journals are locked).
     for line in heal_leftovers(hosts.all_transports(), log=log):
-        history.record("runner.leftover_healed", detail=line)
+        history.record(kinds.RUNNER_LEFTOVER_HEALED, detail=line)
     try:
         execution = Execution(scenario, plan, run_dir, history, log, status, hosts, options.control)
     except HostsError as exc:
@@ -542,15 +532,15 @@ def execute(
     except RunRefused as exc:
         error, exit_code = str(exc), EXIT_INVALID
         execution.ended_by = "refused"
-        history.record("runner.refused", reason=error)
+        history.record(kinds.RUNNER_REFUSED, reason=error)
     except (KeyboardInterrupt, RunInterrupted) as exc:
         error, exit_code = f"interrupted ({type(exc).__name__} {exc}); faults healed", EXIT_HARNESS
         execution.ended_by = "interrupted"
-        history.record("runner.interrupted", reason=str(exc))
+        history.record(kinds.RUNNER_INTERRUPTED, reason=str(exc))
     except Exception as exc:
         error, exit_code = f"harness error: {type(exc).__name__}: {exc}", EXIT_HARNESS
         execution.ended_by = execution.ended_by or "harness error"
-        history.record("runner.error", error=str(exc)[:1000])
+        history.record(kinds.RUNNER_ERROR, error=str(exc)[:1000])
     finally:
         execution.journal.archive()
         hosts.close()
@@ -566,7 +556,7 @@ def execute(
             if outcome is not None:
                 golden = outcome.digest
                 history.record(
-                    RUNNER_GOLDEN,
+                    kinds.RUNNER_GOLDEN,
                     digest=outcome.digest,
                     digests=outcome.digests_json(),  # every rank's, so checks compare every rank (issue 15)
                     detections=list(outcome.detections),
@@ -576,7 +566,7 @@ def execute(
         failed = [r for r in results if r.status == "fail" or (r.status == "unknown" and not scenario.allow_unknown)]
         exit_code = EXIT_FAIL if failed else EXIT_PASS
     verdict: Verdict = "pass" if exit_code == EXIT_PASS else "fail" if exit_code == EXIT_FAIL else "error"
-    history.record("runner.verdict", verdict=verdict, exit_code=exit_code)
+    history.record(kinds.RUNNER_VERDICT, verdict=verdict, exit_code=exit_code)
     history.close()
     result = RunResult(scenario, plan, run_dir, history, results, verdict, exit_code, execution.ended_by, error, golden)
     if options.scenario_file is not None:

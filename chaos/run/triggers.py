@@ -22,15 +22,8 @@ from typing import TypedDict
 
 from pydantic import JsonValue
 
-from chaos.history.timeline import (
-    FAULT_APPLIED,
-    FAULT_CLAIMED,
-    FAULT_NOT_FIRED,
-    TARGET_START,
-    TARGET_STEP,
-    Event,
-    now_ns,
-)
+from chaos.event_kinds import FAULT_APPLIED, FAULT_CLAIMED, FAULT_NOT_FIRED, TARGET_START, TARGET_STEP
+from chaos.history.timeline import Event, now_ns
 from chaos.plan.build import PlannedOp
 
 STEP_SOURCES = (

@@ -39,10 +39,6 @@ from pydantic import (
 from chaos.plan.seeds import derive_rng
 from chaos.spec.units import Duration, check_http_url
 
-LOAD_START = "load.start"
-LOAD_REQUEST = "load.request"
-LOAD_END = "load.end"
-
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")  # RFC 9110 token: methods and header names
 
 

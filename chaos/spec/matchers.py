@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-from chaos.history.timeline import TARGET_STEP
+from chaos.event_kinds import TARGET_STEP
 from chaos.history.torch_signatures import NAMES, unknown_names
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)

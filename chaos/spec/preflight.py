@@ -37,6 +37,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from chaos.cluster.base import Transport, TransportError
+from chaos.event_kinds import (
+    TARGET_CHECKPOINT,
+    TARGET_DIGEST,
+    TARGET_RESTORE,
+    TARGET_RESUME,
+    TARGET_STEP,
+    TARGET_WORKER,
+)
 from chaos.plugins import registry
 from chaos.plugins.injector import InjectionContext, InjectionError, Unsupported, is_in_job, is_one_shot, needs_duration
 from chaos.spec.problems import Path_, Problem
@@ -238,7 +246,7 @@ def _training_event(fault: FaultSpec, target: object) -> str | None:
 
 
 # What a training job reports (the kinds a trigger names exactly); the first two a serving target reports too.
-TRAINING_EVENTS = ("target.step", "target.digest", "target.checkpoint", "target.restore", "target.resume", "target.worker")
+TRAINING_EVENTS = (TARGET_STEP, TARGET_DIGEST, TARGET_CHECKPOINT, TARGET_RESTORE, TARGET_RESUME, TARGET_WORKER)
 
 
 # Hang faults (injectors.hang) fire in the agent of a training rank; culprit_named judges the hang watch's events.

@@ -34,6 +34,7 @@ from pydantic import (
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
+from chaos.event_kinds import TriggerPhase
 from chaos.plugins import registry
 from chaos.spec.load import ScenarioLoad
 from chaos.spec.matchers import LogMatcherSpec, OptimizerSteps, Signatures
@@ -44,6 +45,7 @@ from chaos.spec.problems import decode_text, nearest, position, without_union_no
 from chaos.spec.problems import problem_for as problem_for
 from chaos.spec.problems import read_yaml_mapping as read_yaml_mapping
 from chaos.spec.problems import yaml_positions as yaml_positions
+from chaos.spec.renamed import rename_modules
 from chaos.spec.roles import RolesTarget
 from chaos.spec.serving import ServingTarget
 from chaos.spec.slurm import SlurmTarget
@@ -100,8 +102,7 @@ class EventTrigger(BaseModel):
 # The points inside a training step where the in-job agent can fire a process fault (``trigger.phase``):
 # before the forward pass, inside the gradient all-reduce (the rank has entered the collective), after backward
 # (the all-reduce done), and just before the optimizer step.
-Phase = Literal["forward", "allreduce", "backward", "optimizer_step"]
-PHASES: tuple[Phase, ...] = ("forward", "allreduce", "backward", "optimizer_step")
+PHASES: tuple[TriggerPhase, ...] = ("forward", "allreduce", "backward", "optimizer_step")
 
 
 class Trigger(BaseModel):
@@ -113,7 +114,7 @@ class Trigger(BaseModel):
     )
     at_step: int | None = Field(default=None, ge=0, description="when a rank reports this training step")
     rank: int | None = Field(default=None, ge=0, description="with at_step: the rank whose step counts")
-    phase: Phase | None = Field(
+    phase: TriggerPhase | None = Field(
         default=None,
         description="with at_step, on a process fault of a torchrun job: the point inside the step where the "
         "rank's own agent fires it (forward, allreduce, backward, optimizer_step)",
@@ -458,9 +459,9 @@ def json_schema() -> dict[str, Any]:
 def parse_scenario(text: str, file: str = "<string>") -> Scenario:
     """Validate YAML ``text`` into a Scenario; raise ScenarioError with every problem found, in file order."""
     data, marks, problems = read_yaml_mapping(text, file, what="a scenario", hint="start with name: my-scenario")
+    rename_modules(data, marks, file)  # a job module's pre-0.2 path: the new path, and a warning at its line
     model = scenario_model()
-    # The cross-checks read the raw data, so one pass reports them next to the model's own errors.
-    problems.extend(_cross_check(data, marks, file))
+    problems.extend(_cross_check(data, marks, file))  # on the raw data: reported next to the model's own errors
     try:
         scenario = model.model_validate(data)
     except ValidationError as exc:
@@ -594,7 +595,6 @@ def load_scenario(path: Path | str) -> Scenario:
     try:
         raw = file.read_bytes()
     except OSError as exc:
-        raise ScenarioError(
-            [Problem(str(path), 1, 1, f"cannot read scenario: {exc.strerror}", "check the path")]
-        ) from None
+        problem = Problem(str(path), 1, 1, f"cannot read scenario: {exc.strerror}", "check the path")
+        raise ScenarioError([problem]) from None
     return parse_scenario(decode_text(raw, str(path)), str(path))

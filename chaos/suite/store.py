@@ -30,6 +30,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from chaos.checks.base import CheckResult
+from chaos.event_kinds import RUNNER_START, RUNNER_VERDICT
 
 if TYPE_CHECKING:
     from chaos.run.result import RunResult
@@ -225,8 +226,8 @@ def run_span(result: RunResult) -> tuple[float, float]:
     if not events:
         now = time.time()
         return now, now
-    start = next((e for e in events if e.kind == "runner.start"), events[0])
-    end = next((e for e in reversed(events) if e.kind == "runner.verdict"), events[-1])
+    start = next((e for e in events if e.kind == RUNNER_START), events[0])
+    end = next((e for e in reversed(events) if e.kind == RUNNER_VERDICT), events[-1])
     return start.ts_ns / 1e9, max(end.ts_ns, start.ts_ns) / 1e9
 
 

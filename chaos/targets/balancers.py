@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from typing import Literal
 
+from chaos.event_kinds import DETECT_BACKEND_DOWN as BACKEND_DOWN
+from chaos.event_kinds import SERVING_BACKEND_UP as BACKEND_UP
 from chaos.history.timeline import LogMatcher
 
 BalancerKind = Literal["haproxy"]
-BACKEND_DOWN = "detect.backend_down"
-BACKEND_UP = "serving.backend_up"
 
 _HAPROXY_SERVER = r"Server (?P<proxy>[^/\s]+)/(?P<backend>[^\s]+) is "
 HAPROXY_MATCHERS: tuple[LogMatcher, ...] = (

@@ -23,17 +23,9 @@ from pydantic import JsonValue
 from chaos.cluster.base import HostProcess, Transport
 from chaos.cluster.local import LocalTransport
 from chaos.cluster.ports import NoFreePort, free_port
+from chaos.event_kinds import TARGET_EXIT, TARGET_PORTS
 from chaos.events import ENV_EVENTS, STDOUT_PREFIX, STDOUT_SINK
-from chaos.history.timeline import (
-    TARGET_EXIT,
-    TARGET_PORTS,
-    Event,
-    EventFileTail,
-    LineMatcher,
-    LogMatcher,
-    now_ns,
-    parse_event_line,
-)
+from chaos.history.timeline import Event, EventFileTail, LineMatcher, LogMatcher, now_ns, parse_event_line
 from chaos.history.torch_signatures import SignatureChoice, signature_matcher
 from chaos.injob.bootstrap import BOOTSTRAP_DIR
 from chaos.spec.matchers import LogMatcherSpec, reports_steps

@@ -12,10 +12,9 @@ import threading
 import time
 from urllib.parse import urlsplit
 
+from chaos.event_kinds import TARGET_EXIT, TARGET_READY
 from chaos.history.timeline import Event, now_ns
 from chaos.spec.targets import HttpTarget
-
-TARGET_READY = "target.ready"
 
 
 class HttpJob:
@@ -55,7 +54,7 @@ class HttpJob:
             if time.monotonic() > deadline:
                 self._code = 1
                 reason = f"{self.url} not ready within {self.spec.ready_timeout:g}s: {error}"
-                self._push(Event(ts_ns=now_ns(), kind="target.exit", source="runner", data={"code": 1, "error": reason}))
+                self._push(Event(ts_ns=now_ns(), kind=TARGET_EXIT, source="runner", data={"code": 1, "error": reason}))
                 return
             self._stop.wait(0.5)
 

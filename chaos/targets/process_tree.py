@@ -11,6 +11,7 @@ import os
 import signal
 
 from chaos.cluster.local import process_start_time
+from chaos.kernel.procfs import read_stat
 
 
 def _parents() -> dict[int, int]:
@@ -19,12 +20,9 @@ def _parents() -> dict[int, int]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        found[int(entry)] = int(stat[stat.rindex(")") + 2 :].split()[1])  # the name may hold ")"
+        stat = read_stat(int(entry))
+        if stat is not None:
+            found[int(entry)] = stat.ppid
     return found
 
 

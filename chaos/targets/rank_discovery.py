@@ -41,12 +41,13 @@ from dataclasses import dataclass
 from pydantic import JsonValue
 
 from chaos.cluster.base import Transport, TransportError, host_python
-from chaos.history.timeline import TARGET_AGENT_RESTART, TARGET_RESTART, TARGET_WORKER, Event, now_ns
+from chaos.event_kinds import DETECT_WORKER_EXIT as WORKER_FAILED
+from chaos.event_kinds import RUNNER_DISCOVERY_FAILED as DISCOVERY_FAILED
+from chaos.event_kinds import TARGET_AGENT_RESTART, TARGET_RESTART, TARGET_WORKER
+from chaos.history.timeline import Event, now_ns
 from chaos.plugins.injector import JobTree
 
 SOURCE = "process_tree"
-DISCOVERY_FAILED = "runner.discovery_failed"
-WORKER_FAILED = "detect.worker_exit"  # the launcher's "failed (exitcode: ...)" line (TORCHRUN_MATCHERS)
 WORKER_ENV = (
     "RANK",
     "LOCAL_RANK",

@@ -52,8 +52,15 @@ from pathlib import Path
 from pydantic import JsonValue
 
 from chaos.cluster.base import Transport
-from chaos.history.timeline import TARGET_EXIT, Event, LineMatcher, now_ns
-from chaos.history.torchft_signatures import TORCHFT_REPLICA
+from chaos.event_kinds import SERVING_REPLICA_START as REPLICA_START
+from chaos.event_kinds import TARGET_EXIT, TARGET_READY
+from chaos.event_kinds import TARGET_ROLE_EXIT as ROLE_EXIT
+from chaos.event_kinds import TARGET_ROLE_READY as ROLE_READY
+from chaos.event_kinds import TARGET_ROLE_RESTART as ROLE_RESTART
+from chaos.event_kinds import TARGET_ROLE_START as ROLE_START
+from chaos.event_kinds import TARGET_ROLE_UNREADY as ROLE_UNREADY
+from chaos.event_kinds import TARGET_TORCHFT_REPLICA as TORCHFT_REPLICA
+from chaos.history.timeline import Event, LineMatcher, now_ns
 from chaos.plugins.injector import JobTree
 from chaos.spec.roles import RoleSpec, RolesTarget, replica_names_of
 from chaos.targets.balancers import balancer_matchers
@@ -66,17 +73,10 @@ from chaos.targets.base import (
     with_step_reporter,
 )
 from chaos.targets.command import expand
-from chaos.targets.http import TARGET_READY
 from chaos.targets.interpreter import torchrun_log_dir
 from chaos.targets.process_tree import trees
 from chaos.targets.role_hosts import RoleHost, installed, kill_seen, local_host, process_tree, python_on
 
-ROLE_START = "target.role_start"
-ROLE_READY = "target.role_ready"
-ROLE_UNREADY = "target.role_unready"
-ROLE_EXIT = "target.role_exit"
-ROLE_RESTART = "target.role_restart"
-REPLICA_START = "serving.replica_start"  # as the reference model server says it (not imported: it imports torch)
 _SUPERVISE_EVERY = 0.05  # seconds between looks at the replicas: bounds a restart's reaction time
 _TREE_EVERY = 1.0  # seconds between scans of /proc for the replicas' processes (a scan reads every process)
 

@@ -37,8 +37,10 @@ from chaos.cluster.base import Transport, TransportError
 from chaos.cluster.inventory import Inventory
 from chaos.cluster.slurm.client import JobNotFound, SlurmClient, SlurmError
 from chaos.cluster.slurm.locate import ClusterNotFound, SlurmCluster, host_of_node
+from chaos.event_kinds import SLURM_POLL_FAILED as POLL_FAILED
+from chaos.event_kinds import TARGET_EXIT, TARGET_START
 from chaos.events import ENV_EVENTS
-from chaos.history.timeline import TARGET_EXIT, TARGET_START, Event, EventFileTail, now_ns
+from chaos.history.timeline import Event, EventFileTail, now_ns
 from chaos.spec.slurm import SlurmTarget
 from chaos.targets.base import TargetUnusable, output_matchers
 from chaos.targets.command import expand
@@ -46,7 +48,6 @@ from chaos.targets.interpreter import torchrun_log_env
 from chaos.targets.slurm_watch import SOURCE, JobView, JobWatch, NodeWatch, exit_code_of
 from chaos.targets.torchrun import RankTable
 
-POLL_FAILED = "slurm.poll_failed"  # a poll could not ask Slurm (data: error); recorded once per new message
 _ENV_KEYS = ("SLURM_JOB_ID", "SLURMD_NODENAME", "SLURM_PROCID", "RANK")
 _STOP_WAIT_S = 30.0  # after scancel: KillWait and the epilog, then the final state shows
 

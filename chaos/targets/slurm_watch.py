@@ -19,10 +19,9 @@ from dataclasses import dataclass
 from pydantic import JsonValue
 
 from chaos.cluster.slurm.client import AccountingRecord, Job, Node
+from chaos.event_kinds import SLURM_JOB, SLURM_NODE
 from chaos.history.timeline import Event
 
-SLURM_JOB = "slurm.job"
-SLURM_NODE = "slurm.node"
 SOURCE = "slurm"
 REQUEUED = "REQUEUED"
 # Base states in which a job is over (unless Slurm requeues it: see JobWatch.settled).

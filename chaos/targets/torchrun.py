@@ -24,7 +24,8 @@ from pathlib import Path
 
 from chaos.cluster.base import Transport
 from chaos.cluster.local import process_start_time
-from chaos.history.timeline import TARGET_EXIT, TARGET_START, Event, LineMatcher
+from chaos.event_kinds import TARGET_EXIT, TARGET_START
+from chaos.history.timeline import Event, LineMatcher
 from chaos.plugins.injector import InjectionError, JobTree
 from chaos.spec.scenario import TorchrunTarget
 from chaos.targets.base import SpawnedJob, output_matchers, with_step_reporter

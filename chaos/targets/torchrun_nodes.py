@@ -31,14 +31,14 @@ from functools import partial
 from pathlib import Path
 
 from chaos.cluster.base import Transport, TransportError, host_python, kill_if_same, pid_start_time
-from chaos.history.timeline import TARGET_EXIT, TARGET_START, Event, now_ns
+from chaos.event_kinds import TARGET_EXIT, TARGET_START
+from chaos.event_kinds import TARGET_NODE_EXIT as NODE_EXIT
+from chaos.history.timeline import Event, now_ns
 from chaos.spec.scenario import TorchrunTarget
 from chaos.targets.base import SpawnedJob, TargetUnusable, port_for, ports_event
 from chaos.targets.interpreter import torchrun_launcher, torchrun_log_dir
 from chaos.targets.rank_discovery import Discovery, scan_local, scan_remote
 from chaos.targets.torchrun import RankLookup, RankTable, job_what, torchrun_env, torchrun_matchers, torchrun_tail
-
-NODE_EXIT = "target.node_exit"
 
 
 @dataclass(frozen=True)

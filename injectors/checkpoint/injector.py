@@ -35,7 +35,8 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, m
 
 from chaos.cluster.base import Transport, TransportError, host_python
 from chaos.cluster.local import LocalTransport
-from chaos.history.timeline import TARGET_CHECKPOINT, Event, now_ns
+from chaos.event_kinds import FAULT_CHECKPOINT, TARGET_CHECKPOINT
+from chaos.history.timeline import Event, now_ns
 from chaos.plugins.injector import (
     Applied,
     FaultOp,
@@ -52,7 +53,6 @@ from injectors.checkpoint import ops, tear
 from injectors.hostfiles import HostFiles
 from injectors.process.faults import ProcessHost, require_duration
 
-FAULT_CHECKPOINT = "fault.checkpoint"
 _OPS_MODULE = "injectors.checkpoint.ops"
 
 

@@ -32,6 +32,7 @@ from types import FrameType
 from typing import Any
 
 from chaos.cluster.base import die_with_parent
+from chaos.kernel.procfs import read_stat
 from chaos.safety.deadman import detach
 
 MODULE = "injectors.checkpoint.tear"
@@ -80,11 +81,8 @@ def _open_for_write(pid: int, directory: str, pattern: str) -> list[str]:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+    stat = read_stat(pid)
+    return stat is not None and not stat.zombie
 
 
 def _write_status(path: str, status: dict[str, Any]) -> None:

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, m
 from chaos.cluster.base import Transport, TransportError, host_python
 from chaos.cluster.local import LocalTransport, process_start_time, signal_number
 from chaos.cluster.remote_process import WATCHER_MARK
+from chaos.kernel.procfs import parse_stat, read_stat
 from chaos.plugins.injector import (
     Applied,
     FaultOp,
@@ -119,9 +120,8 @@ class ProcessHost:
         if self.local:
             return process_start_time(pid)
         done = self.transport.run(["cat", f"/proc/{pid}/stat"], timeout=10)
-        if not done.ok or ")" not in done.stdout:
-            return None
-        return int(done.stdout[done.stdout.rindex(")") + 2 :].split()[19])
+        stat = parse_stat(done.stdout) if done.ok else None
+        return None if stat is None else stat.start_time
 
     def cmdline(self, pid: int) -> list[str] | None:
         if self.local:
@@ -159,12 +159,10 @@ class ProcessHost:
         pid = os.getpid()
         while pid > 1 and pid not in keep:
             keep.add(pid)
-            try:
-                with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
-                    stat = handle.read()
-            except OSError:
+            stat = read_stat(pid)
+            if stat is None:
                 break
-            pid = int(stat[stat.rindex(")") + 2 :].split()[1])
+            pid = stat.ppid
         return keep
 
     def signal(self, name: str, pids: list[int]) -> None:

@@ -40,7 +40,8 @@ from pydantic import JsonValue
 
 from chaos.cluster.base import Transport, TransportError
 from chaos.cluster.local import process_start_time
-from chaos.history.timeline import FAULT_OVERLAP, Event, now_ns
+from chaos.event_kinds import FAULT_OVERLAP
+from chaos.history.timeline import Event, now_ns
 from chaos.plugins.injector import Applied, InjectionContext, InjectionError
 from chaos.safety.state import state_dir
 

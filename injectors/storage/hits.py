@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from chaos.event_kinds import STORAGE_HIT  # stdlib only, like this module
+
 if TYPE_CHECKING:  # the daemon imports this module on the fault's host: only the standard library at run time
     from pydantic import JsonValue
 
@@ -27,8 +29,6 @@ if TYPE_CHECKING:  # the daemon imports this module on the fault's host: only th
 
 MAX_TIMES = 256
 """Hit times kept per entry: a job that retries 1000 times a second shows itself by ``count`` past this."""
-STORAGE_HIT = "storage.hit"
-"""The event kind the injector records per hits entry (the issue-18 evidence contract)."""
 
 
 def matches(rel: str, patterns: tuple[str, ...]) -> bool:

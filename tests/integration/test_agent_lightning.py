@@ -32,8 +32,9 @@ SDC = {
 # An abort of one rank AFTER the run: C++ std::terminate during interpreter finalization, no Python frame left
 # (faulthandler's dump), after fit returned, the agent closed and the process group was destroyed. Seen in 3 of
 # ~40 runs of this module under pytest (2 in full `make test` runs), never in the plain-DDP user scripts; not
-# yet pinned to Lightning, gloo or torch (docs/issue-19-progress.md, "Open"). Tolerated ONLY in that shape: both
-# ranks reported every step and their closing digest, and the log carries the terminate line.
+# yet pinned to Lightning, gloo or torch (docs/design/agent-integrations.md, "A Lightning rank may abort at
+# interpreter exit"). Tolerated ONLY in that shape: both ranks reported every step and their closing digest, and
+# the log carries the terminate line.
 EXIT_ABORT = "terminate called without an active exception"
 
 

@@ -19,8 +19,8 @@ from chaos.spec.scenario import parse_scenario
 def test_a_check_that_raises_is_unknown_with_its_traceback_and_the_reports_are_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    real = registry.checks()  # (first: it imports the built-in check modules, which register into CHECKS)
     monkeypatch.setattr(check_module, "CHECKS", {})  # register into a scratch table, not the real one
-    real = registry.checks()
 
     @check_module.register_check("completes", real["completes"].Params, summary="a check with a bug")
     def broken(history: object, params: object, scenario: object) -> check_module.CheckResult:

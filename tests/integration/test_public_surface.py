@@ -1,11 +1,10 @@
-"""What users wrote against mlchaos before the 0.2 layout keeps working unchanged (issue 14, "public surface").
+"""What users write against mlchaos (the public surface) works as they run it.
 
 - a training script of the user's own that imports only ``chaos.agent``, run as its own process, gets a planned
   bit flip fired into its real weights and healed, with no deprecation noise;
 - a user's plugin package that registers an injector and a check through the entry-point groups is found by the
-  registry and by ``mlchaos list`` / ``mlchaos validate``, whichever of the old or new import paths it uses;
-- old module paths (``chaos.runner``, ``chaos.scenario``, ``from chaos.plan import make_plan``) still import, each
-  with a DeprecationWarning that names the new path.
+  registry and by ``mlchaos list`` / ``mlchaos validate``;
+- the module paths users import (``chaos.spec.scenario``, ``chaos.plugins.injector``, ...) import without a warning.
 """
 
 from __future__ import annotations
@@ -15,13 +14,10 @@ import os
 import subprocess
 import sys
 import textwrap
-import warnings
 from pathlib import Path
 
 import pytest
-from support import ROOT
 
-import chaos
 from chaos.plan.agent_plan import InJobOp, write_plan
 
 USER_SCRIPT = """\
@@ -64,11 +60,11 @@ def test_a_users_script_importing_only_chaos_agent_gets_its_fault_fired_and_heal
     assert "fault.applied" in kinds and "fault.healed" in kinds, kinds
 
 
-PLUGIN_OLD_PATHS = '''\
-"""A user's fault family written against the pre-0.2 paths (chaos.injector, chaos.checks.base)."""
+PLUGIN = '''\
+"""A user's fault family, written against the documented paths (chaos.plugins.injector, chaos.checks.base)."""
 from typing import ClassVar
 from pydantic import BaseModel, ConfigDict
-from chaos.injector import Applied, FaultOp, InjectionContext
+from chaos.plugins.injector import Applied, FaultOp, InjectionContext
 from chaos.checks.base import CheckResult, register_check
 
 
@@ -134,12 +130,8 @@ checks:
 """
 
 
-@pytest.mark.parametrize("new_paths", [False, True], ids=["pre-0.2-paths", "0.2-paths"])
-def test_a_users_entry_point_plugin_is_found_and_validates(tmp_path: Path, new_paths: bool) -> None:
-    text = PLUGIN_OLD_PATHS
-    if new_paths:
-        text = text.replace("from chaos.injector import", "from chaos.plugins.injector import")
-    _install_plugin(tmp_path, text)
+def test_a_users_entry_point_plugin_is_found_and_validates(tmp_path: Path) -> None:
+    _install_plugin(tmp_path, PLUGIN)
     scenario = tmp_path / "user.yaml"
     scenario.write_text(SCENARIO)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
@@ -156,47 +148,40 @@ def test_a_users_entry_point_plugin_is_found_and_validates(tmp_path: Path, new_p
 
 
 @pytest.mark.parametrize(
-    ("statement", "new_path"),
+    "statement",
     [
-        ("import chaos.runner as m; m.execute", "chaos.run.orchestrator"),
-        ("from chaos.scenario import load_scenario", "chaos.spec.scenario"),
-        ("from chaos.plan import make_plan", "chaos.plan.build"),
-        ("from chaos.journal import Journal", "chaos.safety.journal"),
-        ("from chaos import bitflip; bitflip.flip_bits", "chaos.injob.bitflip"),
-        ("from injectors.netfilter import ChainSpec", "injectors.network.iptables"),
-        ("from chaos.targets.serving.gateway import main", "chaos.targets.reference.serving.gateway"),
-        ("from chaos.checks.serving_windows import backend_switches, resolve_window", "chaos.checks.serving.windows"),
+        "from chaos.run.orchestrator import execute",
+        "from chaos.spec.scenario import load_scenario",
+        "from chaos.plan.build import make_plan",
+        "from chaos.safety.journal import Journal",
+        "from chaos.injob.bitflip import flip_bits",
+        "from chaos.plugins.injector import Applied, FaultOp, InjectionContext",
+        "from chaos.checks.base import CheckResult, register_check",
+        "from chaos.targets.reference.serving.gateway import main",
+        "from chaos.checks.serving.windows import resolve_window",
     ],
 )
-def test_old_module_paths_import_with_a_deprecation_warning(statement: str, new_path: str) -> None:
+def test_the_public_module_paths_import_without_a_warning(statement: str) -> None:
     code = textwrap.dedent(f"""
         import warnings
         warnings.simplefilter("always")
         with warnings.catch_warnings(record=True) as caught:
             {statement}
-        moved = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
-        assert any({new_path!r} in m for m in moved), moved
+        noise = [str(w.message) for w in caught if issubclass(w.category, (DeprecationWarning, FutureWarning))]
+        assert not noise, noise
         print("ok")
     """)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
 
 
-def test_importing_an_old_path_leaves_the_real_module_untouched() -> None:
-    import chaos.run.orchestrator as real
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        import chaos.runner as old  # noqa: F401 - the point is the import
-    assert real.__name__ == "chaos.run.orchestrator" and real.__spec__ is not None
-    assert real.__spec__.name == "chaos.run.orchestrator"
-    assert old.execute is real.execute
-
-
 # What a training image needs for the agent: torch and mlchaos's own files. Everything else the harness depends on
 # (pydantic, yaml, docker, paramiko, typer, rich, matplotlib, prometheus_client, pytest, hypothesis, ...) must not
 # be imported by the in-job surface, nor may the injector modules (pydantic models: the YAML schema).
-IN_JOB_SURFACE = ("chaos.agent", "chaos.events", "chaos.injob", "chaos.guards", "chaos.plan.agent_plan", "chaos.plan.seeds")
+IN_JOB_SURFACE = (
+    "chaos.agent", "chaos.events", "chaos.event_kinds", "chaos.injob", "chaos.guards", "chaos.plan.agent_plan",
+    "chaos.plan.seeds",
+)
 
 AGENT_IMPORT = """
 import json, sys
@@ -220,20 +205,6 @@ def test_import_chaos_agent_loads_torch_the_standard_library_and_its_own_modules
     assert foreign == [], f"import chaos.agent loads {foreign}: a training image would need them"
     harness = [m for m in loaded if m.startswith("chaos.") and m != "chaos.plan" and not m.startswith(IN_JOB_SURFACE)]
     assert harness == [], harness
-
-
-def test_every_old_path_has_its_stub_and_every_stub_an_old_path() -> None:
-    packages = {"chaos": ROOT / "chaos", "injectors": ROOT / "injectors"}
-    stubs = set()
-    for top, folder in packages.items():
-        for path in folder.rglob("_moved/**/*.py"):
-            parts = path.relative_to(folder).with_suffix("").parts
-            name = ".".join(p for p in (top, *parts) if p not in ("_moved", "__init__"))
-            stubs.add(name)
-    serving = {f"chaos.targets.serving.{p.stem}" for p in (ROOT / "chaos/targets/reference/serving").glob("*.py")}
-    expected = set(chaos.MOVED_MODULES) | (serving - {"chaos.targets.serving.__init__"})
-    expected -= {"chaos.targets.ddp_trainer"}  # a real module of its own (python -m keeps working)
-    assert stubs == expected
 
 
 # torch runs without numpy (it warns once); so must the agent: a planned flip fired and healed, steps and the digest

@@ -20,11 +20,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _modules(package: str) -> Iterator[ModuleType]:
-    """Every module of ``package`` (imported), the 0.1 forwarding stubs left out."""
+    """Every module of ``package`` (imported), ``__main__`` modules left out."""
     root = importlib.import_module(package)
     yield root
     for info in pkgutil.walk_packages(root.__path__, prefix=f"{package}."):
-        if "_moved" in str(getattr(info.module_finder, "path", "")) or info.name.endswith("__main__"):
+        if info.name.endswith("__main__"):
             continue
         yield importlib.import_module(info.name)
 

@@ -16,18 +16,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from chaos.checks._evidence import fmt_offset, fmt_seconds, ordered
-from chaos.history.timeline import FAULT_APPLIED, FAULT_HEALED, Event, History
+from chaos.event_kinds import FAULT_APPLIED, FAULT_HEALED, LOAD_START
+from chaos.history.timeline import Event, History
 from chaos.load.summary import is_ok, request_events, run_bounds, scheduled_ns, status_of
-from chaos.spec.load import LOAD_START
 from chaos.spec.serving import REPLICA_RANKS
 
 if TYPE_CHECKING:
     from chaos.spec.scenario import Scenario
 
 SHED_BACKEND = "gateway"  # the backend a shed (503 at the gateway) response names
-REPLICA_START = "serving.replica_start"
-BACKEND_UP = "serving.backend_up"
-BACKEND_DOWN = "detect.backend_down"
 
 # ---------------------------------------------------------------------------------------------------------
 # finding events

@@ -14,9 +14,6 @@ from typing import TYPE_CHECKING, Literal
 
 from chaos.checks._evidence import fmt_offset, fmt_seconds, seconds
 from chaos.checks.serving.events import (
-    BACKEND_DOWN,
-    BACKEND_UP,
-    REPLICA_START,
     FaultSpan,
     applied_ops,
     backend_counts,
@@ -28,6 +25,10 @@ from chaos.checks.serving.events import (
     names_backend,
     status_counts,
 )
+from chaos.event_kinds import DETECT_BACKEND_DOWN as BACKEND_DOWN
+from chaos.event_kinds import DETECT_WRONG_ANSWER
+from chaos.event_kinds import SERVING_BACKEND_UP as BACKEND_UP
+from chaos.event_kinds import SERVING_REPLICA_START as REPLICA_START
 from chaos.history.timeline import Event, History
 from chaos.load.summary import is_ok, latency_s, request_events, scheduled_ns
 from chaos.spec.serving import PRIMARY, ServingTarget
@@ -340,6 +341,6 @@ def is_wrong_answer_detection(event: Event, backend: str) -> bool:
     """A ``detect.wrong_answer``, or a ``detect.backend_down`` for reason ``correctness``, naming ``backend``."""
     if not names_backend(event, backend):
         return False
-    return event.kind == "detect.wrong_answer" or (
+    return event.kind == DETECT_WRONG_ANSWER or (
         event.kind == BACKEND_DOWN and event.get_str("reason") == "correctness"
     )

@@ -38,7 +38,8 @@ from chaos.checks.latency import Verdict, judge_op_times, latency_verdict
 from chaos.checks.serving import events as ev
 from chaos.checks.serving import measures
 from chaos.checks.serving.windows import Window, WindowParams, resolve_window
-from chaos.history.timeline import FAULT_APPLIED, Event, History
+from chaos.event_kinds import FAULT_APPLIED
+from chaos.history.timeline import Event, History
 from chaos.load.summary import is_ok, latency_s, request_events, responded, scheduled_ns, status_of
 from chaos.spec.serving import PRIMARY
 from chaos.spec.units import Duration

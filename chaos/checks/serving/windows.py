@@ -15,9 +15,8 @@ then ``settle`` is cut from the start of each interval and ``start``/``end`` (of
 clip them. An op's end is :func:`~chaos.checks.serving.events.fault_spans`'s; an op with no known end leaves a
 window that needs it unresolved.
 
-The request fields and spans (:mod:`chaos.checks.serving.events`) and the request-level measures
-(:mod:`chaos.checks.serving.measures`) used to live here (0.1's ``chaos.checks.serving_windows``); that
-deprecated path still finds their names (``chaos.SPLIT_MODULES``).
+The request fields and spans are in :mod:`chaos.checks.serving.events`, the request-level measures in
+:mod:`chaos.checks.serving.measures`.
 """
 
 from __future__ import annotations

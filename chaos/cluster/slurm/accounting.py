@@ -37,12 +37,13 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from chaos.cluster.slurm.client import AccountingRecord, parse_fields, parse_time
+from chaos.event_kinds import SLURM_JOB as SLURM_JOB_EVENT
+from chaos.event_kinds import TARGET_CHECKPOINT, TARGET_RESUME, TARGET_START, TARGET_STEP
 from chaos.history.timeline import Event
 
-SLURM_JOB_EVENT = "slurm.job"
 COMPLETED = "COMPLETED"
 _RUNNING = "RUNNING"
-_BEGIN_KINDS = ("target.resume", "target.start", "target.step")  # the first found marks "training again"
+_BEGIN_KINDS = (TARGET_RESUME, TARGET_START, TARGET_STEP)  # the first found marks "training again"
 
 
 @dataclass(frozen=True)
@@ -299,16 +300,16 @@ def breakdown(attempts: Sequence[Attempt], progress: Iterable[Event] = ()) -> Br
         writes = [
             (e.ts_ns / 1e9 - d, e.ts_ns / 1e9)
             for e in mine
-            if e.kind == "target.checkpoint" and (d := _dur(e)) is not None
+            if e.kind == TARGET_CHECKPOINT and (d := _dur(e)) is not None
         ]
         writing = sum(_clip(began, end, a, b) for a, b in writes)
         lost = 0.0
         if not attempt.completed:
-            marks = [e.ts_ns / 1e9 for e in mine if e.kind == "target.checkpoint"]
+            marks = [e.ts_ns / 1e9 for e in mine if e.kind == TARGET_CHECKPOINT]
             durable = max([m for m in marks if began <= m <= end], default=began)
             lost = end - durable
         productive = max(0.0, span - startup - writing - lost)
-        checkpoints = sum(1 for e in mine if e.kind == "target.checkpoint")
+        checkpoints = sum(1 for e in mine if e.kind == TARGET_CHECKPOINT)
         splits.append(AttemptSplit(attempt, queue, restart, startup, writing, lost, productive, checkpoints))
         prev_end = end
     wall = (prev_end or begin) - begin

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from chaos.cluster.slurm.client import expand_hostlist, parse_fields
 from chaos.cluster.slurm.healthcheck_xid import scan
+from chaos.kernel.procfs import read_stat
 
 SLURMD_PORT = 6818
 
@@ -252,12 +253,8 @@ def _quota(version: int, folder: Path) -> float | None:
 
 
 def _stat(pid: str) -> tuple[str, int] | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    comm, rest = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
-    return comm, int(rest[1])
+    stat = read_stat(int(pid))
+    return None if stat is None else (stat.comm, stat.ppid)
 
 
 def _netns(pid: int | str) -> int | None:

@@ -22,6 +22,7 @@ from chaos.cluster.testbed import base as tb
 from chaos.cluster.testbed.slurm_conf import ConfPaths
 from chaos.cluster.testbed.system import TestbedError, kill_all, machine_lock, netns_inode, new_uts
 from chaos.cluster.testbed.system import namespaces as netns_names
+from chaos.kernel.procfs import read_stat
 
 SLURM_DIR = "chaos-tb-slurm"
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -150,17 +151,15 @@ def proc_entries() -> Iterable[tuple[int, str, bytes, int]]:
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
+        stat = read_stat(int(entry.name))
         try:
-            stat = Path(f"/proc/{entry.name}/stat").read_text()
             cmdline = Path(f"/proc/{entry.name}/cmdline").read_bytes()
         except OSError:
             continue
-        close = stat.rindex(")")
-        rest = stat[close + 2 :].split()
-        if rest[0] == "Z":
+        if stat is None or stat.zombie:
             continue
-        comm = stat[stat.index("(") + 1 : close].removesuffix("-wlm")  # Debian's real binaries: slurmd-wlm
-        yield int(entry.name), comm, cmdline, int(rest[1])
+        comm = stat.comm.removesuffix("-wlm")  # Debian's real binaries: slurmd-wlm
+        yield int(entry.name), comm, cmdline, stat.ppid
 
 
 def matching(marker: bytes, names: tuple[str, ...]) -> list[int]:

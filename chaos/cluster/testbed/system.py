@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from chaos.kernel.procfs import read_stat
+
 _CLONE_NEWUTS = 0x04000000
 # Locking this directory serialises testbed changes and leaves no file behind. Not /run/netns: `ip netns
 # add` flocks that one itself and would wait for us forever.
@@ -96,11 +98,8 @@ def live_sshds() -> list[int]:
     """Pids of running sshd processes on this machine (zombies of ours, not yet reaped, do not count)."""
     live = []
     for pid in run(["pgrep", "-x", "sshd"], check=False).stdout.split():
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            continue
-        if stat[stat.rindex(")") + 2] != "Z":
+        stat = read_stat(int(pid))
+        if stat is not None and not stat.zombie:
             live.append(int(pid))
     return live
 

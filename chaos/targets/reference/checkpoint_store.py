@@ -52,6 +52,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from chaos.event_kinds import (
+    DETECT_CHECKPOINT_STALL,
+    TARGET_CHECKPOINT,
+    TARGET_CHECKPOINT_REJECTED,
+    TARGET_RESTORE,
+    TARGET_RESUME,
+)
 from chaos.events import emit
 
 STORE_FORMAT = 2
@@ -211,7 +218,7 @@ def save(
     with collective():
         dist.barrier()  # nobody reports or trains past step K before checkpoint K is committed
     emit(
-        "target.checkpoint", rank=rank, step=step, path=str(path), attempt=attempt,
+        TARGET_CHECKPOINT, rank=rank, step=step, path=str(path), attempt=attempt,
         duration_s=round(duration, 6), files=world_size, manifest=str(manifest),
     )  # fmt: skip
     return path, duration
@@ -258,7 +265,7 @@ class _Watchdog:
                 since, phase = self._since, self.phase
             if since is not None and time.monotonic() - since >= self.limit:
                 emit(
-                    "detect.checkpoint_stall", rank=self.rank, detector="save_watchdog", step=self.step,
+                    DETECT_CHECKPOINT_STALL, rank=self.rank, detector="save_watchdog", step=self.step,
                     path=str(self.path), elapsed_s=round(time.monotonic() - since, 3), phase=phase,
                 )  # fmt: skip
                 return
@@ -342,7 +349,7 @@ class _Choice:
         if step not in self.rejected:
             self.rejected[step] = reason
             path = str(step_dir(self.directory, step))
-            emit("target.checkpoint_rejected", rank=self.rank, step=step, path=path, reason=reason)
+            emit(TARGET_CHECKPOINT_REJECTED, rank=self.rank, step=step, path=path, reason=reason)
 
 
 def read_part(directory: Path, step: int, rank: int, world_size: int) -> tuple[bytes, dict[str, Any]]:
@@ -391,7 +398,7 @@ def restore(
         bound = agreed  # some rank rejected it: go strictly below
     size, state = choice.verified[agreed]
     path = step_dir(directory, agreed)
-    emit("target.restore", rank=rank, step=agreed, path=str(path), duration_s=round(choice.read_s, 6), bytes=size)
+    emit(TARGET_RESTORE, rank=rank, step=agreed, path=str(path), duration_s=round(choice.read_s, 6), bytes=size)
     rejected = [s for s in candidates if s > agreed]  # each was rejected by this rank or by another
-    emit("target.resume", rank=rank, step=agreed, attempt=attempt, path=str(path), verified=True, rejected=rejected)
+    emit(TARGET_RESUME, rank=rank, step=agreed, attempt=attempt, path=str(path), verified=True, rejected=rejected)
     return agreed, path, state

@@ -55,11 +55,11 @@ import torch.distributed as dist
 from torch import nn
 
 from chaos import events
+from chaos.event_kinds import TARGET_ROLLBACK as ROLLBACK
 from chaos.guards.consistency import ConsistencyGuard, Judgement
 from chaos.targets.reference import checkpoint_store
 from chaos.targets.reference.trainer_state import build_model, build_optimizer
 
-ROLLBACK = "target.rollback"
 Policy = Literal["clean", "newest"]
 POLICIES: tuple[Policy, ...] = ("clean", "newest")
 DEFAULT_MAX_ROLLBACKS = 3

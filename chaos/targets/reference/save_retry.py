@@ -24,6 +24,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import TypeVar
 
+from chaos.event_kinds import TARGET_CHECKPOINT_FAILED, TARGET_CHECKPOINT_RETRY
 from chaos.events import emit
 
 T = TypeVar("T")
@@ -80,11 +81,11 @@ def save_with_retry(
             name = errno.errorcode.get(code, str(code))
             error = f"{type(exc).__name__}: {exc}"[:300]
             if began or code not in TRANSIENT or attempt >= policy.max_attempts:
-                emit("target.checkpoint_failed", rank=rank, step=step, attempts=attempt, error=error, errno_name=name)
+                emit(TARGET_CHECKPOINT_FAILED, rank=rank, step=step, attempts=attempt, error=error, errno_name=name)
                 raise
             delay = policy.delay(attempt)
             emit(
-                "target.checkpoint_retry", rank=rank, step=step, attempt=attempt, errno_name=name, error=error,
+                TARGET_CHECKPOINT_RETRY, rank=rank, step=step, attempt=attempt, errno_name=name, error=error,
                 delay_s=round(delay, 6), pid=os.getpid(),
             )  # fmt: skip
             sleep(delay)

@@ -89,6 +89,15 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from chaos.agent import Guards, attach
+from chaos.event_kinds import (
+    DETECT_COLLECTIVE_ERROR,
+    DETECT_COLLECTIVE_TIMEOUT,
+    DETECT_PEER_LOST,
+    TARGET_DIGEST,
+    TARGET_RESTART,
+    TARGET_START,
+    TARGET_STEP,
+)
 from chaos.events import emit
 from chaos.guards.consistency import DEFAULT_EVERY
 from chaos.guards.straggler import DEFAULT_MIN_EXCESS_S, DEFAULT_RATIO, DEFAULT_WINDOW, StragglerGuard
@@ -108,7 +117,7 @@ from chaos.targets.reference.trainer_state import (
     step_sample_ids,
 )
 
-# This module is the trainer's one address (tests, the deprecated chaos.targets.ddp_trainer): it re-exports
+# This module is the trainer's one address (tests, scenarios' module:): it re-exports
 # the data, model and checkpoint pieces that live in trainer_state.
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -372,9 +381,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
     # Emitted before rendezvous so a rank that never gets past init_process_group is still visible.
-    emit("target.start", rank=rank, pid=os.getpid(), attempt=attempt, world_size=world_size)
+    emit(TARGET_START, rank=rank, pid=os.getpid(), attempt=attempt, world_size=world_size)
     if rank == 0 and attempt > 0:
-        emit("target.restart", rank=rank, attempt=attempt)
+        emit(TARGET_RESTART, rank=rank, attempt=attempt)
 
     torch.set_num_threads(1)  # one thread: reproducible reductions and no oversubscription of 2 cores
     torch.use_deterministic_algorithms(True)
@@ -452,7 +461,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if agent.allow_optimizer_step():  # False when every rank agreed a guard blocked this step
                 optimizer.step()
             agent.end_step()
-            emit("target.step", rank=rank, step=step, loss=float(loss.item()), samples=ids, attempt=attempt)
+            emit(TARGET_STEP, rank=rank, step=step, loss=float(loss.item()), samples=ids, attempt=attempt)
             if rollback is not None and rollback.after_step(step):  # before this step's (poisoned) checkpoint
                 continue  # every rank reloaded a checkpoint from before the corruption: replay from there
             if step % cfg.checkpoint_every == 0:
@@ -483,13 +492,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         full_message = str(exc)
         message = full_message[:300]
-        kind = "detect.collective_timeout" if _is_timeout(message) else "detect.collective_error"
+        kind = DETECT_COLLECTIVE_TIMEOUT if _is_timeout(message) else DETECT_COLLECTIVE_ERROR
         emit(kind, rank=rank, detector="gloo", message=message, step=current_step)
         # Emitted after the collective_* event, so scenarios that take the first detection keep seeing that one.
         lost_by = peer_loss_detector(full_message)
         if lost_by is not None:
             emit(
-                "detect.peer_lost",
+                DETECT_PEER_LOST,
                 rank=rank,
                 detector=lost_by,
                 message=message,
@@ -507,7 +516,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     agent.close()  # heals in-job faults (undoing only their own change) before the final digest
     digest = state_digest(model, optimizer)
     final_step = max(start_step - 1, cfg.steps)
-    emit("target.digest", rank=rank, digest=digest, step=final_step, attempt=attempt)
+    emit(TARGET_DIGEST, rank=rank, digest=digest, step=final_step, attempt=attempt)
     if rank == 0:
         out = cfg.checkpoint_dir / FINAL_DIGEST_FILE
         cfg.checkpoint_dir.mkdir(parents=True, exist_ok=True)

@@ -51,6 +51,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from chaos import events
+from chaos.event_kinds import DETECT_BACKEND_DOWN as BACKEND_DOWN
+from chaos.event_kinds import DETECT_WRONG_ANSWER as WRONG_ANSWER
+from chaos.event_kinds import SERVING_BACKEND_UP as BACKEND_UP
+from chaos.event_kinds import SERVING_BREAKER as BREAKER
+from chaos.event_kinds import SERVING_READY as READY
+from chaos.event_kinds import SERVING_ROUTE as ROUTE
+from chaos.event_kinds import SERVING_STATS as STATS
 from chaos.spec.serving import CACHE, FALLBACK, PRIMARY, ServingTarget
 from chaos.targets.reference.serving.breaker import CircuitBreaker, State
 from chaos.targets.reference.serving.health import Reason, ReplicaHealth
@@ -67,14 +74,6 @@ from chaos.targets.reference.serving.wire import (
     request_key,
     serve_until_signalled,
 )
-
-READY = "serving.ready"
-BACKEND_DOWN = "detect.backend_down"
-BACKEND_UP = "serving.backend_up"
-BREAKER = "serving.breaker"
-ROUTE = "serving.route"
-WRONG_ANSWER = "detect.wrong_answer"
-STATS = "serving.stats"
 
 GATEWAY = "gateway"  # the X-Backend of answers the gateway gives itself (shed, 502)
 NO_ROUTE = "none"

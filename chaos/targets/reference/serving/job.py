@@ -24,9 +24,10 @@ from pathlib import Path
 
 from chaos.cluster.local import LocalTransport
 from chaos.cluster.ports import free_port
+from chaos.event_kinds import SERVING_READY as READY
 from chaos.spec.roles import RestartPolicy, RoleSpec, RolesTarget
 from chaos.spec.serving import FALLBACK, PRIMARY, REPLICA_RANKS, ReplicaSettings, ServingTarget
-from chaos.targets.reference.serving.gateway import READY, GatewayConfig, ReplicaEndpoint
+from chaos.targets.reference.serving.gateway import GatewayConfig, ReplicaEndpoint
 from chaos.targets.roles import RolesJob
 
 GATEWAY = "gateway"

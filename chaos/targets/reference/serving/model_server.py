@@ -38,6 +38,7 @@ from torch import nn
 
 from chaos import events
 from chaos.agent import Agent, attach
+from chaos.event_kinds import SERVING_REPLICA_START as REPLICA_START
 from chaos.targets.reference.serving.models import ModelName, build_model, predict
 from chaos.targets.reference.serving.wire import (
     HEALTH_PATH,
@@ -52,8 +53,6 @@ from chaos.targets.reference.serving.wire import (
     serve_until_signalled,
     write_golden_once,
 )
-
-REPLICA_START = "serving.replica_start"
 
 
 class Replica:
