@@ -170,7 +170,9 @@ class Agent(ProgressCalls):
         self.emit = emit
         self.plan = plan if plan is not None else load_plan()
         ft_ddp = ddp is not None and ft.is_torchft_ddp(ddp)
-        refuse_misuse(self.plan, ddp=ddp, torchft_ddp=ft_ddp, manager=manager, guard=guard, consistency_every=consistency_every)
+        refuse_misuse(
+            self.plan, ddp=ddp, torchft_ddp=ft_ddp, manager=manager, guard=guard, consistency_every=consistency_every
+        )
         self.group = _ddp_group(ddp)  # the data-parallel group every guard's collective runs on
         self.manager = manager
         if consistency_optimizer and optimizer is None:
@@ -180,19 +182,28 @@ class Agent(ProgressCalls):
         self._fired_dir = Path(os.environ["CHAOS_RUN_DIR"]) / "agent" if os.environ.get("CHAOS_RUN_DIR") else None
         mine = [op for op in self.plan.ops if self._targets_me(op)]
         self._grad_faults = [
-            _GradFault(op, GradCorruptSpec.from_params(op.params)) for op in mine
-            if op.injector == "grad_corrupt"
-        ]  # fmt: skip
+            _GradFault(op, GradCorruptSpec.from_params(op.params)) for op in mine if op.injector == "grad_corrupt"
+        ]
         self._tensor_ops = [(op, BitFlipSpec.from_params(op.params)) for op in mine if op.injector == "bitflip"]
         self._armed: dict[str, ArmedFault] = {}
         self.phase_faults = PhaseFaults(  # process faults fired on this process at a phase (trigger.phase)
-            self.plan.ops, mine=self._targets_me, rank=self.rank, step=lambda: self.step, emit=emit,
-            already_fired=self._already_fired, mark_fired=self._mark_fired, has_ddp=ddp is not None or manager is not None,
-        )  # fmt: skip
+            self.plan.ops,
+            mine=self._targets_me,
+            rank=self.rank,
+            step=lambda: self.step,
+            emit=emit,
+            already_fired=self._already_fired,
+            mark_fired=self._mark_fired,
+            has_ddp=ddp is not None or manager is not None,
+        )
         self.hang_faults = HangFaults(  # spin / skip_collective on this rank (chaos.injob.hang_faults)
-            [op for op in mine if op.injector in HANG_FAULTS], rank=self.rank, step=lambda: self.step, emit=emit,
-            already_fired=self._already_fired, mark_fired=self._mark_fired,
-        )  # fmt: skip
+            [op for op in mine if op.injector in HANG_FAULTS],
+            rank=self.rank,
+            step=lambda: self.step,
+            emit=emit,
+            already_fired=self._already_fired,
+            mark_fired=self._mark_fired,
+        )
         # Phases where any of this rank's faults can fire: the per-step hooks skip the fault dispatch at the others.
         self._fault_phases = {p.phase for _, p in self._tensor_ops} | self.phase_faults.phases | self.hang_faults.phases
         # The collective flight recorder (CHAOS_FLIGHT_DIR; a skip fault needs its wrappers even without one).
@@ -247,14 +258,23 @@ class Agent(ProgressCalls):
         # The one-line tier: the per-step calls made from hooks until the loop makes one itself (loop_hooks).
         self._hooks = (
             LoopHooks(
-                LoopCalls(self._begin_step, lambda: self._after_backward(None), self._allow_optimizer_step,
-                          self._end_step, self._close_at_exit),
-                ddp if ddp is not None else model, optimizer, rank=self.rank, emit=emit,
-                manager=manager, install=hook_names(hooks),
+                LoopCalls(
+                    self._begin_step,
+                    lambda: self._after_backward(None),
+                    self._allow_optimizer_step,
+                    self._end_step,
+                    self._close_at_exit,
+                ),
+                ddp if ddp is not None else model,
+                optimizer,
+                rank=self.rank,
+                emit=emit,
+                manager=manager,
+                install=hook_names(hooks),
             )
             if hook_names(hooks) and optimizer is not None
             else None
-        )  # fmt: skip
+        )
 
     # -- plan bookkeeping -------------------------------------------------------------------------------
     def _targets_me(self, op: InJobOp) -> bool:
@@ -296,12 +316,22 @@ class Agent(ProgressCalls):
     # -- the collective ---------------------------------------------------------------------------------
     def _install_torchft(self, manager: ft.Manager, guard: str, checksum: ChecksumConfig | None) -> None:
         """In ``manager.allreduce`` (torchft's DDP hook calls it per bucket), under the same rule as the hook."""
-        if guard == "checksum" or self._grad_faults or self._anomaly_requested or self.phase_faults.in_collective_wanted:
+        if (
+            guard == "checksum"
+            or self._grad_faults
+            or self._anomaly_requested
+            or self.phase_faults.in_collective_wanted
+        ):
             self.torchft = ft.TorchftReduction(
-                manager, rank=self.rank, guard=guard == "checksum", config=checksum, emit=self.emit,
-                corrupt=self._corrupt, in_flight=self.phase_faults.in_collective,
+                manager,
+                rank=self.rank,
+                guard=guard == "checksum",
+                config=checksum,
+                emit=self.emit,
+                corrupt=self._corrupt,
+                in_flight=self.phase_faults.in_collective,
                 observe=None if self.anomaly_guard is None else self.anomaly_guard.observe,
-            )  # fmt: skip
+            )
         self._torchft_from = manager.current_step()
 
     def _torchft_step(self) -> dict[str, JsonValue]:
@@ -481,7 +511,9 @@ class Agent(ProgressCalls):
                 # e.g. no gradient or optimizer state yet: say so, and leave nothing half-applied.
                 armed.heal()
                 self._armed.pop(op.op_id, None)
-                self.emit(FAULT_FAILED, rank=self.rank, fault=op.fault, op=op.op_id, injector=op.injector, error=str(exc))
+                self.emit(
+                    FAULT_FAILED, rank=self.rank, fault=op.fault, op=op.op_id, injector=op.injector, error=str(exc)
+                )
                 continue
             if first:
                 self._armed[op.op_id] = armed
@@ -504,9 +536,7 @@ class Agent(ProgressCalls):
                 "delta_removed": list(healing.delta_removed[:16]),
                 "kept": list(healing.kept[:16]),
             }
-        self.emit(
-            FAULT_HEALED, rank=self.rank, fault=op.fault, op=op_id, injector=op.injector, step=self.step, **extra
-        )
+        self.emit(FAULT_HEALED, rank=self.rank, fault=op.fault, op=op_id, injector=op.injector, step=self.step, **extra)
 
 
 def _skip_dir(wanted: bool) -> str | None:
@@ -534,7 +564,9 @@ def _plain_hook(agent: Agent, bucket: GradBucket) -> torch.futures.Future[torch.
     agent._corrupt("in_transit", index, tensor)
     carrier = None if agent.consistency is None else agent.consistency.carrier  # the consistency digest, clean
     sent = tensor if carrier is None else carrier.pack(index, tensor)
-    work = dist.all_reduce(sent, group=agent.group, async_op=True)  # started, then waited: a phase fault fires in between
+    work = dist.all_reduce(
+        sent, group=agent.group, async_op=True
+    )  # started, then waited: a phase fault fires in between
     assert work is not None
     agent.phase_faults.in_collective(index)
     work.wait()
@@ -580,10 +612,19 @@ def attach(
     """
     guards = Guards.of(guard)
     return Agent(
-        model, optimizer=optimizer, ddp=ddp, manager=manager, guard=guards.mode, anomaly=guards.anomaly,  # type: ignore[arg-type]
-        checksum=guards.checksum_config, consistency_every=guards.consistency_every,
-        consistency_optimizer=guards.consistency_optimizer, data=data, job_emits=job_emits, hooks=hooks,
-    )  # fmt: skip
+        model,
+        optimizer=optimizer,
+        ddp=ddp,
+        manager=manager,
+        guard=guards.mode,  # type: ignore[arg-type]
+        anomaly=guards.anomaly,
+        checksum=guards.checksum_config,
+        consistency_every=guards.consistency_every,
+        consistency_optimizer=guards.consistency_optimizer,
+        data=data,
+        job_emits=job_emits,
+        hooks=hooks,
+    )
 
 
 __all__ = ["Agent", "Guards", "attach"]

@@ -41,7 +41,8 @@ class GradCorruptParams(BaseModel):
     kind: Kind = "bitflip"
     element: int | None = Field(default=None, ge=0, description="flat index in the bucket (default: seeded random)")
     bit: BitIndex | BitClass | None = Field(
-        default="exponent", description="bit index (0 = LSB; below the gradient's width: 32 for float32) or class; null = any bit"
+        default="exponent",
+        description="bit index (0 = LSB; below the gradient's width: 32 for float32) or class; null = any bit",
     )
     count: int = Field(default=1, ge=1, description="elements corrupted")
     magnitude: Magnitude = Field(

@@ -23,9 +23,10 @@ class SpinParams(BaseModel):
         default=None, ge=0, description="the rank that spins (default: the trigger's rank, else 0)"
     )
     phase: Literal["forward", "backward", "optimizer_step"] = Field(
-        default="forward", description="where in the step: forward (begin_step), backward (after_backward), "
-        "optimizer_step (allow_optimizer_step)"
-    )  # fmt: skip
+        default="forward",
+        description="where in the step: forward (begin_step), backward (after_backward), "
+        "optimizer_step (allow_optimizer_step)",
+    )
 
 
 class SkipCollectiveParams(BaseModel):

@@ -260,9 +260,12 @@ class ThrottleState:
         """InjectionError when a field is missing or the cgroup is not a chaos-<hex> one under the mount."""
         version, mount, root, cgroup = state.get("version"), state.get("mount"), state.get("root"), state.get("cgroup")
         if not (
-            isinstance(version, int) and version in (1, 2)
-            and isinstance(mount, str) and isinstance(root, str) and isinstance(cgroup, str)
-        ):  # fmt: skip
+            isinstance(version, int)
+            and version in (1, 2)
+            and isinstance(mount, str)
+            and isinstance(root, str)
+            and isinstance(cgroup, str)
+        ):
             raise InjectionError("journal state lacks the cgroup version/mount/root/cgroup of this throttle")
         if os.path.dirname(cgroup) != mount.rstrip("/") or not _CGROUP_NAME.match(os.path.basename(cgroup)):
             raise InjectionError(f"refusing to touch {cgroup!r}: not a chaos-<hex> cgroup directly under {mount!r}")
@@ -402,9 +405,17 @@ def _revert_argv(state: ThrottleState) -> list[str]:
     pairs = [f"{pid}={path}" for pid, path in recorded.items()]
     fallback = next(iter(recorded.values()), hierarchy.mount)  # children go where the first target was
     return [
-        "sh", "-c", REVERT_SCRIPT, "mlchaos-cpu-revert",
-        state.cgroup, hierarchy.limit_file, hierarchy.unlimited, fallback, hierarchy.mount, *pairs,
-    ]  # fmt: skip
+        "sh",
+        "-c",
+        REVERT_SCRIPT,
+        "mlchaos-cpu-revert",
+        state.cgroup,
+        hierarchy.limit_file,
+        hierarchy.unlimited,
+        fallback,
+        hierarchy.mount,
+        *pairs,
+    ]
 
 
 # -- memory_pressure ------------------------------------------------------------------------------------------
@@ -464,9 +475,16 @@ class MemoryPressureInjector:
         host, state = ProcessHost(ctx.transport), MemoryState.from_json(applied.state)
         until_ns = detached.host_deadline_ns(ctx.transport, applied.duration_s or 0.0)
         argv = [
-            host_python(ctx.transport), "-m", MODULE,
-            "--op-id", applied.op_id, "--megabytes", str(state.megabytes), "--until-ns", str(until_ns),
-        ]  # fmt: skip
+            host_python(ctx.transport),
+            "-m",
+            MODULE,
+            "--op-id",
+            applied.op_id,
+            "--megabytes",
+            str(state.megabytes),
+            "--until-ns",
+            str(until_ns),
+        ]
         log = "memhog.log" if host.local else None
         helper = detached.launch(ctx.transport, argv, what="memory hog", log=log)
         applied.state.update(replace(state, helper_pid=helper).to_json())

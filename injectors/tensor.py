@@ -172,4 +172,14 @@ class BitFlipInjector(InJobInjector):
 
 INJECTORS = (BitFlipInjector,)  # what chaos.plugins.registry collects from a built-in injector module
 
-__all__ = ["DEFAULT_PHASE", "INJECTORS", "BitClass", "BitFlipInjector", "BitFlipParams", "Kind", "Persistence", "Phase", "Where"]
+__all__ = [
+    "DEFAULT_PHASE",
+    "INJECTORS",
+    "BitClass",
+    "BitFlipInjector",
+    "BitFlipParams",
+    "Kind",
+    "Persistence",
+    "Phase",
+    "Where",
+]

@@ -30,7 +30,8 @@ parallel=()
 [ "$workers" -gt 0 ] && parallel=(-n "$workers" --dist loadfile)
 step pytest .venv/bin/python -m pytest -q --durations=25 "${parallel[@]}" tests
 step mypy .venv/bin/python -m mypy
-step ruff .venv/bin/ruff check chaos injectors tests benchmarks
+step ruff .venv/bin/ruff check chaos injectors tests benchmarks scripts
+step format .venv/bin/ruff format --check chaos injectors
 step validate .venv/bin/mlchaos validate scenarios/*.yaml
 
 echo

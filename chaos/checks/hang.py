@@ -68,9 +68,15 @@ def culprit_named(history: History, params: BaseModel, scenario: Scenario) -> Ch
 
     def result(status: Status, reason: str, evidence: list[str], measured: float | None = None) -> CheckResult:
         return CheckResult(
-            check=CHECK_CULPRIT_NAMED, name=name, status=status, measured=measured, bound=bound, unit="s",
-            reason=reason, evidence=ev.capped(evidence),
-        )  # fmt: skip
+            check=CHECK_CULPRIT_NAMED,
+            name=name,
+            status=status,
+            measured=measured,
+            bound=bound,
+            unit="s",
+            reason=reason,
+            evidence=ev.capped(evidence),
+        )
 
     ops = ev.applied_ops(history, p.fault)
     if not ops:

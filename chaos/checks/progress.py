@@ -79,7 +79,9 @@ def progress(history: History, params: BaseModel, scenario: Scenario | None) -> 
     if scenario is not None and timeout is None:
         return verdict(status="unknown", reason="safety.no_progress_timeout is null: nobody watched for progress")
     steps = step_events(history)
-    alive = sorted([*steps, *events_of(history, TARGET_START), *events_of(history, TARGET_WORKER)], key=lambda e: e.ts_ns)
+    alive = sorted(
+        [*steps, *events_of(history, TARGET_START), *events_of(history, TARGET_WORKER)], key=lambda e: e.ts_ns
+    )
     alive = [e for e in alive if steps and e.ts_ns >= steps[0].ts_ns]  # from the first step on, as the watch
     # The watch runs until the job exits: a stall after the last step, before the exit, counts as well.
     exits = [e for e in events_of(history, TARGET_EXIT) if alive and e.ts_ns > alive[-1].ts_ns][:1]

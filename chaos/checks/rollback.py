@@ -49,9 +49,10 @@ class RolledBackParams(CheckParams):
     """Which fault corrupted the state, and which detections must be followed by a rollback."""
 
     fault: str | None = Field(
-        default=None, description="the corrupting fault (its first application is the corruption); null: the first "
+        default=None,
+        description="the corrupting fault (its first application is the corruption); null: the first "
         "fault applied in the run",
-    )  # fmt: skip
+    )
     event: str = Field(default=DETECT_DIVERGENCE, description="glob of the detections a rollback must follow")
 
 
@@ -160,20 +161,26 @@ def rolled_back_before_corruption(history: History, params: BaseModel, scenario:
     detections = [e for e in events_of(history, p.event) if e.ts_ns > op.ts_ns]
     if not detections:
         return verdict(
-            status="unknown", bound=bound, evidence=evidence,
+            status="unknown",
+            bound=bound,
+            evidence=evidence,
             reason=f"no {p.event} after the fault: nothing to roll back from (sdc_detected judges the detection)",
-        )  # fmt: skip
+        )
     first, last = detections[0], detections[-1]
     evidence.append(cite(history, first, "the detection"))
-    ranks = sorted({e.rank for e in step_events(history)} | {e.rank for e in events_of(history, TARGET_ROLLBACK)},
-                   key=lambda r: (r is None, r or 0))  # fmt: skip
+    ranks = sorted(
+        {e.rank for e in step_events(history)} | {e.rank for e in events_of(history, TARGET_ROLLBACK)},
+        key=lambda r: (r is None, r or 0),
+    )
     rollbacks = [rb for rank in ranks for rb in _rollbacks(history, rank, first.ts_ns)]
     if not rollbacks:
         return verdict(
-            status="fail", bound=bound, evidence=evidence,
+            status="fail",
+            bound=bound,
+            evidence=evidence,
             reason=f"the corruption was detected at step {_step_at(history, first)} but no rank rolled back after it "
             f"(no {TARGET_ROLLBACK} or {TARGET_RESUME})",
-        )  # fmt: skip
+        )
     for rb in rollbacks:
         _judge_one(history, rb, corrupted)
     unnamed = [rb for rb in rollbacks if rb.to_step is None]
@@ -211,15 +218,21 @@ def rolled_back_before_corruption(history: History, params: BaseModel, scenario:
         )
     if unnamed:
         return verdict(
-            status="unknown", measured=measured, bound=bound, evidence=capped(evidence),
+            status="unknown",
+            measured=measured,
+            bound=bound,
+            evidence=capped(evidence),
             reason="; ".join(text for rb in unnamed for text in rb.problems),
-        )  # fmt: skip
+        )
     assert newest is not None
     first_rb = min(rollbacks, key=lambda rb: rb.event.ts_ns)
     from_step = first_rb.event.get_int("from_step")
     replayed = "" if from_step is None else f", replaying {from_step - newest} step(s)"
     return verdict(
-        status="pass", measured=measured, bound=bound, evidence=capped(evidence),
+        status="pass",
+        measured=measured,
+        bound=bound,
+        evidence=capped(evidence),
         reason=f"corrupted at step {corrupted}, detected at step {_step_at(history, first)}; every rank rolled back "
         f"to step {newest} or older{replayed}, and ran past step {detected}",
-    )  # fmt: skip
+    )

@@ -208,7 +208,9 @@ def node_drained_within(history: History, params: BaseModel, scenario: Scenario 
             found.cannot_judge(f"no slurm.node event showed {host} before {cite(history, op)}: its state is unknown")
             continue
         if is_drained(before[-1]):
-            found.cannot_judge(f"{host} was already drained when {cite(history, op)}: {_cite_node(history, before[-1])}")
+            found.cannot_judge(
+                f"{host} was already drained when {cite(history, op)}: {_cite_node(history, before[-1])}"
+            )
             continue
         drains = [e for e in seen if e.ts_ns > op.ts_ns and is_drained(e)]
         if p.by == "health_check":

@@ -131,9 +131,12 @@ def restore_straggler_named(history: History, params: BaseModel, scenario: Scena
     ``measured``: the straggler's excess over the next slowest restore, in seconds."""
     p = narrow(params, StragglerParams)
     verdict = partial(
-        CheckResult, check=CHECK_STRAGGLER, name=label(CHECK_STRAGGLER, p.fault), unit="s",
+        CheckResult,
+        check=CHECK_STRAGGLER,
+        name=label(CHECK_STRAGGLER, p.fault),
+        unit="s",
         bound=f"slowest restore is the delayed rank's, by > {fmt_seconds(p.min_excess)}",
-    )  # fmt: skip
+    )
     ops = applied_ops(history, p.fault)
     if not ops:
         return verdict(status="unknown", reason=missing_fault_reason(history, p.fault))
@@ -304,9 +307,11 @@ def retried_with_backoff(history: History, params: BaseModel, scenario: Scenario
     the last failure. ``measured``: the failed attempts and their gaps."""
     p = narrow(params, RetryParams)
     verdict = partial(
-        CheckResult, check=CHECK_RETRIED, name=label(CHECK_RETRIED, p.fault),
+        CheckResult,
+        check=CHECK_RETRIED,
+        name=label(CHECK_RETRIED, p.fault),
         bound=f"{p.min_attempts}..{p.max_attempts} attempts, gaps x{p.growth:g}, then a committed save",
-    )  # fmt: skip
+    )
     ops = applied_ops(history, p.fault)
     if not ops:
         return verdict(status="unknown", reason=missing_fault_reason(history, p.fault))
@@ -339,9 +344,10 @@ def retried_with_backoff(history: History, params: BaseModel, scenario: Scenario
     measured = f"{len(attempts.times)} failed attempt(s), gaps " + (
         "/".join(f"{g:.2f}" for g in gaps) + "s" if gaps else "none"
     )
-    evidence.append(f"failed attempts{whose}{step_text} from {attempts.source}: " + ", ".join(
-        fmt_offset(history, t) for t in attempts.times[:12]
-    ))  # fmt: skip
+    evidence.append(
+        f"failed attempts{whose}{step_text} from {attempts.source}: "
+        + ", ".join(fmt_offset(history, t) for t in attempts.times[:12])
+    )
     fail = partial(verdict, status="fail", measured=measured)
 
     gave_up = [e for e in events_of(history, TARGET_CHECKPOINT_FAILED) if e.ts_ns >= ops[0].ts_ns]

@@ -92,13 +92,21 @@ def entry_point_problems(scenario: Scenario) -> list[Problem]:
     for at, script, module in entries:
         if script is not None and "{" not in script and not os.path.isfile(script):
             where = "" if os.path.isabs(script) else f" (relative to {os.getcwd()}, where mlchaos runs)"
-            problems.append(Problem(*scenario.located((*at, "script")), f"script {script!r} does not exist{where}: "
-                                    "torchrun would start and every rank fail with code 1",
-                                    "give the script's path from the directory you run mlchaos in, or an absolute one"))  # fmt: skip
+            problems.append(
+                Problem(
+                    *scenario.located((*at, "script")),
+                    f"script {script!r} does not exist{where}: torchrun would start and every rank fail with code 1",
+                    "give the script's path from the directory you run mlchaos in, or an absolute one",
+                )
+            )
         if module is not None and importlib.util.find_spec(module.split(".")[0]) is None:
-            problems.append(Problem(*scenario.located((*at, "module")), f"module {module!r}: no package "
-                                    f"{module.split('.')[0]!r} for {sys.executable}, which runs the job",
-                                    "install it into that interpreter, or give the script's path instead"))  # fmt: skip
+            problems.append(
+                Problem(
+                    *scenario.located((*at, "module")),
+                    f"module {module!r}: no package {module.split('.')[0]!r} for {sys.executable}, which runs the job",
+                    "install it into that interpreter, or give the script's path instead",
+                )
+            )
     return problems
 
 
@@ -161,10 +169,15 @@ def _inventory_problems(
         for index, fault in enumerate(scenario.faults):
             for path, rank in fault_ranks(fault, ("faults", index)):
                 if rank is not None and rank >= size:
-                    problems.append(Problem(*scenario.located(path), f"rank {rank} does not exist: the job runs "
-                                            f"{size} rank(s) ({len(job_nodes)} inventory node(s) x nproc_per_node "
-                                            f"{scenario.target.nproc_per_node}), 0..{size - 1}",
-                                            "aim at a rank below the world size, or select more nodes"))  # fmt: skip
+                    problems.append(
+                        Problem(
+                            *scenario.located(path),
+                            f"rank {rank} does not exist: the job runs "
+                            f"{size} rank(s) ({len(job_nodes)} inventory node(s) x nproc_per_node "
+                            f"{scenario.target.nproc_per_node}), 0..{size - 1}",
+                            "aim at a rank below the world size, or select more nodes",
+                        )
+                    )
     reached: dict[tuple[str | int, ...], list[str]] = {("target", "nodes"): job_nodes or []}
     for index, fault in enumerate(scenario.faults):
         rank = fault.hosts.rank if fault.hosts is not None else getattr(fault.params, "rank", None)
@@ -184,7 +197,9 @@ def _inventory_problems(
     return problems
 
 
-def _host_problems(scenario: Scenario, hosts: HostSet, reached: dict[tuple[str | int, ...], list[str]]) -> list[Problem]:
+def _host_problems(
+    scenario: Scenario, hosts: HostSet, reached: dict[tuple[str | int, ...], list[str]]
+) -> list[Problem]:
     """What ``run`` checks on the inventory hosts before it starts, at validate: each host the job or a fault
     lands on answers (its address, its host key, the login), and each fault's injector is supported there."""
     problems: list[Problem] = []
@@ -201,9 +216,13 @@ def _host_problems(scenario: Scenario, hosts: HostSet, reached: dict[tuple[str |
                     answered[name] = f"{type(exc).__name__}: {exc}"[:300]
             why = answered[name]
             if why is not None:
-                problems.append(Problem(*scenario.located(at), f"host {name} ({hosts.address(name)}) cannot be "
-                                        f"reached: {why}", "check its address, user, key and known_hosts in the "
-                                        "inventory (the run refuses it too)"))  # fmt: skip
+                problems.append(
+                    Problem(
+                        *scenario.located(at),
+                        f"host {name} ({hosts.address(name)}) cannot be reached: {why}",
+                        "check its address, user, key and known_hosts in the inventory (the run refuses it too)",
+                    )
+                )
     for at, names in reached.items():
         if at[0] != "faults" or any(answered.get(name) for name in names):
             continue
@@ -213,6 +232,11 @@ def _host_problems(scenario: Scenario, hosts: HostSet, reached: dict[tuple[str |
             try:
                 registry.injector(fault.type).check(ctx, fault.params)
             except Unsupported as exc:
-                problems.append(Problem(*scenario.located(at), unsupported(fault, exc) + f" (on {name})",
-                                        "aim it at hosts that have it, or drop the fault"))  # fmt: skip
+                problems.append(
+                    Problem(
+                        *scenario.located(at),
+                        unsupported(fault, exc) + f" (on {name})",
+                        "aim it at hosts that have it, or drop the fault",
+                    )
+                )
     return problems

@@ -44,8 +44,9 @@ _VERDICT_STYLE = {"pass": "bold green", "fail": "bold red", "error": "bold yello
 
 def register(app: typer.Typer) -> None:
     """Add the ``suite`` command group and the ``history`` command to ``app``."""
-    group = typer.Typer(help="Run many scenarios in one go (a folder or a suite file), for schedules and CI.",
-                        no_args_is_help=True)
+    group = typer.Typer(
+        help="Run many scenarios in one go (a folder or a suite file), for schedules and CI.", no_args_is_help=True
+    )
     group.command("run")(run)
     group.command("plan")(plan)
     group.command("schedule")(suite_schedule.schedule)  # a recurring Slurm job (chaos.suite.slurm_schedule)
@@ -56,7 +57,9 @@ def register(app: typer.Typer) -> None:
 Target = Annotated[Path, typer.Argument(help="a folder of scenarios, a suite YAML file, or one scenario file")]
 Repeat = Annotated[int | None, typer.Option(min=1, help="rounds over the whole suite (default: the suite's repeat)")]
 Shuffle = Annotated[bool, typer.Option("--shuffle", help="run in a random order, seeded (see --seed)")]
-Seed = Annotated[int | None, typer.Option(help="seed of the shuffle (default: the suite's seed, else drawn and printed)")]
+Seed = Annotated[
+    int | None, typer.Option(help="seed of the shuffle (default: the suite's seed, else drawn and printed)")
+]
 Inventory = Annotated[Path | None, typer.Option(help="inventory for every run whose suite entry names none")]
 
 
@@ -106,7 +109,10 @@ def run(
         "reports"
     ),
     history: Annotated[
-        Path | None, typer.Option(help="run-history SQLite file (default: $MLCHAOS_HISTORY, else REPORT_DIR/mlchaos-history.sqlite)")
+        Path | None,
+        typer.Option(
+            help="run-history SQLite file (default: $MLCHAOS_HISTORY, else REPORT_DIR/mlchaos-history.sqlite)"
+        ),
     ] = None,
     textfile: Annotated[
         Path | None, typer.Option(help="Prometheus textfile-collector file (default: REPORT_DIR/mlchaos.prom)")
@@ -215,7 +221,9 @@ def history(
     last: Annotated[int, typer.Option(min=1, help="window: each scenario's newest N runs")] = 20,
     history_file: Annotated[
         Path | None,
-        typer.Option("--history", help="run-history file (default: $MLCHAOS_HISTORY, else reports/mlchaos-history.sqlite)"),
+        typer.Option(
+            "--history", help="run-history file (default: $MLCHAOS_HISTORY, else reports/mlchaos-history.sqlite)"
+        ),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
     runs: Annotated[bool, typer.Option("--runs", help="list the runs themselves, not per-scenario trends")] = False,

@@ -56,8 +56,6 @@ _PRIVILEGED: dict[str, bool] = {}
 _PRIVILEGED_LOCK = threading.Lock()
 
 
-
-
 class DockerProcess(RemoteProcess):
     """A process started by :meth:`DockerTransport.spawn`; behaves like the parts of Popen the harness uses."""
 

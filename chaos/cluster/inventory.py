@@ -142,7 +142,9 @@ def select(
     names = inventory.names()
     for name in [*selector.exclude, *sorted(protected)]:
         if name not in names:
-            raise SelectionError(f"excluded/protected host {name!r} is not in the inventory{_did_you_mean(name, names)}")
+            raise SelectionError(
+                f"excluded/protected host {name!r} is not in the inventory{_did_you_mean(name, names)}"
+            )
     if selector.host is not None:
         chosen = inventory.host(selector.host)
         if chosen.name in protected:
@@ -259,7 +261,9 @@ def load_inventory(path: Path | str) -> Inventory:
     try:
         raw = file.read_bytes()
     except OSError as exc:
-        raise InventoryError([Problem(str(path), 1, 1, f"cannot read inventory: {exc.strerror}", "check the path")]) from None
+        raise InventoryError(
+            [Problem(str(path), 1, 1, f"cannot read inventory: {exc.strerror}", "check the path")]
+        ) from None
     # Not UTF-8: the same file:line:column problem a scenario file gets, not a traceback.
     text = decode_text(raw, str(path), InventoryError)
     return parse_inventory(text, str(path), base_dir=file.parent)

@@ -78,7 +78,9 @@ class _ChannelReader(io.RawIOBase):
 class SshProcess(RemoteProcess):
     """A process started by :meth:`SshTransport.spawn`; behaves like the parts of Popen the harness uses."""
 
-    def __init__(self, owner: SshTransport, channel: paramiko.Channel, pid: int, argv: list[str], watched: bool) -> None:
+    def __init__(
+        self, owner: SshTransport, channel: paramiko.Channel, pid: int, argv: list[str], watched: bool
+    ) -> None:
         super().__init__(owner, pid, argv, watched, _ChannelReader(channel))
         self._channel = channel
 

@@ -484,8 +484,12 @@ class ConsistencyGuard:
         here = self.device
         s1: list[torch.Tensor | None] = [None] * len(named)
         s2: list[torch.Tensor | None] = [None] * len(named)
-        for position, a, b in zip(batch.positions, torch.cat(batch.s1 or [torch.zeros(0, dtype=torch.int64)]),
-                                  torch.cat(batch.s2 or [torch.zeros(0, dtype=torch.int64)]), strict=True):  # fmt: skip
+        for position, a, b in zip(
+            batch.positions,
+            torch.cat(batch.s1 or [torch.zeros(0, dtype=torch.int64)]),
+            torch.cat(batch.s2 or [torch.zeros(0, dtype=torch.int64)]),
+            strict=True,
+        ):
             s1[position], s2[position] = a, b
         floats: dict[torch.dtype, tuple[list[int], list[torch.Tensor]]] = {}
         for index, (_name, tensor) in enumerate(named):

@@ -129,9 +129,10 @@ class SumBatch:
             total = joined.view(group.dtype).sum(dtype=_FLOAT_SUM[group.dtype])
             if not math.isfinite(float(total)):
                 result.flagged.extend(
-                    i for i, view in zip(group.positions, group.views, strict=True)
+                    i
+                    for i, view in zip(group.positions, group.views, strict=True)
                     if not bool(torch.isfinite(view.view(group.dtype)).all())
-                )  # fmt: skip
+                )
         return result
 
 

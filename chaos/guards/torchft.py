@@ -205,18 +205,36 @@ class TorchftReduction:
             return
         blocks = tuple(int(b) for b in torch.nonzero(bad).reshape(-1)[: self.config.max_reported_blocks])
         detection = Detection(
-            bucket=index, attempt=0, step=self.step, ranks=(self.rank,), blocks=blocks, n_blocks=n_bad,
-            site_hint="unknown", culprit_rank=None, action="report",
-        )  # fmt: skip
+            bucket=index,
+            attempt=0,
+            step=self.step,
+            ranks=(self.rank,),
+            blocks=blocks,
+            n_blocks=n_bad,
+            site_hint="unknown",
+            culprit_rank=None,
+            action="report",
+        )
         self.stats.mismatches += 1
         self.stats.mismatched_here += 1
         self.stats.skipped_steps += 1
         self.detections.append(detection)
         self.emit(
-            DETECT_SDC, rank=self.rank, detector="checksum", bucket=index, blocks=list(blocks), n_blocks=n_bad,
-            step=self.step, site_hint="unknown", culprit_rank=None, ranks=[self.rank], attempt=0, action="report",
-            participants=participants, via="torchft.Manager.report_error",
-        )  # fmt: skip
+            DETECT_SDC,
+            rank=self.rank,
+            detector="checksum",
+            bucket=index,
+            blocks=list(blocks),
+            n_blocks=n_bad,
+            step=self.step,
+            site_hint="unknown",
+            culprit_rank=None,
+            ranks=[self.rank],
+            attempt=0,
+            action="report",
+            participants=participants,
+            via="torchft.Manager.report_error",
+        )
         self.report(SdcDetected(detection))
 
 

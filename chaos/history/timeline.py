@@ -137,9 +137,7 @@ class History:
 
     def of(self, pattern: str, *, after_ns: int | None = None) -> list[Event]:
         """Events whose kind matches ``pattern`` (glob), optionally strictly after ``after_ns``."""
-        return [
-            e for e in self.events if e.matches(pattern) and (after_ns is None or e.ts_ns > after_ns)
-        ]
+        return [e for e in self.events if e.matches(pattern) and (after_ns is None or e.ts_ns > after_ns)]
 
     def __iter__(self) -> Iterator[Event]:
         return iter(self.events)
@@ -193,9 +191,7 @@ def parse_event_line(line: bytes | str, source: str = "target") -> Event:
         return Event.model_validate(raw)
     except ValueError as exc:
         text = line.decode(errors="replace") if isinstance(line, bytes) else line
-        return Event(
-            ts_ns=now_ns(), kind=RUNNER_BAD_EVENT, data={"line": text[:500], "error": str(exc)[:300]}
-        )
+        return Event(ts_ns=now_ns(), kind=RUNNER_BAD_EVENT, data={"line": text[:500], "error": str(exc)[:300]})
 
 
 RANK_PREFIX = re.compile(r"^\[rank(?P<rank>\d+)\]:")

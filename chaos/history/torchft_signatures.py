@@ -60,6 +60,10 @@ class TorchftQuorum:
         if not lost:
             return None
         participants = sorted(member.split(":")[0] for member in members)
-        data: dict[str, JsonValue] = {"lost": list(lost), "quorum_id": int(quorum["quorum"]), "participants": participants}
+        data: dict[str, JsonValue] = {
+            "lost": list(lost),
+            "quorum_id": int(quorum["quorum"]),
+            "participants": participants,
+        }
         data |= {"detector": "torchft", "signature": "torchft_quorum_lost"}
         return Event(ts_ns=ts_ns, kind=DETECT_PEER_LOST, source="log", data=data)

@@ -488,8 +488,6 @@ def tensor_bytes(values: torch.Tensor) -> bytes:
     return ctypes.string_at(flat.data_ptr(), flat.numel()) if flat.numel() else b""
 
 
-
-
 __all__ = [
     "BIT_CLASSES",
     "SUPPORTED",

@@ -170,9 +170,21 @@ class Recorder:
         self._skip: set[tuple[int, int]] = set()
         self.on_skip: Callable[[int, int, str], None] | None = None
         HEADER.pack_into(
-            self._map, 0, MAGIC, VERSION, self.rank, self.world, self._pid, self._start_time, self.step,
-            self.index, self.started, self.completed, self.completed_ns, self._host,
-        )  # fmt: skip
+            self._map,
+            0,
+            MAGIC,
+            VERSION,
+            self.rank,
+            self.world,
+            self._pid,
+            self._start_time,
+            self.step,
+            self.index,
+            self.started,
+            self.completed,
+            self.completed_ns,
+            self._host,
+        )
 
     def _write_header(self) -> None:
         _LIVE.pack_into(self._map, _LIVE_AT, self.step, self.index, self.started, self.completed, self.completed_ns)
@@ -259,10 +271,19 @@ def parse_state(data: bytes) -> FlightState | None:
         )
     current = records[-1] if records and records[-1].seq == started else None
     return FlightState(
-        rank=rank, world=world, pid=pid, start_time=start, step=step, next_index=index, started=started,
-        completed=completed, completed_ns=completed_ns, host=host.rstrip(b"\0").decode(errors="replace"),
-        current=current, recent=tuple(records),
-    )  # fmt: skip
+        rank=rank,
+        world=world,
+        pid=pid,
+        start_time=start,
+        step=step,
+        next_index=index,
+        started=started,
+        completed=completed,
+        completed_ns=completed_ns,
+        host=host.rstrip(b"\0").decode(errors="replace"),
+        current=current,
+        recent=tuple(records),
+    )
 
 
 def _start_time(pid: int) -> int:

@@ -85,10 +85,16 @@ class HangFaults:
             return
         self._mark_fired(op)
         self._emit(
-            FAULT_APPLIED, rank=self._rank, fault=op.fault, op=op.op_id, injector=SKIP,
+            FAULT_APPLIED,
+            rank=self._rank,
+            fault=op.fault,
+            op=op.op_id,
+            injector=SKIP,
             description=f"rank {self._rank} skipped collective {index} ({op_name}) of step {step}",
-            step=step, index=index, collective=op_name,
-        )  # fmt: skip
+            step=step,
+            index=index,
+            collective=op_name,
+        )
 
     def at(self, phase: str) -> None:
         """Fire the spins due at (this step, ``phase``)."""
@@ -100,9 +106,15 @@ class HangFaults:
             self._mark_fired(op)
             seconds = float(op.duration_s or 0.0)
             common = {"fault": op.fault, "op": op.op_id, "injector": SPIN}
-            self._emit(FAULT_APPLIED, rank=self._rank, step=step, phase=phase, duration_s=seconds,
-                       description=f"rank {self._rank} spins in a Python loop for {seconds:g}s at step {step}, "
-                       f"phase {phase}", **common)  # fmt: skip
+            self._emit(
+                FAULT_APPLIED,
+                rank=self._rank,
+                step=step,
+                phase=phase,
+                duration_s=seconds,
+                description=f"rank {self._rank} spins in a Python loop for {seconds:g}s at step {step}, phase {phase}",
+                **common,
+            )
             began = time.monotonic()
             end = began + seconds
             spins = 0

@@ -235,15 +235,11 @@ class LoopHooks:
         self.calls.end()
 
     # -- the end ----------------------------------------------------------------------------------------
-    def _uncaught(
-        self, kind: type[BaseException], exc: BaseException, tb: TracebackType | None
-    ) -> None:
+    def _uncaught(self, kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
         self.died = True
         detected = collective_failure(exc)
         if detected is not None:
-            self.emit(
-                detected, rank=self.rank, detector="agent", step=self.step, error=f"{kind.__name__}: {exc}"[:400]
-            )
+            self.emit(detected, rank=self.rank, detector="agent", step=self.step, error=f"{kind.__name__}: {exc}"[:400])
         self._previous_excepthook(kind, exc, tb)
 
     def _at_exit(self) -> None:

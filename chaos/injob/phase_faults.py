@@ -188,8 +188,16 @@ class PhaseFaults:
         at = _point(phase, where)
         description = f"SIGSTOP rank {self._rank} (pid {pid}) by its own agent at step {step}, {at}, for {seconds:g}s"
         common: dict[str, JsonValue] = {"fault": op.fault, "op": op.op_id, "injector": op.injector, "pid": pid}
-        self._emit(FAULT_APPLIED, rank=self._rank, description=description, step=step, phase=phase,
-                   duration_s=seconds, **common, **where)  # fmt: skip
+        self._emit(
+            FAULT_APPLIED,
+            rank=self._rank,
+            description=description,
+            step=step,
+            phase=phase,
+            duration_s=seconds,
+            **common,
+            **where,
+        )
         subprocess.Popen(  # the thaw first: nothing could start it once this process is stopped
             [sys.executable, "-c", THAW, repr(seconds), str(pid), start],
             stdin=subprocess.DEVNULL,

@@ -428,9 +428,14 @@ class Progress:
         if self.active:
             extra = {} if verified is None else {"verified": verified}
             self.emit(
-                TARGET_RESUME, rank=self.rank, step=step, attempt=self.attempt,
-                path=None if path is None else os.fspath(path), seen="explicit", **extra,
-            )  # fmt: skip
+                TARGET_RESUME,
+                rank=self.rank,
+                step=step,
+                attempt=self.attempt,
+                path=None if path is None else os.fspath(path),
+                seen="explicit",
+                **extra,
+            )
 
     def observed(self, what: Literal["save", "load"], seen: str, obj: object, where: object) -> None:
         """A wrapped save or load happened: keep it when it holds this model's state."""

@@ -41,7 +41,9 @@ def parse_stat(text: str) -> Stat | None:
     if len(fields) < 20:
         return None
     try:
-        return Stat(text[open_at + 1 : close_at], fields[0], int(fields[1]), int(fields[19]), int(fields[11]) + int(fields[12]))
+        return Stat(
+            text[open_at + 1 : close_at], fields[0], int(fields[1]), int(fields[19]), int(fields[11]) + int(fields[12])
+        )
     except ValueError:
         return None
 

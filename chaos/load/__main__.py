@@ -86,9 +86,17 @@ def spec_from_args(args: argparse.Namespace) -> LoadSpec:
         if not isinstance(loaded, dict):
             raise ValueError(f"{args.spec} does not hold a mapping")
         raw = loaded
-    simple = {"url": args.url, "method": args.method, "rate": args.rate, "duration": args.duration,
-              "arrivals": args.arrivals, "body": args.body, "seed": args.seed, "timeout": args.timeout,
-              "max_in_flight": args.max_in_flight}  # fmt: skip
+    simple = {
+        "url": args.url,
+        "method": args.method,
+        "rate": args.rate,
+        "duration": args.duration,
+        "arrivals": args.arrivals,
+        "body": args.body,
+        "seed": args.seed,
+        "timeout": args.timeout,
+        "max_in_flight": args.max_in_flight,
+    }
     raw.update({k: v for k, v in simple.items() if v is not None})
     if args.body_file is not None:
         raw["body"] = {"file": str(args.body_file)}

@@ -236,8 +236,20 @@ class LoadEngine:
         self._done: asyncio.Future[None] | None = None
         self._error: BaseException | None = None
         self.totals: dict[str, int | float] = dict.fromkeys(
-            ("scheduled", "sent", "responded", "ok", "timeouts", "errors", "dropped_client", "cancelled",
-             "retries", "connections"), 0)  # fmt: skip
+            (
+                "scheduled",
+                "sent",
+                "responded",
+                "ok",
+                "timeouts",
+                "errors",
+                "dropped_client",
+                "cancelled",
+                "retries",
+                "connections",
+            ),
+            0,
+        )
         self.max_send_lag_s = 0.0
 
     # -- public

@@ -82,15 +82,26 @@ class LoadRun:
         else:
             env = dict(os.environ)
             env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
-            argv = [sys.executable, "-m", "chaos.load", "--emit", "--source", self.source,
-                    "--spec-json", self.spec.model_dump_json(by_alias=True)]  # fmt: skip
+            argv = [
+                sys.executable,
+                "-m",
+                "chaos.load",
+                "--emit",
+                "--source",
+                self.source,
+                "--spec-json",
+                self.spec.model_dump_json(by_alias=True),
+            ]
             # It dies with the harness (even a SIGKILLed one): a load left sending would hit the next run's fleet.
             # SIGKILL, not its SIGTERM (which drains: waits for the requests in flight, then reports them to a
             # harness that is gone; with a frozen server behind them it never ended: found by scripts/kill_trials.py).
             self._proc = subprocess.Popen(
-                argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env,
+                argv,
+                stdout=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                env=env,
                 preexec_fn=partial(die_with_parent, signal.SIGKILL),
-            )  # fmt: skip
+            )
             self._thread = threading.Thread(target=self._pump, name=f"load-pump:{self.source}", daemon=True)
         self._thread.start()
         if not self._started.wait(timeout):

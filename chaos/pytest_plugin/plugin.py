@@ -65,8 +65,12 @@ _RUN_COUNT = pytest.StashKey[int]()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("mlchaos", "mlchaos chaos testing")
-    group.addoption("--chaos-report-dir", default=None, help=f"where run reports go (env {ENV_REPORT_DIR}; default reports)")
-    group.addoption("--chaos-inventory", default=None, help=f"SSH inventory for scenarios with hosts (env {ENV_INVENTORY})")
+    group.addoption(
+        "--chaos-report-dir", default=None, help=f"where run reports go (env {ENV_REPORT_DIR}; default reports)"
+    )
+    group.addoption(
+        "--chaos-inventory", default=None, help=f"SSH inventory for scenarios with hosts (env {ENV_INVENTORY})"
+    )
     group.addoption("--chaos-seed", default=None, help=f"seed for every scenario run (env {ENV_SEED})")
     parser.addini("chaos_report_dir", "mlchaos report folder, relative to the ini file (default reports)", default="")
     parser.addini("chaos_inventory", "mlchaos SSH inventory file, relative to the ini file", default="")
@@ -252,7 +256,9 @@ def chaos_run(request: pytest.FixtureRequest) -> ChaosRun:
             kwargs.setdefault("scenario", marker.args[0])
         unknown = sorted(set(kwargs) - MARKER_KEYS)
         if unknown:
-            raise TypeError(f"@pytest.mark.chaos got unknown argument(s) {', '.join(unknown)}; use {sorted(MARKER_KEYS)}")
+            raise TypeError(
+                f"@pytest.mark.chaos got unknown argument(s) {', '.join(unknown)}; use {sorted(MARKER_KEYS)}"
+            )
     node = request.node
     if not isinstance(node, pytest.Item):
         raise TypeError("chaos_run is a function-scoped fixture for test items")

@@ -62,7 +62,9 @@ def run_settings(
     def pick(name: str, session: Mapping[Layer, Any]) -> Resolved[Any]:
         return resolve({"call": call.get(name), "marker": marker.get(name), **session})
 
-    return RunSettings(pick("report_dir", layers.report_dir), pick("inventory", layers.inventory), pick("seed", layers.seed))
+    return RunSettings(
+        pick("report_dir", layers.report_dir), pick("inventory", layers.inventory), pick("seed", layers.seed)
+    )
 
 
 # -- loading ----------------------------------------------------------------------------------------------------
@@ -135,7 +137,9 @@ def run_scenario(
     if result.ended_by == "interrupted":
         # SIGINT/SIGTERM/SIGHUP reached the run: execute() healed its faults and wrote the reports, and took the
         # signal. Pass it on: swallowed here, pytest would go on to the next test (and the next fault).
-        raise KeyboardInterrupt(f"mlchaos: run {scenario.name!r} interrupted; {result.error}; reports: {result.run_dir}")
+        raise KeyboardInterrupt(
+            f"mlchaos: run {scenario.name!r} interrupted; {result.error}; reports: {result.run_dir}"
+        )
     return result
 
 

@@ -223,7 +223,9 @@ def failure_text(result: RunResult, evidence_lines: int = 6) -> str:
         lines.append(f"error: {result.error}")
     lines.append(f"ended by: {result.ended_by}")
     if result.ended_by == "refused" and "inventory" in result.error:
-        lines.append("hint: under pytest give it with --chaos-inventory FILE, MLCHAOS_INVENTORY, or ini chaos_inventory")
+        lines.append(
+            "hint: under pytest give it with --chaos-inventory FILE, MLCHAOS_INVENTORY, or ini chaos_inventory"
+        )
     for check in result.results:
         lines.append(f"  {check_line(check)}")
         if failing(check, result.scenario.allow_unknown):

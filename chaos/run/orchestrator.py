@@ -240,7 +240,9 @@ class Execution:
                     return
                 if safety.no_progress_timeout is not None and now - run_began > safety.no_progress_timeout:
                     self.history.record(kinds.RUNNER_NO_PROGRESS, seconds=round(now - run_began, 3), step=None)
-                    self._end(f"no progress: the target was not ready ({ready_kind}) within {safety.no_progress_timeout:g}s")
+                    self._end(
+                        f"no progress: the target was not ready ({ready_kind}) within {safety.no_progress_timeout:g}s"
+                    )
                     return
                 time.sleep(POLL_S)
                 continue
@@ -365,7 +367,15 @@ class Execution:
         revert, safety = injector.revert_command(applied), self.scenario.safety
         then = one_command(injector, applied, "apply")  # on a remote host: armed and applied in one round trip
         switch = DeadMan.arm(
-            ctx, self.journal.path, journal_id, revert, op.duration_s, safety, local=local, then=then, ends_at=self.ends_at
+            ctx,
+            self.journal.path,
+            journal_id,
+            revert,
+            op.duration_s,
+            safety,
+            local=local,
+            then=then,
+            ends_at=self.ends_at,
         )
         # The fault's time: BEFORE the signal or rule goes out (what checks split before/after at); when the host
         # applied it with its dead-man in one round trip, when is not known here: that round trip's end.
@@ -388,10 +398,17 @@ class Execution:
         with self._lock:
             self.fired += 1
         self.history.record(
-            kinds.FAULT_APPLIED, ts_ns=sent_ns, fault=op.fault, op=op.op_id, injector=op.injector, host=host,
-            description=applied.description, duration_s=op.duration_s, apply_s=round((now_ns() - sent_ns) / 1e9, 4),
+            kinds.FAULT_APPLIED,
+            ts_ns=sent_ns,
+            fault=op.fault,
+            op=op.op_id,
+            injector=op.injector,
+            host=host,
+            description=applied.description,
+            duration_s=op.duration_s,
+            apply_s=round((now_ns() - sent_ns) / 1e9, 4),
             **polled(op, self.step, POLL_S, self.triggers),
-        )  # fmt: skip
+        )
         where = "" if host == LOCAL else f" on {host}"
         self.log(f"fault applied{where}: {applied.description or op.op_id}")
         if applied.reversible:
@@ -452,7 +469,11 @@ def _golden(scenario: Scenario, options: RunOptions, log: Listener) -> Golden | 
         return execute(fault_free, golden_options, log=_quiet)
 
     return golden_outcome(
-        scenario, options.report_root / ".golden", use_cache=options.golden_cache, run_fault_free=run_fault_free, log=log
+        scenario,
+        options.report_root / ".golden",
+        use_cache=options.golden_cache,
+        run_fault_free=run_fault_free,
+        log=log,
     )
 
 

@@ -1,5 +1,4 @@
-"""Healing what earlier runs left behind, from their journals (``mlchaos cleanup``, and every run's start).
-"""
+"""Healing what earlier runs left behind, from their journals (``mlchaos cleanup``, and every run's start)."""
 
 from __future__ import annotations
 

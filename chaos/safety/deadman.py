@@ -129,12 +129,18 @@ def start_detached(argv: list[str], *, timeout: float = 30.0) -> int:
 def command(journal_path: Path, op_id: str, revert_argv: Sequence[str], fires_at_ns: int) -> list[str]:
     """The argv of a dead-man for ``op_id`` (its cmdline is also how :func:`disarm` recognises it)."""
     return [
-        sys.executable, "-m", MODULE,
-        "--journal", str(Path(journal_path).absolute()),
-        "--op-id", op_id,
-        "--fires-at-ns", str(fires_at_ns),
-        "--", *revert_argv,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        MODULE,
+        "--journal",
+        str(Path(journal_path).absolute()),
+        "--op-id",
+        op_id,
+        "--fires-at-ns",
+        str(fires_at_ns),
+        "--",
+        *revert_argv,
+    ]
 
 
 def arm(journal_path: Path, op_id: str, revert_argv: Sequence[str], fires_in_s: float) -> int:
@@ -290,7 +296,9 @@ def _fire(journal_path: Path, op_id: str, revert: list[str]) -> int:
 def main(argv: list[str]) -> int:
     """``python -m chaos.safety.deadman --journal P --op-id ID --fires-at-ns N [--foreground] -- REVERT...``."""
     if "--" not in argv:
-        print("usage: python -m chaos.safety.deadman --journal P --op-id ID --fires-at-ns N -- REVERT...", file=sys.stderr)
+        print(
+            "usage: python -m chaos.safety.deadman --journal P --op-id ID --fires-at-ns N -- REVERT...", file=sys.stderr
+        )
         return 2
     split = argv.index("--")
     options, revert = argv[:split], argv[split + 1 :]

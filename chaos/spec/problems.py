@@ -117,10 +117,18 @@ def read_yaml_mapping(
     ``error`` (default ScenarioError) naming file:line:column; ``what``/``hint`` word the non-mapping case."""
     raise_as = error or ScenarioError
     if len(text) > MAX_YAML_CHARS:  # bounded work for any input: refused before it is parsed
-        raise raise_as([Problem(file, 1, 1, f"the file is {len(text):,} characters long, more than the "
-                                f"{MAX_YAML_CHARS:,} {what} may have",
-                                "split it into several files, or repeat a fault with an every or poisson trigger "
-                                "instead of listing each firing")])  # fmt: skip
+        raise raise_as(
+            [
+                Problem(
+                    file,
+                    1,
+                    1,
+                    f"the file is {len(text):,} characters long, more than the {MAX_YAML_CHARS:,} {what} may have",
+                    "split it into several files, or repeat a fault with an every or poisson trigger "
+                    "instead of listing each firing",
+                )
+            ]
+        )
     loader: yaml.SafeLoader | None = None
     try:
         loader = _BoundedLoader(text)  # reads the whole text first: a control character fails here
@@ -144,7 +152,15 @@ def read_yaml_mapping(
         mark = exc.node.start_mark
         message = f"a number {len(str(exc.node.value))} characters long ({exc}...): no value here needs one"
         raise raise_as(
-            [Problem(file, mark.line + 1, mark.column + 1, message, f"write a number of at most {MAX_NUMBER_CHARS} characters")]
+            [
+                Problem(
+                    file,
+                    mark.line + 1,
+                    mark.column + 1,
+                    message,
+                    f"write a number of at most {MAX_NUMBER_CHARS} characters",
+                )
+            ]
         ) from None
     except RecursionError:  # nested thousands of levels deep (no scenario is): refused rather than a crash
         raise raise_as([Problem(file, 1, 1, "YAML nests too deeply to read", "flatten the file")]) from None
@@ -157,10 +173,15 @@ def read_yaml_mapping(
     problems: list[Problem] = []
     yaml_positions(node, (), marks, problems, file)
     oversized = [
-        Problem(file, *position(marks, at), f"{'.'.join(map(str, at))}: an alias here expands to more than "
-                f"{MAX_EXPANDED_VALUES:,} values: no field holds that many", "write the value out, without anchors and aliases that repeat each other")
+        Problem(
+            file,
+            *position(marks, at),
+            f"{'.'.join(map(str, at))}: an alias here expands to more than "
+            f"{MAX_EXPANDED_VALUES:,} values: no field holds that many",
+            "write the value out, without anchors and aliases that repeat each other",
+        )
         for at in _oversized(data)
-    ]  # fmt: skip
+    ]
     if oversized:  # before any model reads the value: a validator that walked or printed it would never finish
         raise raise_as(oversized)
     return data, marks, problems

@@ -307,7 +307,9 @@ class SafetySpec(BaseModel):
     model_config = _STRICT
     max_duration: Duration = Field(default=300.0, gt=0, description="hard limit on the whole run")
     no_progress_timeout: Duration | None = Field(
-        default=90.0, gt=0, description="end the run when no target.step nor rank (re)start arrives for this long (null: never)"
+        default=90.0,
+        gt=0,
+        description="end the run when no target.step nor rank (re)start arrives for this long (null: never)",
     )
     heal_grace: Duration = Field(default=5.0, description="dead-man fires this long after a fault's duration")
     blast_radius: int | None = Field(default=None, ge=1, description="most faults active at once")

@@ -46,7 +46,11 @@ class SlurmTarget(BaseModel):
     )
     requeue: bool = Field(default=True, description="sbatch --requeue: a node failure requeues the job, same id")
     job_name: str | None = Field(default=None, pattern=_SLURM_NAME, description="null: mlchaos-<run dir name>")
-    time_limit: Duration | None = Field(default=None, gt=0, description="sbatch --time, never more than the run's max_duration + heal_grace (null: that bound; whole minutes)")
+    time_limit: Duration | None = Field(
+        default=None,
+        gt=0,
+        description="sbatch --time, never more than the run's max_duration + heal_grace (null: that bound; whole minutes)",
+    )
     sbatch: Argv = Field(
         default=[], description="further sbatch options, each one word starting with '-' (e.g. [--exclusive])"
     )

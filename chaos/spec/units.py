@@ -56,9 +56,7 @@ def parse_duration(value: object) -> float:
             try:
                 seconds = float(text)
             except ValueError:
-                raise ValueError(
-                    f"{value!r} is not a duration; write e.g. 500ms, 10s, 2m, 1h or 1m30s"
-                ) from None
+                raise ValueError(f"{value!r} is not a duration; write e.g. 500ms, 10s, 2m, 1h or 1m30s") from None
     else:
         raise ValueError(f"{short_repr(value)} is not a duration; write e.g. 500ms, 10s, 2m, 1h or 1m30s")
     if not math.isfinite(seconds):

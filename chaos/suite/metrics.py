@@ -51,8 +51,12 @@ def suite_registry(
     def gauge(name: str, doc: str, labels: list[str]) -> Gauge:
         return Gauge(name, doc, labels, registry=registry)
 
-    last_verdict = gauge("mlchaos_scenario_last_verdict", "1 when the scenario's last run passed, else 0", scenario_labels)
-    pass_ratio = gauge("mlchaos_scenario_pass_ratio", "share of the scenario's runs in the suite that passed", scenario_labels)
+    last_verdict = gauge(
+        "mlchaos_scenario_last_verdict", "1 when the scenario's last run passed, else 0", scenario_labels
+    )
+    pass_ratio = gauge(
+        "mlchaos_scenario_pass_ratio", "share of the scenario's runs in the suite that passed", scenario_labels
+    )
     runs = gauge("mlchaos_scenario_runs", "runs of the scenario in the suite", scenario_labels)
     last_ts = gauge(
         "mlchaos_scenario_last_run_timestamp_seconds", "when the scenario's last run ended (Unix)", scenario_labels
@@ -76,14 +80,18 @@ def suite_registry(
             for metric in derived_metrics(outcome.results):
                 timings[metric.metric].labels(suite, scenario, metric.check).set(metric.value)
 
-    gauge("mlchaos_suite_exit_code", "the suite's exit code: 0 pass, 1 a check failed, 2 invalid, 3 harness error", ["suite"]).labels(
-        suite
-    ).set(exit_code)
+    gauge(
+        "mlchaos_suite_exit_code",
+        "the suite's exit code: 0 pass, 1 a check failed, 2 invalid, 3 harness error",
+        ["suite"],
+    ).labels(suite).set(exit_code)
     gauge("mlchaos_suite_runs", "runs the suite completed", ["suite"]).labels(suite).set(len(results))
     gauge("mlchaos_suite_passed_runs", "runs of the suite that passed", ["suite"]).labels(suite).set(
         sum(r.verdict == "pass" for r in results)
     )
-    gauge("mlchaos_suite_start_timestamp_seconds", "when the suite started (Unix)", ["suite"]).labels(suite).set(started_ts)
+    gauge("mlchaos_suite_start_timestamp_seconds", "when the suite started (Unix)", ["suite"]).labels(suite).set(
+        started_ts
+    )
     gauge("mlchaos_suite_last_run_timestamp_seconds", "when the suite ended (Unix)", ["suite"]).labels(suite).set(
         time.time() if ended_ts is None else ended_ts
     )

@@ -258,7 +258,11 @@ def _resolve_entry(
 
 
 def plan_runs(
-    suite: Suite, *, repeat: int | None = None, shuffle: bool = False, seed: int | None = None,
+    suite: Suite,
+    *,
+    repeat: int | None = None,
+    shuffle: bool = False,
+    seed: int | None = None,
     inventory: Path | None = None,
 ) -> tuple[list[PlannedRun], int | None]:
     """The runs in order: ``repeat`` rounds (default the suite's) over every item, each item ``item.repeat``
@@ -362,7 +366,9 @@ def run_suite(suite: Suite, options: SuiteOptions, listener: SuiteListener) -> S
         except StoreError as exc:  # runs are still recorded, without their suite id
             outcome.problems.append(f"run history: {exc}")
         if shuffle_seed is not None:
-            listener.notice(f"shuffled with seed {shuffle_seed} (replay this order with --shuffle --seed {shuffle_seed})")
+            listener.notice(
+                f"shuffled with seed {shuffle_seed} (replay this order with --shuffle --seed {shuffle_seed})"
+            )
         # SIGTERM/SIGHUP between runs act like Ctrl-C: the loop stops and what ran is recorded. During a run,
         # execute() installs its own handlers (heal first), then restores these.
         with signals_raise(KeyboardInterrupt):
@@ -498,7 +504,9 @@ def summarize(outcome: SuiteOutcome) -> list[ScenarioSummary]:
             for metric in derived_metrics(completed.result.results):
                 timings.setdefault(metric.metric, []).append(metric.value)
             for check in completed.result.results:
-                if check.status == "fail" or (check.status == "unknown" and not completed.result.scenario.allow_unknown):
+                if check.status == "fail" or (
+                    check.status == "unknown" and not completed.result.scenario.allow_unknown
+                ):
                     failing[check.name] = failing.get(check.name, 0) + 1
             if completed.result.verdict == "error":
                 failing["(harness)"] = failing.get("(harness)", 0) + 1

@@ -25,12 +25,21 @@ class CommandJob:
     """Runs ``spec.command`` (argv, placeholders ``{run_dir}``, ``{seed}`` and ``{python}`` expanded)."""
 
     def __init__(
-        self, spec: CommandTarget, transport: Transport, run_dir: Path, seed: int, extra_env: dict[str, str] | None = None
+        self,
+        spec: CommandTarget,
+        transport: Transport,
+        run_dir: Path,
+        seed: int,
+        extra_env: dict[str, str] | None = None,
     ) -> None:
         values = {"run_dir": str(run_dir), "seed": str(seed)}
         # {python} and a python: the target names (chaos.targets.interpreter); the rest runs as written.
         argv = [expand(part, values) for part in command_argv(spec, values)]
-        env = {**torchrun_log_env(str(run_dir)), **(extra_env or {}), **{k: expand(v, values) for k, v in spec.env.items()}}
+        env = {
+            **torchrun_log_env(str(run_dir)),
+            **(extra_env or {}),
+            **{k: expand(v, values) for k, v in spec.env.items()},
+        }
         env = with_step_reporter(env, wanted=spec.optimizer_steps, matchers=spec.matchers, transport=transport)
         matchers = output_matchers(spec.signatures, spec.matchers)
         self.job = SpawnedJob(transport, argv, env=env, run_dir=run_dir, matchers=matchers)

@@ -260,7 +260,9 @@ class RolesJob:
         """The live ones of ``replicas``: name -> (launcher pid, its process tree now), each tree also noted in
         the replica's ``seen``. The local ones come from one read of /proc, a remote one from one command."""
         live = [
-            (r, r.job.pid) for r in replicas if r.job is not None and r.job.pid is not None and r.job.exit_code() is None
+            (r, r.job.pid)
+            for r in replicas
+            if r.job is not None and r.job.pid is not None and r.job.exit_code() is None
         ]
         local = trees([pid for r, pid in live if r.host.local])
         found: dict[str, tuple[int, dict[int, int]]] = {}
@@ -302,7 +304,9 @@ class RolesJob:
             "replica": replica.name,
             "index": str(replica.index),
             "python": python,
-            "bin": os.path.dirname(python if os.sep in python or not replica.host.local else shutil.which(python) or ""),
+            "bin": os.path.dirname(
+                python if os.sep in python or not replica.host.local else shutil.which(python) or ""
+            ),
             "scenario_dir": str(self.scenario_dir),
         }
         values.update(self._address_values())
@@ -342,7 +346,9 @@ class RolesJob:
             {"CHAOS_ROLE": replica.role, "CHAOS_REPLICA": replica.name, "CHAOS_REPLICA_INDEX": str(replica.index)}
         )
         spec = replica.spec
-        env = with_step_reporter(env, wanted=spec.optimizer_steps, matchers=spec.matchers, transport=replica.host.transport)
+        env = with_step_reporter(
+            env, wanted=spec.optimizer_steps, matchers=spec.matchers, transport=replica.host.transport
+        )
         replica.job = SpawnedJob(
             replica.host.transport,
             argv,
@@ -408,7 +414,12 @@ class RolesJob:
         for replica in self._replicas:
             port = self._ports.get(replica.role)
             job = replica.job
-            if port is None or job is None or replica.ready_attempt == replica.attempt or replica.restart_at is not None:
+            if (
+                port is None
+                or job is None
+                or replica.ready_attempt == replica.attempt
+                or replica.restart_at is not None
+            ):
                 continue
             if job.exit_code() is not None:
                 continue

@@ -148,7 +148,12 @@ class TorchrunJob(RankLookup):
     ranks and restarts; the interpreter is chosen by :func:`chaos.targets.interpreter.torchrun_python`."""
 
     def __init__(
-        self, spec: TorchrunTarget, transport: Transport, run_dir: Path, seed: int, extra_env: dict[str, str] | None = None
+        self,
+        spec: TorchrunTarget,
+        transport: Transport,
+        run_dir: Path,
+        seed: int,
+        extra_env: dict[str, str] | None = None,
     ) -> None:
         values = {"run_dir": str(run_dir), "seed": str(seed)}
         self.interpreter = torchrun_python(spec)  # the user's python3, a python: given, or mlchaos's own

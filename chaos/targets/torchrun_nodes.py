@@ -145,15 +145,22 @@ class MultiNodeTorchrunJob(RankLookup):
         return [
             *launcher,
             *torchrun_log_dir(launcher, str(self.run_dir)),
-            "--nnodes", str(len(self.nodes)),
-            "--nproc-per-node", str(self.spec.nproc_per_node),
-            "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", self.rdzv_endpoint,
-            "--rdzv-id", self.run_dir.name,
-            "--rdzv-conf", f"is_host={1 if index == 0 else 0}",
-            "--local-addr", node.address,
+            "--nnodes",
+            str(len(self.nodes)),
+            "--nproc-per-node",
+            str(self.spec.nproc_per_node),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            self.rdzv_endpoint,
+            "--rdzv-id",
+            self.run_dir.name,
+            "--rdzv-conf",
+            f"is_host={1 if index == 0 else 0}",
+            "--local-addr",
+            node.address,
             *torchrun_tail(self.spec, self._values, job_python),
-        ]  # fmt: skip
+        ]
 
     def start(self) -> None:
         if self._rdzv_port is None:

@@ -282,9 +282,15 @@ class CorruptInjector(_Base):
         )
         checkpoint, step = damaged_checkpoint(ctx, state.path)
         _record(
-            ctx, applied, mode="corrupt", path=state.path, checkpoint=checkpoint, step=step,
-            offsets=done["offsets"], size=done["size"],
-        )  # fmt: skip
+            ctx,
+            applied,
+            mode="corrupt",
+            path=state.path,
+            checkpoint=checkpoint,
+            step=step,
+            offsets=done["offsets"],
+            size=done["size"],
+        )
 
     def heal(self, ctx: InjectionContext, applied: Applied) -> None:
         state = CheckpointState.from_json(applied.state)
@@ -340,18 +346,28 @@ class StalePointerInjector(_Base):
         done = host_op(
             ctx.transport,
             {
-                "op": "stale_pointer", "directory": state.directory, "pointer": asked.get("pointer"),
-                "name": asked.get("name"), "ahead": asked.get("ahead"),
+                "op": "stale_pointer",
+                "directory": state.directory,
+                "pointer": asked.get("pointer"),
+                "name": asked.get("name"),
+                "ahead": asked.get("ahead"),
             },
-        )  # fmt: skip
+        )
         applied.state.update(CheckpointState(state.directory, state.path, detail={**asked, "done": done}).to_json())
         stale = os.path.join(state.directory, str(done["stale"]))
         current = os.path.join(state.directory, str(done["current"]))
         _, current_step = damaged_checkpoint(ctx, current)
         _record(
-            ctx, applied, mode="stale_pointer", path=state.path, checkpoint=stale, step=None,
-            stale=stale, current=current, current_step=current_step,
-        )  # fmt: skip
+            ctx,
+            applied,
+            mode="stale_pointer",
+            path=state.path,
+            checkpoint=stale,
+            step=None,
+            stale=stale,
+            current=current,
+            current_step=current_step,
+        )
 
     def heal(self, ctx: InjectionContext, applied: Applied) -> None:
         state = CheckpointState.from_json(applied.state)
@@ -361,11 +377,15 @@ class StalePointerInjector(_Base):
         host_op(
             ctx.transport,
             {
-                "op": "restore_pointer", "directory": state.directory, "pointer": state.detail.get("pointer"),
-                "kind": done.get("kind"), "current": done.get("current"), "inode": done.get("inode"),
+                "op": "restore_pointer",
+                "directory": state.directory,
+                "pointer": state.detail.get("pointer"),
+                "kind": done.get("kind"),
+                "current": done.get("current"),
+                "inode": done.get("inode"),
                 "created": done.get("created") or [],
             },
-        )  # fmt: skip
+        )
         state.detail.pop("done", None)  # healed: a second heal does nothing
 
 
@@ -403,8 +423,11 @@ class TornWriteInjector(_Base):
             at_bytes = max(1, int(int(found[0]["size"]) * params.fraction))
         status = str(state_dir() / "checkpoint" / f"{_safe(op.op_id)}-{time.time_ns()}.tear.json")
         detail: dict[str, JsonValue] = {
-            "files": params.files, "pids": list(pids), "at_bytes": at_bytes, "delay_us": int(params.write_delay * 1e6),
-        }  # fmt: skip
+            "files": params.files,
+            "pids": list(pids),
+            "at_bytes": at_bytes,
+            "delay_us": int(params.write_delay * 1e6),
+        }
         state = CheckpointState(directory, directory, status=status, detail=detail)
         who = f"rank {params.rank}" if params.rank is not None else f"ranks {ranks}"
         text = f"cut the next save of {params.files} by {who} at {at_bytes} bytes within {duration:g}s"
@@ -420,11 +443,26 @@ class TornWriteInjector(_Base):
             ctx.transport.run(["mkdir", "-p", os.path.dirname(state.status)], timeout=30)
         until = detached.host_deadline_ns(ctx.transport, (applied.duration_s or 0.0) + 5.0)
         argv = [
-            host_python(ctx.transport), "-m", tear.MODULE, "--op-id", applied.op_id, "--dir", state.directory,
-            "--files", str(d["files"]), "--pids", ",".join(str(p) for p in _ints(d.get("pids"))),
-            "--at-bytes", str(d["at_bytes"]), "--delay-us", str(d["delay_us"]), "--until-ns", str(until),
-            "--status", state.status,
-        ]  # fmt: skip
+            host_python(ctx.transport),
+            "-m",
+            tear.MODULE,
+            "--op-id",
+            applied.op_id,
+            "--dir",
+            state.directory,
+            "--files",
+            str(d["files"]),
+            "--pids",
+            ",".join(str(p) for p in _ints(d.get("pids"))),
+            "--at-bytes",
+            str(d["at_bytes"]),
+            "--delay-us",
+            str(d["delay_us"]),
+            "--until-ns",
+            str(until),
+            "--status",
+            state.status,
+        ]
         pid = detached.launch(
             ctx.transport, argv, what="torn-write watcher", log=None if not files.local else "tear.log"
         )
@@ -454,9 +492,17 @@ class TornWriteInjector(_Base):
             # the host's clock, moved onto the harness timeline (host = harness - offset)
             ts_ns = ts + int(ctx.transport.clock_offset() * 1e9) if isinstance(ts, int) else None
             _record(
-                ctx, applied, ts_ns=ts_ns, mode="torn_write", path=path, checkpoint=checkpoint or os.path.dirname(path),
-                step=step, size=torn.get("size"), at_bytes=torn.get("at_bytes"), pid=torn.get("pid"),
-            )  # fmt: skip
+                ctx,
+                applied,
+                ts_ns=ts_ns,
+                mode="torn_write",
+                path=path,
+                checkpoint=checkpoint or os.path.dirname(path),
+                step=step,
+                size=torn.get("size"),
+                at_bytes=torn.get("at_bytes"),
+                pid=torn.get("pid"),
+            )
             applied.state["recorded"] = True
         elif not applied.state.get("recorded") and status.get("phase") == "done":
             _record(ctx, applied, mode="torn_write", path=state.directory, torn=False)

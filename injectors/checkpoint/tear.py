@@ -148,7 +148,9 @@ def main(argv: list[str]) -> int:
         stop[0] = True
 
     signal.signal(signal.SIGTERM, on_term)
-    tracer = subprocess.Popen(strace_argv(pids, args.delay_us), stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)  # SIGTERM: strace detaches
+    tracer = subprocess.Popen(
+        strace_argv(pids, args.delay_us), stdin=subprocess.DEVNULL, preexec_fn=die_with_parent
+    )  # SIGTERM: strace detaches
     torn: dict[str, Any] | None = None
     final: dict[str, Any] = {"phase": "done", "torn": None}
     try:

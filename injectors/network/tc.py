@@ -109,16 +109,51 @@ def shaping_commands(interface: str, root: str, leaf: str, peers: Sequence[str],
     major = root.rstrip(":")
     commands = [
         ["tc", "qdisc", "add", *dev, "root", "handle", root, "htb"],  # default 0: unclassified is not shaped
-        ["tc", "class", "add", *dev, "parent", root, "classid", f"{major}:1", "htb",
-         "rate", _UNSHAPED_RATE, "ceil", _UNSHAPED_RATE, "burst", _UNSHAPED_BURST, "cburst", _UNSHAPED_BURST,
-         "quantum", _QUANTUM],
+        [
+            "tc",
+            "class",
+            "add",
+            *dev,
+            "parent",
+            root,
+            "classid",
+            f"{major}:1",
+            "htb",
+            "rate",
+            _UNSHAPED_RATE,
+            "ceil",
+            _UNSHAPED_RATE,
+            "burst",
+            _UNSHAPED_BURST,
+            "cburst",
+            _UNSHAPED_BURST,
+            "quantum",
+            _QUANTUM,
+        ],
         ["tc", "qdisc", "add", *dev, "parent", f"{major}:1", "handle", leaf, *qdisc],
-    ]  # fmt: skip
+    ]
     for peer in peers:
         commands.append(
-            ["tc", "filter", "add", *dev, "parent", root, "protocol", "ip", "prio", "1",
-             "u32", "match", "ip", "dst", peer, "flowid", f"{major}:1"]
-        )  # fmt: skip
+            [
+                "tc",
+                "filter",
+                "add",
+                *dev,
+                "parent",
+                root,
+                "protocol",
+                "ip",
+                "prio",
+                "1",
+                "u32",
+                "match",
+                "ip",
+                "dst",
+                peer,
+                "flowid",
+                f"{major}:1",
+            ]
+        )
     return commands
 
 

@@ -561,14 +561,22 @@ class SlowInjector(_ProcessFault):
         until_ns = detached.host_deadline_ns(ctx.transport, applied.duration_s or 0.0)
         starts = {pid: host.start_time(pid) for pid in alive}
         argv = [
-            host_python(ctx.transport), "-m", dutycycle.MODULE,
-            "--op-id", applied.op_id,
-            "--pids", ",".join(str(pid) for pid in starts),
-            "--start-times", ",".join(str(start) for start in starts.values()),
-            "--stopped-fraction", repr(state.stopped_fraction),
-            "--period", repr(state.period_s),
-            "--until-ns", str(until_ns),
-        ]  # fmt: skip
+            host_python(ctx.transport),
+            "-m",
+            dutycycle.MODULE,
+            "--op-id",
+            applied.op_id,
+            "--pids",
+            ",".join(str(pid) for pid in starts),
+            "--start-times",
+            ",".join(str(start) for start in starts.values()),
+            "--stopped-fraction",
+            repr(state.stopped_fraction),
+            "--period",
+            repr(state.period_s),
+            "--until-ns",
+            str(until_ns),
+        ]
         log = "dutycycle.log" if host.local else None
         helper = detached.launch(ctx.transport, argv, what="duty-cycle helper", log=log)
         applied.state["helper_pid"] = helper

@@ -56,15 +56,47 @@ from injectors.storage.mounts import unmount_argv as unmount_argv
 MODULE = "injectors.storage.fuselayer"
 MODES = ("off", "latency", "hang", "eio", "enospc", "fsync_stall", "readonly")
 OPS = (
-    "getattr", "access", "readdir", "readlink", "statfs",
-    "open", "create", "read", "write", "flush", "fsync", "release",
-    "rename", "unlink", "mkdir", "rmdir", "symlink", "link", "mknod",
-    "truncate", "chmod", "chown", "utimens",
-)  # fmt: skip
+    "getattr",
+    "access",
+    "readdir",
+    "readlink",
+    "statfs",
+    "open",
+    "create",
+    "read",
+    "write",
+    "flush",
+    "fsync",
+    "release",
+    "rename",
+    "unlink",
+    "mkdir",
+    "rmdir",
+    "symlink",
+    "link",
+    "mknod",
+    "truncate",
+    "chmod",
+    "chown",
+    "utimens",
+)
 MUTATING = frozenset(
-    {"create", "write", "rename", "unlink", "mkdir", "rmdir", "symlink", "link", "mknod", "truncate", "chmod",
-     "chown", "utimens"}
-)  # fmt: skip
+    {
+        "create",
+        "write",
+        "rename",
+        "unlink",
+        "mkdir",
+        "rmdir",
+        "symlink",
+        "link",
+        "mknod",
+        "truncate",
+        "chmod",
+        "chown",
+        "utimens",
+    }
+)
 _DATA_OPS = ("open", "create", "read", "write", "flush", "fsync", "rename", "unlink", "mkdir", "rmdir", "truncate")
 DEFAULT_OPS: dict[str, tuple[str, ...]] = {
     "latency": _DATA_OPS,

@@ -72,11 +72,30 @@ from injectors.storage.hits import hits_path, record_hits
 
 Mode = Literal["latency", "hang", "eio", "enospc", "fsync_stall", "readonly"]
 Op = Literal[
-    "getattr", "access", "readdir", "readlink", "statfs",
-    "open", "create", "read", "write", "flush", "fsync", "release",
-    "rename", "unlink", "mkdir", "rmdir", "symlink", "link", "mknod",
-    "truncate", "chmod", "chown", "utimens",
-]  # fmt: skip
+    "getattr",
+    "access",
+    "readdir",
+    "readlink",
+    "statfs",
+    "open",
+    "create",
+    "read",
+    "write",
+    "flush",
+    "fsync",
+    "release",
+    "rename",
+    "unlink",
+    "mkdir",
+    "rmdir",
+    "symlink",
+    "link",
+    "mknod",
+    "truncate",
+    "chmod",
+    "chown",
+    "utimens",
+]
 READY_TIMEOUT_S = 15.0
 ACK_TIMEOUT_S = 5.0
 _EXIT_GRACE_S = 5.0
@@ -492,17 +511,28 @@ class StorageInjector:
         # The daemon's own deadline is a backstop behind heal and the dead-man, hence the grace.
         until_ns = detached.host_deadline_ns(ctx.transport, (applied.duration_s or 0.0) + 30.0 + drain_s)
         argv = [
-            host_python(ctx.transport), "-m", fuselayer.MODULE,
-            "--op-id", applied.op_id,
-            "--path", path,
-            "--fsname", state.fsname,
-            "--control", control,
-            "--status", state.status,
-            "--until-ns", str(until_ns),
-            "--drain", repr(drain_s),
-            "--log", state.log,
-            "--hits", state.hits,
-        ]  # fmt: skip
+            host_python(ctx.transport),
+            "-m",
+            fuselayer.MODULE,
+            "--op-id",
+            applied.op_id,
+            "--path",
+            path,
+            "--fsname",
+            state.fsname,
+            "--control",
+            control,
+            "--status",
+            state.status,
+            "--until-ns",
+            str(until_ns),
+            "--drain",
+            repr(drain_s),
+            "--log",
+            state.log,
+            "--hits",
+            state.hits,
+        ]
         helper = deadman.spawn_helper(
             ctx.transport, argv, what="FUSE daemon", env=deadman.python_env() if files.local else None, timeout=30
         )

@@ -218,9 +218,15 @@ def save(
     with collective():
         dist.barrier()  # nobody reports or trains past step K before checkpoint K is committed
     emit(
-        TARGET_CHECKPOINT, rank=rank, step=step, path=str(path), attempt=attempt,
-        duration_s=round(duration, 6), files=world_size, manifest=str(manifest),
-    )  # fmt: skip
+        TARGET_CHECKPOINT,
+        rank=rank,
+        step=step,
+        path=str(path),
+        attempt=attempt,
+        duration_s=round(duration, 6),
+        files=world_size,
+        manifest=str(manifest),
+    )
     return path, duration
 
 
@@ -265,9 +271,14 @@ class _Watchdog:
                 since, phase = self._since, self.phase
             if since is not None and time.monotonic() - since >= self.limit:
                 emit(
-                    DETECT_CHECKPOINT_STALL, rank=self.rank, detector="save_watchdog", step=self.step,
-                    path=str(self.path), elapsed_s=round(time.monotonic() - since, 3), phase=phase,
-                )  # fmt: skip
+                    DETECT_CHECKPOINT_STALL,
+                    rank=self.rank,
+                    detector="save_watchdog",
+                    step=self.step,
+                    path=str(self.path),
+                    elapsed_s=round(time.monotonic() - since, 3),
+                    phase=phase,
+                )
                 return
 
 

@@ -247,16 +247,25 @@ class SdcRollback:
         clean = "never" if decided_with is None else f"last at step {decided_with}"
         target = "scratch (step 0)" if restored.path is None else f"the checkpoint of step {restored.step}"
         self.emit(
-            ROLLBACK, rank=self.rank, from_step=step, to_step=restored.step,
+            ROLLBACK,
+            rank=self.rank,
+            from_step=step,
+            to_step=restored.step,
             reason=(
                 f"the consistency guard found the ranks {why} at step {verdict.step} ({_ranks_text(odd)}); "
                 f"verified clean {clean}; policy {self.policy}: rolled back to {target}"
             ),
-            detected_step=verdict.step, last_clean_step=decided_with,
-            path=None if restored.path is None else str(restored.path), policy=self.policy,
-            rollbacks=self.rollbacks, odd_ranks=odd, removed=removed, rejected=list(restored.rejected),
-            attempt=self.attempt, duration_s=round(restored.duration_s, 6),
-        )  # fmt: skip
+            detected_step=verdict.step,
+            last_clean_step=decided_with,
+            path=None if restored.path is None else str(restored.path),
+            policy=self.policy,
+            rollbacks=self.rollbacks,
+            odd_ranks=odd,
+            removed=removed,
+            rejected=list(restored.rejected),
+            attempt=self.attempt,
+            duration_s=round(restored.duration_s, 6),
+        )
         return restored
 
     def _restore(self, candidates: Sequence[int]) -> Restored:

@@ -85,7 +85,13 @@ def save_with_retry(
                 raise
             delay = policy.delay(attempt)
             emit(
-                TARGET_CHECKPOINT_RETRY, rank=rank, step=step, attempt=attempt, errno_name=name, error=error,
-                delay_s=round(delay, 6), pid=os.getpid(),
-            )  # fmt: skip
+                TARGET_CHECKPOINT_RETRY,
+                rank=rank,
+                step=step,
+                attempt=attempt,
+                errno_name=name,
+                error=error,
+                delay_s=round(delay, 6),
+                pid=os.getpid(),
+            )
             sleep(delay)

@@ -437,13 +437,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         steps = Steps(start_step, cfg.steps)  # rewound by a rollback (--rollback)
         rollback = (
             SdcRollback(
-                agent.consistency, steps, model=model, optimizer=optimizer, directory=cfg.checkpoint_dir,
-                seed=cfg.seed, lr=cfg.lr, rank=rank, world_size=world_size, attempt=attempt,
+                agent.consistency,
+                steps,
+                model=model,
+                optimizer=optimizer,
+                directory=cfg.checkpoint_dir,
+                seed=cfg.seed,
+                lr=cfg.lr,
+                rank=rank,
+                world_size=world_size,
+                attempt=attempt,
                 policy="newest" if cfg.sabotage == "rollback-newest" else "clean",
             )
             if cfg.rollback
             else None
-        )  # fmt: skip
+        )
         for step in steps:
             current_step = step
             agent.begin_step(step)

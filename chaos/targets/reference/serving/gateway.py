@@ -401,7 +401,9 @@ def _handler(gateway: Gateway) -> type[JsonHandler]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="chaos.targets.reference.serving.gateway", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="chaos.targets.reference.serving.gateway", description=__doc__.splitlines()[0]
+    )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--config", help="GatewayConfig as JSON")
     source.add_argument("--config-file", type=Path, help="a file holding GatewayConfig JSON")

@@ -49,10 +49,24 @@ def _roles(spec: ServingTarget, ports: dict[str, int], gateway_port: int, run_di
     roles: dict[str, RoleSpec] = {}
     for name, s in settings.items():
         command = [
-            "{python}", "-m", "chaos.targets.reference.serving.model_server",
-            "--replica", name, "--model", s.model, "--port", str(ports[name]), "--seed", str(seed),
-            "--delay", repr(s.delay), "--workers", str(s.workers), "--run-dir", str(run_dir),
-        ]  # fmt: skip
+            "{python}",
+            "-m",
+            "chaos.targets.reference.serving.model_server",
+            "--replica",
+            name,
+            "--model",
+            s.model,
+            "--port",
+            str(ports[name]),
+            "--seed",
+            str(seed),
+            "--delay",
+            repr(s.delay),
+            "--workers",
+            str(s.workers),
+            "--run-dir",
+            str(run_dir),
+        ]
         env = _env(dict(spec.env))
         env.update({"RANK": str(REPLICA_RANKS[name]), "WORLD_SIZE": str(len(REPLICA_RANKS))})
         policy = RestartPolicy(policy="always" if s.restart else "never", delay=s.restart_delay)

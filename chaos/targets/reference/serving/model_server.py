@@ -118,7 +118,9 @@ def _handler(replica: Replica) -> type[JsonHandler]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="chaos.targets.reference.serving.model_server", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="chaos.targets.reference.serving.model_server", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--replica", required=True, help="this server's name (the backend a response names)")
     parser.add_argument("--model", required=True, choices=["primary", "small"])
     parser.add_argument("--port", type=int, required=True, help="port on 127.0.0.1 (0: any free one)")
