@@ -6,7 +6,7 @@ the third, the job stalls, heals and completes. The broken cases are judged on t
 a fault that hit only one of the two named links (the check given the wrong pair) ``link_named`` fails; with
 the diagnosis taken out (what a run with the hang watch off records: the same fault, the same stall, no
 ``detect.hang``/``detect.link``) it is unknown and the scenario fails, while ``stalled_during`` still passes (the
-fault was real). A second real run with the hang watch off gives the same (README); it is not repeated here to
+fault was real). A second real run with the hang watch off gives the same (docs/multi-host.md); it is not repeated here to
 keep ``make test`` short. Afterwards no rule or process of the run may be left on any host.
 """
 

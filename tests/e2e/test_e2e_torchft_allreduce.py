@@ -3,7 +3,7 @@
 step 60 (scenario -> plan file -> the agent in ``manager.allreduce``).
 
 Asserted every run: the kill fired from inside group 1 at step 60, phase ``allreduce`` (site ``in_flight``), and
-the roles target restarted group 1. What torchft 0.2.0 then does (2 of 2 runs measured, see README "torchft replica
+the roles target restarted group 1. What torchft 0.2.0 then does (2 of 2 runs measured, see docs/training.md "torchft replica
 groups"): the survivor's all-reduce fails ("Connection reset by peer"), torchft's ``_ManagedWork.wait`` reports the
 error and returns False without setting the future, and torchft's own DDP hook dies on ``assert fut._fut``: the
 survivor dies with its peer, both restart from step 0, and ``survivors_progress`` / ``rejoined_within`` fail.

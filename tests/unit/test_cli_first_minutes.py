@@ -149,8 +149,8 @@ def test_make_clean_removes_everything_the_project_made(tmp_path: Path) -> None:
     assert left == sorted(["Makefile", *kept])
 
 
-def test_readme_documents_every_field_of_chaos_plan_json() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_the_docs_document_every_field_of_chaos_plan_json() -> None:
+    readme = (ROOT / "docs" / "agent.md").read_text(encoding="utf-8")
     section = readme.split("The plan file (`chaos-plan.json`)", 1)[1].split("\n#", 1)[0]
     documented = set(re.findall(r"^\| `(?:ops\[\]\.)?(\w+)` \|", section, flags=re.M))
     fields = {f.name for f in dataclasses.fields(InJobPlan)} - {"ops"} | {f.name for f in dataclasses.fields(InJobOp)}

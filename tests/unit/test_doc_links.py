@@ -5,6 +5,7 @@ held to planted broken links."""
 from __future__ import annotations
 
 import re
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -17,6 +18,7 @@ def _anchor(heading: str) -> str:
     return text.replace(" ", "-")
 
 
+@cache
 def _anchors(page: Path) -> set[str]:
     in_code = False
     found = set()

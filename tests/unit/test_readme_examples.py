@@ -1,4 +1,4 @@
-"""The README's code examples run as written (so the README stays true)."""
+"""The code examples of the README and docs/ run as written (so the docs stay true)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from support import ROOT
 
 
 def _python_blocks() -> list[str]:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    text = "\n".join(page.read_text(encoding="utf-8") for page in pages)
     return re.findall(r"```python\n(.*?)```", text, flags=re.S)
 
 
