@@ -59,7 +59,7 @@ from chaos.guards._dist import Report, run_group  # noqa: E402
 from chaos.guards.consistency import ConsistencyGuard  # noqa: E402
 from chaos.injob import flight_recorder  # noqa: E402
 from chaos.plan.agent_plan import InJobPlan  # noqa: E402
-from chaos.targets.reference.trainer import build_model, build_optimizer, make_batch, step_sample_ids  # noqa: E402
+from chaos.reference.trainer import build_model, build_optimizer, make_batch, step_sample_ids  # noqa: E402
 
 SEED = 1234
 BATCH = 16

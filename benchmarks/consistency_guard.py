@@ -2,7 +2,7 @@
 
 Run: ``.venv/bin/python benchmarks/consistency_guard.py [--reps 15] [--steps 100] [--hidden 64] [--json]``. Two gloo ranks
 (one intra-op thread each) run the reference trainer's step (its model, SGD-momentum optimizer, data and DDP,
-``chaos.targets.reference.trainer``, without its per-step sleep) through the in-job agent, in blocks of
+``chaos.reference.trainer``, without its per-step sleep) through the in-job agent, in blocks of
 ``--steps`` steps with the guard off, every 10 steps and every step (``--hidden`` widens the MLP, for a
 heavier step than the reference trainer's 5k parameters). The three settings are interleaved block
 by block (the order rotates each repetition), so drift on a shared machine hits all three alike; the overhead
@@ -36,7 +36,7 @@ if str(ROOT) not in sys.path:
 from chaos.agent import Agent  # noqa: E402
 from chaos.guards._dist import Report, run_group  # noqa: E402
 from chaos.plan.agent_plan import InJobPlan  # noqa: E402
-from chaos.targets.reference.trainer import (  # noqa: E402
+from chaos.reference.trainer import (  # noqa: E402
     HIDDEN,
     IN_FEATURES,
     build_model,

@@ -1,5 +1,5 @@
 """Benchmark: ETTR measured from Slurm's own record under a poisson fault trigger, next to Eq. 2 fed only the
-scenario's inputs (issue 17's acceptance: >= 20 failures, goal within 5%).
+scenario's inputs (goal: >= 20 failures, within 5%).
 
 Run (root; a Slurm testbed: ``bash scripts/setup.sh`` installs Slurm and munge)::
 
@@ -16,7 +16,7 @@ the job holds no node, during its requeue, finds nothing to kill and is counted 
 ``--work`` cluster-time of steps, checkpointing every Daly-Young Δt* (compressed), each write stalling
 training w/c; Slurm requeues it after every kill until it completes.
 
-Measured: Q, R, U from the job-completion log's per-attempt lines (``chaos.cluster.slurm.accounting``) and
+Measured: Q, R, U from the job-completion log's per-attempt lines (``chaos.slurm.accounting``) and
 the job's own checkpoint events. Predicted: ``chaos.analysis.ettr_inputs.predict`` of the inputs alone.
 The run's files stay in ``--out``: ``jobcomp.log`` (this job's lines), ``events.jsonl``, ``faults.jsonl``,
 ``inputs.json``; ``mlchaos ettr slurm --jobcomp DIR/jobcomp.log --events DIR/events.jsonl ...`` reads them.
@@ -85,7 +85,7 @@ def _trainer_pids(tag: str) -> list[tuple[int, str | None]]:
 
 
 def run(args: argparse.Namespace, prediction: Prediction, out: Path) -> None:
-    from chaos.cluster.testbed import slurm as slurm_testbed
+    from chaos.testbed import slurm as slurm_testbed
 
     reason = slurm_testbed.unsupported_reason()
     if reason is not None:
@@ -169,14 +169,14 @@ def run(args: argparse.Namespace, prediction: Prediction, out: Path) -> None:
         print(f"job {job_id} {client.job(job_id).state} after {time.time() - t0:.0f} s, {len(lines)} attempt(s)")
     finally:
         faults.close()
-        from chaos.cluster.testbed import namespaces
+        from chaos.testbed import namespaces
 
         namespaces.down(state)  # stops the Slurm daemons first, then the hosts
 
 
 def analyze(out: Path) -> dict[str, Any]:
-    from chaos.cluster.slurm.accounting import breakdown, parse_jobcomp
     from chaos.history.timeline import History
+    from chaos.slurm.accounting import breakdown, parse_jobcomp
 
     inputs = json.loads((out / "inputs.json").read_text())
     prediction = predict(

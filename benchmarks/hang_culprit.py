@@ -1,4 +1,4 @@
-"""Benchmark: does the hang watch name the right rank, and how fast? (issue 18: >= 100 injected hangs at random
+"""Benchmark: does the hang watch name the right rank, and how fast? (>= 100 injected hangs at random
 ranks of a 4-rank job, three kinds mixed; goal >= 97.8% right culprit, the accuracy Aegis reports.)
 
 Run: ``.venv/bin/python benchmarks/hang_culprit.py [--hangs 102] [--seed 0] [--hang-after 1.0] [--json]``
@@ -8,7 +8,7 @@ all-reduce on a 1-rank gloo group with and without the recorder).
 The job is the user-style script ``tests/jobs/user_collectives.py`` (4 gloo ranks, the one-line agent: a
 4096-float all-reduce on the world group and a 1-float all-reduce on a second group every step, a barrier every
 10 steps), its ranks started the way a launcher starts them (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT), with
-``CHAOS_FLIGHT_DIR`` set; the watcher is :class:`chaos.run.hang_watch.HangWatch` polling every 0.1 s from this
+``CHAOS_FLIGHT_DIR`` set; the watcher is :class:`chaos.detect.hang_watch.HangWatch` polling every 0.1 s from this
 process, as the harness does. The hangs, each at a rank drawn at random (seeded), kinds in a shuffled 1:1:1 mix:
 
 - ``sigstop``: this process SIGSTOPs the rank's pid at whatever point it is (often inside a collective), and
@@ -45,10 +45,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from chaos.detect.hang_watch import HangWatch  # noqa: E402
 from chaos.history.timeline import Event  # noqa: E402
 from chaos.injob.flight_recorder import ENV_FLIGHT_DIR  # noqa: E402
 from chaos.plan.agent_plan import ENV_PLAN, InJobOp, write_plan  # noqa: E402
-from chaos.run.hang_watch import HangWatch  # noqa: E402
 
 JOB = ROOT / "tests" / "jobs" / "user_collectives.py"
 WORLD = 4

@@ -40,11 +40,11 @@ sys.path.insert(0, str(ROOT))
 from chaos.cluster.base import Completed  # noqa: E402
 from chaos.cluster.inventory import Host, Inventory  # noqa: E402
 from chaos.cluster.ssh import SshTransport  # noqa: E402
-from chaos.cluster.testbed import namespaces as tb  # noqa: E402
 from chaos.plugins.injector import Applied, FaultOp, InjectionContext  # noqa: E402
 from chaos.run.faults import DeadMan, heal_and_disarm, one_command, parallel  # noqa: E402
 from chaos.safety.journal import Journal  # noqa: E402
 from chaos.spec.scenario import SafetySpec  # noqa: E402
+from chaos.testbed import namespaces as tb  # noqa: E402
 from injectors.network.faults import PartitionInjector, PartitionParams  # noqa: E402
 
 SIZES = (1, 4, 16, 64)

@@ -1,5 +1,5 @@
 """Benchmark: how often ``kill`` with ``trigger: {at_step: N, rank: R, phase: allreduce}`` lands inside the
-gradient all-reduce (issue 16's acceptance: >= 95 of 100 runs).
+gradient all-reduce (goal: >= 95 of 100 runs).
 
 Run: ``.venv/bin/python benchmarks/phase_kill.py [--runs 100] [--steps 5] [--kill-step 3] [--json]``. Each run is
 one real torchrun launch (2 gloo ranks, ``--max-restarts 0``) of the user-style script

@@ -31,7 +31,7 @@ from chaos.cluster.local import LocalTransport  # noqa: E402
 from chaos.history.timeline import Event, History  # noqa: E402
 from chaos.load import LoadRun, LoadSpec, summarize  # noqa: E402
 from chaos.spec.serving import ServingTarget  # noqa: E402
-from chaos.targets.reference.serving.job import ServingJob  # noqa: E402
+from chaos.targets.serving_stack import ServingJob  # noqa: E402
 
 RATES = (100, 300, 600)
 _TICKS = os.sysconf("SC_CLK_TCK")

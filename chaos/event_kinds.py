@@ -46,7 +46,7 @@ TARGET_RESTORE: Final = "target.restore"
 TARGET_CHECKPOINT_REJECTED: Final = "target.checkpoint_rejected"
 TARGET_CHECKPOINT_RETRY: Final = "target.checkpoint_retry"
 TARGET_CHECKPOINT_FAILED: Final = "target.checkpoint_failed"
-# chaos.targets.reference.rollback: went back to an older checkpoint {from_step, to_step, reason, detected_step,
+# chaos.reference.rollback: went back to an older checkpoint {from_step, to_step, reason, detected_step,
 # last_clean_step, path, policy, rollbacks, odd_ranks, removed, rejected, attempt, duration_s}
 TARGET_ROLLBACK: Final = "target.rollback"
 
@@ -85,10 +85,10 @@ DETECT_OOM: Final = "detect.oom"
 # failed {line, detector, signature, exitcode, pid}
 DETECT_WORKER_ERROR: Final = "detect.worker_error"
 DETECT_WORKER_EXIT: Final = "detect.worker_exit"
-# chaos.run.hang_watch: a collective nobody finishes {detector, culprit_rank, culprit_ranks, reason, seq, op,
+# chaos.detect.hang_watch: a collective nobody finishes {detector, culprit_rank, culprit_ranks, reason, seq, op,
 # nbytes, step, index, waiting_ranks, stalled_s, hung_since_ns, evidence}
 DETECT_HANG: Final = "detect.hang"
-# chaos.run.link_probe: a bad link between two ranks' hosts {detector, ranks, hosts, addresses, groups, small_ok,
+# chaos.detect.link_probe: a bad link between two ranks' hosts {detector, ranks, hosts, addresses, groups, small_ok,
 # large_ok, small_bytes, large_bytes, verdict, probes, started_ns, probe_s, hang_ts_ns}
 DETECT_LINK: Final = "detect.link"
 # chaos.guards.checksum / torchft: a corrupted all-reduce {detector, bucket, blocks, n_blocks, step, site_hint,
@@ -159,8 +159,8 @@ RUNNER_GOLDEN: Final = "runner.golden"  # the golden run's outcome {digest, dige
 RUNNER_VERDICT: Final = "runner.verdict"  # the last event {verdict, exit_code}
 RUNNER_BAD_EVENT: Final = "runner.bad_event"  # chaos.history.timeline: an unparsable job line {line, error}
 RUNNER_DISCOVERY_FAILED: Final = "runner.discovery_failed"  # rank discovery cannot scan a host {host, reason}
-RUNNER_HANG_LISTENER_ERROR: Final = "runner.hang_listener_error"  # chaos.run.hang_watch {error}
-# chaos.run.link_probe: one probe round {pairs, bad, errors, started_ns, probe_s, hang_ts_ns, results}
+RUNNER_HANG_LISTENER_ERROR: Final = "runner.hang_listener_error"  # chaos.detect.hang_watch {error}
+# chaos.detect.link_probe: one probe round {pairs, bad, errors, started_ns, probe_s, hang_ts_ns, results}
 RUNNER_LINK_PROBE: Final = "runner.link_probe"
 
 ALL_KINDS: Final[frozenset[str]] = frozenset(

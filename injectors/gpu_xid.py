@@ -5,9 +5,9 @@ fault writes is the line the driver (``NVRM``) would print, in kernel-log (syslo
 
     Nov 24 10:11:12 h2 kernel: [ 8123.456789] NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python3, GPU has fallen off the bus.
 
-with a code from the seed's XID table (:data:`chaos.cluster.slurm.healthcheck_xid.XIDS`: 31, 43, 79, 94, 119,
+with a code from the seed's XID table (:data:`chaos.slurm.healthcheck_xid.XIDS`: 31, 43, 79, 94, 119,
 145, 149), to ``log`` on the fault's host (``{host}`` in the path is that host's name; default
-``/var/lib/mlchaos/xid/{host}.log``). The health check (:mod:`chaos.cluster.slurm.healthcheck`, ``xid.logs``)
+``/var/lib/mlchaos/xid/{host}.log``). The health check (:mod:`chaos.slurm.healthcheck`, ``xid.logs``)
 reads that file. On a real GPU node the same check reads what the driver writes itself: the kernel log
 (``/var/log/kern.log``, ``journalctl -k``, a ``dmesg`` capture); ``nvidia-smi -q`` shows the GPU's state
 (a GPU that fell off the bus is missing from it) and DCGM reports XIDs as events. Nothing here touches a GPU.
@@ -30,7 +30,6 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
 from chaos.cluster.base import TransportError, read_host_file
 from chaos.cluster.local import LocalTransport
-from chaos.cluster.slurm.healthcheck_xid import XIDS, xid_line
 from chaos.plugins.injector import (
     Applied,
     FaultOp,
@@ -40,6 +39,7 @@ from chaos.plugins.injector import (
     state_text,
     state_texts,
 )
+from chaos.slurm.healthcheck_xid import XIDS, xid_line
 
 DEFAULT_LOG = "/var/lib/mlchaos/xid/{host}.log"
 _SAFE_PATH = re.compile(r"^/[A-Za-z0-9_./+\-@%{}]*$")

@@ -1,7 +1,7 @@
 """Hang faults fired by the rank's own agent (:mod:`chaos.injob.hang_faults`): ``spin`` and ``skip_collective``.
 
 With the harness-side ``freeze`` (SIGSTOP, also at a trigger phase) they make the three hangs a hang detector
-must tell apart (:mod:`chaos.run.hang_watch`): a stopped rank, a rank stuck in a Python loop, and a rank that
+must tell apart (:mod:`chaos.detect.hang_watch`): a stopped rank, a rank stuck in a Python loop, and a rank that
 skipped one collective. Both need a job that attached the agent (``chaos.agent.attach``) and an ``at_step``
 trigger; ``spin`` needs a ``duration``.
 """

@@ -5,7 +5,7 @@ once), and one real kill-rank run shared by the tests that only read its outcome
 
 The testbeds are session-wide and built only when a test asks for them:
 
-- ``testbed``: 3 hosts of network namespaces + one sshd each (:mod:`chaos.cluster.testbed.namespaces`); skips,
+- ``testbed``: 3 hosts of network namespaces + one sshd each (:mod:`chaos.testbed.namespaces`); skips,
   with the reason, where one cannot be built (not root, no ``ip netns``, no sshd). ``testbed_transports``: one
   connected SshTransport per host for one test.
 - ``docker_testbed``: 3 containers as hosts h1..h3 (``transport: docker``); skips where no Docker daemon can run
@@ -168,7 +168,7 @@ def _standing(reason: str | None, up: Callable[[], Inventory], down: Callable[[]
 
 @pytest.fixture(scope="session")
 def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Inventory]:
-    from chaos.cluster.testbed import namespaces as tb
+    from chaos.testbed import namespaces as tb
 
     state = tmp_path_factory.mktemp("chaos-tb")
     yield from _standing(tb.unsupported_reason(), lambda: tb.up(TESTBED_HOSTS, state), lambda: tb.down(state))
@@ -189,7 +189,7 @@ def docker_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def docker_testbed(docker_state_dir: Path) -> Iterator[Inventory]:
-    from chaos.cluster.testbed import containers as dtb
+    from chaos.testbed import containers as dtb
 
     yield from _standing(
         docker_unavailable(), lambda: dtb.up(DOCKER_HOSTS, docker_state_dir), lambda: dtb.down(docker_state_dir)

@@ -381,13 +381,13 @@ TORCHRUN = """\
 name: t
 target:
   type: torchrun
-  module: chaos.targets.reference.trainer
+  module: chaos.reference.trainer
   nproc_per_node: 2
 faults:
 FAULTS
 checks: [{type: completes}]
 """
 COMMAND = TORCHRUN.replace(
-    "  type: torchrun\n  module: chaos.targets.reference.trainer\n  nproc_per_node: 2\n",
+    "  type: torchrun\n  module: chaos.reference.trainer\n  nproc_per_node: 2\n",
     "  type: command\n  command: [sleep, '30']\n  env: {}\n",
 )

@@ -24,7 +24,7 @@ restarts eat about half the time (1 − λu0 < 1/2 + 3/2 sqrt(λw/2)) even Δt*/
 downtime, checkpoint writes and everything else; ETTR_measured = productive / wall. :func:`predict_for`
 feeds the run's own failure rate, restart cost, checkpoint cost and interval back into the model: a fit that
 restates the run, not a prediction (the CLI no longer prints it). A prediction is fed the scenario's inputs
-only: :mod:`chaos.analysis.ettr_inputs`; Slurm's record: :mod:`chaos.cluster.slurm.accounting`.
+only: :mod:`chaos.analysis.ettr_inputs`; Slurm's record: :mod:`chaos.slurm.accounting`.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ optional ``within``).
 
 For every ``fault.applied`` op of fault F: the rank it hit (:func:`chaos.checks._evidence.fault_target`: the op's
 own rank, or its params' ``rank``; exactly one rank, else the op cannot be judged) and the FIRST ``detect.hang``
-(:mod:`chaos.run.hang_watch`) strictly after the op and before F's next op whose episode began while the op held
+(:mod:`chaos.detect.hang_watch`) strictly after the op and before F's next op whose episode began while the op held
 (its ``hung_since_ns``, else its own time, at or before the op's ``fault.healed``; any time when it never
 healed): a hang that began after the heal is another episode, not this fault's. The op passes when that
 detection names exactly that rank (``culprit_rank`` = the rank and ``culprit_ranks`` = [the rank]) and, with

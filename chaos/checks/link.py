@@ -2,7 +2,7 @@
 
 ``link_named`` {fault, small_ok, within}: every applied op of a link fault (one whose params carry ``peers``:
 ``drop_large_packets``, ``partition``, ``packet_loss``, ``flap``) is named by a ``detect.link`` (the link probe,
-:mod:`chaos.run.link_probe`) whose probes were SENT while that op was in force (its ``started_ns`` after the
+:mod:`chaos.detect.link_probe`) whose probes were SENT while that op was in force (its ``started_ns`` after the
 ``fault.applied`` and no later than that op's ``fault.healed``), and whose pair of hosts is one the op hit: one
 side is the op's host, the other matches one of the fault's peers (``host:NAME`` by name, ``group:all`` any
 other host, ``group:NAME`` by the inventory groups the probe recorded, an address or CIDR by the address).

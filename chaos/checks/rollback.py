@@ -9,7 +9,7 @@ the final model; this check says whether the recovery decision was right, with t
 Evidence it reads, per rank, after the first detection that follows the fault:
 
 - a rollback: ``target.rollback`` {to_step} (the reference trainer's in-place rollback,
-  :mod:`chaos.targets.reference.rollback`), or a ``target.resume`` {step} not preceded by one (a job that restarted
+  :mod:`chaos.reference.rollback`), or a ``target.resume`` {step} not preceded by one (a job that restarted
   and resumed: its resume step is where it rolled back to). A ``target.resume`` that follows a
   ``target.rollback`` (a job that rolled back by restarting) must name the same step;
 - the rank's next ``target.step`` after the rollback: it must be ``to_step + 1`` (the job resumed where it says);

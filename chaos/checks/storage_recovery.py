@@ -1,4 +1,4 @@
-"""Storage recovery checks (issue 18, Lablup's report): the restore straggler, and saves retried with backoff.
+"""Storage recovery checks (after Lablup's report): the restore straggler, and saves retried with backoff.
 
 Both judge the job's account against what the ``storage`` fault layer itself reports (``storage.hit`` events,
 recorded at heal from the daemon's own counts: op, path, errno, count, first/last and the hit times), so a job

@@ -17,8 +17,8 @@ from rich.table import Table
 
 from chaos.analysis.ettr_inputs import Prediction, ScenarioInputs, parse_compression, parse_rate, predict
 from chaos.cli.console import stderr_console, stdout_console
-from chaos.cluster.slurm.accounting import Breakdown, attempts_from_events, breakdown, parse_jobcomp
 from chaos.history.timeline import Event, History
+from chaos.slurm.accounting import Breakdown, attempts_from_events, breakdown, parse_jobcomp
 from chaos.spec.units import parse_duration
 
 EXIT_INVALID = 2

@@ -88,7 +88,7 @@ def schedule(
         _out.print(f"start it with: sbatch {escape(str(path))}   stop it with: scancel --name {job_name}")
         return
     from chaos.cluster.local import LocalTransport
-    from chaos.cluster.slurm.client import SlurmClient, SlurmError
+    from chaos.slurm.client import SlurmClient, SlurmError
 
     client = SlurmClient(LocalTransport(), conf=None if plan.slurm_conf is None else str(plan.slurm_conf))
     try:

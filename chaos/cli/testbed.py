@@ -1,6 +1,6 @@
-"""``mlchaos testbed up|down|status``: a multi-host testbed on this machine (see :mod:`chaos.cluster.testbed.namespaces`),
-with ``--slurm`` a Slurm cluster on it (see :mod:`chaos.cluster.testbed.slurm`), or with ``--docker`` one of
-Docker containers (see :mod:`chaos.cluster.testbed.containers`).
+"""``mlchaos testbed up|down|status``: a multi-host testbed on this machine (see :mod:`chaos.testbed.namespaces`),
+with ``--slurm`` a Slurm cluster on it (see :mod:`chaos.testbed.slurm`), or with ``--docker`` one of
+Docker containers (see :mod:`chaos.testbed.containers`).
 
 ``register(app)`` adds the ``testbed`` sub-app to the main Typer app. ``up`` prints only the inventory path
 on stdout (progress goes to stderr), so ``INV=$(mlchaos testbed up --hosts 3)`` works in scripts.
@@ -18,11 +18,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from chaos.cluster.testbed import containers as docker_testbed
-from chaos.cluster.testbed import namespaces as testbed
-from chaos.cluster.testbed import slurm as slurm_testbed
-from chaos.cluster.testbed.slurm_conf import SlurmSettings
-from chaos.cluster.testbed.system import TestbedError
+from chaos.testbed import containers as docker_testbed
+from chaos.testbed import namespaces as testbed
+from chaos.testbed import slurm as slurm_testbed
+from chaos.testbed.slurm_conf import SlurmSettings
+from chaos.testbed.system import TestbedError
 
 _err = Console(stderr=True)
 _State = TypeVar("_State")  # a testbed flavour's status
@@ -80,7 +80,7 @@ def up(
         typer.Option(
             "--health-check",
             help="--slurm: HealthCheckProgram, an absolute path each slurmd runs, or `builtin`: mlchaos's own "
-            "(chaos.cluster.slurm.healthcheck: xid, peers, memory, cpu; config and program written to the state dir)",
+            "(chaos.slurm.healthcheck: xid, peers, memory, cpu; config and program written to the state dir)",
         ),
     ] = None,
     health_check_interval: Annotated[
@@ -257,8 +257,8 @@ def builtin_health_check(state_dir: Path) -> Path:
     on the testbed a node's name is its host's), so a scenario's ``gpu_xid`` fault reaches it unchanged."""
     import yaml
 
-    from chaos.cluster.slurm.healthcheck import write_program
-    from chaos.cluster.testbed.slurm_daemons import SLURM_DIR
+    from chaos.slurm.healthcheck import write_program
+    from chaos.testbed.slurm_daemons import SLURM_DIR
     from injectors.gpu_xid import DEFAULT_LOG
 
     folder = state_dir.resolve() / SLURM_DIR

@@ -18,6 +18,7 @@ from chaos.spec.scenario import FaultSpec, HostSelector, Scenario
 
 LOCAL = "local"
 SLURM_GROUP = "slurm"  # the inventory group of Slurm nodes (the Slurm testbed puts its hosts in it)
+NODE_LABEL = "slurm_node"  # the inventory label naming a host's Slurm node, when its name is not that
 
 
 @runtime_checkable
@@ -103,8 +104,6 @@ class HostSet:
         """``hosts: {slurm: allocated|spare}``: the inventory hosts of those Slurm nodes now, less ``exclude``
         and protected hosts, ``count`` of them drawn with ``rng``. Before the job's allocation is known (the
         checks before the run) every Slurm node of the inventory is returned: the fault may land on any."""
-        from chaos.cluster.slurm.locate import host_of_node  # the slurm package only for a slurm selector
-
         assert self.inventory is not None
         names = self.inventory.names()
         for name in selector.exclude:
@@ -112,7 +111,7 @@ class HostSet:
                 raise HostsError(f"excluded host {name!r} is not in the inventory")
         nodes = self.slurm.slurm_nodes(selector.slurm or "") if self.slurm is not None else None
         if nodes is None:
-            known = [h.name for h in self.inventory.hosts if h.in_group(SLURM_GROUP) or "slurm_node" in h.labels]
+            known = [h.name for h in self.inventory.hosts if h.in_group(SLURM_GROUP) or NODE_LABEL in h.labels]
             candidates = [n for n in known if n not in selector.exclude and n not in self.protected]
             if not candidates:
                 raise HostsError(f"the inventory has no Slurm node (group {SLURM_GROUP!r}) that may be selected")
@@ -215,3 +214,19 @@ def parse_node_selector(text: str) -> HostSelector:
             raise ValueError(f"--nodes {text!r}: the count after the group must be a number")
         return HostSelector(group=name, count=int(count) if count else None)
     raise ValueError(f"--nodes {text!r}: use all, group:NAME, group:NAME:COUNT or host:NAME")
+
+
+def host_of_node(inventory: Inventory, node: str) -> str | None:
+    """The inventory host that is Slurm node ``node``: the one labelled ``slurm_node: <node>``, else the host
+    of that name; None when the inventory has neither."""
+    for host in inventory.hosts:
+        if host.labels.get(NODE_LABEL) == node:
+            return host.name
+    return node if node in inventory.names() else None
+
+
+def node_of_host(inventory: Inventory | None, host: str) -> str:
+    """The Slurm node name of inventory host ``host`` (its ``slurm_node`` label, else its name)."""
+    if inventory is not None and host in inventory.names():
+        return inventory.host(host).labels.get(NODE_LABEL) or host
+    return host

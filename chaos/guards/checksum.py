@@ -3,60 +3,35 @@
 Two entry points share one verified reduction:
 
 - :func:`checksum_hook`, a DDP communication hook (``ddp.register_comm_hook(state, checksum_hook)``), which
-  averages like DDP's default hook and returns the same values bit for bit when nothing is corrupted;
-- :func:`checksummed_all_reduce`, an in-place SUM all-reduce for code that calls collectives itself.
+  averages like DDP's default hook and returns the same values bit for bit when nothing is corrupted; under
+  DDP's default ``gradient_as_bucket_view=False`` it reduces the bucket in place (a retry rebuilds it from the
+  parameters' ``.grad``, which hold the local gradients until the hook's future completes), with ``True`` it
+  keeps the bucket intact and reduces a send buffer;
+- :func:`checksummed_all_reduce`, an in-place SUM all-reduce of the caller's tensor for code that calls
+  collectives itself.
 
-What it does, per bucket
-------------------------
-The bucket is cut into blocks of ``block_elems`` elements; one read of the local data declares per block its
-sum ``s`` and a cheap LOWER bound ``L <= sum|x|``. The DDP hook (DDP's default ``gradient_as_bucket_view=False``)
-scales the bucket by 1/W in place like DDP's default hook, the declaring sums fused into that pass, and
-all-reduces it in place, the ``(s, L)`` in a concurrent float64 collective: no copy, as every ``.grad`` still
-holds the local gradient until the hook's future completes and a retry rebuilds the bucket from them. Where the
-``.grad`` tensors are the bucket (``gradient_as_bucket_view=True``) the bucket stays intact and the average is
-built in a send buffer with the ``(s, L)`` appended, in the SAME all-reduce (float32-carried rounding: steps 5-6
-of :mod:`chaos.guards.rounding`). The standalone reduces the caller's tensor in place, so it keeps an intact
-copy (filled by the declaring pass) unless nothing could use one (``policy`` skip/raise with ``localize=False``:
-every block's exact bound ``A`` is then declared up front). Every rank sums each block of the reduced bucket
-and compares with the reduced ``s``. A block within the tolerance built from ``L`` is certainly within the
-exact one (built from an UPPER bound ``A``); the few others (a real mismatch, or values cancelling inside
-every 64-element sub-block) get ``A`` from the intact data of just those blocks, reduced in a second small
-round, and are judged exactly: the verdict computing ``A`` everywhere would give, at one read instead of two.
-All ranks agree with one tiny all-reduce and take the same action: ``retry`` (rebuild the send buffer from the
-intact data and reduce again; a second mismatch skips the step, and so does a rebuild that differs from what
-was declared, e.g. after a ``local`` fault in the bucket only: never applied), ``skip`` (``state.skip_step``
-on every rank: the trainer must not call ``optimizer.step()``) or ``raise`` (:class:`SdcDetected` on every
-rank). Ranks that saw a mismatch emit ``detect.sdc``.
+Per bucket, every block of ``block_elems`` elements (``low_precision_block_elems`` for bfloat16/float16) has
+its sum declared before the reduction, and every rank checks each reduced block against the reduced
+declarations within a rigorous bound on legitimate rounding (:mod:`chaos.guards.rounding`), so rounding alone
+never makes a mismatch. All ranks agree on the verdict with one tiny all-reduce and take the same action:
 
-Cost on a clean reduction: the declaring read (fused with the hook's 1/W pass or the standalone's intact copy),
-one read to verify, the concurrent checksum collective (or 2 floats per block appended) and the tiny verdict
-all-reduce (on gloo about a data pass). At 25 MB on 2 gloo ranks of a 2-core machine (BENCHMARKS.md, "issue 19
-data path", says where the time goes): the DDP hook 1.26-1.30x DDP's default (out of place 1.30-1.34x), the
-standalone ~1.6x a plain all-reduce, with or without its intact copy. ``config.verify_every = k`` trades
-coverage for cost, declared. Integer (bit-exact) checksums are not used: the float reduction itself rounds, so
-the received sum differs from the sent one by up to gamma_{W-1}(u_d) * sum|x| on clean data, and an integer
-checksum could only be compared within that same tolerance.
+- ``retry``: rebuild from the intact local data and reduce again, up to ``max_retries`` times (1 by default),
+  then skip the step; a rebuild that differs from what was declared (e.g. after a ``local`` fault in the bucket
+  only) skips it too, never applied;
+- ``skip``: ``state.skip_step`` on every rank: the trainer must not call ``optimizer.step()``;
+- ``raise``: :class:`SdcDetected` on every rank.
 
-Why blocks: one checksum over a 25 MB bucket needs a tolerance that grows with the bucket (legitimate rounding
-is proportional to the sum of |x| it covers) and catches a few percent of single-bit flips; a block's is
-proportional to that block's sum of |x| only. Tolerance: the rigorous bound on the legitimate rounding of the
-declaring sums, the reduction and the check sum (Higham's gamma bounds), derived in :mod:`chaos.guards.rounding`:
-about 0.06 RMS for a float32 block of 2048 on 2 ranks.
+Ranks that saw a mismatch emit ``detect.sdc``, with the site (``post_reduce`` on the ranks that alone got a
+wrong result, else ``in_transit``) and, under a single-bit model, the culprit rank
+(:mod:`chaos.guards._localize`, which also says what it cannot tell); none of this runs on the clean path.
+Blocks that cannot be verified (a declared sum that is not finite, or a bound at the dtype's maximum) are
+counted in ``stats.unverifiable_blocks`` and never flagged. ``config.verify_every = k`` verifies one reduction
+in k per bucket (the others are plain reductions, counted in ``stats.unverified_reductions``).
+Fault-injection points (``state.corrupt``) are called on every attempt; the agent decides (a transient fault
+fires once; ``state.attempt`` says which).
 
-Low precision: u_bf16 = 2^-8 makes the reduction's own legitimate rounding large (the tolerance of a block is
-~u_d * n * W * RMS), so bfloat16/float16 buckets use blocks of ``low_precision_block_elems`` (64 by default:
-~1 RMS for bfloat16, which still sees sign and exponent flips of |x| >= RMS elements; measured by
-``mlchaos sdc-coverage``). Smaller blocks see more mantissa bits and cost a bigger checksum all-reduce.
-
-Blocks that cannot be verified: where the declared sum is not finite (Inf/NaN in some rank's gradients: the
-gradient anomaly guard's job) or where A reaches the dtype's maximum (the reduction may legitimately overflow).
-They are counted in ``stats.unverifiable_blocks`` and never flagged.
-
-Localization: on a mismatch every rank all-gathers, for the first few mismatched blocks, what it meant to
-send and what it received, and names the site (``post_reduce`` on the ranks that alone got a wrong result, else
-``in_transit``) and, under a single-bit model, the culprit rank: :mod:`chaos.guards._localize`, which also
-says what it cannot tell. Nothing of this runs on the clean path. Fault-injection points (``state.corrupt``) are
-called on every attempt; the agent decides (a transient fault fires once; ``state.attempt`` says which).
+Why blocks, the two-tier bound, the in-place reduction and no integer checksums, and what a clean reduction
+costs: docs/design/sdc-guards.md ("The checksummed all-reduce").
 """
 
 from __future__ import annotations

@@ -2,54 +2,30 @@
 step. Emits ``detect.divergence`` naming the odd rank(s) and ``detect.nonfinite`` on a rank with NaN/Inf
 parameters.
 
-Why: a fault that reaches one replica's weights or optimizer state outside the gradient all-reduce (a flip in
-a momentum buffer, a bad weight on one rank) is invisible to DDP, which only averages gradients. The replicas
-then drift apart silently, or one of them goes non-finite and a guard that skips non-finite steps skips every
-later step, while the job still exits 0. Megatron-LM checks the same property by hashing parameters across its
-data-parallel replicas; this guard does it every ``every`` steps with a digest cheap enough to leave on.
+The digest (:class:`TensorSums`; small CPU tensors batched by :mod:`chaos.guards.sum_batch`, same values) is
+bit-exact and order-independent: each tensor's bytes read as integers of the element's width, summed with
+their squares in int64 and folded into two 64-bit words with per-position odd multipliers, so identical
+tensors give identical digests on every rank whatever the reduction order, thread count or device, and any
+single changed element (or a swap of two tensors) changes it. It allocates nothing per check. Non-finite values
+are found with one float sum per tensor; only flagged tensors are then counted exactly, so an overflowing sum of
+finite values is no alarm.
 
-The digest (bit-exact, order-independent, no allocation per check)
------------------------------------------------------------------
-Each tensor's bytes are read as integers of the element's width (float32 -> int32, bfloat16 -> int16 ...) and
-two sums are taken in int64: ``s1 = sum(x)`` and ``s2 = sum(x*x)`` (x*x is exact for widths up to 32 bits; the
-sum of squares wraps mod 2^64). Integer sums are exact, so they do not depend on the reduction order, the
-thread count or the device: identical tensors give identical sums on every rank, always. Any single changed
-element changes ``s1`` (a flip of bit k moves it by 2^k). Two changed elements can cancel in ``s1`` (bit k
-flipped up in one, down in the other), but then not in ``s2`` unless they swapped their values; more changes
-cancel in both only by a coincidence of 64-bit sums. The per-tensor sums are folded into two
-64-bit words with per-position odd multipliers, so swapped tensors differ too. The conversion to int64 goes
-through one reusable scratch buffer per device, a chunk at a time (2^18 elements on CPU, so it stays in
-cache; 2^22 elsewhere): no per-check allocation (fresh 100 MB temporaries cost more in page faults than the
-arithmetic). Measured on a 2-core CPU machine (1 thread): 25 ms per 100 MB of float32, against 104 ms
-for sha256 over the same bytes and 3.5 ms for one float sum (``benchmarks/consistency_guard.py`` measures the
-cost per training step). Non-finite values are found with one float sum per tensor (a non-finite sum flags
-the tensor; only flagged tensors are then counted exactly, so an overflowing sum of finite values is no alarm).
-Small floating-point CPU tensors (most of a model's tensors by count) are hashed together instead
-(:mod:`chaos.guards.sum_batch`: the same int64 sums in ~10 torch calls for all of them, not ~9 per tensor), which
-took the reference trainer's check from 0.64 to 0.29 ms on a 2-core VM.
-
-The exchange (one small asynchronous all-reduce; more only when something is wrong)
-----------------------------------------------------------------------------------
-Every rank all-reduces ``[h1, h2, tensors, nonfinite, ~h1, ~h2, ~tensors, ~nonfinite]`` with MAX (``~`` is the
-bitwise NOT, so the second half yields the minimum): all ranks agree iff max == min. A single all-reduce costs
-less than an all-gather (0.4 vs 0.65 ms on 2 gloo ranks here). It is started asynchronously at the checked
-step and waited for at the next :meth:`ConsistencyGuard.maybe_check` (the next step), so the step does not wait
-for the round trip; where there is no spare core the collective's thread still takes its CPU from training
-(BENCHMARKS.md: about 1 ms per check on the reference trainer on 2 busy cores). Only on disagreement or
-non-finite values do the ranks then all-gather their digests and non-finite counts to name who differs,
-and, at the onset of a divergence, their per-tensor sums to name the tensors. Every decision is taken from
-gathered values, so all ranks follow the same path (the exchange is a collective: every rank calls
+The exchange: every rank all-reduces ``[h1, h2, tensors, nonfinite, ~h1, ~h2, ~tensors, ~nonfinite]`` with
+MAX (``~`` is the bitwise NOT, so the second half yields the minimum): all ranks agree iff max == min. It is
+started asynchronously at the checked step and waited for at the next :meth:`ConsistencyGuard.maybe_check`.
+Only on disagreement or non-finite values do the ranks all-gather their digests and non-finite counts to name
+who differs, and, at the onset of a divergence, their per-tensor sums to name the tensors. Every decision is
+taken from gathered values, so all ranks follow the same path. The exchange is a collective: every rank calls
 :meth:`~ConsistencyGuard.maybe_check` for the same steps, in step order, and :meth:`~ConsistencyGuard.finish`
-at the end; a loop whose ranks run different numbers of steps must not use this guard). On NCCL the
-exchanged tensors live on the current CUDA device; on any other backend on the CPU. Non-finite values are
-counted when the tensors are hashed (a host sync per check on an accelerator).
+at the end; a loop whose ranks run different numbers of steps must not use this guard. On NCCL the exchanged
+tensors live on the current CUDA device; on any other backend on the CPU. Non-finite values are counted when
+the tensors are hashed (a host sync per check on an accelerator).
 
 Carried instead (``carrier``, set by the agent in a 2-rank DDP job whose gradients its plain comm hook
 reduces): the words ride in the next step's gradient all-reduce (:mod:`chaos.guards.digest_carrier`), which
 hands back every rank's words, so no collective of the guard's own runs and no gather is needed to name who
 differs; :meth:`~ConsistencyGuard.finish` falls back to the all-reduce above when no gradient reduction carried
-them (the check of the last step, taken at ``close``).
-``exchanges`` counts the verdicts taken each way.
+them (the check of the last step, taken at ``close``). ``exchanges`` counts the verdicts taken each way.
 
 Who is odd: the ranks outside the group sharing the majority digest (more than half of the ranks). Without a
 majority (two ranks that differ, or an even split), when exactly the finite ranks share one digest the
@@ -70,6 +46,9 @@ ranks are global ranks also when ``group`` is not the default group, ``digests``
   differ from the reference), message}.
 - ``detect.nonfinite`` on the rank whose parameters hold NaN/Inf, when that starts (emitted when hashed, not
   pipelined): {step, tensors (up to 16 names), count (non-finite elements)}.
+
+Why replicas are compared, why this digest and this exchange, and what they cost: docs/design/sdc-guards.md
+("The consistency guard").
 """
 
 from __future__ import annotations

@@ -1,43 +1,26 @@
 """Carries the cross-rank consistency guard's digest inside DDP's gradient all-reduce, so that no second
 collective runs for it on the DDP path.
 
-Why: the guard's own exchange is one 64-byte all-reduce every ``every`` steps, about 0.4 ms of CPU on gloo,
-taken from training when the ranks share cores. Where the agent already reduces DDP's gradients through its own
-comm hook (faults planned, the flight recorder, the anomaly guard), the digest rides in that all-reduce for the
-price of a copy of the first bucket at a carrying step.
+- Where: only where the agent's plain comm hook already reduces DDP's gradients (faults planned, the flight
+  recorder, the anomaly guard); ``chaos.agent`` decides from the comm hook already registered. That hook calls
+  :meth:`DigestCarrier.pack` and :meth:`DigestCarrier.unpack` around its all-reduce, after the in-transit
+  corruption site, so the slots are never corrupted by an injected fault. Under DDP's default reduction (no
+  comm hook: the carrier never registers one of its own), the checksum guard's hook, a comm hook of the
+  user's, or in a group of more than 2 ranks, :func:`install` returns None and the guard keeps its own
+  exchange.
+- How: the guard hashes at step k (``end_step``) and :meth:`DigestCarrier.load`\\ s its words. In the next
+  gradient reduction (step k+1's backward), bucket 0 (DDP's first-reduced bucket) is sent with ``world_size``
+  slots appended: this rank's words, cut into 16-bit pieces (8-bit in a float16/bfloat16 bucket), as small
+  integers in the bucket's dtype in its own slot, zeros in the others; after the all-reduce every rank reads
+  every rank's words out of the slots, exactly. The carrying bucket is divided by the world size into a new
+  buffer with the same operation DDP uses, then all-reduced with the slots behind it; the slots are cut off
+  before the bucket goes back to DDP, and the gradients are never touched.
+- Numerics: in a 2-rank group the gradients are bit-identical to DDP's default reduction.
+- :meth:`DigestCarrier.take` hands the guard the rows at the verdict; when no gradient reduction ran since the
+  check (the check of the last step, before ``close``), it returns None and the guard runs its own exchange.
 
-Where it does not: under DDP's default reduction the carrier does NOT register a comm hook of its own. It did
-until 2026-11-27: a Python comm hook costs every bucket of every step a call into Python (measured on the
-reference trainer, 2 gloo ranks on a 2-core VM: +130 us of the main thread's CPU and ~+190 us of the process's
-per step, for any Python hook, however little it does), so carrying through one cost ~3x what the guard's own
-exchange costs a step at ``every`` 10 (whole step 1.066x against 1.042x with the own exchange, 150 blocks,
-BENCHMARKS.md "Fourth look").
-
-How (exact): the guard hashes at step k (``end_step``) and :meth:`DigestCarrier.load`\\ s its words. In the
-next gradient reduction (step k+1's backward), bucket 0 (DDP's first-reduced bucket, capped at 1 MiB by DDP, so
-the extra copy is small) is sent with ``world_size`` slots appended: this rank's words, cut into 16-bit pieces
-(8-bit in a float16/bfloat16 bucket), as small integers in the bucket's dtype in its own slot, zeros in the
-others. A SUM of one integer below 2^16 and zeros is exact in float32/float64 (below 2^8 in the 16-bit
-formats), so after the all-reduce every rank reads every rank's words out of the slots; the slots are cut off
-before the bucket goes back to DDP, and the gradients are never touched (the carrying bucket is divided by the
-world size into a new buffer with the same operation DDP uses, then all-reduced with the slots behind it).
-:meth:`DigestCarrier.take` hands the guard the rows at the verdict; when no gradient reduction ran since the
-check (the check of the last step, before ``close``), it returns None and the guard runs its own exchange then.
-
-Where it is used (``chaos.agent`` decides, from the comm hook already registered): the agent's plain hook
-(faults, flight recorder, anomaly guard) calls :meth:`DigestCarrier.pack` and :meth:`DigestCarrier.unpack`
-around its all-reduce (after the in-transit corruption site, so the slots are never corrupted by an injected
-fault). Under DDP's default reduction (no comm hook), the checksum guard's hook or a comm hook of the user's,
-:func:`install` returns None and the guard keeps its own exchange.
-
-Numerics, and why it carries in 2-rank groups only: with 2 ranks every element's reduction is one addition
-(``a + b == b + a`` exactly), so the gradients are bit-identical to DDP's default reduction (tested, and the
-guard's promise that training is bit-identical with it on or off holds). With 3 or more ranks gloo's ring
-all-reduce (and NCCL's) adds an element's contributions in an order that depends on where the buffer is cut
-into chunks, which the appended slots shift: on a carrying step some of the first bucket's sums would differ
-from DDP's default in the last bit (the same on every rank; measured in ``tests/integration/test_digest_carrier``).
-So :func:`install` returns None in a group of more than 2 ranks and the guard keeps its own exchange there; the
-words themselves come out exact at any world size.
+Why carry at all, why no comm hook of its own, and why 2-rank groups only: docs/design/sdc-guards.md ("The
+consistency guard").
 """
 
 from __future__ import annotations

@@ -1,47 +1,30 @@
 """Straggler guard: the rank whose LOCAL work per step is far above its peers'. Emits ``detect.straggler``
 naming the slow rank.
 
-What is measured
-----------------
-A straggler is invisible in a rank's total step time: every collective waits for the last rank to arrive,
-so after the first sync every rank's step takes as long as the slowest one's. What differs is where the
-time goes. The slow rank spends it in its own work (compute, data, or the time it was SIGSTOPped or
-CPU-throttled) and arrives last, so its collective waits are the SHORTEST; its peers spend the same time
-blocked in the collective. The guard therefore splits each rank's wall time between two consecutive
-exchanges (one per step) into
+What is measured: each rank splits its wall time between two consecutive exchanges (one per step) into
 
 - ``compute_s``: time NOT spent inside a collective: wall clock since the previous exchange returned, less
   the time the caller reported as blocked through :meth:`StragglerGuard.collective` (DDP's ``backward()``
   with its gradient all-reduce, a checkpoint barrier, a guard's all-reduce); and
-- ``wait_s``: the time blocked in those collectives, plus the previous exchange's own wait (an exchange's
-  wait is only known once it returns; placed right after the gradient sync it is close to zero, because
-  every rank has just left the same collective).
+- ``wait_s``: the time blocked in those collectives, plus the previous exchange's own wait.
 
 Once per step, right after the gradient sync, every rank calls :meth:`StragglerGuard.exchange`: one tiny
 ``gather`` of ``[compute_s, wait_s]`` (two float64 per rank) to the reporter rank, the only one that judges.
-A gather rather than an all_gather because the other ranks need nothing back: they only send and go on, which
-costs 0.7 ms per call instead of 3.2 ms (3 gloo ranks on 2 CPU cores). Placed right after the gradient sync,
-a stall anywhere in the step's local work and the peers' wait for it in the gradient all-reduce land in the
-same step's numbers.
-In a DDP job ``backward()`` counts as blocked: its all-reduce overlaps the backward compute and the two
-cannot be told apart from outside, so a rank that is slow ONLY inside ``backward()`` is not singled out
-(every rank's wait grows alike); slowness in data loading, forward, the optimizer step or between steps is.
-``wait_s`` is evidence in the event (the straggler's is the smallest); the decision uses ``compute_s``.
+The decision uses ``compute_s``; ``wait_s`` is evidence in the event (the straggler's is the smallest).
 
-The decision (:class:`StragglerDetector`, pure and deterministic, unit-tested without torch.distributed)
-----------------------------------------------------------------------------------------------------------
-A sliding window of the last ``window`` (K) steps of every rank's ``compute_s``. Once the window is full, a
-rank is a straggler when its windowed sum is at least ``ratio`` (R) times the median of the OTHER ranks' sums
-AND exceeds that median by at least ``min_excess`` (S) seconds (and by more than zero, so ranks that are level
-never fire whatever R and S): the ratio makes it scale-free, the absolute floor keeps scheduler jitter on an
-idle job (steps of a few ms) from ever firing. The median of the others (not of all ranks) makes it work for
-two ranks, and with three or more ranks tolerates one other slow rank.
-One detection per episode: after firing, a rank re-arms only once it has been under the threshold for K
-consecutive steps (a full window of normal behaviour).
+The decision (:class:`StragglerDetector`, pure and deterministic): a sliding window of the last ``window`` (K)
+steps of every rank's ``compute_s``. Once the window is full, a rank is a straggler when its windowed sum is at
+least ``ratio`` (R) times the median of the OTHER ranks' sums AND exceeds that median by at least
+``min_excess`` (S) seconds (and by more than zero, so ranks that are level never fire whatever R and S). One
+detection per episode: after firing, a rank re-arms only once it has been under the threshold for K
+consecutive steps.
 
-A single long hiccup counts: with K=5, steps of 50 ms and R=2, S=0.2 s, one 0.5 s stall on a rank fires. Local
-work that is legitimately uneven (rank 0 writing a checkpoint) counts too; keep checkpoints out of short
-windows, or raise S.
+Limits: in a DDP job ``backward()`` counts as blocked, so a rank slow ONLY inside ``backward()`` is not singled
+out (slowness in data loading, forward, the optimizer step or between steps is). A single long hiccup counts:
+with K=5, steps of 50 ms and R=2, S=0.2 s, one 0.5 s stall on a rank fires. Local work that is legitimately
+uneven (rank 0 writing a checkpoint) counts too; keep checkpoints out of short windows, or raise S.
+
+Why local time and not step time, why a gather, and why the median of the others: docs/design/straggler.md.
 """
 
 from __future__ import annotations
@@ -167,7 +150,7 @@ class StragglerGuard:
     reporter rank runs a :class:`StragglerDetector` and emits ``detect.straggler``. Collective: every rank of
     ``group`` calls :meth:`exchange` once per step, in step order.
 
-    Usage (see ``chaos/targets/reference/trainer.py``)::
+    Usage (see ``chaos/reference/trainer.py``)::
 
         guard = StragglerGuard()
         guard.start()                          # after the last collective before the loop

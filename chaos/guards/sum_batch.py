@@ -2,8 +2,8 @@
 
 A model's parameters and optimizer state are mostly small tensors (biases, norms, small layers), and per tensor
 the digest takes about nine torch calls (view, widen, sum, square, sum, float sum, ...): on a CPU that is
-dispatch, not arithmetic, and it made the check cost ~0.5 ms on the reference trainer's six tensors. Here the
-small floating-point CPU tensors of one dtype are read as one: their integer views are concatenated
+dispatch, not arithmetic (docs/design/sdc-guards.md, "The consistency guard", has the cost). Here the small
+floating-point CPU tensors of one dtype are read as one: their integer views are concatenated
 (one copy), widened to int64 once, and summed per tensor with ``index_add_`` over a cached segment index, then
 squared in place and summed again. The sums are the same int64 values :class:`chaos.guards.consistency.TensorSums`
 computes tensor by tensor (integer addition is exact and, wrapping mod 2^64, independent of order), so the

@@ -1,5 +1,5 @@
 """The collective flight recorder: each rank writes where it is in its collectives into a small mmap'd file that
-the harness reads from outside, even while the process is stopped or spinning (:mod:`chaos.run.hang_watch`).
+the harness reads from outside, even while the process is stopped or spinning (:mod:`chaos.detect.hang_watch`).
 
 On when the job's environment names a directory in ``CHAOS_FLIGHT_DIR`` (the harness sets it); off otherwise.
 The agent turns it on at ``attach`` (:func:`install`), which wraps the collective functions of the

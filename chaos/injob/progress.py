@@ -15,15 +15,14 @@ Events (``attempt`` is ``TORCHELASTIC_RESTART_COUNT``, 0 on the first launch; ``
 - ``target.resume`` {step, attempt, path, seen} at the first ``begin_step(S)`` of an attempt with S > 1: the
   job resumed from step S - 1 (``seen: "first step"``), with the path of the last load of the model's state
   the agent saw (``torch.load`` / ``torch.distributed.checkpoint.load`` after ``attach``: ``seen`` names it); or
-  on ``agent.resumed(step, path)``. Why the loop's first step and not the load: a job loads its checkpoint
-  before it wraps the model in DDP, i.e. before ``attach``, so the load is usually not observable; the step
-  the loop starts at is, and it is what the recovery and lineage checks count from. ``agent.resumed(step, path,
-  verified=True)`` adds ``verified``: the job checked the checkpoint before loading it.
-- ``target.digest`` {digest, step, attempt} at ``close`` (or at a normal exit, with no per-step calls in the loop): sha256 over the model's ``state_dict`` and the
-  optimizer's state (:func:`state_digest`), after the agent healed its faults: what ``matches_golden``
-  compares with a fault-free run. With the plan's ``digest_every: k`` also after every k-th committed step
-  (torchft's step under torchft; a step torchft did not commit is not digested): what ``replicas_agree``
-  compares across replica groups.
+  on ``agent.resumed(step, path)`` (why the first step and not the load: docs/design/your-script.md).
+  ``agent.resumed(step, path, verified=True)`` adds ``verified``: the job checked the checkpoint before
+  loading it.
+- ``target.digest`` {digest, step, attempt} at ``close`` (or at a normal exit, with no per-step calls in the
+  loop): sha256 over the model's ``state_dict`` and the optimizer's state (:func:`state_digest`), after the
+  agent healed its faults: what ``matches_golden`` compares with a fault-free run. With the plan's
+  ``digest_every: k`` also after every k-th committed step (torchft's step under torchft; a step torchft did
+  not commit is not digested): what ``replicas_agree`` compares across replica groups.
 
 A job that reports some of these itself names them in ``attach(..., job_emits={...})`` (``"all"``: the agent
 reports none, as the reference trainer does), so no event is reported twice. Outside a chaos run

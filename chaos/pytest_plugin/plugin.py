@@ -293,7 +293,7 @@ def chaos_testbed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     written to ``<basetemp>/chaos-testbed*/inventory.yaml``; pass it to ``chaos_run(..., inventory=...)``.
     Skips with the reason where it cannot be built (not root, no ``ip netns``, no sshd); torn down in
     ``finally``, also when building failed half way."""
-    from chaos.cluster.testbed import namespaces as testbed
+    from chaos.testbed import namespaces as testbed
 
     reason = testbed.unsupported_reason()
     if reason is not None:

@@ -13,8 +13,8 @@ evidence, so a time in the evidence can be found on the plot):
 On every panel: fault windows shaded from ``fault.applied`` to its ``fault.healed`` (or the op's duration);
 one-shot faults (no heal, no duration: a kill) as solid lines; ``detect.*`` as dashed lines; restarts as
 dotted lines, as are in-place rollbacks (``target.rollback``). Labels go on the top panel. Long runs are
-decimated (at most :data:`MAX_POINTS` points per line,
-:data:`chaos.report.serving.MAX_BINS` bins) so a plot takes well under a second. matplotlib is imported lazily (Agg, no display).
+decimated (at most :data:`MAX_POINTS` points per line, :data:`chaos.report.serving.MAX_BINS` bins) so a plot
+takes well under a second. matplotlib is imported lazily (Agg, no display).
 """
 
 from __future__ import annotations
@@ -264,7 +264,7 @@ def _progress(ax: Axes, events: Sequence[Event], steps: Sequence[Event], origin:
         handles.append(
             Line2D([], [], color=_RESTART_COLOR, marker="o", markerfacecolor="none", linestyle="", label="resume")
         )
-    # Issue 18 (chaos.checks.storage_recovery): failed save tries, and each rank's restore end (the straggler's is late).
+    # For chaos.checks.storage_recovery: failed save tries, and each rank's restore end (the straggler's is late).
     if _step_markers(ax, events, TARGET_CHECKPOINT_RETRY, origin, marker="x", s=30, color="#c62828", zorder=5):
         handles.append(Line2D([], [], color="#c62828", marker="x", linestyle="", label="save retried"))
     restores = [e for e in events if e.kind == TARGET_RESTORE and e.get_int("step") is not None]
@@ -274,7 +274,7 @@ def _progress(ax: Axes, events: Sequence[Event], steps: Sequence[Event], origin:
         ax.hlines(e.get_int("step") or 0, begin, _s(e.ts_ns, origin), colors=color.get(e.rank or 0, "C0"), linewidth=6)
     if restores:
         handles.append(Line2D([], [], color="#757575", linewidth=6, label="restore (each rank's read)"))
-    # Issue 18 (chaos.checks.checkpoint): the checkpoint a rank rejected while choosing where to resume, drawn at
+    # For chaos.checks.checkpoint: the checkpoint a rank rejected while choosing where to resume, drawn at
     # its step, so the fallback reads off the plot: rejected at 30, resume circle at 20.
     if _step_markers(ax, events, TARGET_CHECKPOINT_REJECTED, origin, marker="X", s=60, color="#e53935", zorder=6):
         handles.append(Line2D([], [], color="#e53935", marker="X", linestyle="", label="checkpoint rejected"))

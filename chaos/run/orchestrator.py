@@ -28,6 +28,7 @@ from chaos.checks.progress import CHECK_PROGRESS
 from chaos.cluster.base import TransportError
 from chaos.cluster.hosts import LOCAL, HostsError, HostSet
 from chaos.cluster.local import LocalTransport
+from chaos.detect import hang_watch, link_probe
 from chaos.history.timeline import Event, History, now_ns
 from chaos.load.driver import LoadDriver
 from chaos.plan.agent_plan import ENV_PLAN
@@ -35,7 +36,6 @@ from chaos.plan.build import Plan, PlannedOp, fault_op, make_plan
 from chaos.plugins import registry
 from chaos.plugins.injector import InjectionContext, InjectionError, Unsupported
 from chaos.report.files import write_reports
-from chaos.run import hang_watch, link_probe
 from chaos.run.control import Order, RunControl
 from chaos.run.faults import (
     ActiveFault,
@@ -579,7 +579,7 @@ def execute(
                 history.record(
                     kinds.RUNNER_GOLDEN,
                     digest=outcome.digest,
-                    digests=outcome.digests_json(),  # every rank's, so checks compare every rank (issue 15)
+                    digests=outcome.digests_json(),  # every rank's, so checks compare every rank
                     detections=list(outcome.detections),
                     cached=outcome.cached,
                 )

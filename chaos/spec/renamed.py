@@ -1,9 +1,9 @@
-"""Job module paths that scenarios of releases before 0.2 name, and where those modules are now.
+"""Job module paths that older scenarios name, and where those modules are now.
 
 A scenario names a module that a job runs with ``python -m``: a torchrun target's or a torchrun role's
 ``module:``, or the item after ``-m`` in a command (a command target's or a role's). Where it names an old path
 of :data:`RENAMED_MODULES`, :func:`rename_modules` loads the scenario with the new path and warns with a
-:class:`RenamedModuleWarning` at the file and line to change. No other pre-0.2 path is known any more.
+:class:`RenamedModuleWarning` at the file and line to change. No other old path is known any more.
 """
 
 from __future__ import annotations
@@ -14,16 +14,20 @@ from typing import Any
 
 from chaos.spec.problems import Path_, position
 
-# Old path -> new path, for the modules of 0.1 that run as a job (``python -m``).
+# Old path -> new path, for the modules that run as a job (``python -m``): those of 0.1, and the reference jobs'
+# paths from when they lived under ``chaos.targets.reference``.
 RENAMED_MODULES: dict[str, str] = {
-    "chaos.targets.ddp_trainer": "chaos.targets.reference.trainer",
-    "chaos.targets.serving.gateway": "chaos.targets.reference.serving.gateway",
-    "chaos.targets.serving.model_server": "chaos.targets.reference.serving.model_server",
+    "chaos.targets.ddp_trainer": "chaos.reference.trainer",
+    "chaos.targets.serving.gateway": "chaos.reference.serving.gateway",
+    "chaos.targets.serving.model_server": "chaos.reference.serving.model_server",
+    "chaos.targets.reference.trainer": "chaos.reference.trainer",
+    "chaos.targets.reference.serving.gateway": "chaos.reference.serving.gateway",
+    "chaos.targets.reference.serving.model_server": "chaos.reference.serving.model_server",
 }
 
 
 class RenamedModuleWarning(FutureWarning):
-    """A scenario names a job module by its pre-0.2 path (a FutureWarning: shown by default, to the user)."""
+    """A scenario names a job module by an old path (a FutureWarning: shown by default, to the user)."""
 
 
 def _places(data: dict[str, Any]) -> Iterator[tuple[dict[str, Any] | list[Any], Any, Path_]]:

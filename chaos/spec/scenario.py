@@ -198,7 +198,7 @@ class CheckSpec(BaseModel):
 
 
 class HangWatchSpec(BaseModel):
-    """The harness-side hang watch (:mod:`chaos.run.hang_watch`): names the rank a hang waits for
+    """The harness-side hang watch (:mod:`chaos.detect.hang_watch`): names the rank a hang waits for
     (``detect.hang``) once no rank completed a collective for ``hang_after``, from the ranks' flight recorders."""
 
     model_config = _STRICT
@@ -461,7 +461,7 @@ def json_schema() -> dict[str, Any]:
 def parse_scenario(text: str, file: str = "<string>") -> Scenario:
     """Validate YAML ``text`` into a Scenario; raise ScenarioError with every problem found, in file order."""
     data, marks, problems = read_yaml_mapping(text, file, what="a scenario", hint="start with name: my-scenario")
-    rename_modules(data, marks, file)  # a job module's pre-0.2 path: the new path, and a warning at its line
+    rename_modules(data, marks, file)  # a job module's old path: the new path, and a warning at its line
     model = scenario_model()
     problems.extend(_cross_check(data, marks, file))  # on the raw data: reported next to the model's own errors
     try:

@@ -1,4 +1,5 @@
-"""The typed settings of the reference serving stack (``target: {type: serving, ...}`` in a scenario).
+"""The typed settings of the reference serving stack (``target: {type: serving, ...}`` in a scenario), and the
+config the target hands its gateway (:class:`GatewayConfig`).
 
 Defaults follow common practice for serving health checks (probe every 5 s, 2 s timeout, 3 failures to mark
 a backend down, 2 successes to mark it up again; see FIELD-NOTES). Tests and the shipped scenarios use
@@ -7,6 +8,7 @@ shorter values so a run takes seconds. Pydantic only: the harness imports this w
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -126,3 +128,23 @@ class ServingTarget(BaseModel):
         plus one interval of phase (the fault can land just after a probe)."""
         p = self.probes
         return p.interval * p.failure_threshold + p.timeout + p.interval
+
+
+class ReplicaEndpoint(BaseModel):
+    """Where one model server listens, and which model it serves (names its golden file)."""
+
+    model_config = _STRICT
+    model: Literal["primary", "small"]
+    port: int = Field(ge=1, le=65535)
+    host: str = "127.0.0.1"
+
+
+class GatewayConfig(BaseModel):
+    """What the job hands the gateway: the scenario's serving settings, the gateway's port, the replicas
+    (``primary`` and, with a fallback, ``fallback``) and the run folder holding the golden answers."""
+
+    model_config = _STRICT
+    target: ServingTarget
+    port: int = Field(ge=0, le=65535)
+    run_dir: Path
+    replicas: dict[str, ReplicaEndpoint]

@@ -18,6 +18,7 @@ from chaos.targets.command import CommandJob
 from chaos.targets.http import HttpJob
 from chaos.targets.role_hosts import RoleHost
 from chaos.targets.roles import RolesJob, ServingRolesJob
+from chaos.targets.serving_stack import ServingJob
 from chaos.targets.torchrun import TorchrunJob
 from chaos.targets.torchrun_nodes import MultiNodeTorchrunJob, Node
 
@@ -39,8 +40,6 @@ def make_target(
     if isinstance(spec, TorchrunTarget):
         return TorchrunJob(spec, transport, run_dir, seed, extra_env)
     if isinstance(spec, ServingTarget):
-        from chaos.targets.reference.serving.job import ServingJob  # its processes import torch; the harness need not
-
         return ServingJob(spec, transport, run_dir, seed, extra_env)
     if isinstance(spec, HttpTarget):
         return HttpJob(spec)
@@ -59,7 +58,7 @@ def _slurm_job(
     scenario: Scenario, spec: SlurmTarget, run_dir: Path, seed: int, extra_env: dict[str, str], hosts: HostSet
 ) -> Target:
     """A batch job on the scenario's Slurm cluster; it answers the hosts' ``slurm:`` selector from here on."""
-    from chaos.cluster.slurm.locate import ClusterNotFound, SlurmCluster, locate
+    from chaos.slurm.locate import ClusterNotFound, SlurmCluster, locate
     from chaos.targets.slurm import SlurmJob
 
     cluster: SlurmCluster | str

@@ -1,8 +1,7 @@
 """A local process and everything below it, by pid and kernel start time (a pid alone may be reused).
 
-NOTE (issue 16 round): this file was overwritten by accident by the helper building rank discovery
-(chaos/targets/rank_discovery.py) and then restored from how chaos/targets/roles.py uses it: ``tree`` and
-``kill_known`` keep the names and the meaning roles.py relies on; the original text is lost.
+``tree`` lists a root and its descendants with their start times; ``kill_known`` signals only those that still
+have the recorded start time (the roles target stops a replica's whole tree with it).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The ``slurm`` target: a batch job submitted with ``sbatch`` and followed through Slurm's own eyes.
 
 ``start`` submits the scenario's script (``sbatch --parsable --nodes N --ntasks-per-node T --requeue
---output <run dir>/target.log --open-mode=append``) through a :class:`~chaos.cluster.slurm.client.SlurmClient`
-of the scenario's cluster (:mod:`chaos.cluster.slurm.locate`), with ``CHAOS_EVENTS`` naming
+--output <run dir>/target.log --open-mode=append``) through a :class:`~chaos.slurm.client.SlurmClient`
+of the scenario's cluster (:mod:`chaos.slurm.locate`), with ``CHAOS_EVENTS`` naming
 ``<run dir>/events.jsonl``: every task of every attempt appends its events there (a shared filesystem: the
 testbed's hosts share this machine's; an existing cluster's run dir must be on one its nodes mount at the same
 path). A background thread polls ``scontrol show job`` and ``scontrol show node`` every ``poll_interval`` and
@@ -34,13 +34,14 @@ from pathlib import Path
 from pydantic import JsonValue
 
 from chaos.cluster.base import Transport, TransportError
+from chaos.cluster.hosts import host_of_node
 from chaos.cluster.inventory import Inventory
-from chaos.cluster.slurm.client import JobNotFound, SlurmClient, SlurmError
-from chaos.cluster.slurm.locate import ClusterNotFound, SlurmCluster, host_of_node
 from chaos.event_kinds import SLURM_POLL_FAILED as POLL_FAILED
 from chaos.event_kinds import TARGET_EXIT, TARGET_START
 from chaos.events import ENV_EVENTS
 from chaos.history.timeline import Event, EventFileTail, now_ns
+from chaos.slurm.client import JobNotFound, SlurmClient, SlurmError
+from chaos.slurm.locate import ClusterNotFound, SlurmCluster
 from chaos.spec.slurm import SlurmTarget
 from chaos.targets.base import TargetUnusable, output_matchers
 from chaos.targets.command import expand

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 from pydantic import JsonValue
 
-from chaos.cluster.slurm.client import AccountingRecord, Job, Node
 from chaos.event_kinds import SLURM_JOB, SLURM_NODE
 from chaos.history.timeline import Event
+from chaos.slurm.client import AccountingRecord, Job, Node
 
 SOURCE = "slurm"
 REQUEUED = "REQUEUED"

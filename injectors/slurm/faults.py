@@ -24,10 +24,11 @@ from typing import ClassVar, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from chaos.cluster.hosts import node_of_host
 from chaos.cluster.inventory import Inventory
-from chaos.cluster.slurm.client import SlurmError
-from chaos.cluster.slurm.locate import ClusterNotFound, SlurmCluster, node_of_host
 from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
+from chaos.slurm.client import SlurmError
+from chaos.slurm.locate import ClusterNotFound, SlurmCluster
 from injectors.slurm import nodes as slurm_nodes
 from injectors.slurm.nodes import NodeFault
 

@@ -2,7 +2,7 @@
 (``python -m injectors.slurm.nodes --state JSON``), so the crash path runs the same code as heal.
 
 A testbed node ``hN`` is a network namespace of this machine whose ``slurmd`` the testbed started
-(:mod:`chaos.cluster.testbed.slurm`); its daemon and its jobs' processes (``slurmstepd`` and every process
+(:mod:`chaos.testbed.slurm`); its daemon and its jobs' processes (``slurmstepd`` and every process
 below) are found by that namespace, never by name alone. Restarting goes through the testbed's own start
 (``nsenter`` into the namespace, the node's hostname and hosts file), so the node comes back exactly as ``up``
 made it.
@@ -24,11 +24,11 @@ from dataclasses import dataclass
 
 from pydantic import JsonValue
 
-from chaos.cluster.slurm.client import Node, SlurmClient, SlurmError
-from chaos.cluster.slurm.locate import ClusterNotFound, SlurmCluster
-from chaos.cluster.testbed import slurm_daemons as daemons
-from chaos.cluster.testbed.slurm_daemons import SlurmLayout
 from chaos.plugins.injector import InjectionError
+from chaos.slurm.client import Node, SlurmClient, SlurmError
+from chaos.slurm.locate import ClusterNotFound, SlurmCluster
+from chaos.testbed import slurm_daemons as daemons
+from chaos.testbed.slurm_daemons import SlurmLayout
 
 MODULE = "injectors.slurm.nodes"
 NOT_RESPONDING = "Not responding"  # the reason slurmctld gives a node whose slurmd went silent
@@ -81,7 +81,7 @@ class NodeFault:
 
 def _testbed(fault: NodeFault) -> tuple[SlurmLayout, str]:
     """(the testbed's Slurm layout, the node's namespace); InjectionError when it is not a testbed node."""
-    from chaos.cluster.testbed import slurm as testbed
+    from chaos.testbed import slurm as testbed
 
     if fault.cluster.kind != "testbed" or fault.cluster.state_dir is None or fault.netns is None:
         raise InjectionError(f"{fault.node} is not a node of a Slurm testbed of this machine")
@@ -118,8 +118,8 @@ def kill(pids: list[int], signum: int) -> int:
 
 def start_slurmd(fault: NodeFault) -> bool:
     """Start the node's slurmd as the testbed starts it, unless it runs; True when one was started."""
-    from chaos.cluster.testbed import slurm as testbed
-    from chaos.cluster.testbed.system import TestbedError
+    from chaos.testbed import slurm as testbed
+    from chaos.testbed.system import TestbedError
 
     layout, ns = _testbed(fault)
     if daemons.pids(layout, ("slurmd",), ns=ns):

@@ -1,4 +1,4 @@
-"""Issue 18's torn and corrupt checkpoints, end to end: ``scenarios/checkpoint-torn-write.yaml`` and
+"""Torn and corrupt checkpoints, end to end: ``scenarios/checkpoint-torn-write.yaml`` and
 ``scenarios/checkpoint-corrupt.yaml`` pass on the reference trainer (two-phase commit, every rank verifies its
 own file against the manifest, the ranks agree on the newest step that verified everywhere) and FAIL on
 ``tests/jobs/user_ckpt_unverified.py`` (torch.save over one ``latest.pt`` in place, torch.load of whatever is

@@ -1,4 +1,4 @@
-"""Issue 18's hang culprit, through the whole harness:
+"""The hang culprit, through the whole harness:
 
 - the shipped ``scenarios/hang-culprit.yaml`` (reference trainer, 3 ranks, rank 2 SIGSTOPped for 6 s): the hang
   watch names rank 2 (``stopped``) in ``detect.hang``, ``culprit_named`` passes, no restart;

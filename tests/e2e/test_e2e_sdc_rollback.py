@@ -14,10 +14,10 @@ import pytest
 from support import ROOT
 
 from chaos.history.timeline import FAULT_APPLIED, History
+from chaos.reference.trainer import ENV_SABOTAGE
 from chaos.run.orchestrator import RunOptions, execute
 from chaos.run.result import EXIT_FAIL, EXIT_PASS, RunResult
 from chaos.spec.scenario import load_scenario
-from chaos.targets.reference.trainer import ENV_SABOTAGE
 
 pytestmark = pytest.mark.slow
 

@@ -24,7 +24,7 @@ from chaos.run.orchestrator import RunOptions, execute
 from chaos.run.result import EXIT_FAIL, EXIT_INVALID, EXIT_PASS
 from chaos.spec.scenario import load_scenario, parse_scenario
 from chaos.spec.serving import ServingTarget
-from chaos.targets.reference.serving.job import ServingJob
+from chaos.targets.serving_stack import ServingJob
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +43,7 @@ def _serving_processes(folder: Path) -> list[str]:
     beside it on parallel workers)."""
     ps = subprocess.run(["ps", "-eo", "pid=,stat=,args="], capture_output=True, text=True).stdout
     return [
-        line.strip() for line in ps.splitlines() if "chaos.targets.reference.serving" in line and str(folder) in line
+        line.strip() for line in ps.splitlines() if "chaos.reference.serving" in line and str(folder) in line
     ]
 
 
@@ -192,7 +192,7 @@ def test_interrupted_serving_run_stops_the_stack_and_the_load(tmp_path: Path) ->
     assert [e for e in history if e["kind"] == "fault.healed"]
     ours = _processes_marked(f"TEST_RUN_MARK={mark}")
     assert not [line for line in ours if "-m chaos.load --emit" in line], ours
-    assert not [line for line in ours if line.startswith("T") and "chaos.targets.reference.serving" in line], ours
+    assert not [line for line in ours if line.startswith("T") and "chaos.reference.serving" in line], ours
 
 
 def _processes_marked(entry: str) -> list[str]:

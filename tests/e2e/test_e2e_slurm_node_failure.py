@@ -1,4 +1,4 @@
-"""Issue 17's acceptance run: ``scenarios/slurm-node-failure.yaml`` on a real 3-node Slurm testbed (slurmctld,
+"""The Slurm node-failure run: ``scenarios/slurm-node-failure.yaml`` on a real 3-node Slurm testbed (slurmctld,
 one slurmd per host, munge), with mlchaos's health check (every 5 s) and RequeueExit=75.
 
 A node of the running 2-node training job (h2) loses its GPU (``gpu_xid`` 79, the driver's kernel-log line
@@ -23,11 +23,11 @@ import pytest
 from support import ROOT
 
 from chaos.cli.testbed import builtin_health_check
-from chaos.cluster.testbed import namespaces as tb
-from chaos.cluster.testbed import slurm as slurm_testbed
-from chaos.cluster.testbed.slurm_conf import SlurmSettings
 from chaos.run.orchestrator import RunOptions, RunResult, execute
 from chaos.spec.scenario import load_scenario
+from chaos.testbed import namespaces as tb
+from chaos.testbed import slurm as slurm_testbed
+from chaos.testbed.slurm_conf import SlurmSettings
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""Issue 18's restore-straggler and retry stories through the whole harness, on a real FUSE layer:
+"""The restore-straggler and retry stories through the whole harness, on a real FUSE layer:
 
 - ``scenarios/checkpoint-restore-straggler.yaml``: rank 1's checkpoint reads are delayed 1 s each while rank 0 is
   killed; the reference trainer's restart restores, and ``restore_straggler_named`` names rank 1 from the ranks'

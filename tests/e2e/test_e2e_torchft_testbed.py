@@ -14,9 +14,9 @@ import pytest
 from support import ROOT, write_inventory
 
 from chaos.cluster.inventory import Inventory
-from chaos.cluster.testbed.system import netns_pids
 from chaos.run.orchestrator import RunOptions, execute
 from chaos.spec.scenario import load_scenario
+from chaos.testbed.system import netns_pids
 
 pytest.importorskip("torchft", reason="torchft is not installed: pip install -e '.[torchft]' (scripts/setup.sh does)")
 

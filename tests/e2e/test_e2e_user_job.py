@@ -1,4 +1,4 @@
-"""Issue 15's acceptance on a job we did not write, through the whole harness (``execute``, golden run and all):
+"""On a job we did not write, through the whole harness (``execute``, golden run and all):
 ``tests/jobs/user_ddp_adam.py`` (DDP + Adam, 2 gloo ranks, the one-line agent, its own digest).
 
 - A flip in rank 1's Adam ``exp_avg_sq`` at the last step changes only rank 1's final weights: ``matches_golden``

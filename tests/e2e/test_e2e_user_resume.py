@@ -1,4 +1,4 @@
-"""Issue 16's acceptance on a job we did not write: ``tests/jobs/user_ddp_resume.py`` (DDP + Adam, a DataLoader with
+"""On a job we did not write: ``tests/jobs/user_ddp_resume.py`` (DDP + Adam, a DataLoader with
 a DistributedSampler, ``torch.save`` checkpoints every 4 steps, resume from the newest), which imports nothing of
 mlchaos but the agent line and reports nothing itself. Through the whole harness (``execute``, golden run and all):
 

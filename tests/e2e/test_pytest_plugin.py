@@ -507,7 +507,7 @@ def _namespaces() -> set[str]:
 
 @pytest.mark.slow
 def test_chaos_testbed_builds_hosts_and_tears_them_down(pytester: pytest.Pytester) -> None:
-    from chaos.cluster.testbed import namespaces as testbed
+    from chaos.testbed import namespaces as testbed
 
     reason = testbed.unsupported_reason()
     if reason is not None:

@@ -1,5 +1,5 @@
 """``chaos_inject`` faults without a duration still get a dead-man switch: renewed while the test process lives,
-fired once it is SIGKILLed (issue 15: every fault has a dead-man switch)."""
+fired once it is SIGKILLed (every fault has a dead-man switch)."""
 
 from __future__ import annotations
 

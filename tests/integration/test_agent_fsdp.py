@@ -1,4 +1,4 @@
-"""The agent on FSDP (issue 16, Build 5), 2 gloo ranks on CPU (``chaos.guards._dist.run_group``):
+"""The agent on FSDP, 2 gloo ranks on CPU (``chaos.guards._dist.run_group``):
 
 - FSDP1 (``FullyShardedDataParallel``, full shard): with the agent's comm hook installed and nothing firing, the
   trained parameters are bit-identical to FSDP's own reduction; a phase-``allreduce`` fault fires inside FSDP's

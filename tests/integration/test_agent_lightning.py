@@ -1,4 +1,4 @@
-"""The agent for PyTorch Lightning users (issue 16, Build 5): ``tests/jobs/user_lightning.py``, a Lightning script
+"""The agent for PyTorch Lightning users: ``tests/jobs/user_lightning.py``, a Lightning script
 (CPU, ``strategy="ddp"`` on 2 gloo ranks under torchrun) whose only mlchaos line is ``ChaosCallback(guard=...)``.
 
 - With a planned ``grad_corrupt`` on rank 1 at step 3: every optimizer step is reported by both ranks

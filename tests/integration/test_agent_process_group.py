@@ -1,4 +1,4 @@
-"""The agent on DDP with a non-default process group (issue 16, Build 5): ``tests/jobs/user_ddp_subgroup.py``, a
+"""The agent on DDP with a non-default process group: ``tests/jobs/user_ddp_subgroup.py``, a
 user-style script whose 4 gloo ranks form two DDP groups (``dist.new_group``: ranks 0-1 and 2-3) training two
 different models. Four ranks, not two: with two, a DDP group of both ranks reduces exactly what the default group
 does, and a guard on the wrong group would go unnoticed.

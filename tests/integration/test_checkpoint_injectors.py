@@ -23,7 +23,7 @@ from chaos.cluster.local import LocalTransport
 from chaos.history.timeline import History
 from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError
 from chaos.plugins.registry import injector
-from chaos.targets.reference import checkpoint_store as store
+from chaos.reference import checkpoint_store as store
 
 WORLD = 2
 

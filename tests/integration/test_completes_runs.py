@@ -1,5 +1,5 @@
 """`completes` on real runs of a real process: the harness stopping the job at max_duration, the job failing by
-itself, and a kill fault killing it are three different reasons (issue 15, Build 9)."""
+itself, and a kill fault killing it are three different reasons."""
 
 from __future__ import annotations
 

@@ -139,7 +139,7 @@ def client() -> Iterator[Any]:
             found.ping()
         except Exception as exc:
             pytest.skip(f"no Docker daemon: {exc}; {started.stdout.strip()} {started.stderr.strip()}")
-    from chaos.cluster.testbed.image import ensure_image
+    from chaos.testbed.image import ensure_image
 
     ensure_image(found)
     try:
@@ -151,7 +151,7 @@ def client() -> Iterator[Any]:
 @pytest.fixture
 def make_container(client: Any) -> Iterator[MakeContainer]:
     """``make_container(name=None, **run_kwargs)`` starts a container; every name made is removed at the end."""
-    from chaos.cluster.testbed.image import IMAGE, python_binds
+    from chaos.testbed.image import IMAGE, python_binds
 
     names: list[str] = []
 

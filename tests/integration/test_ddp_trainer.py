@@ -34,7 +34,7 @@ JOB_TIMEOUT_S = 180.0
 
 @dataclass
 class Job:
-    """One torchrun launch of chaos.targets.reference.trainer and the files it writes."""
+    """One torchrun launch of chaos.reference.trainer and the files it writes."""
 
     proc: subprocess.Popen[bytes]
     events_path: Path
@@ -84,7 +84,7 @@ class Job:
 def _is_our_worker(pid: int) -> bool:
     # Guards against pid reuse: only kill a process that is still a ddp_trainer worker.
     try:
-        return b"chaos.targets.reference.trainer" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"chaos.reference.trainer" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
 
@@ -107,7 +107,7 @@ def start_job(workdir: Path, *, seed: int = SEED, steps: int = STEPS, env: dict[
     argv = [
         sys.executable, "-m", "torch.distributed.run", "--log-dir", str(log_path.parent / "torchelastic"),
         "--standalone", "--nproc-per-node", str(WORLD),
-        "--max-restarts", "3", "--monitor-interval", "0.5", "-m", "chaos.targets.reference.trainer",
+        "--max-restarts", "3", "--monitor-interval", "0.5", "-m", "chaos.reference.trainer",
         "--steps", str(steps), "--batch-size", str(BATCH), "--checkpoint-every", str(CHECKPOINT_EVERY),
         "--checkpoint-dir", str(checkpoint_dir), "--seed", str(seed), "--step-time", "0.05",
         "--pg-timeout", "30",
@@ -244,7 +244,7 @@ def test_fault_free_run_consumes_each_sample_once(baseline: Baseline) -> None:
 def test_sample_is_a_pure_function_of_seed_and_id() -> None:
     import torch
 
-    from chaos.targets.reference.trainer import make_batch, sample
+    from chaos.reference.trainer import make_batch, sample
 
     x1, y1 = sample(SEED, 12345)
     x2, y2 = sample(SEED, 12345)
@@ -257,7 +257,7 @@ def test_sample_is_a_pure_function_of_seed_and_id() -> None:
 
 
 def test_step_sample_ids_partition_the_id_space() -> None:
-    from chaos.targets.reference.trainer import step_sample_ids
+    from chaos.reference.trainer import step_sample_ids
 
     ids = [i for step in range(1, 6) for rank in range(3) for i in step_sample_ids(step, rank, 4, 3)]
     assert ids == list(range(5 * 4 * 3))
@@ -266,8 +266,8 @@ def test_step_sample_ids_partition_the_id_space() -> None:
 def test_checkpoints_are_pruned_and_a_corrupt_newest_falls_back(tmp_path: Path) -> None:
     import torch
 
-    from chaos.targets.reference import checkpoint_store as store
-    from chaos.targets.reference import trainer
+    from chaos.reference import checkpoint_store as store
+    from chaos.reference import trainer
 
     def save(step: int, state: dict[str, Any]) -> None:
         store.commit(tmp_path, step, [store.write_part(tmp_path, step, 0, state)], 1)

@@ -14,9 +14,9 @@ from chaos.cli.commands import app
 from chaos.cluster.base import TransportError
 from chaos.cluster.docker import DockerTransport
 from chaos.cluster.inventory import Inventory, load_inventory
-from chaos.cluster.testbed import containers as dtb
-from chaos.cluster.testbed.image import IMAGE, LABEL
-from chaos.cluster.testbed.shared_mounts import mount_points
+from chaos.testbed import containers as dtb
+from chaos.testbed.image import IMAGE, LABEL
+from chaos.testbed.shared_mounts import mount_points
 
 # Registered as a plugin (not imported), so every module shares ONE session testbed.
 

@@ -17,7 +17,7 @@ import pytest
 from chaos.cluster.base import TransportError, host_python
 from chaos.cluster.docker import DockerTransport
 from chaos.cluster.inventory import Host, Inventory
-from chaos.cluster.testbed import containers as dtb
+from chaos.testbed import containers as dtb
 
 # Registered as a plugin (not imported), so every module shares ONE session testbed.
 
@@ -195,7 +195,7 @@ def test_clock_offset_is_near_zero_on_one_machine(docker_transports: dict[str, D
 
 def test_container_selected_by_label_and_selector_syntax(docker_testbed: Inventory) -> None:
     from chaos.cluster.docker import selector_filters
-    from chaos.cluster.testbed.containers import HOST_LABEL, LABEL
+    from chaos.testbed.containers import HOST_LABEL, LABEL
 
     assert selector_filters("web-1") is None
     assert selector_filters("service:shop/web") == ["com.docker.compose.service=web", "com.docker.compose.project=shop"]

@@ -40,8 +40,8 @@ from chaos.cluster.netns import NetnsTransport
 from chaos.history.timeline import History
 from chaos.plugins import registry
 from chaos.plugins.injector import Applied, FaultOp, InjectionContext, Injector, Unsupported
+from chaos.reference import checkpoint_store as store
 from chaos.safety.journal import Journal
-from chaos.targets.reference import checkpoint_store as store
 
 pytestmark = requires("root", "ip", "iptables", "tc")
 

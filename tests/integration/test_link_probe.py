@@ -12,9 +12,9 @@ import pytest
 
 from chaos.cluster.inventory import Inventory
 from chaos.cluster.ssh import SshTransport
+from chaos.detect.link_probe import DETECT_LINK, RUNNER_LINK_PROBE, LinkProbe
 from chaos.history.timeline import Event, History
 from chaos.plugins.injector import FaultOp, InjectionContext
-from chaos.run.link_probe import DETECT_LINK, RUNNER_LINK_PROBE, LinkProbe
 from injectors.network.faults import DropLargePacketsInjector, DropLargeParams
 
 pytestmark = pytest.mark.slow

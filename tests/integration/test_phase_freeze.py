@@ -1,4 +1,4 @@
-"""A ``freeze`` with ``trigger.phase`` (issue 16, Build 4): the rank's own agent stops its process at that point of
+"""A ``freeze`` with ``trigger.phase``: the rank's own agent stops its process at that point of
 the step, and a thaw it started in a session of its own continues it after the fault's duration, with no harness
 involved (the thaw is the fault's dead-man switch: a harness that dies mid-freeze leaves no stopped rank).
 

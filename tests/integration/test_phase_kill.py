@@ -1,4 +1,4 @@
-"""A ``kill`` with ``trigger.phase: allreduce`` (issue 16, Build 4) fires from inside the job, inside the gradient
+"""A ``kill`` with ``trigger.phase: allreduce`` fires from inside the job (the rank's own agent), inside the gradient
 all-reduce, on the planned rank and step, and the history says where it fired.
 
 Real torchrun launches (2 gloo ranks) of ``tests/jobs/user_ddp_adam.py`` (a user-style DDP + Adam script), and
@@ -63,7 +63,7 @@ def test_kill_at_allreduce_fires_inside_the_collective_on_the_planned_rank_and_s
 
 @pytest.mark.slow
 def test_under_the_checksum_guard_it_fires_inside_the_guarded_bucket_reduction(tmp_path: Path) -> None:
-    trainer = ROOT / "chaos" / "targets" / "reference" / "trainer.py"
+    trainer = ROOT / "chaos" / "reference" / "trainer.py"
     job = [str(trainer), "--guard", "checksum", "--step-time", "0", "--checkpoint-dir", str(tmp_path / "ckpt")]
     rc, events, log = _launch(tmp_path / "job", job)
     _assert_killed_inside_the_collective(rc, events, log)

@@ -157,7 +157,7 @@ def test_a_users_entry_point_plugin_is_found_and_validates(tmp_path: Path) -> No
         "from chaos.injob.bitflip import flip_bits",
         "from chaos.plugins.injector import Applied, FaultOp, InjectionContext",
         "from chaos.checks.base import CheckResult, register_check",
-        "from chaos.targets.reference.serving.gateway import main",
+        "from chaos.reference.serving.gateway import main",
         "from chaos.checks.serving.windows import resolve_window",
     ],
 )
@@ -179,8 +179,8 @@ def test_the_public_module_paths_import_without_a_warning(statement: str) -> Non
 # (pydantic, yaml, docker, paramiko, typer, rich, matplotlib, prometheus_client, pytest, hypothesis, ...) must not
 # be imported by the in-job surface, nor may the injector modules (pydantic models: the YAML schema).
 IN_JOB_SURFACE = (
-    "chaos.agent", "chaos.events", "chaos.event_kinds", "chaos.injob", "chaos.guards", "chaos.plan.agent_plan",
-    "chaos.plan.seeds",
+    "chaos.agent", "chaos.events", "chaos.event_kinds", "chaos.kernel", "chaos.injob", "chaos.guards",
+    "chaos.plan.agent_plan", "chaos.plan.seeds",
 )
 
 AGENT_IMPORT = """

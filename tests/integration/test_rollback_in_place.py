@@ -1,5 +1,5 @@
-"""The trainer side of the SDC rollback (chaos.targets.reference.rollback.SdcRollback) on a real one-rank gloo group
-and real checkpoints (chaos.targets.reference.checkpoint_store): which checkpoint it loads, that it loads it into
+"""The trainer side of the SDC rollback (chaos.reference.rollback.SdcRollback) on a real one-rank gloo group
+and real checkpoints (chaos.reference.checkpoint_store): which checkpoint it loads, that it loads it into
 the live model and optimizer, deletes the suspect ones, rewinds the loop and reports it. The guard's verdicts are
 set by hand (one rank never disagrees with itself); the 3-rank story runs in tests/e2e/test_e2e_sdc_rollback.py."""
 
@@ -14,9 +14,9 @@ import torch
 import torch.distributed as dist
 
 from chaos.guards.consistency import ConsistencyGuard, Judgement, judge
-from chaos.targets.reference import checkpoint_store
-from chaos.targets.reference.rollback import SdcRollback, Steps
-from chaos.targets.reference.trainer_state import build_model, build_optimizer, make_batch, state_digest
+from chaos.reference import checkpoint_store
+from chaos.reference.rollback import SdcRollback, Steps
+from chaos.reference.trainer_state import build_model, build_optimizer, make_batch, state_digest
 
 SEED, LR = 1234, 0.05
 

@@ -25,17 +25,17 @@ from chaos.cluster.local import LocalTransport
 from chaos.history.timeline import Event
 from chaos.load import LoadRun, LoadSpec
 from chaos.plan.agent_plan import ENV_PLAN, InJobOp, write_plan
-from chaos.spec.serving import BreakerSettings, ProbeSettings, ServingTarget
-from chaos.targets.reference.serving.breaker import CircuitBreaker
-from chaos.targets.reference.serving.health import ReplicaHealth
-from chaos.targets.reference.serving.job import ServingJob
-from chaos.targets.reference.serving.wire import (
+from chaos.reference.serving.breaker import CircuitBreaker
+from chaos.reference.serving.health import ReplicaHealth
+from chaos.reference.serving.wire import (
     DEFAULT_OUTPUT,
     golden_path,
     prompt_features,
     read_golden,
     write_golden_once,
 )
+from chaos.spec.serving import BreakerSettings, ProbeSettings, ServingTarget
+from chaos.targets.serving_stack import ServingJob
 
 READY_WITHIN = 60.0  # torch import of two servers on a busy 2-core box; usually ~3 s
 
@@ -140,7 +140,7 @@ def _serving_children() -> set[int]:
         except OSError:
             continue
         fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] != "Z" and int(fields[1]) == me and b"chaos.targets.reference.serving" in cmdline:
+        if fields[0] != "Z" and int(fields[1]) == me and b"chaos.reference.serving" in cmdline:
             found.add(int(entry))
     return found
 

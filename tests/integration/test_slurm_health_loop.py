@@ -1,5 +1,5 @@
 """The health-check loop of seed 000 on a real Slurm testbed: slurmd runs the shipped health check
-(:mod:`chaos.cluster.slurm.healthcheck`) every few seconds on every node; a ``gpu_xid`` fault on one node (an XID
+(:mod:`chaos.slurm.healthcheck`) every few seconds on every node; a ``gpu_xid`` fault on one node (an XID
 79 line in its kernel log, over SSH to that host) drains exactly that node with the health check's reason, the
 others stay IDLE; heal removes exactly the line; the node stays drained unless ``resume: true``. A FUSE stall
 (``storage`` hang) of one node's checkpoint directory drains that node too, and the check never hangs.
@@ -25,11 +25,11 @@ from typer.testing import CliRunner
 
 from chaos.cli.commands import app
 from chaos.cluster.local import LocalTransport
-from chaos.cluster.slurm import SlurmClient
-from chaos.cluster.slurm.healthcheck import write_program
 from chaos.cluster.ssh import SshTransport
-from chaos.cluster.testbed import slurm as slurm_testbed
 from chaos.plugins.injector import FaultOp, InjectionContext
+from chaos.slurm import SlurmClient
+from chaos.slurm.healthcheck import write_program
+from chaos.testbed import slurm as slurm_testbed
 from injectors.gpu_xid import GpuXidInjector, GpuXidParams
 from injectors.storage import fuselayer
 from injectors.storage.injector import StorageInjector, StorageParams

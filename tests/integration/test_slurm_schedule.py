@@ -17,10 +17,10 @@ from support import scenario_yaml, wait_for
 from typer.testing import CliRunner
 
 from chaos.cli.commands import app
-from chaos.cluster.slurm.accounting import parse_jobcomp
-from chaos.cluster.testbed import slurm as slurm_testbed
-from chaos.cluster.testbed.slurm import SlurmTestbed
+from chaos.slurm.accounting import parse_jobcomp
 from chaos.suite.store import RunStore
+from chaos.testbed import slurm as slurm_testbed
+from chaos.testbed.slurm import SlurmTestbed
 
 pytestmark = pytest.mark.slow
 

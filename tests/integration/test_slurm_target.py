@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from support import ROOT, mlchaos, scenario_yaml
 
-from chaos.cluster.testbed import namespaces
-from chaos.cluster.testbed import slurm as slurm_testbed
-from chaos.cluster.testbed.slurm import SlurmTestbed
-from chaos.cluster.testbed.slurm_conf import SlurmSettings
+from chaos.testbed import namespaces
+from chaos.testbed import slurm as slurm_testbed
+from chaos.testbed.slurm import SlurmTestbed
+from chaos.testbed.slurm_conf import SlurmSettings
 
 pytestmark = pytest.mark.slow
 

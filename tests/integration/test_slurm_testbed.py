@@ -18,9 +18,9 @@ from support import wait_for
 from typer.testing import CliRunner
 
 from chaos.cli.commands import app
-from chaos.cluster.slurm import Job, SlurmClient
-from chaos.cluster.testbed import slurm as slurm_testbed
-from chaos.cluster.testbed.slurm import SlurmTestbed
+from chaos.slurm import Job, SlurmClient
+from chaos.testbed import slurm as slurm_testbed
+from chaos.testbed.slurm import SlurmTestbed
 
 pytestmark = pytest.mark.slow
 

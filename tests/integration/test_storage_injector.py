@@ -245,7 +245,7 @@ def test_a_save_into_hung_storage_is_reported_by_the_save_watchdog(
 
     import torch.distributed as dist
 
-    from chaos.targets.reference import checkpoint_store
+    from chaos.reference import checkpoint_store
 
     events = tmp_path / "events.jsonl"
     monkeypatch.setenv("CHAOS_EVENTS", str(events))
@@ -425,7 +425,7 @@ def test_container_paths_map_through_the_innermost_bind_mount() -> None:
 
 
 def test_mountinfo_parsing_finds_shared_mount_points() -> None:
-    from chaos.cluster.testbed.shared_mounts import mount_points
+    from chaos.testbed.shared_mounts import mount_points
 
     text = (
         "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n"

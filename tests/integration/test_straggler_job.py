@@ -39,7 +39,7 @@ def _read_events(path: Path) -> list[dict[str, Any]]:
 
 def _is_worker(pid: int) -> bool:
     try:  # pid reuse: only signal a process that is still a ddp_trainer worker
-        return b"chaos.targets.reference.trainer" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"chaos.reference.trainer" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
 
@@ -70,7 +70,7 @@ class _Job:
             sys.executable, "-m", "torch.distributed.run", "--log-dir", str(workdir / "torchelastic"),
             "--standalone", "--nnodes", "1",
             "--nproc-per-node", str(WORLD), "--max-restarts", "0", "--monitor-interval", "0.5",
-            "-m", "chaos.targets.reference.trainer", "--steps", str(STEPS), "--step-time", "0.05",
+            "-m", "chaos.reference.trainer", "--steps", str(STEPS), "--step-time", "0.05",
             # No checkpoint inside the run: rank 0's checkpoint write is local work of rank 0 only.
             "--checkpoint-every", "1000", "--checkpoint-dir", str(workdir / "ckpt"), "--pg-timeout", "30",
             "--straggler-guard",

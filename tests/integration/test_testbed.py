@@ -19,7 +19,7 @@ from support import wait_for
 from chaos.cluster.base import TransportError
 from chaos.cluster.inventory import Inventory
 from chaos.cluster.ssh import SshTransport, UnknownHostKeyWarning, fan_out, remote_command
-from chaos.cluster.testbed import namespaces as tb
+from chaos.testbed import namespaces as tb
 
 Transports = dict[str, SshTransport]
 

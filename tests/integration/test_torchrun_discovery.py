@@ -1,4 +1,4 @@
-"""Ranks of a torchrun job without its cooperation (issue 16, item 1), against the real kernel.
+"""Ranks of a torchrun job without its cooperation, against the real kernel.
 
 - The process-tree scan (``/proc`` read here, and the one-command snippet run through a transport) finds the
   workers of a launcher-shaped process tree by the environment torchrun gives them, and nothing else.

@@ -1,4 +1,4 @@
-"""The user's environment (issue 16, item 7): which interpreter and launcher run a job, and a golden cache that
+"""The user's environment: which interpreter and launcher run a job, and a golden cache that
 an edited script, changed arguments or another interpreter never reuse.
 
 Interpreters here are real: the system's ``/usr/bin/python3`` (no torch: as on a machine where mlchaos lives in
@@ -95,9 +95,9 @@ def test_explicit_python_and_torchrun_build_the_launch_line(tmp_path: Path) -> N
     script = str(ROOT / "tests/jobs/user_ddp_adam.py")
     assert argv[argv.index(script) - 1] == "/opt/other/python"  # torchrun runs "<python> <script>"
 
-    spec = TorchrunTarget(type="torchrun", module="chaos.targets.reference.trainer", torchrun=["tr"], python="py")
+    spec = TorchrunTarget(type="torchrun", module="chaos.reference.trainer", torchrun=["tr"], python="py")
     argv = TorchrunJob(spec, LOCAL, tmp_path, 1).job.argv
-    assert argv[-3:] == ["py", "-m", "chaos.targets.reference.trainer"]
+    assert argv[-3:] == ["py", "-m", "chaos.reference.trainer"]
 
 
 def test_command_python_replaces_a_bare_python_and_fills_the_placeholder(tmp_path: Path) -> None:

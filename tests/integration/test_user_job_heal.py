@@ -1,4 +1,4 @@
-"""Issue 15's acceptance on a job we did not write: a 1-ULP one-step weight flip, healed, leaves every rank of
+"""On a job we did not write: a 1-ULP one-step weight flip, healed, leaves every rank of
 ``tests/jobs/user_ddp_adam.py`` (DDP, Adam, 2 gloo ranks, the one-line agent) bitwise equal to the golden run.
 
 Three real torchrun launches: golden (no plan), the flip fired after backward (healed at the end of its step,

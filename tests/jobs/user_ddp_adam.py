@@ -74,7 +74,7 @@ def main() -> None:
     emit("target.digest", rank=rank, digest=digest(model, optimizer), step=args.steps)
     print(f"rank {rank} digest {digest(model, optimizer)} pid {os.getpid()}", flush=True)
     # gloo's worker thread releases the last collective's work object after we moved on and needs the GIL for
-    # it; destroying the group at that moment can deadlock (see chaos/targets/reference/trainer.py): wait first.
+    # it; destroying the group at that moment can deadlock (see chaos/reference/trainer.py): wait first.
     time.sleep(0.2)
     dist.destroy_process_group()
 

@@ -104,7 +104,7 @@ def main() -> None:
 
     agent.close()
     # gloo's worker thread releases the last collective's work object after we moved on and needs the GIL for
-    # it; destroying the group at that moment can deadlock (see chaos/targets/reference/trainer.py): wait first.
+    # it; destroying the group at that moment can deadlock (see chaos/reference/trainer.py): wait first.
     time.sleep(0.2)
     dist.destroy_process_group()
 

@@ -1,5 +1,5 @@
-"""Hand-made histories of the issue-18 hang-culprit story, for ``culprit_named`` (contract: ``detect.hang`` from
-the hang watch, :mod:`chaos.run.hang_watch`; ``fault.applied`` of a freeze/spin/skip on one rank).
+"""Hand-made histories of the hang-culprit story, for ``culprit_named`` (contract: ``detect.hang`` from
+the hang watch, :mod:`chaos.detect.hang_watch`; ``fault.applied`` of a freeze/spin/skip on one rank).
 
 :class:`HangRun`: ``world`` ranks step from t=1 s; a hang fault hits rank ``hit`` at ``fault_at`` s; the hang
 watch reports ``detect.hang`` naming ``named`` (reason ``reason``) ``after`` seconds later; steps resume after

@@ -1,4 +1,4 @@
-"""Hand-made histories of the ``slurm`` target's events (the issue-17 event contract), for the Slurm checks.
+"""Hand-made histories of the ``slurm`` target's events (its event contract), for the Slurm checks.
 
 A 3-node cluster h1..h3; job 7 runs on h1+h2 from t=1 s; a fault hits ``hit`` (h1 or h2) at ``fault_at``; the
 health check drains it ``drain_after`` later; the job is REQUEUED ``requeue_after`` after the fault, PENDING,

@@ -1,5 +1,5 @@
-"""Hand-made histories of the issue-18 storage recovery stories, for ``restore_straggler_named`` and
-``retried_with_backoff`` (the event contract of /tmp/mv/contracts.md: ``storage.hit`` from the fault layer,
+"""Hand-made histories of the storage recovery stories, for ``restore_straggler_named`` and
+``retried_with_backoff`` (the event contract in chaos/event_kinds.py: ``storage.hit`` from the fault layer,
 ``target.restore`` / ``target.checkpoint_retry`` / ``target.checkpoint_failed`` from the job).
 
 :class:`StragglerRun`: ``world`` ranks step from t=1 s; a read-latency fault on rank ``aimed``'s files applies at

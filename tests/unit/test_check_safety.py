@@ -1,4 +1,4 @@
-"""The check safety suite: the project's mutation test of its own judges (issue 15, "no false passes").
+"""The check safety suite: the project's mutation test of its own judges ("no false passes").
 
 For EVERY registered check, :data:`TABLE` holds hypothesis strategies of histories in which the check's property
 holds (the verdict must be ``pass``) and, per way of breaking it, histories that violate it (the verdict must be
@@ -1343,19 +1343,19 @@ TABLE: dict[str, Entry] = {
     "node_drained_within": NODE_DRAINED,
     "requeued_within": REQUEUED,
     "no_repeat_failure_on_bad_node": NO_REPEAT,
-    **{  # issue 18, restore stragglers and retries: the cases live in storage_histories
+    **{  # restore stragglers and retries: the cases live in storage_histories
         name: Entry(holds.map(lambda c: Case(*c)), tuple(Violation(w, v.map(lambda c: Case(*c)), e) for w, v, e in bad))
         for name, (holds, bad) in STORAGE_RECOVERY.items()
     },
-    **{  # issue 18, torn and corrupt checkpoints: the cases live in checkpoint_histories
+    **{  # torn and corrupt checkpoints: the cases live in checkpoint_histories
         name: Entry(holds.map(lambda c: Case(*c)), tuple(Violation(w, v.map(lambda c: Case(*c)), e) for w, v, e in bad))
         for name, (holds, bad) in CHECKPOINT.items()
     },
-    **{  # issue 18, rollback after a late-detected SDC: the cases live in rollback_histories
+    **{  # rollback after a late-detected SDC: the cases live in rollback_histories
         name: Entry(holds.map(lambda c: Case(*c)), tuple(Violation(w, v.map(lambda c: Case(*c)), e) for w, v, e in bad))
         for name, (holds, bad) in ROLLBACK.items()
     },
-    **{  # issue 18, hang culprit: the cases live in hang_histories
+    **{  # hang culprit: the cases live in hang_histories
         name: Entry(holds.map(lambda c: Case(*c)), tuple(Violation(w, v.map(lambda c: Case(*c)), e) for w, v, e in bad))
         for name, (holds, bad) in HANG.items()
     },

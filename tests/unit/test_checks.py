@@ -247,7 +247,7 @@ def test_matches_golden_uses_each_ranks_highest_attempt() -> None:
         golden("11" * 32),
     ]
     assert judge("matches_golden", events[:2] + events[-1:]).status == "pass"  # rank 0's attempt 1 is final
-    # Issue 15: every rank is compared now (a higher rank and a rank-less report used to be ignored).
+    # Every rank is compared (a higher rank and a rank-less report were once ignored).
     result = judge("matches_golden", events)
     assert result.status == "fail" and "rank 1 differs" in result.reason and "rank-less" in result.reason
     only_rank1 = [e for e in events if e.rank != 0]

@@ -1,4 +1,4 @@
-"""`completes` tells "the job failed" from "the harness stopped it" (issue 15, Build 9), on hand-made histories.
+"""`completes` tells "the job failed" from "the harness stopped it", on hand-made histories.
 
 Defect pinned: when the harness SIGTERMed the job at max_duration (or on no progress, or an interrupt), the
 check said "job exited with code 1" (or -15), as if the job had failed by itself; and a job that exits 0 on

@@ -1,4 +1,4 @@
-"""``detected_within`` counts only evidence tied to the fault it judges (issue 15, "no false passes").
+"""``detected_within`` counts only evidence tied to the fault it judges (no false passes).
 
 Histories here are shaped like recorded ones (the runner's ``fault.applied`` names the fault, op and host, not
 the rank; the ranks' ``target.start`` events give their pids and hosts) and judged against the SHIPPED

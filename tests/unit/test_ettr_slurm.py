@@ -1,4 +1,4 @@
-"""ETTR from Slurm's record (chaos.cluster.slurm.accounting) and Eq. 2 fed only scenario inputs
+"""ETTR from Slurm's record (chaos.slurm.accounting) and Eq. 2 fed only scenario inputs
 (chaos.analysis.ettr_inputs): jobcomp lines as slurmctld 22.05 writes them, slurm.job events of the target's
 contract, sacct rows, the Q/R/U split with and without the job's checkpoint events, the published test
 vectors through the scenario-input path, time compression, and ``mlchaos ettr slurm`` / ``run``."""
@@ -14,14 +14,14 @@ from typer.testing import CliRunner
 
 from chaos.analysis.ettr_inputs import ScenarioInputs, parse_compression, predict, rate_for_mtbf
 from chaos.cli.commands import app
-from chaos.cluster.slurm.accounting import (
+from chaos.history.timeline import Event
+from chaos.slurm.accounting import (
     attempts_from_events,
     attempts_from_sacct,
     breakdown,
     parse_jobcomp,
 )
-from chaos.cluster.slurm.client import parse_accounting
-from chaos.history.timeline import Event
+from chaos.slurm.client import parse_accounting
 
 cli = CliRunner()
 T0 = datetime.fromisoformat("2026-11-24T22:23:37").astimezone().timestamp()

@@ -222,7 +222,7 @@ BASE = """\
 name: nonsense
 target:
   type: torchrun
-  module: chaos.targets.reference.trainer
+  module: chaos.reference.trainer
   nproc_per_node: 2
   rdzv_port: 29400
   env: {OMP_NUM_THREADS: "1"}
@@ -245,8 +245,8 @@ NONSENSE = [
     ("a port out of range", "rdzv_port: 29400", "rdzv_port: 70000", "rdzv_port"),
     ("port 0 to rendezvous on", "rdzv_port: 29400", "rdzv_port: 0", "rdzv_port"),
     ("an empty scenario name", "name: nonsense", 'name: ""', "name"),
-    ("an empty module", "module: chaos.targets.reference.trainer", 'module: ""', "module"),
-    ("a module that is no module name", "module: chaos.targets.reference.trainer", "module: not a module", "module"),
+    ("an empty module", "module: chaos.reference.trainer", 'module: ""', "module"),
+    ("a module that is no module name", "module: chaos.reference.trainer", "module: not a module", "module"),
     ("an env name with =", 'env: {OMP_NUM_THREADS: "1"}', 'env: {"A=B": "1"}', "not an environment variable"),
     ("an empty env name", 'env: {OMP_NUM_THREADS: "1"}', 'env: {"": "1"}', "not an environment variable"),
     (

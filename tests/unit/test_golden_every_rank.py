@@ -1,4 +1,4 @@
-"""Issue 15: the golden comparison covers every rank, and a fault whose effect was masked is said to be masked.
+"""The golden comparison covers every rank, and a fault whose effect was masked is said to be masked.
 
 ``matches_golden`` (and ``step_blocked``, which is its verdict once the fault fired) compared rank 0's digest
 only: a flip in rank 1's optimizer state left rank 1's weights apart from rank 0's and the check passed. The

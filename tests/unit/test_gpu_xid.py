@@ -11,10 +11,10 @@ import pytest
 from pydantic import ValidationError
 
 from chaos.cluster.local import LocalTransport
-from chaos.cluster.slurm import healthcheck_probes as probes
-from chaos.cluster.slurm.healthcheck_xid import NODE_FATAL, scan
 from chaos.plugins import registry
 from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError
+from chaos.slurm import healthcheck_probes as probes
+from chaos.slurm.healthcheck_xid import NODE_FATAL, scan
 from injectors.gpu_xid import GpuXidInjector, GpuXidParams, XidState, kernel_line
 
 OTHER = "Nov 24 10:00:00 h2 kernel: [   12.000000] e1000e: eth0 NIC Link is Up\n"

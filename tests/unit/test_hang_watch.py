@@ -1,4 +1,4 @@
-"""The flight recorder's file, the hang watch's culprit rules (:func:`chaos.run.hang_watch.judge`) on inputs that
+"""The flight recorder's file, the hang watch's culprit rules (:func:`chaos.detect.hang_watch.judge`) on inputs that
 violate each rule's premise, and one detect.hang per episode."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from chaos.detect.hang_watch import HangWatch, RankView, judge
 from chaos.injob.flight_recorder import CollectiveRecord, FlightState, Recorder, flight_path, read_state
-from chaos.run.hang_watch import HangWatch, RankView, judge
 
 S = 1_000_000_000
 NOW = 100 * S

@@ -24,12 +24,17 @@ LAYERS: list[tuple[str, ...]] = [
     ("chaos.plugins",),  # the Injector and Check contracts, the entry-point registry
     ("chaos.spec",),  # the typed scenario
     ("chaos.plan",),  # triggers -> ops, seeds, the in-job plan file
-    ("chaos.cluster", "chaos.safety", "chaos.load"),  # transports, testbeds; journal, dead-man; load generator
+    ("chaos.cluster", "chaos.safety", "chaos.load"),  # transports; journal, dead-man; load generator
+    ("chaos.slurm",),  # the Slurm client, accounting, the node health check
+    ("chaos.testbed",),  # testbeds on this machine (namespaces, containers, a Slurm cluster) over transports
+    ("chaos.slurm.locate",),  # which cluster a scenario talks to: an existing one or the testbed's
     ("injectors",),  # fault families
     ("chaos.injob", "chaos.guards"),  # what runs inside the user's job: fault engine, detectors
     ("chaos.agent", "chaos.strategies"),  # the public in-job API over them
     ("chaos.integrations",),  # the agent as frameworks take it (a Lightning callback)
-    ("chaos.targets", "chaos.checks"),  # job adapters and reference jobs; assertion modules
+    # job adapters; reference jobs (started by module path, never imported by an adapter); assertion modules;
+    # detectors beside the job (hang watch, link probe)
+    ("chaos.targets", "chaos.reference", "chaos.checks", "chaos.detect"),
     ("chaos.run.result", "chaos.analysis"),  # a run's outcome as data; ETTR and SDC coverage
     ("chaos.report",),
     ("chaos.run",),  # the orchestrator

@@ -11,8 +11,7 @@ from link_histories import FAULT, LinkRun, wrong_pair
 
 from chaos.checks.link import LinkNamedParams, Side, StalledParams, hits, link_named, peer_matches, stalled_during
 from chaos.cluster.base import Completed, TransportError
-from chaos.history.timeline import Event, History
-from chaos.run.link_probe import (
+from chaos.detect.link_probe import (
     DETECT_LINK,
     LARGE_BYTES,
     RUNNER_LINK_PROBE,
@@ -27,6 +26,7 @@ from chaos.run.link_probe import (
     rank_hosts,
     verdict,
 )
+from chaos.history.timeline import Event, History
 
 
 def start(rank: int, host: str | None, ts: int = 1) -> Event:

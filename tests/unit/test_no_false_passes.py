@@ -1,4 +1,4 @@
-"""Issue 15, no false passes: checks that passed although the property they stand for did not hold.
+"""No false passes: checks that passed although the property they stand for did not hold.
 
 Each test builds a history by hand in which the property is violated (or cannot be told) and pins that the
 check no longer says ``pass``; a comment names the defect it pins. Healthy twins make sure the fix did not

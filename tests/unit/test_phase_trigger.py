@@ -1,4 +1,4 @@
-"""Phase triggers (issue 16, Build 4): ``trigger: {at_step: N, rank: R, phase: P}`` on a ``kill`` makes the rank's
+"""Phase triggers: ``trigger: {at_step: N, rank: R, phase: P}`` on a ``kill`` makes the rank's
 own agent fire it at that point of the step.
 
 Pinned here: the trigger model (phase only with at_step), the plan (the op carries its phase and the rank that
@@ -33,7 +33,7 @@ from chaos.spec.scenario import PHASES, Trigger, parse_scenario
 
 KILL = "  - type: kill\n    params: {rank: 1}\n    trigger: {at_step: 3, rank: 1, phase: allreduce}"
 ROLES = TORCHRUN.replace(
-    "  type: torchrun\n  module: chaos.targets.reference.trainer\n  nproc_per_node: 2\n",
+    "  type: torchrun\n  module: chaos.reference.trainer\n  nproc_per_node: 2\n",
     "  type: roles\n  roles:\n    lighthouse: {command: [sleep, '30']}\n"
     "    group: {replicas: 2, torchrun: {script: train.py, nproc_per_node: 1}}\n",
 )

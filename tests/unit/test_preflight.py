@@ -1,4 +1,4 @@
-"""One preflight (issue 15, Build 5): whatever `run` would refuse before starting, `validate` refuses first,
+"""One preflight: whatever `run` would refuse before starting, `validate` refuses first,
 with the file:line of the offending key and a fix.
 
 Defects pinned: `validate` accepted an in-job bit flip with an `after:` trigger that `run` then refused; a
@@ -26,11 +26,11 @@ from chaos.spec.preflight import preflight, world_size
 from chaos.spec.scenario import parse_scenario, scenario_model
 
 SERVING = TORCHRUN.replace(
-    "  type: torchrun\n  module: chaos.targets.reference.trainer\n  nproc_per_node: 2\n",
+    "  type: torchrun\n  module: chaos.reference.trainer\n  nproc_per_node: 2\n",
     "  type: serving\n  fallback: null\n  port: 0\n",
 )
 HTTP = TORCHRUN.replace(
-    "  type: torchrun\n  module: chaos.targets.reference.trainer\n  nproc_per_node: 2\n",
+    "  type: torchrun\n  module: chaos.reference.trainer\n  nproc_per_node: 2\n",
     "  type: http\n  url: http://127.0.0.1:9\n  ready_timeout: 5s\n",
 )
 

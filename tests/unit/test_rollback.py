@@ -1,4 +1,4 @@
-"""Rollback after a late-detected SDC: the pure decision (chaos.targets.reference.rollback) and the check
+"""Rollback after a late-detected SDC: the pure decision (chaos.reference.rollback) and the check
 ``rolled_back_before_corruption`` (chaos.checks.rollback) on simulated histories (tests/unit/rollback_histories)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from rollback_histories import FAULT, RollbackRun
 from chaos.checks.base import CheckResult
 from chaos.history.timeline import History
 from chaos.plugins.registry import checks
-from chaos.targets.reference.rollback import Steps, newest_candidates, rollback_candidates, rollback_step
+from chaos.reference.rollback import Steps, newest_candidates, rollback_candidates, rollback_step
 
 # --- the decision --------------------------------------------------------------------------------------------
 
@@ -140,7 +140,7 @@ def test_a_runner_fault_without_a_step_is_placed_by_the_steps_reported_before_it
 
 
 def test_the_trainer_refuses_a_rollback_without_the_guard() -> None:
-    from chaos.targets.reference.trainer import parse_args
+    from chaos.reference.trainer import parse_args
 
     assert parse_args(["--checkpoint-dir", "/nonexistent", "--rollback"]).rollback is True
     with pytest.raises(SystemExit):

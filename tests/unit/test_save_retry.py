@@ -1,4 +1,4 @@
-"""The reference trainer's save retry (chaos.targets.reference.save_retry): backoff, give-up, and no retry of a
+"""The reference trainer's save retry (chaos.reference.save_retry): backoff, give-up, and no retry of a
 save that already entered a collective. Events go to a real CHAOS_EVENTS file; sleeping is recorded, not done."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from chaos.targets.reference.save_retry import Backoff, save_with_retry
+from chaos.reference.save_retry import Backoff, save_with_retry
 
 
 @pytest.fixture

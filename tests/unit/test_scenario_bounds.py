@@ -132,13 +132,13 @@ def test_a_script_or_module_that_does_not_exist_here_is_refused_at_its_line(tmp_
     from chaos.cli.preflight import check_files
 
     missing = tmp_path / "typo.yaml"
-    missing.write_text(KILL_RANK.replace("module: chaos.targets.reference.trainer", "script: tests/jobs/trian.py"))
+    missing.write_text(KILL_RANK.replace("module: chaos.reference.trainer", "script: tests/jobs/trian.py"))
     no_module = tmp_path / "module.yaml"
-    no_module.write_text(KILL_RANK.replace("chaos.targets.reference.trainer", "trainr.main"))
+    no_module.write_text(KILL_RANK.replace("chaos.reference.trainer", "trainr.main"))
     roles = tmp_path / "roles.yaml"
     roles.write_text((ROOT / "scenarios" / "torchft-replica-killed.yaml").read_text().replace("torchft_train.py", "torchft_trian.py"))
     placeholder = tmp_path / "placeholder.yaml"  # its path is known only at run time: left to the run
-    placeholder.write_text(KILL_RANK.replace("module: chaos.targets.reference.trainer", "script: '{scenario_dir}/x.py'"))
+    placeholder.write_text(KILL_RANK.replace("module: chaos.reference.trainer", "script: '{scenario_dir}/x.py'"))
     checked = check_files([missing, no_module, roles, placeholder])
     found = [str(problem) for problem in checked.problems]
     assert len(found) == 3, found

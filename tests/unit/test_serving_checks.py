@@ -498,7 +498,7 @@ def test_failover_time_is_never_negative_and_is_the_first_fallback_answer(
         and b
     ][-20:]
     if not before or 10 * before.count("primary") < 9 * len(before):
-        # the primary did not serve the traffic just before the apply: a failover cannot be told (issue 15)
+        # the primary did not serve the traffic just before the apply: a failover cannot be told
         assert result.status == "unknown" and result.measured is None
         return
     expected = next(

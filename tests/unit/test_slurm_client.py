@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from chaos.cluster.base import Completed
-from chaos.cluster.slurm import JobNotFound, SlurmClient, SlurmError, expand_hostlist
-from chaos.cluster.slurm.client import parse_accounting, parse_job, parse_node
-from chaos.cluster.testbed.slurm_conf import ConfPaths, SlurmConfError, SlurmSettings, conf_text
+from chaos.slurm import JobNotFound, SlurmClient, SlurmError, expand_hostlist
+from chaos.slurm.client import parse_accounting, parse_job, parse_node
+from chaos.testbed.slurm_conf import ConfPaths, SlurmConfError, SlurmSettings, conf_text
 
 # Real 22.05 output (trimmed), from the testbed.
 JOB = (
@@ -178,9 +178,9 @@ def test_conf_has_the_hooks_and_refuses_what_slurm_conf_cannot_hold() -> None:
 def test_a_state_dir_too_long_for_a_job_steps_socket_is_refused_with_the_length_to_use() -> None:
     """slurmstepd's socket is <spool>/<node>/<node>_<job>.<step>: past 107 characters every job is requeued
     and held, so ``up`` refuses the state dir first and says how long it may be."""
-    from chaos.cluster.testbed.slurm import _check_socket_paths
-    from chaos.cluster.testbed.slurm_daemons import SlurmLayout
-    from chaos.cluster.testbed.system import TestbedError
+    from chaos.testbed.slurm import _check_socket_paths
+    from chaos.testbed.slurm_daemons import SlurmLayout
+    from chaos.testbed.system import TestbedError
 
     _check_socket_paths(SlurmLayout(Path("/tmp/tb") / "chaos-tb-slurm", "ab12", "chaos-tb"), 3)
     long_dir = Path("/tmp/pytest-of-root/pytest-53/popen-gw0/test_down_stops_daemons_and_ru0/tb")

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from chaos.cluster.slurm import healthcheck as hc
-from chaos.cluster.slurm import healthcheck_probes as probes
-from chaos.cluster.slurm.healthcheck_xid import NODE_FATAL, XIDS, scan, xid_line
+from chaos.slurm import healthcheck as hc
+from chaos.slurm import healthcheck_probes as probes
+from chaos.slurm.healthcheck_xid import NODE_FATAL, XIDS, scan, xid_line
 
 XID79 = "Nov 24 10:11:12 h2 kernel: [ 8123.456789] " + xid_line(79, pid=4242)
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from chaos.cluster.hosts import HostsError, HostSet
+from chaos.cluster.hosts import HostsError, HostSet, host_of_node, node_of_host
 from chaos.cluster.inventory import Host, Inventory
-from chaos.cluster.slurm.client import AccountingRecord, parse_node
-from chaos.cluster.slurm.locate import SlurmCluster, host_of_node, node_of_host
+from chaos.slurm.client import AccountingRecord, parse_node
+from chaos.slurm.locate import SlurmCluster
 from chaos.spec.preflight import preflight
 from chaos.spec.scenario import FaultSpec, HostSelector, parse_scenario
 from chaos.spec.slurm import SlurmTarget
@@ -115,7 +115,7 @@ def test_exit_code(state: str, code: str, expected: int) -> None:
 
 
 def test_job_state_loses_slurm_suffixes() -> None:
-    from chaos.cluster.slurm.client import parse_job
+    from chaos.slurm.client import parse_job
 
     job = parse_job("JobId=9 JobName=x JobState=CANCELLED Reason=None NodeList=h[1-2] Restarts=2 ExitCode=0:15")
     assert JobView.of(job) == JobView("CANCELLED", None, ("h1", "h2"), 2, "0:15")

@@ -1,4 +1,4 @@
-"""The scenario front door refuses what could only give a false pass (issue 15): non-finite durations, a
+"""The scenario front door refuses what could only give a false pass: non-finite durations, a
 scenario with no checks; and the JSON Schema `mlchaos schema` prints accepts the scenarios that ship."""
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def test_the_json_schema_still_refuses_what_the_model_refuses() -> None:
 def test_a_bit_index_no_tensor_has_is_refused_at_validate(fault: str) -> None:
     params = "{bit: 99}" if fault == "grad_corrupt" else "{tensor: fc1.weight, bit: 99}"
     text = (
-        "name: t\ntarget: {type: torchrun, module: chaos.targets.reference.trainer, nproc_per_node: 2}\n"
+        "name: t\ntarget: {type: torchrun, module: chaos.reference.trainer, nproc_per_node: 2}\n"
         f"faults:\n  - {{name: f, type: {fault}, params: {params}, trigger: {{at_step: 3, rank: 1}}}}\n"
         "checks: [{type: completes}]\n"
     )

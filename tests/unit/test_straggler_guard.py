@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from support import FakeClock
 
 from chaos.guards.straggler import Detection, StragglerDetector, StragglerGuard
-from chaos.targets.reference.trainer import parse_args, peer_address, peer_loss_detector
+from chaos.reference.trainer import parse_args, peer_address, peer_loss_detector
 
 # --- the pure decision ------------------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Heal removes only the fault's change (issue 15): a one-step weight or optimizer-state fault, healed after the
+"""Heal removes only the fault's change: a one-step weight or optimizer-state fault, healed after the
 optimizer step, keeps that step's real update.
 
 The loop is the agent's: a ``backward``-phase fault fires after ``loss.backward()``, before ``optimizer.step()``,
@@ -87,7 +87,7 @@ def with_fault(steps: int, params: BitFlipParams) -> tuple[nn.Sequential, torch.
 
 
 def with_old_heal(steps: int, layer: str, element: int, bit: int) -> dict[str, bytes]:
-    """The heal before issue 15: write the pre-fault bytes back unconditionally after the optimizer step."""
+    """The old heal: write the pre-fault bytes back unconditionally after the optimizer step."""
     records: list[tuple[torch.Tensor, FlipRecord]] = []
 
     def fire(model: nn.Module, _opt: torch.optim.Optimizer) -> None:

@@ -1,7 +1,7 @@
 """What the reference trainer computes and keeps: its data (a pure function of seed and sample id), its model
 and optimizer and the digest of their state (its checkpoints are in
-:mod:`chaos.targets.reference.checkpoint_store`). The training loop and the command line
-are in :mod:`chaos.targets.reference.trainer`, which re-exports every name here.
+:mod:`chaos.reference.checkpoint_store`). The training loop and the command line
+are in :mod:`chaos.reference.trainer`, which re-exports every name here.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Reference training job: a tiny deterministic DDP model whose result must survive faults bit for bit.
 
-Launched by torchrun (``python -m torch.distributed.run ... -m chaos.targets.reference.trainer --checkpoint-dir D``)
+Launched by torchrun (``python -m torch.distributed.run ... -m chaos.reference.trainer --checkpoint-dir D``)
 and instrumented only through :func:`chaos.events.emit`, so the harness sees its steps, checkpoints,
 restarts, detections and final digest without talking to it.
 
@@ -11,7 +11,7 @@ Contracts the harness and its checks rely on:
   A fault-free run therefore consumes every id ``0 .. steps*B*W-1`` exactly once.
 - **Exact resumption.** Every ``--checkpoint-every`` steps the ranks write a checkpoint (model, optimizer,
   step, RNG state, config) with a two-phase commit: each rank its own file, then rank 0 a manifest with every
-  file's sha256 and size and an atomic ``latest`` pointer (:mod:`chaos.targets.reference.checkpoint_store`).
+  file's sha256 and size and an atomic ``latest`` pointer (:mod:`chaos.reference.checkpoint_store`).
   On start every rank verifies its own file against the manifest and the ranks resume, at ``step + 1``, from
   the newest checkpoint that verified on ALL of them (older ones when the newest is torn, corrupt, missing a
   file, or only named by a stale pointer; ``checkpoint_store.KEEP`` are kept).
@@ -49,7 +49,7 @@ Contracts the harness and its checks rely on:
   ``--rollback``) rolls back to the newest checkpoint, which may already hold the corruption.
 - **Rollback** (``--rollback``, off by default): when the consistency guard finds the ranks diverged, every rank
   reloads in place the newest checkpoint at or before the last step the guard verified clean (scratch when
-  there is none) and replays from there, emitting ``target.rollback`` (:mod:`chaos.targets.reference.rollback`).
+  there is none) and replays from there, emitting ``target.rollback`` (:mod:`chaos.reference.rollback`).
 
 Events (``attempt`` is ``TORCHELASTIC_RESTART_COUNT``, 0 on the first launch):
 ``target.start`` {pid, attempt, world_size}; ``target.restart`` {attempt} (rank 0, attempt > 0);
@@ -101,10 +101,10 @@ from chaos.event_kinds import (
 from chaos.events import emit
 from chaos.guards.consistency import DEFAULT_EVERY
 from chaos.guards.straggler import DEFAULT_MIN_EXCESS_S, DEFAULT_RATIO, DEFAULT_WINDOW, StragglerGuard
-from chaos.targets.reference import checkpoint_store
-from chaos.targets.reference.rollback import SdcRollback, Steps
-from chaos.targets.reference.save_retry import save_with_retry
-from chaos.targets.reference.trainer_state import (
+from chaos.reference import checkpoint_store
+from chaos.reference.rollback import SdcRollback, Steps
+from chaos.reference.save_retry import save_with_retry
+from chaos.reference.trainer_state import (
     CHECKPOINT_FORMAT,
     HIDDEN,
     IN_FEATURES,
@@ -211,7 +211,7 @@ def _ratio(text: str) -> float:
 
 def parse_args(argv: Sequence[str] | None = None) -> Config:
     """Parse the CLI; env ``CHAOS_SABOTAGE`` (when set and non-empty) overrides ``--sabotage``."""
-    parser = argparse.ArgumentParser(prog="chaos.targets.reference.trainer", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="chaos.reference.trainer", description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=_positive_int, default=60, help="global steps to train (default 60)")
     parser.add_argument("--batch-size", type=_positive_int, default=16, help="samples per rank per step")
     parser.add_argument("--checkpoint-every", type=_positive_int, default=10, help="steps between checkpoints")

@@ -1,14 +1,14 @@
 """The node health check Slurm runs (``HealthCheckProgram``), the loop of seed 000: every ``HealthCheckInterval``
 each slurmd runs it; a node that fails drains ITSELF, so no new job (and no requeued attempt) lands on it.
 
-Run it as ``python3 -m chaos.cluster.slurm.healthcheck --config FILE`` (``--dry-run``: report, touch nothing).
+Run it as ``python3 -m chaos.slurm.healthcheck --config FILE`` (``--dry-run``: report, touch nothing).
 slurmd runs the program with no arguments and an almost empty environment (only ``SLURMD_NODENAME`` and
 ``PWD``: no ``PATH``, no ``SLURM_CONF``), so give Slurm the program :func:`write_program` writes (``python3 -m
-chaos.cluster.slurm.healthcheck --write-program PATH --config FILE``): a Python script whose ``#!`` line names
+chaos.slurm.healthcheck --write-program PATH --config FILE``): a Python script whose ``#!`` line names
 this interpreter and which passes the config itself; ``path`` and ``slurm_conf`` of the config are the
 environment ``scontrol`` gets. The config is read on every run, so changing it needs no restart.
 
-What it checks (:mod:`chaos.cluster.slurm.healthcheck_probes`), in this order; a section set to null is off:
+What it checks (:mod:`chaos.slurm.healthcheck_probes`), in this order; a section set to null is off:
 ``xid`` (a node-fatal XID in the kernel log), ``storage`` (the checkpoint directory answers within a bound),
 ``peers`` (enough slurmd peers accept TCP), ``memory`` (MemAvailable floor), ``cpu`` (no job process under a CFS
 quota below a floor). ``{node}`` in a path is the node's name.
@@ -35,15 +35,15 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from chaos.cluster.slurm import healthcheck_probes as probes
-from chaos.cluster.slurm.client import parse_node
-from chaos.cluster.slurm.healthcheck_xid import NODE_FATAL
+from chaos.slurm import healthcheck_probes as probes
+from chaos.slurm.client import parse_node
+from chaos.slurm.healthcheck_xid import NODE_FATAL
 from chaos.spec.units import Duration
 
-MODULE = "chaos.cluster.slurm.healthcheck"
+MODULE = "chaos.slurm.healthcheck"
 REASON_PREFIX = "mlchaos-hc: "
 _REASON_MAX = 200  # Slurm keeps longer reasons, but they stop being readable in sinfo/scontrol
-_PACKAGE_ROOT = Path(__file__).resolve().parents[3]  # holds chaos/
+_PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # holds chaos/
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -240,7 +240,7 @@ def write_program(program: Path, config: Path, *, python: str | None = None) -> 
         raise ValueError(f"interpreter {interpreter!r} cannot go on a #! line (spaces, or over 120 characters)")
     source = (
         f"#!{interpreter}\n"
-        "# The mlchaos node health check, written by chaos.cluster.slurm.healthcheck.write_program.\n"
+        "# The mlchaos node health check, written by chaos.slurm.healthcheck.write_program.\n"
         "import sys\n"
         f"sys.path.insert(0, {str(_PACKAGE_ROOT)!r})\n"
         f"from {MODULE} import main\n"

@@ -1,4 +1,4 @@
-"""The probes of the node health check (:mod:`chaos.cluster.slurm.healthcheck`): each looks at one thing that is
+"""The probes of the node health check (:mod:`chaos.slurm.healthcheck`): each looks at one thing that is
 real on the node it runs on and returns a :class:`Finding`. None of them can hang the check: I/O that may block
 (a stalled filesystem) runs in a child process that is killed at its bound, and network probes carry timeouts.
 
@@ -22,9 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from chaos.cluster.slurm.client import expand_hostlist, parse_fields
-from chaos.cluster.slurm.healthcheck_xid import scan
 from chaos.kernel.procfs import read_stat
+from chaos.slurm.client import expand_hostlist, parse_fields
+from chaos.slurm.healthcheck_xid import scan
 
 SLURMD_PORT = 6818
 

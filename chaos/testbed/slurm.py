@@ -1,4 +1,4 @@
-"""A real Slurm cluster on the namespace testbed (:mod:`chaos.cluster.testbed.namespaces`).
+"""A real Slurm cluster on the namespace testbed (:mod:`chaos.testbed.namespaces`).
 
 What runs where (``T`` is the testbed's tag)::
 
@@ -37,14 +37,14 @@ from pathlib import Path
 from chaos.cluster.base import Transport
 from chaos.cluster.inventory import Inventory, dump_inventory, load_inventory
 from chaos.cluster.local import LocalTransport
-from chaos.cluster.slurm.client import SlurmClient, SlurmError
-from chaos.cluster.testbed import base as tb
-from chaos.cluster.testbed import namespaces
-from chaos.cluster.testbed import slurm_daemons as daemons
-from chaos.cluster.testbed.slurm_conf import PARTITION, SlurmConfError, SlurmSettings, conf_text
-from chaos.cluster.testbed.slurm_daemons import SLURM_DIR as SLURM_DIR  # re-exported: part of this surface
-from chaos.cluster.testbed.slurm_daemons import SlurmLayout
-from chaos.cluster.testbed.system import TestbedError, machine_lock, wait_listening
+from chaos.slurm.client import SlurmClient, SlurmError
+from chaos.testbed import base as tb
+from chaos.testbed import namespaces
+from chaos.testbed import slurm_daemons as daemons
+from chaos.testbed.slurm_conf import PARTITION, SlurmConfError, SlurmSettings, conf_text
+from chaos.testbed.slurm_daemons import SLURM_DIR as SLURM_DIR  # re-exported: part of this surface
+from chaos.testbed.slurm_daemons import SlurmLayout
+from chaos.testbed.system import TestbedError, machine_lock, wait_listening
 
 _BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "sacct", "nsenter")
 _PORT_BASE = 16800  # the controller's port is the first free one from here + (tag % 1000)

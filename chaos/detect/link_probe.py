@@ -1,6 +1,6 @@
 """Link diagnosis after an all-waiting hang: which pair of hosts passes small packets but not large ones.
 
-When the hang watcher (:mod:`chaos.run.hang_watch`) reports ``detect.hang`` with reason ``all_waiting`` (every
+When the hang watcher (:mod:`chaos.detect.hang_watch`) reports ``detect.hang`` with reason ``all_waiting`` (every
 rank inside the same collective, none behind or elsewhere), no rank is at fault: the collective's bytes are
 not arriving. The field's commonest cause (Aegis) is a link that silently drops packets over ~1 KB (an MTU
 hole, a bad optic) while heartbeats and pings, all small, stay green. :class:`LinkProbe` then probes, for
@@ -38,9 +38,9 @@ from pydantic import JsonValue
 
 from chaos.cluster.base import Transport, TransportError, host_python
 from chaos.cluster.hosts import HostSet
+from chaos.detect.hang_watch import HangWatch
 from chaos.event_kinds import DETECT_HANG, DETECT_LINK, RUNNER_LINK_PROBE, TARGET_START
 from chaos.history.timeline import Event, History, now_ns
-from chaos.run.hang_watch import HangWatch
 
 ALL_WAITING = "all_waiting"
 DETECTOR = "link_probe"
@@ -310,7 +310,7 @@ class Round:
 class LinkProbe:
     """Probes the links between the job's hosts for each ``all_waiting`` hang and returns what it found.
 
-    :meth:`listen` is a :mod:`chaos.run.hang_watch` listener (called on the watch's own thread, its events
+    :meth:`listen` is a :mod:`chaos.detect.hang_watch` listener (called on the watch's own thread, its events
     join the history at the next poll); ``history`` is read for where the ranks run (``target.start``).
     ``address_of``/``groups_of`` map a host name to its address / inventory groups; ``transport_of`` opens a
     host's transport.

@@ -8,7 +8,7 @@ runs ``save`` and, when it raises an ``OSError`` with a transient errno (:data:`
 tries; then it reports ``target.checkpoint_failed`` {step, attempts, error} and re-raises (the job exits non-zero).
 
 Only the save's LOCAL phase is retried. ``save`` takes a ``collective`` context factory (as
-:func:`chaos.targets.reference.checkpoint_store.save` does) and enters it around each of its collectives; a
+:func:`chaos.reference.checkpoint_store.save` does) and enters it around each of its collectives; a
 failure after the first collective began is not retried but re-raised, because repeating the save then would
 call a gather while the peers wait in a barrier. Every rank writes to the same storage, so in an error window
 each rank retries its own part before the first collective, and the ranks meet there once their writes succeed.

@@ -1,4 +1,4 @@
-"""What both testbeds (:mod:`~chaos.cluster.testbed.namespaces`, :mod:`~chaos.cluster.testbed.containers`) share:
+"""What both testbeds (:mod:`~chaos.testbed.namespaces`, :mod:`~chaos.testbed.containers`) share:
 the state dir and its record, the choice of a free /24, host addresses, and the bookkeeping of a teardown.
 
 A testbed lives in a state dir; ``T``, a 4-hex-digit tag derived from that dir, names everything it makes,
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
-from chaos.cluster.testbed.system import TestbedError, state_tag
 from chaos.safety.state import state_dir as mlchaos_state_dir
+from chaos.testbed.system import TestbedError, state_tag
 
 INVENTORY = "inventory.yaml"
 MAX_HOSTS = 200

@@ -1,13 +1,13 @@
 """A multi-host testbed of Docker containers on one daemon: N containers on a private bridge network.
 
-Layout (``T`` is a 4-hex-digit tag derived from the state dir, as in :mod:`chaos.cluster.testbed.namespaces`, so
+Layout (``T`` is a 4-hex-digit tag derived from the state dir, as in :mod:`chaos.testbed.namespaces`, so
 testbeds of different state dirs coexist)::
 
     network chaos-dtb-T      bridge chdtb-T (root namespace), 10.214.X.0/24, gateway .1
     container chaos-dtb-T-hN hostname hN, address 10.214.X.(10+N), image mlchaos-testbed:1
 
 Every container bind-mounts this machine's ``/usr``, Python environment and checkout read-only
-(:func:`~chaos.cluster.testbed.image.python_binds`, plus ``/etc/alternatives`` so Debian's alternative
+(:func:`~chaos.testbed.image.python_binds`, plus ``/etc/alternatives`` so Debian's alternative
 symlinks such as ``iptables`` resolve), and each share READ-WRITE at the same path (default ``/tmp`` and
 ``<cwd>/reports``): a multi-node job's run dir and checkpoints must be at the same path on every host. It
 gets NET_ADMIN (iptables/tc inside even when execs cannot be privileged), no restart policy, and a PID 1
@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING, Any
 
 from chaos.cluster.base import TransportError
 from chaos.cluster.inventory import Host, Inventory, dump_inventory
-from chaos.cluster.testbed import base as tb
-from chaos.cluster.testbed import shared_mounts
-from chaos.cluster.testbed.base import HOST_OFFSET as HOST_OFFSET  # re-exported: part of this module's surface
-from chaos.cluster.testbed.base import MAX_HOSTS as MAX_HOSTS  # re-exported: part of this module's surface
-from chaos.cluster.testbed.image import IMAGE, LABEL, ensure_image, python_binds
-from chaos.cluster.testbed.system import TestbedError, machine_lock, used_networks
+from chaos.testbed import base as tb
+from chaos.testbed import shared_mounts
+from chaos.testbed.base import HOST_OFFSET as HOST_OFFSET  # re-exported: part of this module's surface
+from chaos.testbed.base import MAX_HOSTS as MAX_HOSTS  # re-exported: part of this module's surface
+from chaos.testbed.image import IMAGE, LABEL, ensure_image, python_binds
+from chaos.testbed.system import TestbedError, machine_lock, used_networks
 
 if TYPE_CHECKING:
     import docker

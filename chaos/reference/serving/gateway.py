@@ -1,7 +1,8 @@
 """The gateway of the reference serving stack: health and correctness probes, a fallback ladder, circuit
 breakers, failback hysteresis and priority load shedding in front of the model servers.
 
-``python -m chaos.targets.reference.serving.gateway --config JSON`` (or ``--config-file PATH``), a :class:`GatewayConfig`.
+``python -m chaos.reference.serving.gateway --config JSON`` (or ``--config-file PATH``), a
+:class:`~chaos.spec.serving.GatewayConfig`.
 
 Contracts:
 
@@ -11,7 +12,7 @@ Contracts:
   something that is not JSON moves to the next rung and counts as a breaker failure; a 4xx is the client's
   fault and is passed through as is. A 200 is the replica's answer with ``"backend"`` (who served it) and
   ``"degraded": false``; header ``X-Backend``. The cache rung answers 200 with the last good answer to the
-  same input or prompt (an LRU of 1024), else :data:`~chaos.targets.reference.serving.wire.DEFAULT_OUTPUT`, with
+  same input or prompt (an LRU of 1024), else :data:`~chaos.reference.serving.wire.DEFAULT_OUTPUT`, with
   ``"backend": "cache", "degraded": true, "cached": bool``.
 - Shedding (if enabled): with ``capacity`` requests in flight at the gateway every request gets 503; with
   ``capacity * (1 - reserve)`` only the first of ``shedding.priorities`` is admitted. The priority comes from
@@ -19,7 +20,7 @@ Contracts:
   503 ``{"error": "shed", "priority": P}`` with headers ``X-Shed: 1`` and ``X-Backend: gateway``.
 - ``GET /healthz``: 200 with the gateway's view: ready, route, requests in flight, and per replica up,
   reason (why down) and breaker state.
-- Health: see :mod:`~chaos.targets.reference.serving.health`; breakers: see :mod:`~chaos.targets.reference.serving.breaker`.
+- Health: see :mod:`~chaos.reference.serving.health`; breakers: see :mod:`~chaos.reference.serving.breaker`.
   The correctness probe POSTs ``PROBE_INPUT`` every ``correctness.interval`` to each replica that is up or
   down for correctness and compares with ``<run_dir>/golden-<model>.json`` (skipped until that exists).
 
@@ -46,9 +47,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
 
 from chaos import events
 from chaos.event_kinds import DETECT_BACKEND_DOWN as BACKEND_DOWN
@@ -58,11 +57,10 @@ from chaos.event_kinds import SERVING_BREAKER as BREAKER
 from chaos.event_kinds import SERVING_READY as READY
 from chaos.event_kinds import SERVING_ROUTE as ROUTE
 from chaos.event_kinds import SERVING_STATS as STATS
-from chaos.spec.serving import CACHE, FALLBACK, PRIMARY, ServingTarget
-from chaos.targets.reference.serving.breaker import CircuitBreaker, State
-from chaos.targets.reference.serving.health import Reason, ReplicaHealth
-from chaos.targets.reference.serving.pool import Pool, fetch_once
-from chaos.targets.reference.serving.wire import (
+from chaos.reference.serving.breaker import CircuitBreaker, State
+from chaos.reference.serving.health import Reason, ReplicaHealth
+from chaos.reference.serving.pool import Pool, fetch_once
+from chaos.reference.serving.wire import (
     DEFAULT_OUTPUT,
     HEALTH_PATH,
     PREDICT_PATH,
@@ -74,6 +72,7 @@ from chaos.targets.reference.serving.wire import (
     request_key,
     serve_until_signalled,
 )
+from chaos.spec.serving import CACHE, FALLBACK, PRIMARY, GatewayConfig, ReplicaEndpoint
 
 GATEWAY = "gateway"  # the X-Backend of answers the gateway gives itself (shed, 502)
 NO_ROUTE = "none"
@@ -81,26 +80,6 @@ _CACHE_SIZE = 1024
 _STARTUP_PROBE = 0.1  # probe cadence until a replica first comes up: readiness should not wait an interval
 
 Emit = Callable[..., None]
-
-
-class ReplicaEndpoint(BaseModel):
-    """Where one model server listens, and which model it serves (names its golden file)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    model: Literal["primary", "small"]
-    port: int = Field(ge=1, le=65535)
-    host: str = "127.0.0.1"
-
-
-class GatewayConfig(BaseModel):
-    """What the job hands the gateway: the scenario's serving settings, the gateway's port, the replicas
-    (``primary`` and, with a fallback, ``fallback``) and the run folder holding the golden answers."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    target: ServingTarget
-    port: int = Field(ge=0, le=65535)
-    run_dir: Path
-    replicas: dict[str, ReplicaEndpoint]
 
 
 class Backend:
@@ -401,9 +380,7 @@ def _handler(gateway: Gateway) -> type[JsonHandler]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="chaos.targets.reference.serving.gateway", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog="chaos.reference.serving.gateway", description=__doc__.splitlines()[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--config", help="GatewayConfig as JSON")
     source.add_argument("--config-file", type=Path, help="a file holding GatewayConfig JSON")

@@ -1,4 +1,4 @@
-"""The ``slurm.conf`` of the Slurm testbed (:mod:`chaos.cluster.testbed.slurm`), as text from typed settings.
+"""The ``slurm.conf`` of the Slurm testbed (:mod:`chaos.testbed.slurm`), as text from typed settings.
 
 Pure: no daemon, no file. What is fixed here, and why:
 
@@ -91,7 +91,7 @@ def conf_text(
         raise SlurmConfError("a Slurm cluster needs at least one node")
     names = [name for name, _ in nodes]
     lines = [
-        f"# {cluster}: written by chaos.cluster.testbed.slurm; removed by `mlchaos testbed down`",
+        f"# {cluster}: written by chaos.testbed.slurm; removed by `mlchaos testbed down`",
         f"ClusterName={cluster}",
         f"SlurmctldHost={controller_host}({controller_address})",
         f"SlurmctldPort={controller_port}",

@@ -74,7 +74,7 @@ def python_binds() -> dict[str, dict[str, str]]:
     paths = {"/usr", "/etc/alternatives"}  # Debian's /usr/sbin/iptables links through /etc/alternatives
     for candidate in (sys.prefix, sys.base_prefix, os.path.realpath(sys.executable)):
         paths.add(str(Path(candidate).resolve()))
-    project = Path(__file__).resolve().parents[3]  # the checkout mlchaos runs from (editable installs)
+    project = Path(__file__).resolve().parents[2]  # the checkout mlchaos runs from (editable installs)
     paths.add(str(project))
     # Keep only outermost paths: binding /a and /a/b would shadow nothing but costs a mount each.
     kept: list[str] = []

@@ -32,13 +32,13 @@ from functools import partial
 from pathlib import Path
 
 from chaos.cluster.inventory import Host, Inventory, dump_inventory
-from chaos.cluster.testbed import base as tb
-from chaos.cluster.testbed import slurm_daemons
-from chaos.cluster.testbed.base import HOST_OFFSET as HOST_OFFSET  # re-exported: part of this module's surface
-from chaos.cluster.testbed.base import INVENTORY as _INVENTORY
-from chaos.cluster.testbed.base import MAX_HOSTS as MAX_HOSTS  # re-exported: part of this module's surface
-from chaos.cluster.testbed.system import TestbedError as TestbedError  # re-exported: callers catch it here
-from chaos.cluster.testbed.system import (
+from chaos.testbed import base as tb
+from chaos.testbed import slurm_daemons
+from chaos.testbed.base import HOST_OFFSET as HOST_OFFSET  # re-exported: part of this module's surface
+from chaos.testbed.base import INVENTORY as _INVENTORY
+from chaos.testbed.base import MAX_HOSTS as MAX_HOSTS  # re-exported: part of this module's surface
+from chaos.testbed.system import TestbedError as TestbedError  # re-exported: callers catch it here
+from chaos.testbed.system import (
     in_namespace,
     keygen,
     kill_all,
@@ -55,9 +55,9 @@ from chaos.cluster.testbed.system import (
     wait_listening,
 )
 
-# Not imported as `namespaces`: that name here would shadow this very module for `from chaos.cluster.testbed
+# Not imported as `namespaces`: that name here would shadow this very module for `from chaos.testbed
 # import namespaces` (the package's moved-name forwarding found it and warned about a current path).
-from chaos.cluster.testbed.system import namespaces as netns_names
+from chaos.testbed.system import namespaces as netns_names
 
 PREFIX = "chaos-tb"
 LINK_PREFIX = "chtb"
@@ -169,7 +169,7 @@ class TestbedStatus:
 
 
 _SSHD_CONFIG_TEXT = """\
-# {prefix} host h{index}: written by chaos.cluster.testbed.namespaces; removed by `mlchaos testbed down`
+# {prefix} host h{index}: written by chaos.testbed.namespaces; removed by `mlchaos testbed down`
 ListenAddress {address}:{port}
 HostKey "{host_key}"
 PidFile "{pid_file}"
@@ -398,7 +398,7 @@ def _remove_host(layout: Layout, index: int, log: Callable[[str], None]) -> None
 
 
 def down(state_dir: Path | None = None, *, log: Callable[[str], None] = tb.ignore) -> list[str]:
-    """Remove everything the testbed of ``state_dir`` made: its Slurm (:mod:`chaos.cluster.testbed.slurm`),
+    """Remove everything the testbed of ``state_dir`` made: its Slurm (:mod:`chaos.testbed.slurm`),
     processes in its namespaces (sshd and whatever ran over SSH), the namespaces, the root veth, its files;
     safe when half built or already down.
 

@@ -12,7 +12,7 @@ command, its exit code and Slurm's own message; an unknown job id is a :class:`J
 
 Accounting: a cluster with slurmdbd answers ``sacct`` from its database; the testbed has no database and
 keeps the job-completion log (``JobCompType=jobcomp/filetxt``), which ``sacct --completion`` reads: pass
-``completion_log=True`` (the testbed's :meth:`~chaos.cluster.testbed.slurm.SlurmTestbed.client` does).
+``completion_log=True`` (the testbed's :meth:`~chaos.testbed.slurm.SlurmTestbed.client` does).
 """
 
 from __future__ import annotations

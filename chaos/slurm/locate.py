@@ -19,10 +19,9 @@ from typing import Literal
 from pydantic import JsonValue
 
 from chaos.cluster.inventory import Inventory, load_inventory
-from chaos.cluster.slurm.client import SlurmClient, login_client
+from chaos.slurm.client import SlurmClient, login_client
 
-TESTBED_CLUSTER_LABEL = "slurm_cluster"  # what the testbed labels its hosts with (chaos.cluster.testbed.slurm)
-NODE_LABEL = "slurm_node"
+TESTBED_CLUSTER_LABEL = "slurm_cluster"  # what the testbed labels its hosts with (chaos.testbed.slurm)
 
 
 class ClusterNotFound(RuntimeError):
@@ -43,8 +42,8 @@ class SlurmCluster:
     def client(self, *, timeout: float = 30.0, inventory: Inventory | None = None) -> SlurmClient:
         """A client of this cluster; ClusterNotFound when it cannot be reached as recorded."""
         if self.kind == "testbed":
-            from chaos.cluster.testbed import slurm as testbed  # the testbed's modules only for a testbed
-            from chaos.cluster.testbed.system import TestbedError
+            from chaos.testbed import slurm as testbed  # the testbed's modules only for a testbed
+            from chaos.testbed.system import TestbedError
 
             try:
                 return testbed.attach(self.state_dir).client(timeout=timeout)
@@ -118,8 +117,8 @@ def locate(
         return SlurmCluster(
             "login", login=login, inventory_path=inventory_path, conf=conf, completion_log=completion_log
         )
-    from chaos.cluster.testbed import namespaces
-    from chaos.cluster.testbed import slurm as testbed
+    from chaos.testbed import namespaces
+    from chaos.testbed import slurm as testbed
 
     labels = {h.labels.get(TESTBED_CLUSTER_LABEL) for h in inventory.hosts} if inventory is not None else set()
     labels.discard(None)
@@ -134,19 +133,3 @@ def locate(
         f"no Slurm testbed is up{where} (`mlchaos testbed up --slurm`); for an existing cluster give the target "
         "login: <its login node in the inventory>"
     )
-
-
-def host_of_node(inventory: Inventory, node: str) -> str | None:
-    """The inventory host that is Slurm node ``node``: the one labelled ``slurm_node: <node>``, else the host
-    of that name; None when the inventory has neither."""
-    for host in inventory.hosts:
-        if host.labels.get(NODE_LABEL) == node:
-            return host.name
-    return node if node in inventory.names() else None
-
-
-def node_of_host(inventory: Inventory | None, host: str) -> str:
-    """The Slurm node name of inventory host ``host`` (its ``slurm_node`` label, else its name)."""
-    if inventory is not None and host in inventory.names():
-        return inventory.host(host).labels.get(NODE_LABEL) or host
-    return host

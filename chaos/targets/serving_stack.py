@@ -1,5 +1,5 @@
-"""The reference serving stack as a target: model server processes (primary, fallback) and a gateway, run as
-the roles of a :class:`~chaos.targets.roles.RolesJob` (one supervisor for every multi-process target).
+"""The reference serving stack (:mod:`chaos.reference.serving`, started by module path) as a target: model
+server processes (primary, fallback) and a gateway, run as the roles of a :class:`~chaos.targets.roles.RolesJob` (one supervisor for every multi-process target).
 
 Contracts:
 
@@ -26,13 +26,20 @@ from chaos.cluster.local import LocalTransport
 from chaos.cluster.ports import free_port
 from chaos.event_kinds import SERVING_READY as READY
 from chaos.spec.roles import RestartPolicy, RoleSpec, RolesTarget
-from chaos.spec.serving import FALLBACK, PRIMARY, REPLICA_RANKS, ReplicaSettings, ServingTarget
-from chaos.targets.reference.serving.gateway import GatewayConfig, ReplicaEndpoint
+from chaos.spec.serving import (
+    FALLBACK,
+    PRIMARY,
+    REPLICA_RANKS,
+    GatewayConfig,
+    ReplicaEndpoint,
+    ReplicaSettings,
+    ServingTarget,
+)
 from chaos.targets.roles import RolesJob
 
 GATEWAY = "gateway"
 _CONFIG = "gateway-config.json"
-_ROOT = str(Path(__file__).resolve().parents[4])  # the folder holding the chaos package
+_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding the chaos package
 
 
 def _env(base: dict[str, str]) -> dict[str, str]:
@@ -51,7 +58,7 @@ def _roles(spec: ServingTarget, ports: dict[str, int], gateway_port: int, run_di
         command = [
             "{python}",
             "-m",
-            "chaos.targets.reference.serving.model_server",
+            "chaos.reference.serving.model_server",
             "--replica",
             name,
             "--model",
@@ -71,7 +78,7 @@ def _roles(spec: ServingTarget, ports: dict[str, int], gateway_port: int, run_di
         env.update({"RANK": str(REPLICA_RANKS[name]), "WORLD_SIZE": str(len(REPLICA_RANKS))})
         policy = RestartPolicy(policy="always" if s.restart else "never", delay=s.restart_delay)
         roles[name] = RoleSpec(command=command, env=env, restart=policy, port=ports[name])
-    gateway = ["{python}", "-m", "chaos.targets.reference.serving.gateway", "--config-file", str(run_dir / _CONFIG)]
+    gateway = ["{python}", "-m", "chaos.reference.serving.gateway", "--config-file", str(run_dir / _CONFIG)]
     roles[GATEWAY] = RoleSpec(command=gateway, env=_env(dict(spec.env)), restart=RestartPolicy(policy="never"))
     return RolesTarget(type="roles", roles=roles, until=[GATEWAY], url=f"http://127.0.0.1:{gateway_port}")
 

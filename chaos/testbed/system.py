@@ -1,4 +1,4 @@
-"""System primitives of the testbed (:mod:`chaos.cluster.testbed.namespaces`): namespaces, links, processes, keys.
+"""System primitives of the testbed (:mod:`chaos.testbed.namespaces`): namespaces, links, processes, keys.
 
 Everything here runs argv lists through :func:`run` and raises :class:`TestbedError`; nothing here knows
 the testbed's layout.

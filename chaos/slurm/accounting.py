@@ -36,10 +36,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from chaos.cluster.slurm.client import AccountingRecord, parse_fields, parse_time
 from chaos.event_kinds import SLURM_JOB as SLURM_JOB_EVENT
 from chaos.event_kinds import TARGET_CHECKPOINT, TARGET_RESUME, TARGET_START, TARGET_STEP
 from chaos.history.timeline import Event
+from chaos.slurm.client import AccountingRecord, parse_fields, parse_time
 
 COMPLETED = "COMPLETED"
 _RUNNING = "RUNNING"

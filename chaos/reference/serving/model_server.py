@@ -1,11 +1,11 @@
 """One model server of the reference serving stack: a real torch model behind a small HTTP/1.1 API.
 
-``python -m chaos.targets.reference.serving.model_server --replica NAME --model primary|small --port P --seed S
+``python -m chaos.reference.serving.model_server --replica NAME --model primary|small --port P --seed S
 --delay SECONDS --workers N --run-dir DIR``
 
 Contracts:
 
-- ``POST /v1/predict`` (body per :mod:`chaos.targets.reference.serving.wire`) answers 200
+- ``POST /v1/predict`` (body per :mod:`chaos.reference.serving.wire`) answers 200
   ``{"output": [...], "label": int, "backend": NAME}`` with header ``X-Backend: NAME``; 400 for a bad body.
 - ``GET /healthz`` answers 200 ``{"ok": true, "replica": NAME}`` WITHOUT running the model: it is a liveness
   probe, so a replica whose weights are corrupted still passes it (the gateway's correctness probe is what
@@ -39,8 +39,8 @@ from torch import nn
 from chaos import events
 from chaos.agent import Agent, attach
 from chaos.event_kinds import SERVING_REPLICA_START as REPLICA_START
-from chaos.targets.reference.serving.models import ModelName, build_model, predict
-from chaos.targets.reference.serving.wire import (
+from chaos.reference.serving.models import ModelName, build_model, predict
+from chaos.reference.serving.wire import (
     HEALTH_PATH,
     PREDICT_PATH,
     PROBE_INPUT,
@@ -118,9 +118,7 @@ def _handler(replica: Replica) -> type[JsonHandler]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="chaos.targets.reference.serving.model_server", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog="chaos.reference.serving.model_server", description=__doc__.splitlines()[0])
     parser.add_argument("--replica", required=True, help="this server's name (the backend a response names)")
     parser.add_argument("--model", required=True, choices=["primary", "small"])
     parser.add_argument("--port", type=int, required=True, help="port on 127.0.0.1 (0: any free one)")

@@ -23,7 +23,7 @@ the rollback target; with none, the job starts again from scratch (the initial s
 Why in place rather than exiting so that torchrun restarts the group: a detected divergence is not a process
 failure. The processes and the process group are healthy; a restart would cost a rendezvous, the imports and one
 of the job's ``max_restarts``, and it would rebuild DDP's gradient buckets, which makes a replay bit-identical only
-for two ranks (see :func:`chaos.targets.reference.trainer.main`). In place, the same DDP object replays the same
+for two ranks (see :func:`chaos.reference.trainer.main`). In place, the same DDP object replays the same
 reductions, so the replay is bit-identical for any world size. A once-firing in-job fault does not fire again
 in the replay: the agent marks it fired in the run directory. No ``target.resume`` is emitted (the attempt did
 not change; the lineage checks read a step reported twice in one attempt as "the latest report wins", which is
@@ -57,8 +57,8 @@ from torch import nn
 from chaos import events
 from chaos.event_kinds import TARGET_ROLLBACK as ROLLBACK
 from chaos.guards.consistency import ConsistencyGuard, Judgement
-from chaos.targets.reference import checkpoint_store
-from chaos.targets.reference.trainer_state import build_model, build_optimizer
+from chaos.reference import checkpoint_store
+from chaos.reference.trainer_state import build_model, build_optimizer
 
 Policy = Literal["clean", "newest"]
 POLICIES: tuple[Policy, ...] = ("clean", "newest")

@@ -1,7 +1,7 @@
-"""The Slurm testbed's files and processes (:mod:`chaos.cluster.testbed.slurm` builds on this): where each
+"""The Slurm testbed's files and processes (:mod:`chaos.testbed.slurm` builds on this): where each
 daemon keeps what, how to start one, how to find exactly ours, and how to stop them all.
 
-Below :mod:`~chaos.cluster.testbed.namespaces` on purpose: its ``down`` stops a testbed's Slurm first
+Below :mod:`~chaos.testbed.namespaces` on purpose: its ``down`` stops a testbed's Slurm first
 (slurmctld and munged live outside the namespaces), so it must reach this without importing the module
 that builds on it. Every daemon is started with a path in the testbed's ``chaos-tb-slurm`` folder on its
 command line; that path is how ours are told from anyone else's.
@@ -18,11 +18,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from chaos.cluster.testbed import base as tb
-from chaos.cluster.testbed.slurm_conf import ConfPaths
-from chaos.cluster.testbed.system import TestbedError, kill_all, machine_lock, netns_inode, new_uts
-from chaos.cluster.testbed.system import namespaces as netns_names
 from chaos.kernel.procfs import read_stat
+from chaos.testbed import base as tb
+from chaos.testbed.slurm_conf import ConfPaths
+from chaos.testbed.system import TestbedError, kill_all, machine_lock, netns_inode, new_uts
+from chaos.testbed.system import namespaces as netns_names
 
 SLURM_DIR = "chaos-tb-slurm"
 DAEMONS = ("munged", "slurmctld", "slurmd")

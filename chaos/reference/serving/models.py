@@ -12,7 +12,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from chaos.targets.reference.serving.wire import INPUT_DIM, OUTPUT_DIM
+from chaos.reference.serving.wire import INPUT_DIM, OUTPUT_DIM
 
 ModelName = Literal["primary", "small"]
 _HIDDEN: dict[str, tuple[int, ...]] = {"primary": (256, 256), "small": (32,)}

@@ -1,1 +1,0 @@
-"""Multi-host testbeds on this machine: network namespaces running sshd, or Docker containers."""
