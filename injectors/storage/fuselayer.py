@@ -38,7 +38,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from chaos.safety.deadman import detach
 from injectors.storage.hits import HitCounter, matches
@@ -55,7 +55,7 @@ from injectors.storage.mounts import unmount_argv as unmount_argv
 
 MODULE = "injectors.storage.fuselayer"
 MODES = ("off", "latency", "hang", "eio", "enospc", "fsync_stall", "readonly")
-OPS = (
+Op = Literal[
     "getattr",
     "access",
     "readdir",
@@ -79,7 +79,8 @@ OPS = (
     "chmod",
     "chown",
     "utimens",
-)
+]
+OPS: tuple[str, ...] = get_args(Op)  # every operation the layer can hit
 MUTATING = frozenset(
     {
         "create",

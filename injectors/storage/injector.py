@@ -71,31 +71,7 @@ from injectors.process.faults import ProcessHost, require_duration
 from injectors.storage.hits import hits_path, record_hits
 
 Mode = Literal["latency", "hang", "eio", "enospc", "fsync_stall", "readonly"]
-Op = Literal[
-    "getattr",
-    "access",
-    "readdir",
-    "readlink",
-    "statfs",
-    "open",
-    "create",
-    "read",
-    "write",
-    "flush",
-    "fsync",
-    "release",
-    "rename",
-    "unlink",
-    "mkdir",
-    "rmdir",
-    "symlink",
-    "link",
-    "mknod",
-    "truncate",
-    "chmod",
-    "chown",
-    "utimens",
-]
+Op = fuselayer.Op
 READY_TIMEOUT_S = 15.0
 ACK_TIMEOUT_S = 5.0
 _EXIT_GRACE_S = 5.0
