@@ -154,16 +154,26 @@ def _reachable(peer: Peer, timeout: float) -> str | None:
         return exc.strerror or type(exc).__name__
 
 
-def peers(found: Sequence[Peer], timeout: float, min_reachable: float) -> Finding:
+def peers(found: Sequence[Peer], timeout: float, min_reachable: float, retry_after: float = 1.0) -> Finding:
     """Fails when fewer than ``min_reachable`` (a share, 0..1) of ``found`` accept a connection.
 
     A partition is symmetric: with a share of 0.5, the node cut off from the rest (which reaches none) fails,
-    and the others (which miss only it) do not."""
+    and the others (which miss only it) do not. A peer that did not answer is asked once more ``retry_after``
+    seconds later, and only a peer unreachable both times counts: slurmd runs the check as it starts, when the
+    peers started a moment later may not listen yet (a node drained for that stays drained)."""
     if not found:
         return Finding("peers", True, "no peer to reach")
-    with ThreadPoolExecutor(max_workers=min(16, len(found))) as pool:
-        results = list(pool.map(lambda peer: _reachable(peer, timeout), found))
-    down = [f"{peer.name}({why})" for peer, why in zip(found, results, strict=True) if why is not None]
+
+    def probe(peers: Sequence[Peer]) -> list[str | None]:
+        with ThreadPoolExecutor(max_workers=min(16, len(peers))) as pool:
+            return list(pool.map(lambda peer: _reachable(peer, timeout), peers))
+
+    results = dict(zip(found, probe(found), strict=True))
+    missed = [peer for peer, why in results.items() if why is not None]
+    if missed and retry_after > 0:
+        time.sleep(retry_after)
+        results.update(zip(missed, probe(missed), strict=True))
+    down = [f"{peer.name}({why})" for peer, why in results.items() if why is not None]
     share = (len(found) - len(down)) / len(found)
     if share < min_reachable:
         return Finding("peers", False, f"{len(down)}/{len(found)} unreachable: {' '.join(down)}"[:200])

@@ -83,6 +83,25 @@ def test_peers_from_slurm_conf_and_the_majority_rule() -> None:
     assert probes.peers([], 1.0, 0.5).ok
 
 
+def test_a_peer_that_starts_listening_a_moment_later_is_not_counted_unreachable() -> None:
+    """slurmd runs the check as it starts; a peer started a moment later is asked again before it counts."""
+    import threading
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        port = listener.getsockname()[1]  # bound, not yet listening: refused at first
+        late = threading.Timer(0.3, listener.listen)
+        late.start()
+        try:
+            assert probes.peers([probes.Peer("late", "127.0.0.1", port)], 1.0, 1.0, retry_after=1.0).ok
+        finally:
+            late.cancel()
+        with socket.socket() as unused:
+            unused.bind(("127.0.0.1", 0))
+            never = probes.Peer("never", "127.0.0.1", unused.getsockname()[1])
+            assert not probes.peers([never], 1.0, 1.0, retry_after=0.2).ok
+
+
 def test_memory_floor(tmp_path: Path) -> None:
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal: 8000000 kB\nMemAvailable: 204800 kB\n")
