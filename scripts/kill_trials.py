@@ -291,17 +291,11 @@ def run_trial(kind: str, index: int, rng: random.Random, keep: bool = False) -> 
 
 
 def _host_transport(inventory: Path, host: str) -> Any:
-    """The transport to inventory host ``host``: Docker for a container, SSH otherwise."""
+    """The transport to inventory host ``host`` (Docker for a container, SSH otherwise), as a run opens it."""
+    from chaos.cluster.hosts import open_transport
     from chaos.cluster.inventory import load_inventory
 
-    hosts = load_inventory(inventory)
-    if hosts.host(host).transport == "docker":
-        from chaos.cluster.docker import DockerTransport
-
-        return DockerTransport.for_host(hosts, host)
-    from chaos.cluster.ssh import SshTransport
-
-    return SshTransport.for_host(hosts, host)
+    return open_transport(load_inventory(inventory), host)
 
 
 def _container_facts(inventory: Path, host: str) -> dict[str, Any]:
