@@ -41,7 +41,8 @@ from chaos.cluster.base import Completed  # noqa: E402
 from chaos.cluster.inventory import Host, Inventory  # noqa: E402
 from chaos.cluster.ssh import SshTransport  # noqa: E402
 from chaos.plugins.injector import Applied, FaultOp, InjectionContext  # noqa: E402
-from chaos.run.faults import DeadMan, heal_and_disarm, one_command, parallel  # noqa: E402
+from chaos.run.lifecycle import heal_and_disarm, parallel  # noqa: E402
+from chaos.run.switch import DeadMan, one_command  # noqa: E402
 from chaos.safety.journal import Journal  # noqa: E402
 from chaos.spec.scenario import SafetySpec  # noqa: E402
 from chaos.testbed import namespaces as tb  # noqa: E402

@@ -1,12 +1,11 @@
 """``chaos_inject``: real faults as context managers, for unit tests of your own code.
 
 Each context manager applies one REAL fault when entered and undoes it when left, in ``finally``, whatever
-the test did meanwhile. They go through the same code as a scenario run: the registered injector's
-``check``/``prepare``/``apply``/``heal``, journaled like :meth:`chaos.run.orchestrator.Execution._fire_on` (intent,
-dead-man, apply, applied; heal, healed), so ``mlchaos cleanup`` heals what a killed pytest left, and a fault
-given a ``duration`` is also reverted by a detached dead-man switch ``duration`` + 5 s after it was applied
-even if pytest is SIGKILLed; a fault without one gets a switch at :data:`OPEN_WINDOW_S` + 5 s that a thread of
-this process pushes on while the block is open, so it fires only once pytest is gone. Leaving the ``with`` block earlier heals at once (and disarms the dead-man).
+the test did meanwhile. They go through the runner's own fault lifecycle (:class:`chaos.run.lifecycle.FaultSession`:
+journal, dead-man switch, apply; heal, disarm), so ``mlchaos cleanup`` heals what a killed pytest left, and a
+fault given a ``duration`` is also reverted by its switch ``duration`` + 5 s after it was applied even if pytest
+is SIGKILLed; a fault without one gets a switch at :data:`OPEN_WINDOW_S` + 5 s that a thread of this process
+pushes on while the block is open, so it fires only once pytest is gone.
 
 Tensor faults (``bitflip``, ``grad_corrupt``) change memory of this very process: nothing to journal, the
 fault's own change is undone on exit (original bytes where nothing touched them since; see ArmedFault.heal).
@@ -17,10 +16,8 @@ from __future__ import annotations
 import random
 import re
 import secrets
-import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
@@ -29,36 +26,11 @@ if TYPE_CHECKING:
     from chaos.injob.bitflip import FlipRecord
     from chaos.injob.tensor_faults import ArmedFault
     from chaos.plugins.injector import Applied, InjectionContext
-    from chaos.safety.journal import Journal
+    from chaos.run.lifecycle import FaultSession
 
 HEAL_GRACE_S = 5.0  # as the scenario default safety.heal_grace: the dead-man fires this long after duration
 # A duration-less fault's switch: fires this long (+ grace) after the last renewal; renewed every half of it.
 OPEN_WINDOW_S = 60.0
-
-
-class _Renewal:
-    """Pushes a duration-less fault's dead-man switch a whole window on every half window, from a daemon thread,
-    until :meth:`stop`: the switch fires only when this process has stopped renewing it (killed, hung)."""
-
-    def __init__(self, journal_path: Path, op_id: str, pid: int, window_s: float) -> None:
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, args=(journal_path, op_id, pid, window_s), name=f"deadman-renew:{op_id}", daemon=True
-        )
-        self._thread.start()
-
-    def _run(self, journal_path: Path, op_id: str, pid: int, window_s: float) -> None:
-        from chaos.safety import deadman
-
-        while not self._stopped.wait(window_s / 2):
-            try:
-                deadman.rearm(journal_path, op_id, pid, window_s)
-            except OSError:
-                continue  # the journal is briefly unwritable: the switch keeps its deadline, retry next time
-
-    def stop(self) -> None:
-        self._stopped.set()
-        self._thread.join(timeout=5)
 
 
 class FaultUnsupported(Exception):
@@ -76,7 +48,7 @@ class ChaosInject:
     def __init__(self, run_id: str, *, unsupported: Callable[[str], NoReturn] | None = None) -> None:
         self.run_id = _safe_run_id(run_id)
         self._unsupported = unsupported  # the plugin passes pytest.skip; None raises FaultUnsupported
-        self._journal: Journal | None = None
+        self._session: FaultSession | None = None
         self._ctx: InjectionContext | None = None
         self._ops = 0
 
@@ -142,7 +114,6 @@ class ChaosInject:
         """
         from chaos.plugins import registry
         from chaos.plugins.injector import FaultOp, Unsupported, is_in_job
-        from chaos.safety import deadman
 
         if kind not in registry.injectors():
             raise ValueError(f"no injector named {kind!r}; known: {', '.join(registry.injectors())}")
@@ -160,39 +131,16 @@ class ChaosInject:
             raise FaultUnsupported(reason) from None
         self._ops += 1
         op_id = f"{kind}-{self._ops}"
+        session = self._fault_session()
+        # The runner's lifecycle: journaled, switch armed, applied (healed at once if that fails, then raised).
         op = FaultOp(op_id=op_id, fault=op_id, injector=kind, params=model, duration_s=duration)
-        applied = injector.prepare(ctx, op)
-        journal = self._journal_file()
-        # Journal first, then the dead-man, then the world (as the runner): a crash anywhere leaves a record.
-        journal.intent(applied)
-        deadman_pid: int | None = None
-        renewal: _Renewal | None = None
-        done = False
+        active = session.fire(injector, op)
+        if duration is None and active.switch is not None:
+            session.keep_renewed()  # its switch fires only once this process stops renewing it (killed, hung)
         try:
-            revert = injector.revert_command(applied)
-            if revert:
-                window = (duration if duration is not None else OPEN_WINDOW_S) + HEAL_GRACE_S
-                deadman_pid = deadman.arm(journal.path, op_id, revert, window)
-                if duration is None:
-                    renewal = _Renewal(journal.path, op_id, deadman_pid, window)
-            try:
-                injector.apply(ctx, applied)
-            except BaseException as exc:
-                journal.failed(op_id, f"{type(exc).__name__}: {exc}")
-                raise  # the finally below heals whatever part was applied
-            journal.applied(op_id, applied.state)
-            if not applied.reversible:  # a signal cannot be taken back: nothing left to heal
-                journal.healed(op_id, "irreversible")
-                done = True
-            yield applied
+            yield active.applied
         finally:
-            if renewal is not None:
-                renewal.stop()
-            if not done:
-                injector.heal(ctx, applied)  # raises: the journal keeps it unhealed and the dead-man armed
-                if deadman_pid is not None:
-                    deadman.disarm(deadman_pid)
-                journal.healed(op_id, "harness")
+            session.heal(active)  # raises: the journal keeps it unhealed and the dead-man armed
 
     # -- tensor faults -------------------------------------------------------------------------------------
     @contextmanager
@@ -244,10 +192,12 @@ class ChaosInject:
 
     # -- lifecycle -----------------------------------------------------------------------------------------
     def close(self) -> None:
-        """Archive this test's journal when nothing in it is left to heal (else leave it for ``mlchaos cleanup``)."""
-        if self._journal is not None:
-            self._journal.archive()
-            self._journal = None
+        """Stop renewing and archive this test's journal when nothing in it is left to heal (else leave it for
+        ``mlchaos cleanup``)."""
+        if self._session is not None:
+            self._session.close()
+            self._session.journal.archive()
+            self._session = None
 
     def _context(self) -> InjectionContext:
         if self._ctx is None:
@@ -257,12 +207,15 @@ class ChaosInject:
             self._ctx = InjectionContext(LocalTransport())
         return self._ctx
 
-    def _journal_file(self) -> Journal:
-        if self._journal is None:
+    def _fault_session(self) -> FaultSession:
+        if self._session is None:
+            from chaos.run.lifecycle import FaultSession
             from chaos.safety.journal import Journal
+            from chaos.spec.scenario import SafetySpec
 
-            self._journal = Journal.for_run(self.run_id)
-        return self._journal
+            safety = SafetySpec(max_duration=OPEN_WINDOW_S, heal_grace=HEAL_GRACE_S)
+            self._session = FaultSession(Journal.for_run(self.run_id), safety, lambda host: self._context())
+        return self._session
 
 
 def _selector(pid: int | None, name: str | None, **extra: object) -> dict[str, object]:

@@ -29,31 +29,19 @@ from chaos.cluster.base import TransportError
 from chaos.cluster.hosts import LOCAL, HostsError, HostSet
 from chaos.cluster.local import LocalTransport
 from chaos.detect import hang_watch, link_probe
-from chaos.history.timeline import Event, History, now_ns
+from chaos.history.timeline import Event, History
 from chaos.load.driver import LoadDriver
 from chaos.plan.agent_plan import ENV_PLAN
 from chaos.plan.build import Plan, PlannedOp, fault_op, make_plan
 from chaos.plugins import registry
-from chaos.plugins.injector import InjectionContext, InjectionError, Unsupported
+from chaos.plugins.injector import InjectionContext, Unsupported
 from chaos.report.files import write_reports
 from chaos.run.control import Order, RunControl
-from chaos.run.faults import (
-    ActiveFault,
-    DeadMan,
-    digest_interval,
-    disarm,
-    heal_and_disarm,
-    in_job_plan,
-    one_command,
-    parallel,
-    rank_of,
-    renew_switches,
-    reverts_on_harness,
-)
 from chaos.run.golden import Golden, golden_outcome
+from chaos.run.in_job import digest_interval, in_job_plan
+from chaos.run.lifecycle import FAULT_FAILURES, ActiveFault, FaultSession, parallel
 from chaos.run.result import EXIT_FAIL, EXIT_HARNESS, EXIT_INVALID, EXIT_PASS, RunResult, RunStatus, Verdict
 from chaos.run.triggers import Triggers, not_fired, placed, polled
-from chaos.safety import remote_deadman
 from chaos.safety.cleanup import heal_leftovers
 from chaos.safety.journal import Journal
 from chaos.safety.signals import signals_deferred, signals_deferred_during, signals_raise
@@ -64,6 +52,14 @@ from chaos.targets.base import AwaitsReady, Preflight, RankPlacement, ReplicaPla
 from chaos.targets.factory import TargetSpecError, make_target, on_nodes
 
 POLL_S = 0.05
+
+
+def rank_of(fault: FaultSpec) -> int | None:
+    """The training rank that decides a fault's host: ``hosts.rank``, or (no ``hosts``) a ``rank`` param."""
+    if fault.hosts is not None:
+        return fault.hosts.rank
+    rank = getattr(fault.params, "rank", None)
+    return rank if isinstance(rank, int) else None
 
 
 class RunRefused(Exception):
@@ -129,12 +125,12 @@ class Execution:
         self.ctx = InjectionContext(self.transport, history=history, target=self.target)
         self.load = LoadDriver(scenario.load, history, plan.seed) if scenario.load is not None else None
         self.pending: list[PlannedOp] = [op for op in plan.ops if op not in self.in_job]
-        self.active: list[ActiveFault] = []
-        self.fired, self.ended_by, self.ends_at = 0, "", float("inf")  # ends_at: the run's deadline (monotonic)
+        self.faults = FaultSession(self.journal, scenario.safety, self._ctx, history=history, log=log)
+        self.fired, self.ended_by = 0, ""
         self.step: int | None = None
         self.triggers = Triggers()
         self.rank_hosts: dict[int, str] = {}  # each rank's host, from its target.start
-        self._lock = threading.Lock()  # active faults and counters: per-host applies and heals run in threads
+        self._lock = threading.Lock()  # the fired counter: per-host applies run in threads
 
     # -- setup -------------------------------------------------------------------------------------------
     def refuse_unsupported(self) -> None:
@@ -249,11 +245,10 @@ class Execution:
             elapsed = now - started
             for op in self.triggers.due_at(self.pending, elapsed):
                 self._fire(op)
-            due = [a for a in self.active if a.heal_at is not None and a.heal_at <= now]
+            due = self.faults.due(now)
             if due:
                 parallel([partial(self._heal, active) for active in due])
-            for problem in renew_switches(self.active, now, self.log):  # duration-less faults' dead-men
-                self.history.record(kinds.RUNNER_DEADMAN_NOT_RENEWED, detail=problem)
+            self.faults.renew(now)  # duration-less faults' dead-men
             if elapsed > safety.max_duration:
                 self._end(f"max_duration {safety.max_duration:g}s reached")
                 return
@@ -273,8 +268,9 @@ class Execution:
             spec = self.load.start(self.target.url if isinstance(self.target, Serves) else None)
             self.history.record(kinds.RUNNER_LOAD_STARTED, url=spec.url, rate=spec.rate, duration_s=spec.duration)
             self.log(f"load: {spec.rate:g} req/s {spec.method} {spec.url} for {spec.duration:g}s")
-        self.ends_at = time.monotonic() + self.scenario.safety.max_duration  # every dead-man fires by then + grace
-        return self.ends_at - self.scenario.safety.max_duration
+        # the run's deadline: every dead-man fires by then + grace
+        self.faults.ends_at = time.monotonic() + self.scenario.safety.max_duration
+        return self.faults.ends_at - self.scenario.safety.max_duration
 
     def _obey(self, orders: list[Order]) -> bool:
         """Carry out operator commands in order; False when one ended the run."""
@@ -348,114 +344,33 @@ class Execution:
         parallel([partial(self._fire_on, op, h, op.op_id if h == LOCAL else f"{op.op_id}@{h}") for h in hosts])
 
     def _fire_on(self, op: PlannedOp, host: str, journal_id: str) -> None:
-        injector = registry.injector(op.injector)
-        ctx = self._ctx(host)
         placeholders = {"run_dir": str(self.run_dir.resolve()), "seed": str(self.plan.seed)}
-        fop = fault_op(op, self.scenario, placeholders).model_copy(update={"op_id": journal_id})
         try:
-            applied = injector.prepare(ctx, fop).model_copy(update={"host": host})
-        except (InjectionError, ValueError, TransportError) as exc:
-            self.history.record(
-                kinds.FAULT_FAILED, fault=op.fault, op=op.op_id, injector=op.injector, host=host, error=str(exc)
+            self.faults.fire(
+                registry.injector(op.injector),
+                fault_op(op, self.scenario, placeholders),
+                host=host,
+                journal_id=journal_id,
+                details=polled(op, self.step, POLL_S, self.triggers),
             )
-            self.log(f"fault {journal_id} could not be prepared: {exc}")
-            return
-        # Journal first, then the dead-man, then the world: a crash at any point leaves a healable record.
-        self.journal.intent(applied)
-        # A dead-man for every fault (chaos.run.faults.DeadMan); local when its revert runs here (`docker start`)
-        local = host == LOCAL or reverts_on_harness(injector, applied)
-        revert, safety = injector.revert_command(applied), self.scenario.safety
-        then = one_command(injector, applied, "apply")  # on a remote host: armed and applied in one round trip
-        switch = DeadMan.arm(
-            ctx,
-            self.journal.path,
-            journal_id,
-            revert,
-            op.duration_s,
-            safety,
-            local=local,
-            then=then,
-            ends_at=self.ends_at,
-        )
-        # The fault's time: BEFORE the signal or rule goes out (what checks split before/after at); when the host
-        # applied it with its dead-man in one round trip, when is not known here: that round trip's end.
-        sent_ns = now_ns()
-        try:
-            if switch is None or not switch.applied_with_arm:
-                injector.apply(ctx, applied)
-        except (InjectionError, ValueError, OSError, TransportError) as exc:
-            self.journal.failed(journal_id, str(exc))
-            if switch is not None:
-                switch.disarm()
-            injector.heal(ctx, applied)
-            self.journal.healed(journal_id, "harness")
-            self.history.record(
-                kinds.FAULT_FAILED, fault=op.fault, op=op.op_id, injector=op.injector, host=host, error=str(exc)
-            )
-            self.log(f"fault {journal_id} failed: {exc}")
-            return
-        self.journal.applied(journal_id, applied.state)
+        except FAULT_FAILURES:
+            return  # recorded as fault.failed and logged; the run goes on without it
         with self._lock:
             self.fired += 1
-        self.history.record(
-            kinds.FAULT_APPLIED,
-            ts_ns=sent_ns,
-            fault=op.fault,
-            op=op.op_id,
-            injector=op.injector,
-            host=host,
-            description=applied.description,
-            duration_s=op.duration_s,
-            apply_s=round((now_ns() - sent_ns) / 1e9, 4),
-            **polled(op, self.step, POLL_S, self.triggers),
-        )
-        where = "" if host == LOCAL else f" on {host}"
-        self.log(f"fault applied{where}: {applied.description or op.op_id}")
-        if applied.reversible:
-            with self._lock:
-                self.active.append(ActiveFault(op, injector, applied, ctx, switch))
-        else:
-            self.journal.healed(journal_id, "irreversible")
+
+    @property
+    def active(self) -> list[ActiveFault]:
+        """The faults the harness applied and has not healed yet."""
+        return self.faults.active
 
     @signals_deferred_during  # healed, unregistered and recorded together
     def _heal(self, active: ActiveFault) -> None:
-        try:
-            heal_and_disarm(active.injector, active.ctx, active.applied, active.switch)
-        finally:
-            with self._lock:
-                self.active.remove(active)
-        self.journal.healed(active.applied.op_id, "harness")
-        host = active.applied.host
-        self.history.record(
-            kinds.FAULT_HEALED, fault=active.op.fault, op=active.op.op_id, injector=active.op.injector, host=host
-        )
-        self.log(f"fault healed: {active.applied.op_id}")
+        self.faults.heal(active)
 
     def heal_all(self) -> list[str]:
-        """Heal every active fault, newest first, then anything the journal still lists as unhealed (a signal
-        can land between a fault's apply and its registration as active); returns errors, never stops early."""
-        errors = []
-        for active in reversed(list(self.active)):
-            try:
-                self._heal(active)
-            except Exception as exc:  # one failed heal must not stop the others
-                errors.append(f"{active.op.op_id}: {exc}")
-        for applied in self.journal.unhealed():
-            try:
-                ctx = self._ctx(applied.host)
-                registry.injector(applied.injector).heal(ctx, applied)
-                disarm(
-                    ctx,
-                    self.journal.deadman_pid(applied.op_id),
-                    None if applied.host == LOCAL else remote_deadman.marker(applied.op_id),
-                )
-                self.journal.healed(applied.op_id, "harness")
-                self.history.record(
-                    kinds.FAULT_HEALED, fault=applied.fault, op=applied.op_id, injector=applied.injector
-                )
-            except Exception as exc:
-                errors.append(f"{applied.op_id}: {exc}")
-        return errors
+        """Heal every active fault, newest first, then anything the journal still lists as unhealed; returns
+        errors, never stops early."""
+        return self.faults.heal_all()
 
 
 def _golden(scenario: Scenario, options: RunOptions, log: Listener) -> Golden | None:

@@ -8,7 +8,7 @@ torchrun, command or roles target's ``optimizer_steps``), its own ``chaos.events
 reason} with that fix, and the checks about the fault cite it.
 
 A kill aimed at one rank of a torchrun job is offered to that rank's agent
-(:func:`chaos.run.faults.claimable`): an agent that will fire it at the start of the step says so with
+(:func:`chaos.run.in_job.claimable`): an agent that will fire it at the start of the step says so with
 ``fault.claimed`` when it attaches, and its ``fault.applied`` then comes before the step's own report. The harness
 keeps a claimed op pending and takes it back only when the rank reports the step after the named one without
 that ``fault.applied`` (an agent whose loop never ran the point it fires at): then the poll fires it, late, and

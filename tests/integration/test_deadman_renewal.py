@@ -21,9 +21,9 @@ from support import sleeper, wait_for
 
 from chaos.cluster.base import Completed, TransportError
 from chaos.cluster.local import LocalTransport, process_state
-from chaos.plan.build import PlannedOp
-from chaos.plugins.injector import Applied, InjectionContext
-from chaos.run.faults import ActiveFault, DeadMan, renew_switches
+from chaos.plugins.injector import Applied, FaultOp, InjectionContext
+from chaos.run.lifecycle import ActiveFault, renew_switches
+from chaos.run.switch import DeadMan
 from chaos.safety import deadman, remote_deadman
 from chaos.safety.journal import HEALED_BY_DEADMAN, Journal
 from chaos.spec.scenario import SafetySpec
@@ -110,7 +110,7 @@ def test_remote_switch_generations_replace_each_other_and_the_op_marker_cancels_
 
 
 def _active(switch: DeadMan, pid: int) -> ActiveFault:
-    op = PlannedOp(op_id=switch.op_key, fault="hang", injector="freeze", params={"pid": pid}, trigger="after", at_s=0.0)
+    op = FaultOp(op_id=switch.op_key, fault="hang", injector="freeze", params=FreezeInjector.Params.model_construct(pid=pid))
     applied = Applied(op_id=switch.op_key, fault="hang", injector="freeze")
     return ActiveFault(op, FreezeInjector(), applied, switch.ctx, switch)
 

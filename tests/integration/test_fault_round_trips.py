@@ -19,7 +19,8 @@ from chaos.cluster.base import Completed
 from chaos.cluster.inventory import Host, Inventory
 from chaos.cluster.ssh import SshTransport
 from chaos.plugins.injector import Applied, FaultOp, InjectionContext
-from chaos.run.faults import DeadMan, heal_and_disarm, one_command
+from chaos.run.lifecycle import heal_and_disarm
+from chaos.run.switch import DeadMan, one_command
 from chaos.safety import remote_deadman
 from chaos.spec.scenario import SafetySpec
 from injectors.network import iptables as netfilter

@@ -27,7 +27,7 @@ from chaos.injob.phase_faults import PHASES as AGENT_PHASES
 from chaos.injob.phase_faults import PROCESS_FAULTS, PhaseFaults
 from chaos.plan.agent_plan import InJobOp, load_plan
 from chaos.plan.build import make_plan
-from chaos.run.faults import claimable, digest_interval, in_job_plan
+from chaos.run.in_job import claimable, digest_interval, in_job_plan
 from chaos.spec.preflight import PHASE_FAULTS, preflight
 from chaos.spec.scenario import PHASES, Trigger, parse_scenario
 
