@@ -13,8 +13,6 @@ timed directly, do not, so this says which part costs what. ``--json`` prints on
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -32,6 +30,7 @@ for path in (ROOT, ROOT / "benchmarks"):
         sys.path.insert(0, str(path))
 
 import agent_overhead  # noqa: E402
+import shared  # noqa: E402
 
 from chaos.guards._dist import Report, run_group  # noqa: E402
 
@@ -94,7 +93,7 @@ def _rank(rank: int, world: int, report: Report, model: str, setting: str, reps:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = shared.parser(__doc__)
     parser.add_argument("--model", choices=["reference", "user"], default="reference")
     others = [name for name in agent_overhead.SETTINGS if name not in ("bare", "agent")]
     parser.add_argument("--setting", choices=others, default="consistency_10")
@@ -110,9 +109,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             agent_us = sum(by_part[p] for p in PARTS if p not in ("fwd_bwd", "opt"))
             print(f"  rank {rank} {name:<26} {cells}  agent calls {agent_us:6.1f}")
     row = {"model": args.model, "setting": args.setting, "reps": args.reps, "steps": args.steps, "us": ranks}
-    if args.json:
-        print(json.dumps(row, sort_keys=True))
-    return row
+    return shared.json_last(row, args.json)
 
 
 if __name__ == "__main__":

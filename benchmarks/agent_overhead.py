@@ -34,8 +34,6 @@ is a seeded bootstrap 95% interval of each wall-time median (how far the figure 
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 import statistics
 import sys
@@ -53,6 +51,8 @@ from torch.nn.parallel import DistributedDataParallel
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+import shared  # noqa: E402
 
 from chaos.agent import Agent  # noqa: E402
 from chaos.guards._dist import Report, run_group  # noqa: E402
@@ -216,7 +216,7 @@ def _rank(
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = shared.parser(__doc__)
     parser.add_argument("--model", choices=["reference", "user"], default="reference")
     parser.add_argument("--reps", type=int, default=20, help="interleaved repetitions (default 20)")
     parser.add_argument("--steps", type=int, default=100, help="steps per block (default 100)")
@@ -247,9 +247,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"CPU {cpu[name]:7.3f} ms/step   {row[f'cpu_ratio_{name}']:.4f}x"
         )
     print(f"  verdicts by exchange: {row['exchanges']}")
-    if args.json:
-        print(json.dumps(row, sort_keys=True))
-    return row
+    return shared.json_last(row, args.json)
 
 
 if __name__ == "__main__":

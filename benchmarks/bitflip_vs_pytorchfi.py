@@ -19,9 +19,7 @@ Bit 31 (sign) is flipped so no variant runs on Inf/NaN arithmetic; the bit does 
 
 from __future__ import annotations
 
-import argparse
 import copy
-import json
 import random
 import statistics
 import sys
@@ -36,6 +34,7 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import shared  # noqa: E402
 from pytorchfi import core  # type: ignore[import-untyped]  # noqa: E402
 
 from chaos.injob.bitflip import Flip, flip_bits, flipped_value  # noqa: E402
@@ -94,15 +93,6 @@ def mlp_10m() -> nn.Sequential:
     return nn.Sequential(*layers[:-1])
 
 
-def _median_s(fn: Callable[[], Any], n: int) -> float:
-    samples = []
-    for _ in range(n):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
-
-
 def bench(
     name: str, model: nn.Module, input_shape: list[int], batch: int, layer: str, neuron_layer: str, rounds: int
 ) -> dict[str, float]:
@@ -151,8 +141,8 @@ def bench(
             fault.fire(0)
             samples["ours"].append(time.perf_counter() - start)
             fault.heal()  # not part of set-up (pytorchfi's undo is dropping its copy), so untimed
-        samples["declare"] += [_median_s(pfi_declare, 1) for _ in range(2)]
-        samples["full"].append(_median_s(pfi_full, 1))
+        samples["declare"] += [shared.median_seconds(pfi_declare, 1, warm_up=False) for _ in range(2)]
+        samples["full"].append(shared.median_seconds(pfi_full, 1, warm_up=False))
     t_flip, t_ours, t_declare, t_full = (statistics.median(samples[k]) for k in ("flip", "ours", "declare", "full"))
     print(f"  set-up  bare flip_bits             {t_flip * 1e6:10.1f} us")
     print(f"  set-up  ours arm+fire              {t_ours * 1e6:10.1f} us")
@@ -203,7 +193,7 @@ def bench(
     times: dict[str, list[float]] = {k: [] for k in variants}
     for _ in range(rounds):
         for key, fn in variants.items():
-            times[key].append(_median_s(fn, 1))
+            times[key].append(shared.median_seconds(fn, 1, warm_up=False))
     ours_weight.heal()
     ours_act.heal()
     t = {k: statistics.median(v) for k, v in times.items()}
@@ -245,9 +235,7 @@ def main() -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = shared.parser(__doc__)
     parser.add_argument("--json", action="store_true", help="print one JSON object of the figures as the last line")
     args = parser.parse_args()
-    figures = main()
-    if args.json:
-        print(json.dumps(figures, sort_keys=True))
+    shared.json_last(main(), args.json)

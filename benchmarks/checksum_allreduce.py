@@ -27,7 +27,6 @@ the default hook's division and all-reduce, call by call after a barrier. Each r
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import statistics
@@ -43,6 +42,8 @@ import torch.distributed as dist
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+import shared  # noqa: E402
 
 from chaos.guards import checksum  # noqa: E402
 from chaos.guards._dist import Report, run_group  # noqa: E402
@@ -61,16 +62,6 @@ def _timed(fn: Callable[[], Any], k: int) -> float:
     for _ in range(k):
         fn()
     return (time.perf_counter() - start) / k
-
-
-def _solo(fn: Callable[[], Any], reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def _rank(rank: int, world: int, report: Report, sizes: tuple[float, ...], reps: int) -> list[dict[str, float]]:
@@ -159,12 +150,14 @@ def _breakdown(
     layout = state.config.layout(n, work.dtype)
     carrier = state.carrier(("send", 0), state.config.carried_numel(n, work.dtype), work.dtype)
     send = carrier[:n]
-    row["read_ms"] = _solo(lambda: work.sum(), reps) * 1e3
-    row["copy_ms"] = _solo(lambda: send.copy_(work), reps) * 1e3
-    row["scale_copy_ms"] = _solo(lambda: torch.mul(work, scale, out=send), reps) * 1e3
-    row["declare_ms"] = _solo(lambda: sums_and_lower_bounds(work, layout), reps) * 1e3
-    row["fused_ms"] = _solo(lambda: sums_and_lower_bounds(work, layout, copy_to=send, scale=scale), reps) * 1e3
-    row["verify_ms"] = _solo(lambda: block_sums(work, layout), reps) * 1e3
+    row["read_ms"] = shared.median_seconds(lambda: work.sum(), reps) * 1e3
+    row["copy_ms"] = shared.median_seconds(lambda: send.copy_(work), reps) * 1e3
+    row["scale_copy_ms"] = shared.median_seconds(lambda: torch.mul(work, scale, out=send), reps) * 1e3
+    row["declare_ms"] = shared.median_seconds(lambda: sums_and_lower_bounds(work, layout), reps) * 1e3
+    row["fused_ms"] = (
+        shared.median_seconds(lambda: sums_and_lower_bounds(work, layout, copy_to=send, scale=scale), reps) * 1e3
+    )
+    row["verify_ms"] = shared.median_seconds(lambda: block_sums(work, layout), reps) * 1e3
     tiny = torch.zeros(2, dtype=torch.int64)
     row["tiny_allreduce_ms"] = statistics.median(_timed(lambda: dist.all_reduce(tiny), 20) for _ in range(reps)) * 1e3
     pairs = []
@@ -287,7 +280,7 @@ def main(sizes: tuple[float, ...] = SIZES_MB, reps: int = 15, as_json: bool = Fa
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = shared.parser(__doc__)
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object on the last line")
     parser.add_argument("--sizes", default=",".join(str(s) for s in SIZES_MB), help="MB per bucket, comma-separated")
     parser.add_argument("--reps", type=int, default=15)

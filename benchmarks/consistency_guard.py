@@ -16,8 +16,6 @@ difference of two step times on a shared machine, but blind to the exchange's th
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 import time
@@ -32,6 +30,8 @@ from torch.nn.parallel import DistributedDataParallel
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+import shared  # noqa: E402
 
 from chaos.agent import Agent  # noqa: E402
 from chaos.guards._dist import Report, run_group  # noqa: E402
@@ -52,16 +52,6 @@ SETTINGS = (0, 10, 1)  # consistency_every: off, every 10 steps, every step
 
 def _quiet(kind: str, **data: Any) -> None:
     """An emit that drops events: the benchmark measures the guard, not the event file."""
-
-
-def _median_s(fn: Any, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def _model(hidden: int) -> nn.Module:
@@ -117,7 +107,7 @@ def _rank(rank: int, world: int, report: Report, reps: int, steps: int, hidden: 
     guard = agents[10].consistency
     assert guard is not None
     named = guard.tensors()
-    check_s = _median_s(lambda: guard.check(step), 200)
+    check_s = shared.median_seconds(lambda: guard.check(step), 200)
     # What a pipelined check costs the step: hash + start the exchange, and later take the verdict that has
     # arrived meanwhile (the 5 ms in between stand for the next step and are not counted).
     start_s, finish_s = [], []
@@ -133,9 +123,9 @@ def _rank(rank: int, world: int, report: Report, reps: int, steps: int, hidden: 
     last = guard.last
     # A benchmark of the common case: every check must have agreed on finite parameters.
     assert last is not None and last.agree and not last.nonfinite_ranks, last
-    hash_s = _median_s(lambda: [guard.sums.sums(t) for _, t in named], 200)
+    hash_s = shared.median_seconds(lambda: [guard.sums.sums(t) for _, t in named], 200)
     probe = torch.zeros(8, dtype=torch.int64)
-    reduce_s = _median_s(lambda: dist.all_reduce(probe, op=dist.ReduceOp.MAX), 200)
+    reduce_s = shared.median_seconds(lambda: dist.all_reduce(probe, op=dist.ReduceOp.MAX), 200)
     off = times[0]
     step_s = statistics.median(off)
     return {
@@ -159,7 +149,7 @@ def _rank(rank: int, world: int, report: Report, reps: int, steps: int, hidden: 
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = shared.parser(__doc__)
     parser.add_argument("--reps", type=int, default=15, help="interleaved repetitions (default 15)")
     parser.add_argument("--steps", type=int, default=100, help="steps per block (default 100)")
     parser.add_argument(
@@ -184,9 +174,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         f"{row['all_reduce_ms']:.3f} ms); pipelined, as the agent runs it: {row['pipelined_check_ms']:.3f} ms"
     )
     print(f"  modelled overhead at every 10 (pipelined check / 10 / step): {row['modelled_overhead_every_10']:.2%}")
-    if args.json:
-        print(json.dumps(row, sort_keys=True))
-    return row
+    return shared.json_last(row, args.json)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import shared  # noqa: E402
+
 from chaos.analysis.ettr import ettr_for_job_rate  # noqa: E402
 from chaos.analysis.ettr_inputs import Prediction, ScenarioInputs, parse_compression, parse_rate, predict  # noqa: E402
 from chaos.plan.seeds import derive_rng  # noqa: E402
@@ -284,8 +286,7 @@ def main() -> None:
         f"{result['eq2_at_realized_failure_rate']:.3f}, and also at the realised mean restart "
         f"({result['mean_restart_s'] or 0:.2f} s) {result.get('eq2_at_realized_rate_and_restart', float('nan')):.3f}"
     )
-    if args.json:
-        print(json.dumps(result))
+    shared.json_last(result, args.json, sort_keys=False)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ that the agent variant's history says step N. ``--json`` prints one JSON object 
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import re
 import sys
@@ -33,6 +32,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+import shared  # noqa: E402
 
 from chaos.run.orchestrator import RunOptions, execute  # noqa: E402
 from chaos.spec.scenario import load_scenario  # noqa: E402
@@ -131,8 +132,7 @@ def main() -> None:
                 f"{figures['signals_seen']}); fired by the agent: {figures['fired_by_agent']}, its history says the "
                 f"named step: {figures['history_says_named_step']}; {figures['wall_s']} s, {figures['ended_by']}"
             )
-    if args.json:
-        print(json.dumps(out))
+    shared.json_last(out, args.json, sort_keys=False)
 
 
 if __name__ == "__main__":

@@ -73,7 +73,6 @@ would otherwise silently do nothing), torchft's DDP without its ``manager=``.
 from __future__ import annotations
 
 import os
-import random
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Literal
@@ -84,7 +83,7 @@ from torch import nn
 from torch._C._distributed_c10d import GradBucket
 
 from chaos import events
-from chaos.event_kinds import FAULT_APPLIED, FAULT_FAILED, FAULT_HEALED, TARGET_STEP_SKIPPED, Site
+from chaos.event_kinds import TARGET_STEP_SKIPPED
 from chaos.guards import digest_carrier
 from chaos.guards import torchft as ft
 from chaos.guards.anomaly import GradAnomalyGuard
@@ -93,15 +92,12 @@ from chaos.guards.consistency import DEFAULT_EVERY, ConsistencyGuard
 from chaos.guards.settings import Guards
 from chaos.injob import flight_recorder, fsdp
 from chaos.injob.attach_rules import refuse_misuse
-from chaos.injob.fault_specs import BitFlipSpec, GradCorruptSpec
-from chaos.injob.grad_faults import corrupt_bucket
 from chaos.injob.hang_faults import HANG_FAULTS, SKIP, HangFaults
 from chaos.injob.loop_hooks import LoopCalls, LoopHooks, hook_names
 from chaos.injob.phase_faults import PhaseFaults, in_this_replica
 from chaos.injob.progress import JobEmits, Progress, ProgressCalls
-from chaos.injob.tensor_faults import ArmedFault, TensorFaultError, arm
-from chaos.plan.agent_plan import InJobOp, InJobPlan, JsonValue, load_plan
-from chaos.plan.seeds import derive_rng
+from chaos.injob.rank_faults import RankFaults
+from chaos.plan.agent_plan import InJobPlan, JsonValue, load_plan
 
 Emit = Callable[..., None]
 
@@ -132,15 +128,6 @@ def _global_ranks(emit: Emit, group: dist.ProcessGroup | None) -> Emit:
         emit(kind, **data)
 
     return translated
-
-
-class _GradFault:
-    """A ``grad_corrupt`` op waiting for its step and site inside the gradient all-reduce."""
-
-    def __init__(self, op: InJobOp, params: GradCorruptSpec) -> None:
-        self.op = op
-        self.params = params
-        self.fired = False
 
 
 class Agent(ProgressCalls):
@@ -179,33 +166,30 @@ class Agent(ProgressCalls):
             raise ValueError("consistency_optimizer=True hashes the optimizer's state: pass optimizer= too")
         self.step = 0
         self._skip = False
-        self._fired_dir = Path(os.environ["CHAOS_RUN_DIR"]) / "agent" if os.environ.get("CHAOS_RUN_DIR") else None
-        mine = [op for op in self.plan.ops if self._targets_me(op)]
-        self._grad_faults = [
-            _GradFault(op, GradCorruptSpec.from_params(op.params)) for op in mine if op.injector == "grad_corrupt"
-        ]
-        self._tensor_ops = [(op, BitFlipSpec.from_params(op.params)) for op in mine if op.injector == "bitflip"]
-        self._armed: dict[str, ArmedFault] = {}
+        # This rank's ops, its cross-restart markers, and the tensor and gradient faults it fires itself.
+        faults = self.faults = RankFaults(
+            self.plan, model, optimizer, rank=self.rank, world_size=self.world_size, step=lambda: self.step, emit=emit
+        )
         self.phase_faults = PhaseFaults(  # process faults fired on this process at a phase (trigger.phase)
             self.plan.ops,
-            mine=self._targets_me,
+            mine=faults.targets_me,
             rank=self.rank,
             step=lambda: self.step,
             emit=emit,
-            already_fired=self._already_fired,
-            mark_fired=self._mark_fired,
+            already_fired=faults.already_fired,
+            mark_fired=faults.mark_fired,
             has_ddp=ddp is not None or manager is not None,
         )
         self.hang_faults = HangFaults(  # spin / skip_collective on this rank (chaos.injob.hang_faults)
-            [op for op in mine if op.injector in HANG_FAULTS],
+            [op for op in faults.mine if op.injector in HANG_FAULTS],
             rank=self.rank,
             step=lambda: self.step,
             emit=emit,
-            already_fired=self._already_fired,
-            mark_fired=self._mark_fired,
+            already_fired=faults.already_fired,
+            mark_fired=faults.mark_fired,
         )
         # Phases where any of this rank's faults can fire: the per-step hooks skip the fault dispatch at the others.
-        self._fault_phases = {p.phase for _, p in self._tensor_ops} | self.phase_faults.phases | self.hang_faults.phases
+        self._fault_phases = faults.tensor_phases | self.phase_faults.phases | self.hang_faults.phases
         # The collective flight recorder (CHAOS_FLIGHT_DIR; a skip fault needs its wrappers even without one).
         self.recorder = flight_recorder.install(self.rank, self.world_size, _skip_dir(self.hang_faults.wants_skips))
         if self.recorder is not None:
@@ -219,11 +203,11 @@ class Agent(ProgressCalls):
         sharded = ddp is not None and fsdp.is_fsdp1(ddp)
         if manager is not None:
             self._install_torchft(manager, guard, checksum)
-        elif sharded and (self._grad_faults or anomaly or self.phase_faults.in_collective_wanted):
+        elif sharded and (faults.has_grad_faults or anomaly or self.phase_faults.in_collective_wanted):
             assert ddp is not None
             observe = None if self.anomaly_guard is None else self.anomaly_guard.observe
             self.fsdp = fsdp.FsdpReduction(
-                ddp, corrupt=self._corrupt, in_flight=self.phase_faults.in_collective, observe=observe
+                ddp, corrupt=faults.corrupt, in_flight=self.phase_faults.in_collective, observe=observe
             )
         elif ddp is not None and not sharded:
             self._install_comm_hook(ddp, guard, checksum)
@@ -276,49 +260,12 @@ class Agent(ProgressCalls):
             else None
         )
 
-    # -- plan bookkeeping -------------------------------------------------------------------------------
-    def _targets_me(self, op: InJobOp) -> bool:
-        if not in_this_replica(op):
-            return False
-        wanted = op.params.get("rank")
-        rank = wanted if isinstance(wanted, int) else op.rank
-        if rank is None:
-            rank = 1 if op.injector == "grad_corrupt" and self.world_size > 1 else 0
-        return rank == self.rank
-
-    def _rng(self, op: InJobOp) -> random.Random:
-        # One stream per op, derived from the run seed (or the fault's own ``seed`` param when it has one):
-        # the same plan corrupts the same elements every replay.
-        own = op.params.get("seed")
-        base = own if isinstance(own, int) else self.plan.seed
-        return derive_rng(base, op.op_id, self.rank)
-
-    def _already_fired(self, op: InJobOp) -> bool:
-        return self._fired_dir is not None and (self._fired_dir / f"{op.op_id}.r{self.rank}").exists()
-
-    def _mark_fired(self, op: InJobOp) -> None:
-        if self._fired_dir is not None:
-            self._fired_dir.mkdir(parents=True, exist_ok=True)
-            (self._fired_dir / f"{op.op_id}.r{self.rank}").touch()
-
-    def _applied(self, op: InJobOp, description: str, **extra: JsonValue) -> None:
-        self.emit(
-            FAULT_APPLIED,
-            rank=self.rank,
-            fault=op.fault,
-            op=op.op_id,
-            injector=op.injector,
-            description=description,
-            step=self.step,
-            **extra,
-        )
-
     # -- the collective ---------------------------------------------------------------------------------
     def _install_torchft(self, manager: ft.Manager, guard: str, checksum: ChecksumConfig | None) -> None:
         """In ``manager.allreduce`` (torchft's DDP hook calls it per bucket), under the same rule as the hook."""
         if (
             guard == "checksum"
-            or self._grad_faults
+            or self.faults.has_grad_faults
             or self._anomaly_requested
             or self.phase_faults.in_collective_wanted
         ):
@@ -328,7 +275,7 @@ class Agent(ProgressCalls):
                 guard=guard == "checksum",
                 config=checksum,
                 emit=self.emit,
-                corrupt=self._corrupt,
+                corrupt=self.faults.corrupt,
                 in_flight=self.phase_faults.in_collective,
                 observe=None if self.anomaly_guard is None else self.anomaly_guard.observe,
             )
@@ -349,7 +296,7 @@ class Agent(ProgressCalls):
             if config.emit is None:
                 config.emit = self.emit
             state = ChecksumState(config, group=self.group)
-            state.corrupt = self._corrupt
+            state.corrupt = self.faults.corrupt
             state.in_flight = self.phase_faults.in_collective
             self.checksum_state = state
             _register(ddp, state, checksum_hook)
@@ -366,27 +313,6 @@ class Agent(ProgressCalls):
             or self.recorder is not None  # CHAOS_FLIGHT_DIR (every rank), or this rank's skip fault (below)
             or any(op.injector in ("grad_corrupt", SKIP) and in_this_replica(op) for op in self.plan.ops)
         )
-
-    def _corrupt(self, site: Site, bucket_index: int, tensor: torch.Tensor) -> None:
-        """The corruption hook the collective calls at each site; fires due ``grad_corrupt`` ops."""
-        for fault in self._grad_faults:
-            p = fault.params
-            if fault.fired or p.site != site or p.bucket != bucket_index or fault.op.at_step != self.step:
-                continue
-            fault.fired = True
-            if self._already_fired(fault.op):
-                continue
-            record = corrupt_bucket(tensor, p, self._rng(fault.op))
-            self._mark_fired(fault.op)
-            self._applied(
-                fault.op,
-                f"{p.kind} {record.detail} in bucket {bucket_index} at {site}, rank {self.rank}, step {self.step}",
-                site=site,
-                bucket=bucket_index,
-                indices=list(record.indices[:16]),
-            )
-            # Transient by nature: the corrupted bucket is consumed by this reduction. Nothing to restore later.
-            self.emit(FAULT_HEALED, rank=self.rank, fault=fault.op.fault, op=fault.op.op_id, injector="grad_corrupt")
 
     # -- the loop hooks ---------------------------------------------------------------------------------
     def _take_over(self) -> None:
@@ -433,7 +359,7 @@ class Agent(ProgressCalls):
         if self.fsdp is not None:
             self.fsdp.begin_step()
         if "forward" in self._fault_phases:
-            self._tensor_phase("forward")
+            self.faults.tensor_phase("forward")
             self.phase_faults.at("forward")
             self.hang_faults.at("forward")
 
@@ -442,7 +368,7 @@ class Agent(ProgressCalls):
         if "backward" in self._fault_phases:
             self.phase_faults.at("backward")
             self.hang_faults.at("backward")
-            self._tensor_phase("backward")
+            self.faults.tensor_phase("backward")
         if self.anomaly_guard is not None:
             reasons = self.anomaly_guard.check(self.step, None if loss is None else float(loss.item()))
             if self.manager is not None:
@@ -457,7 +383,7 @@ class Agent(ProgressCalls):
 
     def _allow_optimizer_step(self) -> bool:
         if "optimizer_step" in self._fault_phases:
-            self._tensor_phase("optimizer_step")
+            self.faults.tensor_phase("optimizer_step")
             self.phase_faults.at("optimizer_step")
             self.hang_faults.at("optimizer_step")
         state = self.checksum_state
@@ -468,10 +394,7 @@ class Agent(ProgressCalls):
         return not self._skip
 
     def _end_step(self) -> None:
-        if self._armed:
-            for op_id, armed in list(self._armed.items()):
-                if armed.expired(self.step):
-                    self._heal(op_id)
+        self.faults.heal_expired()
         if self.consistency is not None:
             # After the heal: what the ranks carry into the next step is what must agree. Pipelined: this
             # takes the verdict of the previous check and starts this step's exchange (see the guard).
@@ -488,55 +411,10 @@ class Agent(ProgressCalls):
 
     def _close_at_exit(self) -> None:
         """``close`` without the consistency guard's last exchange (the one-line tier's close at exit)."""
-        for op_id in list(self._armed):
-            self._heal(op_id)
+        self.faults.heal_all()
         if self.torchft is not None:
             self.torchft.close()
         self.progress.close()  # after the heal: the digest is of what training really produced
-
-    # -- tensor faults ----------------------------------------------------------------------------------
-    def _tensor_phase(self, phase: str) -> None:
-        for op, params in self._tensor_ops:
-            if params.phase != phase:
-                continue
-            armed = self._armed.get(op.op_id)
-            first = armed is None
-            if armed is None:
-                if op.at_step != self.step or self._already_fired(op):
-                    continue
-                armed = arm(self.model, self.optimizer, params, self._rng(op))
-            try:
-                armed.fire(self.step)
-            except TensorFaultError as exc:
-                # e.g. no gradient or optimizer state yet: say so, and leave nothing half-applied.
-                armed.heal()
-                self._armed.pop(op.op_id, None)
-                self.emit(
-                    FAULT_FAILED, rank=self.rank, fault=op.fault, op=op.op_id, injector=op.injector, error=str(exc)
-                )
-                continue
-            if first:
-                self._armed[op.op_id] = armed
-                self._mark_fired(op)
-                extra: dict[str, JsonValue] = {} if armed.state_key is None else {"state": armed.state_key}
-                self._applied(op, armed.describe(), where=params.where, persistence=params.persistence, **extra)
-
-    def _heal(self, op_id: str) -> None:
-        armed = self._armed.pop(op_id)
-        armed.heal()
-        op = next(o for o, _ in self._tensor_ops if o.op_id == op_id)
-        # What the heal did per element: bytes restored (untouched since), the fault's delta removed from a
-        # value the optimizer updated since (its updates kept), or left alone (see ArmedFault.heal).
-        healing = armed.healing
-        extra: dict[str, JsonValue] = {}
-        if healing is not None:
-            extra = {
-                "heal": armed.describe_heal(),
-                "restored": list(healing.restored[:16]),
-                "delta_removed": list(healing.delta_removed[:16]),
-                "kept": list(healing.kept[:16]),
-            }
-        self.emit(FAULT_HEALED, rank=self.rank, fault=op.fault, op=op_id, injector=op.injector, step=self.step, **extra)
 
 
 def _skip_dir(wanted: bool) -> str | None:
@@ -557,11 +435,11 @@ def _plain_hook(agent: Agent, bucket: GradBucket) -> torch.futures.Future[torch.
     """DDP's default all-reduce (divide, then sum) with the three corruption sites and no detection."""
     tensor = bucket.buffer()
     index = bucket.index()
-    agent._corrupt("local", index, tensor)
+    agent.faults.corrupt("local", index, tensor)
     if agent.anomaly_guard is not None:
         agent.anomaly_guard.observe(index, tensor)
     tensor.div_(dist.get_world_size(agent.group))
-    agent._corrupt("in_transit", index, tensor)
+    agent.faults.corrupt("in_transit", index, tensor)
     carrier = None if agent.consistency is None else agent.consistency.carrier  # the consistency digest, clean
     sent = tensor if carrier is None else carrier.pack(index, tensor)
     work = dist.all_reduce(
@@ -571,7 +449,7 @@ def _plain_hook(agent: Agent, bucket: GradBucket) -> torch.futures.Future[torch.
     agent.phase_faults.in_collective(index)
     work.wait()
     tensor = tensor if carrier is None else carrier.unpack(sent, tensor.numel())
-    agent._corrupt("post_reduce", index, tensor)
+    agent.faults.corrupt("post_reduce", index, tensor)
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     future.set_result(tensor)
     return future

@@ -5,7 +5,8 @@
 helper that detaches from the harness (so it survives it) and ends by itself at a deadline on the HOST's
 clock. Heal finds a helper by the pid ``apply`` journaled or, after a crash before that record, by the
 ``-m MODULE`` and ``--op-id`` on its command line, and signals only processes whose command line still says
-so (a recycled pid is never touched).
+so (a recycled pid is never touched): :func:`helper_argv` writes that command line, :func:`find` and
+:func:`stop_then` read it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from chaos.cluster.base import Transport
+from chaos.cluster.base import Transport, host_python
 from chaos.safety import deadman
 from chaos.safety.state import state_dir
 
@@ -22,6 +23,15 @@ from chaos.safety.state import state_dir
 def host_deadline_ns(transport: Transport, seconds: float) -> int:
     """``time.time_ns()`` ``seconds`` from now on the HOST's clock, the one its helper reads."""
     return time.time_ns() - int(transport.clock_offset() * 1e9) + int(seconds * 1e9)
+
+
+def helper_argv(transport: Transport, module: str, op_id: str, **options: object) -> list[str]:
+    """``python -m module --op-id op_id --name value ...`` with the host's python; each option in the given
+    order, its name with dashes for underscores (``until_ns=N``: ``--until-ns N``), its value as ``str``."""
+    argv = [host_python(transport), "-m", module, "--op-id", op_id]
+    for name, value in options.items():
+        argv += [f"--{name.replace('_', '-')}", str(value)]
+    return argv
 
 
 def launch(transport: Transport, argv: list[str], *, what: str, log: str | None, timeout: float = 30.0) -> int:

@@ -40,6 +40,7 @@ from chaos.plugins.injector import (
     state_texts,
 )
 from chaos.slurm.healthcheck_xid import XIDS, xid_line
+from injectors.hostfiles import HostFiles
 
 DEFAULT_LOG = "/var/lib/mlchaos/xid/{host}.log"
 _SAFE_PATH = re.compile(r"^/[A-Za-z0-9_./+\-@%{}]*$")
@@ -156,13 +157,14 @@ class GpuXidInjector:
 
     def apply(self, ctx: InjectionContext, applied: Applied) -> None:
         state = XidState.from_json(applied.state)
-        self._run(ctx, ["sh", "-c", APPEND_SCRIPT, "mlchaos-xid", state.log, *state.lines], f"append to {state.log}")
+        argv = ["sh", "-c", APPEND_SCRIPT, "mlchaos-xid", state.log, *state.lines]
+        HostFiles(ctx.transport).run_checked(argv, f"append to {state.log}")
 
     def heal(self, ctx: InjectionContext, applied: Applied) -> None:
         """Remove exactly the op's lines (once each), then verify none is left. Idempotent."""
         state = XidState.from_json(applied.state)
         argv = _remove_argv(state)
-        self._run(ctx, argv, f"remove the XID line(s) from {state.log}")
+        HostFiles(ctx.transport).run_checked(argv, f"remove the XID line(s) from {state.log}")
         left = read_host_file(ctx.transport, state.log) or ""
         present = set(left.splitlines())
         if any(line in present for line in state.lines):
@@ -170,14 +172,6 @@ class GpuXidInjector:
 
     def revert_command(self, applied: Applied) -> list[str] | None:
         return _remove_argv(XidState.from_json(applied.state))
-
-    def _run(self, ctx: InjectionContext, argv: list[str], what: str) -> None:
-        try:
-            done = ctx.transport.run(argv, timeout=30)
-        except TransportError as exc:
-            raise InjectionError(f"cannot {what} on {ctx.transport.host}: {exc}") from exc
-        if not done.ok:
-            raise InjectionError(f"cannot {what} on {ctx.transport.host}: {done.stderr.strip()[:300]}")
 
 
 def _remove_argv(state: XidState) -> list[str]:

@@ -8,10 +8,11 @@ trigger; ``spin`` needs a ``duration``.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from chaos.event_kinds import TensorPhase
 from chaos.plugins.injector import InJobInjector
 
 
@@ -22,7 +23,7 @@ class SpinParams(BaseModel):
     rank: int | None = Field(
         default=None, ge=0, description="the rank that spins (default: the trigger's rank, else 0)"
     )
-    phase: Literal["forward", "backward", "optimizer_step"] = Field(
+    phase: TensorPhase = Field(
         default="forward",
         description="where in the step: forward (begin_step), backward (after_backward), "
         "optimizer_step (allow_optimizer_step)",

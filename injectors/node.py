@@ -56,6 +56,7 @@ from chaos.spec.units import Duration
 from injectors import detached
 from injectors.hostfiles import HostFiles
 from injectors.process.faults import ProcessHost, ProcessSelector, Targets, require_duration, resolve_processes
+from injectors.storage.mounts import unescape
 
 MODULE = "injectors.node"
 _OUR_HELPERS = (MODULE, fuselayer.MODULE)  # never throttle our own daemons when a name regex matches them
@@ -144,7 +145,7 @@ class _HostFs(HostFiles):
             except OSError as exc:
                 raise InjectionError(f"cannot write {value!r} to {path}: {exc.strerror}") from exc
             return
-        self._run(
+        self.run_checked(
             ["sh", "-c", 'printf "%s\\n" "$2" > "$1"', "mlchaos-write", path, value], f"write {value!r} to {path}"
         )
 
@@ -155,13 +156,13 @@ class _HostFs(HostFiles):
             except OSError as exc:
                 raise InjectionError(f"cannot create cgroup {path}: {exc.strerror}") from exc
             return
-        self._run(["mkdir", path], f"create cgroup {path}")
+        self.run_checked(["mkdir", path], f"create cgroup {path}")
 
     def rmdir(self, path: str) -> None:
         if self.local:
             os.rmdir(path)
         else:
-            self._run(["rmdir", path], f"remove {path}")
+            self.run_checked(["rmdir", path], f"remove {path}")
 
     def exists(self, path: str) -> bool:
         if self.local:
@@ -170,14 +171,6 @@ class _HostFs(HostFiles):
             return self.transport.run(["test", "-e", path], timeout=15).ok
         except TransportError:
             return False
-
-    def _run(self, argv: list[str], what: str) -> None:
-        try:
-            done = self.transport.run(argv, timeout=30)
-        except TransportError as exc:
-            raise InjectionError(f"cannot {what} on {self.transport.host}: {exc}") from exc
-        if not done.ok:
-            raise InjectionError(f"cannot {what} on {self.transport.host}: {done.stderr.strip()[:300]}")
 
 
 def find_hierarchy(mountinfo: str, read: Callable[[str], str | None] | None = None) -> Hierarchy | None:
@@ -192,7 +185,7 @@ def find_hierarchy(mountinfo: str, read: Callable[[str], str | None] | None = No
         fields, tail = left.split(), right.split()
         if not sep or len(fields) < 5 or len(tail) < 3:
             continue
-        root, mount = fuselayer.unescape(fields[3]), fuselayer.unescape(fields[4])
+        root, mount = unescape(fields[3]), unescape(fields[4])
         if tail[0] == "cgroup" and "cpu" in tail[2].split(","):
             return Hierarchy(1, mount, root)
         if tail[0] == "cgroup2" and v2 is None:
@@ -474,17 +467,7 @@ class MemoryPressureInjector:
         """Start the hog; records ``helper_pid``. It ends by itself at the op's deadline."""
         host, state = ProcessHost(ctx.transport), MemoryState.from_json(applied.state)
         until_ns = detached.host_deadline_ns(ctx.transport, applied.duration_s or 0.0)
-        argv = [
-            host_python(ctx.transport),
-            "-m",
-            MODULE,
-            "--op-id",
-            applied.op_id,
-            "--megabytes",
-            str(state.megabytes),
-            "--until-ns",
-            str(until_ns),
-        ]
+        argv = detached.helper_argv(ctx.transport, MODULE, applied.op_id, megabytes=state.megabytes, until_ns=until_ns)
         log = "memhog.log" if host.local else None
         helper = detached.launch(ctx.transport, argv, what="memory hog", log=log)
         applied.state.update(replace(state, helper_pid=helper).to_json())

@@ -1,37 +1,10 @@
-"""Tensor faults inside the training process: bit flips, NaN/Inf and block scaling in weights, activations,
-gradients and optimizer state, fired once, stuck at every step, or intermittently.
+"""``bitflip``: tensor faults inside the training process (bit flips, NaN/Inf, block scaling in weights,
+activations, gradients or optimizer state), fired once, stuck at every step, or intermittently.
 
-The harness never touches these tensors itself: it validates a :class:`BitFlipParams` (the YAML schema) and
-hands it to the in-job agent (:mod:`chaos.agent`) in the plan file, which reads it (pydantic-free,
-:class:`chaos.injob.fault_specs.BitFlipSpec`), calls :func:`arm` when the fault's step comes, then :meth:`ArmedFault.fire` at the
-fault's phase of every following step and :meth:`ArmedFault.heal` when :meth:`ArmedFault.expired` says so
-(or at close). Everything is seeded from the rng handed to :func:`arm`, so a replay corrupts the same bits.
-
-What each ``where`` corrupts and what heal means there:
-
-- ``weights``: a parameter's storage. A transient flip stays in memory until healed (training reads and
-  updates the corrupted value meanwhile); ``stuck`` re-applies the same corruption at every fire to the value
-  training would hold without it (the previous application is undone first, so it never toggles back or
-  accumulates). Heal removes only the fault's change: an element nobody touched since gets its original bytes
-  back; one the optimizer updated becomes ``original + (current - corrupted)``, so the update is kept. A
-  one-ulp flip fired after backward under Adam and healed after the optimizer step therefore leaves the
-  fault-free weights, bit for bit, in the common case (see ``ArmedFault.heal`` for the exact rules).
-- ``persistence: latent`` (weights, optimizer state): fired once like a transient flip but never undone, as a
-  memory upset is not: training keeps reading and updating the corrupted value until the job itself overwrites
-  it (a reload, a rollback); heal leaves it and says so. The late-detected-SDC story needs this.
-- ``optimizer_state``: a float tensor in ``optimizer.state[param]``: the one ``state`` names (``exp_avg``,
-  ``exp_avg_sq``, ``momentum_buffer`` …), else one chosen by the rng at the first fire and named in the
-  history; never the ``step`` counter. Same rules as weights. The state must exist when the fault fires
-  (after the first optimizer step).
-- ``gradients``: ``param.grad`` at the moment of the fire (the caller fires after backward). Gradients are
-  rewritten every step, so a later fire or heal restores an element only if it still holds exactly the bytes
-  written: anything else would write a stale gradient into a fresh one.
-- ``activations``: a forward hook on the chosen module flips its output in place during the forward that
-  follows a fire (once per fire, also when the module runs twice). Outputs are recomputed each forward, so
-  heal just removes the hook.
-
-Writes bypass autograd's version counter on purpose (see :mod:`chaos.injob.bitflip`): a hardware upset does not
-tell autograd either, so backward consumes the corrupted value instead of raising.
+This module is the harness side only: :class:`BitFlipParams` (the YAML schema, validated without torch) and the
+:class:`BitFlipInjector` entry. The in-job agent applies and heals the fault (:mod:`chaos.injob.tensor_faults`),
+removing only the fault's own change. What each ``where`` and ``persistence`` means there:
+docs/design/tensor-faults.md.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ scripts/setup.sh provides is never silently untested there.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,7 +29,7 @@ import pytest
 # The CI rule on skips, as hooks of this conftest (see tests/capabilities.py).
 from capabilities import pytest_make_collect_report as pytest_make_collect_report
 from capabilities import pytest_runtest_makereport as pytest_runtest_makereport
-from support import ROOT, docker_unavailable, transports_per_host
+from support import ROOT, docker_unavailable, standing, transports_per_host
 
 if TYPE_CHECKING:
     from chaos.cluster.docker import DockerTransport
@@ -155,23 +155,12 @@ def kill_rank_run(e2e_report_root: Path) -> RunResult:
     return execute(load_scenario(source), RunOptions(report_root=e2e_report_root, scenario_file=source))
 
 
-def _standing(reason: str | None, up: Callable[[], Inventory], down: Callable[[], object]) -> Iterator[Inventory]:
-    """A testbed's whole life for one session: skip with ``reason`` when it cannot be built, else ``up`` and,
-    whatever happened (a half-built one too), ``down``."""
-    if reason is not None:
-        pytest.skip(reason)
-    try:
-        yield up()
-    finally:
-        down()
-
-
 @pytest.fixture(scope="session")
 def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Inventory]:
     from chaos.testbed import namespaces as tb
 
     state = tmp_path_factory.mktemp("chaos-tb")
-    yield from _standing(tb.unsupported_reason(), lambda: tb.up(TESTBED_HOSTS, state), lambda: tb.down(state))
+    yield from standing(tb.unsupported_reason(), lambda: tb.up(TESTBED_HOSTS, state), lambda: tb.down(state))
 
 
 @pytest.fixture
@@ -191,7 +180,7 @@ def docker_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def docker_testbed(docker_state_dir: Path) -> Iterator[Inventory]:
     from chaos.testbed import containers as dtb
 
-    yield from _standing(
+    yield from standing(
         docker_unavailable(), lambda: dtb.up(DOCKER_HOSTS, docker_state_dir), lambda: dtb.down(docker_state_dir)
     )
 

@@ -1,6 +1,7 @@
-"""What the tests share: the repository root, polling, throwaway processes, the CLI as a user runs it, per-host
-transports, small test doubles, and readers of a written HTML report. Importable as ``support`` from every test
-folder: tests/conftest.py sits in tests/ without an ``__init__.py``, so pytest puts tests/ on sys.path.
+"""What the tests share: the repository root, polling, throwaway processes and what /proc says of processes, the
+CLI as a user runs it, scenarios written and run through the harness, testbeds' lifetimes, per-host transports,
+small test doubles, hand-made histories, and readers of a written HTML report. Importable as ``support`` from
+every test folder: tests/conftest.py sits in tests/ without an ``__init__.py``, so pytest puts tests/ on sys.path.
 
 Helpers return what they saw and the tests decide, except the HTML-report readers at the end, which fail a
 test whose page does not parse.
@@ -18,13 +19,21 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
+from pydantic import BaseModel
+
+from chaos.cluster.base import Completed, TransportError
+from chaos.cluster.local import LocalTransport, process_state
 from chaos.history.timeline import Event
+from chaos.plugins.injector import Applied, FaultOp, InjectionContext, Unsupported
 
 if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
+
     from chaos.run.result import RunResult
 
 # tests/support.py -> the repository root, whatever folder a test module sits in.
@@ -33,6 +42,19 @@ SCENARIOS = ROOT / "scenarios"
 # `mlchaos` as a user runs it, without relying on the console script being on PATH.
 CLI = [sys.executable, "-m", "chaos.cli.commands"]
 _START_DOCKERD = ROOT / "scripts" / "start-dockerd.sh"
+
+
+# A command target's program (``python -c REACH_SSHD ADDRESS N``, run inside one host's network namespace): a TCP
+# connect to ADDRESS's sshd every 0.2 s, N times; prints ``ok I`` when it answers, ``unreachable I`` when not.
+REACH_SSHD = (
+    "import socket, sys, time\n"
+    "for i in range(int(sys.argv[2])):\n"
+    "    try:\n"
+    "        socket.create_connection((sys.argv[1], 22), timeout=0.3).close(); print('ok', i, flush=True)\n"
+    "    except OSError:\n"
+    "        print('unreachable', i, flush=True)\n"
+    "    time.sleep(0.2)\n"
+)
 
 
 def wait_for(predicate: Callable[[], object], timeout: float = 15.0, interval: float = 0.05) -> bool:
@@ -55,6 +77,45 @@ def sleeper(marker: str = "") -> Iterator[subprocess.Popen[bytes]]:
     finally:
         proc.kill()  # SIGKILL also ends a stopped process
         proc.wait()
+
+
+def sampled_states(pid: int, seconds: float) -> list[str | None]:
+    """The states /proc shows for ``pid`` (``R``, ``S``, ``T``, ...; None once it is gone), read every 10 ms for
+    ``seconds`` s."""
+    seen = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        seen.append(process_state(pid))
+        time.sleep(0.01)
+    return seen
+
+
+@dataclass(frozen=True)
+class Proc:
+    """One process as /proc shows it."""
+
+    pid: int
+    comm: str
+    state: str  # R, S, T, Z, ...
+    ppid: int
+    cmdline: bytes  # NUL-separated
+
+
+def live_processes() -> list[Proc]:
+    """Every process on this machine that is not a zombie (one that ends while /proc is read is left out)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue  # gone while we looked
+        state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
+        if state != "Z":
+            found.append(Proc(int(entry), stat[stat.index("(") + 1 : stat.rindex(")")], state, int(ppid), cmdline))
+    return found
 
 
 def pids_where(match: Callable[[bytes], bool]) -> list[int]:
@@ -201,6 +262,19 @@ def attached_script(
     return edited_script(script, out, insert, drop)
 
 
+def write_and_run(
+    report_root: Path, folder: Path, name: str, seed: int, target: dict[str, Any], **sections: Any
+) -> RunResult:
+    """``scenario_yaml(name, seed, target, **sections)`` saved as ``FOLDER/NAME.yaml``, as a user would write it,
+    and run through the whole harness (``execute``, golden run and all)."""
+    from chaos.run.orchestrator import RunOptions, execute
+    from chaos.spec.scenario import load_scenario
+
+    source = folder / f"{name}.yaml"
+    source.write_text(scenario_yaml(name, seed, target, **sections))
+    return execute(load_scenario(source), RunOptions(report_root=report_root, scenario_file=source))
+
+
 def run_user_script(
     report_root: Path,
     folder: Path,
@@ -211,22 +285,29 @@ def run_user_script(
     checks: list[dict[str, Any]],
 ) -> RunResult:
     """``script`` (a user's training script) as a 2-rank torchrun target with 2 restarts, one ``fault`` (or a
-    list of them) and ``checks``, through the whole harness: the scenario is written to ``folder`` as a user
-    would write it."""
-    from chaos.run.orchestrator import RunOptions, execute
-    from chaos.spec.scenario import load_scenario
-
+    list of them) and ``checks``, through the whole harness: see :func:`write_and_run`."""
     target = {"type": "torchrun", "script": str(script), "nproc_per_node": 2, "max_restarts": 2, "args": args}
     safety = {"max_duration": "150s", "no_progress_timeout": "60s"}
-    source = folder / f"{name}.yaml"
     faults = fault if isinstance(fault, list) else [fault]
-    source.write_text(scenario_yaml(name, 5, target, faults=faults, checks=checks, safety=safety))
-    return execute(load_scenario(source), RunOptions(report_root=report_root, scenario_file=source))
+    return write_and_run(report_root, folder, name, 5, target, faults=faults, checks=checks, safety=safety)
 
 
 def verdicts(result: RunResult) -> dict[str, tuple[str, str]]:
-    """Each check's (status, reason), by check name."""
+    """Each check's (status, reason), by check type."""
     return {r.check: (r.status, r.reason) for r in result.results}
+
+
+def verdicts_by_name(result: RunResult) -> dict[str, tuple[str, str]]:
+    """Each check's (status, reason), by its own name (``detected_within[kill-group-1]``: one fault's)."""
+    return {r.name: (r.status, r.reason) for r in result.results}
+
+
+def detected_and_recovered(fault: str, detected: str, recovered: str) -> list[dict[str, Any]]:
+    """The checks ``detected_within`` ``detected`` and ``recovered_within`` ``recovered`` of the fault ``fault``."""
+    return [
+        {"type": "detected_within", "params": {"fault": fault, "within": detected}},
+        {"type": "recovered_within", "params": {"fault": fault, "within": recovered}},
+    ]
 
 
 def cut_off(host: str, *, after: str, duration: float) -> dict[str, Any]:
@@ -256,6 +337,22 @@ def docker_unavailable() -> str | None:
     if done.returncode != 0:
         return f"no Docker daemon: {(done.stdout + done.stderr).strip() or f'{_START_DOCKERD.name} exited {done.returncode}'}"
     return None
+
+
+_Bed = TypeVar("_Bed")
+
+
+def standing(reason: str | None, up: Callable[[], _Bed], down: Callable[[], object]) -> Iterator[_Bed]:
+    """A testbed's whole life, for a fixture to ``yield from``: skip with ``reason`` when it cannot be built, else
+    ``up`` and, whatever happened (a half-built one too), ``down``."""
+    import pytest
+
+    if reason is not None:
+        pytest.skip(reason)
+    try:
+        yield up()
+    finally:
+        down()
 
 
 class _Closable(Protocol):
@@ -296,6 +393,60 @@ class Recorder:
         self.events.append((kind, rank, data))
 
 
+class PseudoRemote:
+    """This machine reached as if it were remote, as over SSH: an injector runs commands on it (the hold
+    registry's sh script, ``cat`` and ``ps`` for /proc, ``kill``) instead of its Python code for the local host.
+    ``kill_binary`` stands in for the ``kill`` command."""
+
+    host = "pseudo-remote"
+
+    def __init__(self, kill_binary: str = "kill") -> None:
+        self._local = LocalTransport()
+        self._kill = kill_binary
+
+    def run(self, argv: list[str], *, timeout: float = 30.0, check: bool = False) -> Completed:
+        if argv[0] == "kill":
+            argv = [self._kill, *argv[1:]]
+        return self._local.run(argv, timeout=timeout, check=check)
+
+    def spawn(self, argv: list[str], **kwargs: object) -> subprocess.Popen[bytes]:
+        raise TransportError("not needed by these tests")
+
+    def put(self, data: bytes, path: str) -> None:
+        self._local.put(data, path)
+
+    def clock_offset(self) -> float:
+        return 0.0
+
+
+class _NoParams(BaseModel):
+    pass
+
+
+class RefusingInjector:
+    """A ``kill`` fault family whose capability probe always refuses, as tc netem does on a kernel without
+    sch_netem (patch it in as ``registry.injectors``): nothing may be prepared or applied after that."""
+
+    name: ClassVar[str] = "kill"
+    Params: ClassVar[type[BaseModel]] = _NoParams
+    summary: ClassVar[str] = "refuses"
+
+    def check(self, ctx: InjectionContext, params: BaseModel) -> None:
+        raise Unsupported("this kernel lacks the feature")
+
+    def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
+        raise AssertionError("nothing may be prepared after check refused")
+
+    def apply(self, ctx: InjectionContext, applied: Applied) -> None:
+        raise AssertionError("nothing may be applied after check refused")
+
+    def heal(self, ctx: InjectionContext, applied: Applied) -> None:
+        pass
+
+    def revert_command(self, applied: Applied) -> list[str] | None:
+        return None
+
+
 # -- building histories by hand (the check unit tests) ----------------------------------------------------------
 
 SECOND = 1_000_000_000  # nanoseconds
@@ -309,6 +460,22 @@ def ns(t: float) -> int:
 def ev(t: float, kind: str, rank: int | None = None, source: str = "target", **data: Any) -> Event:
     """An Event at ``t`` seconds (from the target unless ``source`` says otherwise)."""
     return Event(ts_ns=ns(t), kind=kind, source=source, rank=rank, data=data)
+
+
+_Run = TypeVar("_Run")
+
+
+def runs_in_worlds(
+    build: Callable[..., _Run], worlds: SearchStrategy[int], rank: str, **fields: SearchStrategy[Any]
+) -> SearchStrategy[_Run]:
+    """``build(world=W, RANK=R, **drawn fields)``, W drawn from ``worlds`` and R one of its ranks: a simulated run
+    whose fault hits one rank of a world of any size."""
+    from hypothesis import strategies as st
+
+    def in_world(world: int) -> SearchStrategy[_Run]:
+        return st.builds(build, world=st.just(world), **{rank: st.integers(0, world - 1)}, **fields)
+
+    return worlds.flatmap(in_world)
 
 
 # -- reading a written HTML report (these helpers assert: a page that does not parse is a failure) -------------

@@ -1,4 +1,5 @@
-"""Helpers shared by the built-in checks: finding fault ops, ordering events, and citing them as evidence.
+"""Helpers shared by the built-in checks: finding fault ops, ordering events, citing them as evidence, and the
+check's result with its fixed fields (:func:`verdict_of`).
 
 Everything here is a pure function of a :class:`~chaos.history.timeline.History` (or of events), so checks stay
 testable offline. Evidence strings follow one shape, ``"<kind> <what> at +<seconds since start>s"``, for
@@ -8,12 +9,14 @@ example ``"fault.applied kill-rank1 (op 3) at +12.301s"``, so a reader can find 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TypeVar
 
 from pydantic import BaseModel
 
+from chaos.checks.base import CheckResult
 from chaos.event_kinds import FAULT_APPLIED, FAULT_FAILED, FAULT_HEALED, FAULT_NOT_FIRED, TARGET_START, TARGET_STEP
 from chaos.history.timeline import Event, History
 from chaos.spec.serving import REPLICA_RANKS, ServingTarget
@@ -132,9 +135,24 @@ def label(check: str, fault: str | None = None) -> str:
     return check if fault is None else f"{check}[{fault}]"
 
 
+Verdict = Callable[..., CheckResult]
+"""A ``CheckResult`` with the check's fixed fields (check, name, bound, unit) already bound: :func:`verdict_of`."""
+
+
+def verdict_of(check: str, fault: str | None = None, *, bound: str | None = None, unit: str = "") -> Verdict:
+    """``CheckResult`` bound to the check ``check`` (of ``fault``): its name (:func:`label`), ``bound`` and
+    ``unit``; the check adds status, reason, measured and evidence when it judges (and may override the rest)."""
+    return partial(CheckResult, check=check, name=label(check, fault), bound=bound, unit=unit)
+
+
 def applied_ops(history: History, fault: str) -> list[Event]:
     """Every ``fault.applied`` event of the fault named ``fault``, in time order (one per applied op)."""
     return [e for e in events_of(history, FAULT_APPLIED) if e.get_str("fault") == fault]
+
+
+def fault_ops(history: History, fault: str | None) -> list[Event]:
+    """:func:`applied_ops` of ``fault``; with None, every ``fault.applied`` of any fault, in time order."""
+    return applied_ops(history, fault) if fault is not None else events_of(history, FAULT_APPLIED)
 
 
 def healed_at(history: History, op: Event, by: str) -> int | None:
@@ -169,6 +187,17 @@ def missing_fault_reason(history: History, fault: str) -> str:
 def step_events(history: History) -> list[Event]:
     """All ``target.step`` events that carry an integer step, in time order."""
     return [e for e in events_of(history, TARGET_STEP) if step_of(e) is not None]
+
+
+def first_step_hit(history: History, op: Event) -> int:
+    """The first step whose state the fault ``op`` may have changed: the op's own step for an in-job fault (it
+    fires inside that step, so that step's end state already holds its effect), else the step after the highest
+    ``target.step`` reported by the op's time."""
+    own = step_of(op)
+    if own is not None:
+        return own
+    reached = [s for e in step_events(history) if e.ts_ns <= op.ts_ns and (s := step_of(e)) is not None]
+    return max(reached, default=0) + 1
 
 
 # ---------------------------------------------------------------------------------------------------------

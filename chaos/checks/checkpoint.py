@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
-from chaos.checks._evidence import capped, cite, events_of, label, narrow, step_events, step_of
+from chaos.checks._evidence import capped, cite, events_of, narrow, step_events, step_of, verdict_of
 from chaos.checks.base import CheckParams, CheckResult, register_check
 from chaos.event_kinds import FAULT_CHECKPOINT, TARGET_CHECKPOINT, TARGET_RESUME, TARGET_START
 from chaos.history.timeline import Event, History
@@ -32,6 +31,8 @@ if TYPE_CHECKING:
 
 CHECK_VERIFIED = "resumed_from_verified_checkpoint"
 CHECK_FELL_BACK = "fell_back_to"
+NEEDS_DAMAGE = "aim a checkpoint fault (checkpoint_corrupt, checkpoint_torn_write) at the files the job saves"
+"""What gives both checks their evidence (their ``to_add``): a checkpoint the fault damaged."""
 
 
 def _norm(path: str | None) -> str | None:
@@ -98,7 +99,7 @@ class VerifiedParams(CheckParams):
 @register_check(
     CHECK_VERIFIED,
     VerifiedParams,
-    to_add="aim a checkpoint fault (checkpoint_corrupt, checkpoint_torn_write) at the files the job saves",
+    to_add=NEEDS_DAMAGE,
     summary="every resume after a checkpoint fault loaded a checkpoint the job verified, never the damaged one",
 )
 def resumed_from_verified_checkpoint(history: History, params: BaseModel, scenario: Scenario | None) -> CheckResult:
@@ -106,9 +107,7 @@ def resumed_from_verified_checkpoint(history: History, params: BaseModel, scenar
     checkpoint; ``pass`` when every such resume (at least one) verified and avoided it; ``unknown`` when no
     checkpoint was damaged or the job never resumed after the damage."""
     p = narrow(params, VerifiedParams)
-    verdict = partial(
-        CheckResult, check=CHECK_VERIFIED, name=label(CHECK_VERIFIED, p.fault), bound="verified, not damaged"
-    )
+    verdict = verdict_of(CHECK_VERIFIED, p.fault, bound="verified, not damaged")
     hits = damages(history, p.fault)
     if not hits:
         return verdict(status="unknown", reason=_no_damage(history, p.fault))
@@ -176,7 +175,7 @@ def newest_intact(history: History, hits: list[Damage], before_ns: int) -> tuple
 @register_check(
     CHECK_FELL_BACK,
     FellBackParams,
-    to_add="aim a checkpoint fault (checkpoint_corrupt, checkpoint_torn_write) at the files the job saves",
+    to_add=NEEDS_DAMAGE,
     summary="after a checkpoint fault the job resumed from the expected step (default: the newest intact one)",
 )
 def fell_back_to(history: History, params: BaseModel, scenario: Scenario | None) -> CheckResult:
@@ -187,7 +186,7 @@ def fell_back_to(history: History, params: BaseModel, scenario: Scenario | None)
     damage) reported no resume (where it resumed from is unknown), or (``newest_intact``) without a committed
     checkpoint to expect."""
     p = narrow(params, FellBackParams)
-    verdict = partial(CheckResult, check=CHECK_FELL_BACK, name=label(CHECK_FELL_BACK, p.fault))
+    verdict = verdict_of(CHECK_FELL_BACK, p.fault)
     hits = damages(history, p.fault)
     if not hits:
         return verdict(status="unknown", reason=_no_damage(history, p.fault))

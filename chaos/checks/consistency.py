@@ -13,31 +13,32 @@ later step) while the job finishes normally. Its evidence comes from two places:
 
 from __future__ import annotations
 
-from functools import partial
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
 from chaos.checks._evidence import (
-    applied_ops,
     capped,
     cite,
     events_of,
+    fault_ops,
+    first_step_hit,
     missing_fault_reason,
     narrow,
-    step_events,
     step_of,
+    verdict_of,
 )
 from chaos.checks.base import CheckParams, CheckResult, register_check
 from chaos.checks.lineage import final_digests
 from chaos.event_kinds import DETECT_DIVERGENCE as DIVERGENCE
 from chaos.event_kinds import DETECT_NONFINITE as NONFINITE
-from chaos.event_kinds import FAULT_APPLIED
 from chaos.event_kinds import GUARD_CONSISTENCY as GUARD_RAN
 from chaos.history.timeline import Event, History
 
 if TYPE_CHECKING:
     from chaos.spec.scenario import Scenario
+
+CHECK_RANKS_AGREE = "ranks_agree"
 
 
 class RanksAgreeParams(CheckParams):
@@ -83,20 +84,8 @@ def _nonfinite_problem(event: Event) -> tuple[str, set[int]]:
     )
 
 
-def _first_step_after(history: History, op: Event) -> int:
-    """The first step whose end-of-step hash certainly saw the fault ``op``: the op's own step for an in-job
-    fault (it fires inside that step, before its hash), else the step after the highest ``target.step``
-    reported by the fault's time. The guard reports a check one step late (its exchange is pipelined), so
-    a check reported after the fault may have hashed the state before it; its step tells."""
-    own = step_of(op)
-    if own is not None:
-        return own
-    reached = [s for e in step_events(history) if e.ts_ns <= op.ts_ns and (s := step_of(e)) is not None]
-    return max(reached, default=0) + 1
-
-
 @register_check(
-    "ranks_agree",
+    CHECK_RANKS_AGREE,
     RanksAgreeParams,
     to_add=(
         "add agent = chaos.agent.attach(model, optimizer, ddp=ddp) on every rank (each reports its digest at "
@@ -116,14 +105,10 @@ def ranks_agree(history: History, params: BaseModel, scenario: Scenario) -> Chec
     named fault never applied).
     """
     p = narrow(params, RanksAgreeParams)
-    name = "ranks_agree" if p.fault is None else f"ranks_agree[{p.fault}]"
-    verdict = partial(CheckResult, check="ranks_agree", name=name, bound="== 0 ranks", unit=" rank(s)")
-    if p.fault is not None:
-        ops = applied_ops(history, p.fault)
-        if not ops:
-            return verdict(status="unknown", reason=missing_fault_reason(history, p.fault))
-    else:
-        ops = events_of(history, FAULT_APPLIED)
+    verdict = verdict_of(CHECK_RANKS_AGREE, p.fault, bound="== 0 ranks", unit=" rank(s)")
+    ops = fault_ops(history, p.fault)
+    if p.fault is not None and not ops:
+        return verdict(status="unknown", reason=missing_fault_reason(history, p.fault))
     last = ops[-1] if ops else None
     after_ns = last.ts_ns if last is not None else None
 
@@ -171,7 +156,9 @@ def ranks_agree(history: History, params: BaseModel, scenario: Scenario) -> Chec
         )
 
     since = "" if after_ns is None else " after the last fault" if p.fault is None else f" after {p.fault!r}"
-    first_step = 0 if last is None else _first_step_after(history, last)
+    # The guard reports a check one step late (its exchange is pipelined), so a check reported after the fault may
+    # have hashed the state before it: its step tells.
+    first_step = 0 if last is None else first_step_hit(history, last)
     agreeing = [
         e
         for e in checks

@@ -1,46 +1,16 @@
-"""Detection checks: did something notice each fault, and how fast.
+"""``detected_within``: every applied op of a fault is followed, within a bound, by a detection about THAT op.
 
-``detected_within`` holds every applied op of one fault to a latency bound: the time from its ``fault.applied``
-event to the first detection that is evidence about THAT op, never merely the next detection of any kind.
+A detection is an event matching ``by`` (default ``detect.*``) strictly after the op and no later than the fault's
+next op; what the op hit is :func:`chaos.checks._evidence.fault_target`. A detection counts when:
 
-Which events count (the evidence rule). A detection is an event whose kind matches ``by`` (default
-``detect.*``) strictly after the op's ``fault.applied`` (an event at the same instant cannot have been caused by
-it) and no later than the fault's next op, if any (a detection after that may be about the next op, so it
-never stands in for an earlier op that went undetected); one after the ``within`` bound makes the op too slow.
-What the op hit is :func:`chaos.checks._evidence.fault_target`: its rank(s) and their processes, its replica,
-or the host it hit as a whole. A detection counts when:
+1. it localizes (``culprit_rank``; with a null culprit, the ranks it lists) to a rank the op hit. A localization
+   to nobody or to other ranks never counts, and fails the check when it is the first detection after the op;
+2. else it names what the op hit: a rank, the hit process (``host`` and ``pid``), a replica, or the host hit whole;
+3. else it is group-level (``group_kinds``: raised on each survivor) and the op hit a training rank of the job;
+4. else, in a job without ranks, it names no subject at all (it speaks for the whole job).
 
-1. it localizes (carries ``culprit_rank``) and the culprit is a rank the op hit; with no single culprit
-   (null) it counts when the ranks it lists (``odd_ranks`` or ``ranks``, e.g. a divergence with several odd
-   ranks) include one the op hit. A localization that names nobody or only other ranks never counts; when
-   it is the FIRST detection after the op the check fails, since whoever acts on it acts on the wrong rank;
-2. else it names what the op hit: a subject rank (``ranks``, ``odd_ranks``, ``peer`` when it is a rank
-   number, or the event's own rank, except for group-level kinds below, whose rank is the reporter), the hit
-   process (its ``host`` and ``pid``), the hit replica (``backend``, ``replica``, or among ``replicas``), or,
-   for a fault that hit a whole host, that host (a detection naming no rank, whose ``host`` is the hit host; events without
-   ``host`` come from the harness's host);
-3. else it comes from the process group the op hit: its kind is group-level (``group_kinds``) and the op hit
-   at least one training rank of the job;
-4. else, in a job without ranks (no ``target.*`` event carries a rank: a command target, a serving stack), it
-   names no subject at all (no rank, ``culprit_rank``, ``ranks``, ``peer``, ``pid``, ``backend``, ``replica``):
-   such a job is one group, and a detection that names no part of it speaks for the whole job. The check
-   cannot tell such an alarm about something else from one about the fault; give detectors a subject to
-   make it able to.
-
-Group-level kinds (the ``group_kinds`` default), from reading the detectors: the process group's own failure
-detection, which the reference trainer reports on each SURVIVING rank when a collective fails
-(``detect.collective_timeout`` / ``detect.collective_error``, detector ``gloo``) or the error says a peer is
-gone (``detect.peer_lost``, detector ``pg_timeout`` or ``gloo``, with a ``peer`` address that names no rank).
-Their rank is the reporter, not the culprit: a survivor's timeout is how a killed, frozen or cut-off rank is
-seen by a group without a watchdog. Every other built-in detector names its subject, so it must name the
-fault's: ``detect.straggler`` (rank = the straggler; rank 0 reports it), ``detect.grad_anomaly`` (the
-anomalous rank itself), ``detect.sdc`` and ``detect.divergence`` (``culprit_rank``; the divergence also
-lists ``odd_ranks``), ``detect.nonfinite`` (the rank itself), ``detect.worker_exit`` (torchrun: the dead worker's
-rank, or its ``host`` and ``pid`` on a multi-node run), ``detect.backend_down`` / ``detect.wrong_answer`` /
-``serving.breaker`` (the ``backend``).
-
-``rank:`` replaces rules 2 to 4 with "reported on that rank" (rule 1 still applies): the scenario then states
-the evidence itself.
+``rank:`` replaces rules 2 to 4 with "reported on that rank". Why these rules, and what each built-in detector
+names: ``docs/design/detection-check.md``.
 """
 
 from __future__ import annotations
@@ -52,7 +22,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from chaos.checks import _evidence as ev
 from chaos.checks.base import CheckResult, register_check
-from chaos.checks.latency import FaultBound, Latencies, judge_latency, latency_verdict
+from chaos.checks.latency import FaultBound, fault_latencies
 from chaos.event_kinds import DETECT_PEER_LOST, TARGET_STEP
 from chaos.history.timeline import Event, History
 
@@ -62,7 +32,7 @@ if TYPE_CHECKING:
 CHECK_DETECTED_WITHIN = "detected_within"
 DEFAULT_KINDS = "detect.*"
 GROUP_KINDS = ("detect.collective_*", DETECT_PEER_LOST)
-"""Detection kinds raised for the whole process group (see the module docstring)."""
+"""Detection kinds the process group raises on each surviving rank: their rank is the reporter, not the culprit."""
 IGNORED_SHOWN = 3  # detections cited per op that were not evidence about it
 
 Relation = Literal["names", "group", "job", "wrong", "unrelated"]
@@ -207,15 +177,11 @@ def detected_within(history: History, params: BaseModel, scenario: Scenario) -> 
     ``unknown`` when the fault was never applied (a fault that silently failed to fire cannot pass).
     """
     p = ev.narrow(params, DetectedWithinParams)
-    verdict = latency_verdict(CHECK_DETECTED_WITHIN, p.fault, p.within)
-    ops = ev.applied_ops(history, p.fault)
-    if not ops:
-        return verdict(status="unknown", reason=ev.missing_fault_reason(history, p.fault))
-
+    found = fault_latencies(history, CHECK_DETECTED_WITHIN, p.fault, p.within)
+    ops = found.ops
     matching = ev.events_of(history, p.kinds)
     steps = ev.events_of(history, TARGET_STEP)
     ranked = ranked_job(history)
-    found = Latencies()
     undetected: list[tuple[Event, str, list[tuple[Event, str]]]] = []
     for index, op in enumerate(ops):
         target = ev.fault_target(history, op, scenario)
@@ -292,10 +258,7 @@ def detected_within(history: History, params: BaseModel, scenario: Scenario) -> 
                 f"; {len(ignored)} later detection(s) were about something else, e.g. {first_ignored.kind} "
                 f"at {ev.fmt_offset(history, first_ignored.ts_ns)} ({note})"
             )
-    return judge_latency(
-        verdict,
-        found,
-        p.within,
+    return found.judge(
         too_slow=lambda latency, op: f"detection of {ev.describe(op)} took {ev.fmt_seconds(latency)}",
         passed=f"all {len(ops)} op(s) of {p.fault!r} detected",
         worst_op=ev.describe,

@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field
 
 from chaos.checks import _evidence as ev
 from chaos.checks.base import CheckParams, CheckResult, Status, register_check
+from chaos.checks.latency import latency_verdict
 from chaos.event_kinds import DETECT_HANG
 from chaos.history.timeline import Event, History
 from chaos.spec.units import Duration
@@ -63,20 +64,10 @@ def _began(detection: Event) -> int:
 def culprit_named(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
     """See the module docstring."""
     p = ev.narrow(params, CulpritNamedParams)
-    bound = "-" if p.within is None else f"<= {ev.fmt_seconds(p.within)}"
-    name = ev.label(CHECK_CULPRIT_NAMED, p.fault)
+    verdict = latency_verdict(CHECK_CULPRIT_NAMED, p.fault, p.within)
 
     def result(status: Status, reason: str, evidence: list[str], measured: float | None = None) -> CheckResult:
-        return CheckResult(
-            check=CHECK_CULPRIT_NAMED,
-            name=name,
-            status=status,
-            measured=measured,
-            bound=bound,
-            unit="s",
-            reason=reason,
-            evidence=ev.capped(evidence),
-        )
+        return verdict(status=status, reason=reason, evidence=ev.capped(evidence), measured=measured)
 
     ops = ev.applied_ops(history, p.fault)
     if not ops:

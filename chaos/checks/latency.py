@@ -1,9 +1,10 @@
 """Judging per-op latencies against a bound: the verdict shared by every "X within T of each fault op" check.
 
 A latency check (``detected_within``, ``recovered_within``, ``failover_within``, ``failback_within``) measures,
-for each applied op of one fault, the time until something happened. What it found is a :class:`Latencies`;
-:func:`judge_latency` turns that into the :class:`~chaos.checks.base.CheckResult` (:func:`judge_op_times` does
-it for per-op outcomes a measure already classified), in one fixed order so the checks cannot drift apart:
+for each applied op of one fault, the time until something happened. What it found is a :class:`Latencies`
+(:func:`fault_latencies` starts one with the fault's applied ops); :meth:`Latencies.judge` turns that into the
+:class:`~chaos.checks.base.CheckResult` (:func:`judge_op_times` does it for per-op outcomes a measure already
+classified), in one fixed order so the checks cannot drift apart:
 
 1. ``fail`` when some op never got the transition (``missed``), or another definite problem was found;
 2. ``fail`` when the worst latency is over the bound;
@@ -22,7 +23,15 @@ from typing import Literal, Protocol
 
 from pydantic import Field
 
-from chaos.checks._evidence import capped, fmt_offset, fmt_seconds, label
+from chaos.checks._evidence import (
+    Verdict,
+    applied_ops,
+    capped,
+    fmt_offset,
+    fmt_seconds,
+    missing_fault_reason,
+    verdict_of,
+)
 from chaos.checks.base import CheckParams, CheckResult
 from chaos.history.timeline import Event, History
 from chaos.spec.units import Duration
@@ -38,27 +47,27 @@ class FaultBound(CheckParams):
     )
 
 
-Verdict = Callable[..., CheckResult]
-"""A ``CheckResult`` with the check's fixed fields (check, name, bound, unit) already bound, e.g. a partial."""
-
-
 def latency_verdict(check: str, fault: str, within: float | None) -> Verdict:
     """``CheckResult`` bound to a latency check of ``fault``: name ``check[fault]``, unit seconds, bound
     ``<= <within>`` (``-`` when no bound is known, which the check must then judge ``unknown``)."""
-    bound = "-" if within is None else f"<= {fmt_seconds(within)}"
-    return partial(CheckResult, check=check, name=label(check, fault), bound=bound, unit="s")
+    return verdict_of(check, fault, bound="-" if within is None else f"<= {fmt_seconds(within)}", unit="s")
 
 
 @dataclass
 class Latencies:
     """What a latency check measured over one fault's applied ops, before judging.
 
-    ``measured``: (seconds, op) for every op whose latency is known, in op order; ``evidence``: the lines to
-    cite (capped when judged); ``missed``: why the check fails for an op that never got the transition (None
-    when none); ``problems``: other definite failures; ``undecided``: why some op cannot be judged (None
-    when all can); ``nothing``: why the check is unknown when no op was measured and none was undecided.
+    ``verdict``: the check's result with its fixed fields bound (:func:`latency_verdict`); ``within``: the bound
+    judged, seconds; ``ops``: the applied ops to measure; ``measured``: (seconds, op) for every op whose latency
+    is known, in op order; ``evidence``: the lines to cite (capped when judged); ``missed``: why the check fails
+    for an op that never got the transition (None when none); ``problems``: other definite failures;
+    ``undecided``: why some op cannot be judged (None when all can); ``nothing``: why the check is unknown when no
+    op was measured and none was undecided.
     """
 
+    verdict: Verdict
+    within: float
+    ops: list[Event] = field(default_factory=list)
     measured: list[tuple[float, Event]] = field(default_factory=list)
     evidence: list[str] = field(default_factory=list)
     missed: str | None = None
@@ -78,35 +87,37 @@ class Latencies:
         """The largest latency and its op; the earliest op on ties; None when nothing was measured."""
         return max(self.measured, key=lambda pair: pair[0], default=None)
 
+    def judge(
+        self, *, too_slow: Callable[[float, Event], str], passed: str, worst_op: Callable[[Event], str] | None = None
+    ) -> CheckResult:
+        """The verdict against ``within`` (order in the module docstring).
 
-def judge_latency(
-    verdict: Verdict,
-    found: Latencies,
-    within: float,
-    *,
-    too_slow: Callable[[float, Event], str],
-    passed: str,
-    worst_op: Callable[[Event], str] | None = None,
-) -> CheckResult:
-    """The verdict on ``found`` against the bound ``within`` seconds (order in the module docstring).
+        ``measured`` is the worst latency (None when nothing was measured) and ``evidence`` is ``evidence``
+        capped. Reasons: ``too_slow(seconds, op)`` followed by ``", over the <within> bound"``; a pass is
+        ``passed`` followed by ``"; worst <seconds>"`` and, with ``worst_op``, ``" (<worst_op(op)>)"``.
+        """
+        worst = self.worst()
+        verdict = partial(self.verdict, evidence=capped(self.evidence), measured=None if worst is None else worst[0])
+        if self.missed is not None:
+            return verdict(status="fail", reason=self.missed)
+        if self.problems:
+            return verdict(status="fail", reason="; ".join(self.problems))
+        if worst is not None and worst[0] > self.within:
+            return verdict(status="fail", reason=f"{too_slow(*worst)}, over the {fmt_seconds(self.within)} bound")
+        if self.undecided is not None or worst is None:
+            return verdict(status="unknown", reason=self.undecided or self.nothing)
+        latency, op = worst
+        detail = "" if worst_op is None else f" ({worst_op(op)})"
+        return verdict(status="pass", reason=f"{passed}; worst {fmt_seconds(latency)}{detail}")
 
-    ``measured`` is the worst latency (None when nothing was measured) and ``evidence`` is ``found.evidence``
-    capped. Reasons: ``too_slow(seconds, op)`` followed by ``", over the <within> bound"``; a pass is
-    ``passed`` followed by ``"; worst <seconds>"`` and, with ``worst_op``, ``" (<worst_op(op)>)"``.
-    """
-    worst = found.worst()
-    verdict = partial(verdict, evidence=capped(found.evidence), measured=None if worst is None else worst[0])
-    if found.missed is not None:
-        return verdict(status="fail", reason=found.missed)
-    if found.problems:
-        return verdict(status="fail", reason="; ".join(found.problems))
-    if worst is not None and worst[0] > within:
-        return verdict(status="fail", reason=f"{too_slow(*worst)}, over the {fmt_seconds(within)} bound")
-    if found.undecided is not None or worst is None:
-        return verdict(status="unknown", reason=found.undecided or found.nothing)
-    latency, op = worst
-    detail = "" if worst_op is None else f" ({worst_op(op)})"
-    return verdict(status="pass", reason=f"{passed}; worst {fmt_seconds(latency)}{detail}")
+
+def fault_latencies(history: History, check: str, fault: str, within: float) -> Latencies:
+    """A latency check ``check`` of ``fault`` about to measure: its verdict, the bound ``within`` and the fault's
+    applied ops. A fault that never applied has no op to measure, and judging that is ``unknown`` saying why
+    (:func:`~chaos.checks._evidence.missing_fault_reason`): such a check never passes vacuously."""
+    ops = applied_ops(history, fault)
+    nothing = f"no op of {fault!r} to judge" if ops else missing_fault_reason(history, fault)
+    return Latencies(latency_verdict(check, fault, within), within, ops, nothing=nothing)
 
 
 class OpOutcome(Protocol):
@@ -128,9 +139,12 @@ class OpOutcome(Protocol):
 def judge_op_times(
     history: History, what: str, times: Sequence[OpOutcome], within: float, fault: str, verdict: Verdict
 ) -> CheckResult:
-    """:func:`judge_latency` on per-op transitions (``what``: e.g. ``failover``): an op that ``never`` got it
+    """:meth:`Latencies.judge` on per-op transitions (``what``: e.g. ``failover``): an op that ``never`` got it
     fails, naming the first one's note; an ``unknown`` op makes the verdict unknown unless something failed."""
     found = Latencies(
+        verdict,
+        within,
+        [t.applied for t in times],
         measured=[(t.seconds, t.applied) for t in times if t.seconds is not None],
         evidence=[line for t in times for line in t.evidence],
         nothing=f"no op of {fault!r} to judge",
@@ -141,10 +155,7 @@ def judge_op_times(
     never = [t for t in times if t.outcome == "never"]
     if never:
         found.missed = f"no {what} for {len(never)} of {len(times)} op(s) of {fault!r}: {never[0].note}"
-    return judge_latency(
-        verdict,
-        found,
-        within,
+    return found.judge(
         too_slow=lambda taken, op: (
             f"{what} took {fmt_seconds(taken)} after the apply at {fmt_offset(history, op.ts_ns)}"
         ),

@@ -23,6 +23,7 @@ from chaos.checks._evidence import (
     narrow,
     step_events,
     step_of,
+    verdict_of,
 )
 from chaos.checks.base import CheckParams, CheckResult, register_check
 from chaos.event_kinds import RUNNER_GOLDEN, TARGET_CHECKPOINT, TARGET_DIGEST, TARGET_RESUME
@@ -179,7 +180,7 @@ def matches_golden(history: History, params: BaseModel, scenario: Scenario) -> C
     the lowest rank); bound = ``== golden <12 chars>`` of that rank.
     """
     narrow(params, MatchesGoldenParams)
-    verdict = partial(CheckResult, check=CHECK_MATCHES_GOLDEN, name=CHECK_MATCHES_GOLDEN)
+    verdict = verdict_of(CHECK_MATCHES_GOLDEN)
     digests = [e for e in events_of(history, TARGET_DIGEST) if e.get_str("digest")]
     comparison = compare_with_golden(history)
     missing: list[str] = []
@@ -403,9 +404,7 @@ def exactly_once(history: History, params: BaseModel, scenario: Scenario) -> Che
     carries ``samples``, or (absent a failure) some committed step lacks them.
     """
     narrow(params, ExactlyOnceParams)
-    verdict = partial(
-        CheckResult, check=CHECK_EXACTLY_ONCE, name=CHECK_EXACTLY_ONCE, bound="each sample once", unit=" samples"
-    )
+    verdict = verdict_of(CHECK_EXACTLY_ONCE, bound="each sample once", unit=" samples")
     steps = step_events(history)
     if not any(isinstance(e.data.get("samples"), list) for e in steps):
         return verdict(

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
@@ -151,6 +151,28 @@ def _signature(link: Event, small_ok: bool | None) -> str | None:
     return None
 
 
+@dataclass
+class _Findings:
+    """What a link check found over a fault's ops: evidence lines, definite failures, and why some op cannot be
+    judged."""
+
+    evidence: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    unknowns: list[str] = field(default_factory=list)
+
+    def judge(
+        self, verdict: ev.Verdict, passed: str, measured: float, failed_measured: float | None = None
+    ) -> CheckResult:
+        """``fail`` naming every failure, else ``unknown`` naming every op not judged, else ``pass`` (reason
+        ``passed``); evidence capped."""
+        evidence = ev.capped(self.evidence)
+        if self.failures:
+            return verdict(status="fail", reason="; ".join(self.failures), evidence=evidence, measured=failed_measured)
+        if self.unknowns:
+            return verdict(status="unknown", reason="; ".join(self.unknowns), evidence=evidence)
+        return verdict(status="pass", reason=passed, evidence=evidence, measured=measured)
+
+
 @register_check(
     CHECK_LINK_NAMED,
     LinkNamedParams,
@@ -160,22 +182,18 @@ def link_named(history: History, params: BaseModel, scenario: Scenario | None) -
     """Worst time from each op to its naming detect.link, in seconds (rules in the module docstring)."""
     p = ev.narrow(params, LinkNamedParams)
     bound = "named" if p.within is None else f"<= {ev.fmt_seconds(p.within)}"
-    result = CheckResult(
-        check=CHECK_LINK_NAMED, name=ev.label(CHECK_LINK_NAMED, p.fault), status="unknown", bound=bound, unit="s"
-    )
+    verdict = ev.verdict_of(CHECK_LINK_NAMED, p.fault, bound=bound, unit="s")
     ops = ev.applied_ops(history, p.fault)
     if not ops:
-        return result.model_copy(update={"reason": ev.missing_fault_reason(history, p.fault)})
+        return verdict(status="unknown", reason=ev.missing_fault_reason(history, p.fault))
     fault_params = ev.fault_params(scenario, p.fault)
     peers = getattr(fault_params, "peers", None)
     if not isinstance(peers, list) or not peers:
         not_link = f"fault {p.fault!r} has no peers in the scenario: it is no link fault, so no pair can be judged"
-        return result.model_copy(update={"reason": not_link})
+        return verdict(status="unknown", reason=not_link)
     links = ev.events_of(history, DETECT_LINK)
     rounds = ev.events_of(history, RUNNER_LINK_PROBE)
-    evidence: list[str] = []
-    failures: list[str] = []
-    unknowns: list[str] = []
+    found = _Findings()
     worst = 0.0
     for op in ops:
         host = ev.host_of(op)
@@ -185,25 +203,31 @@ def link_named(history: History, params: BaseModel, scenario: Scenario | None) -
             return opened < probed_at(event) and (closes is None or probed_at(event) <= closes)
 
         during = [e for e in links if inside(e)]
-        evidence.append(ev.cite(history, op, f"on {host}, peers {', '.join(peers)}"))
+        found.evidence.append(ev.cite(history, op, f"on {host}, peers {', '.join(peers)}"))
         wrong = [e for e in during if not hits(e, host, peers)]
         right = [e for e in during if hits(e, host, peers)]
         for link in wrong:
-            failures.append(f"{_pair(link)} named during {ev.describe(op)}, which hit {host} <-> {', '.join(peers)}")
-            evidence.append(ev.cite(history, link, f"WRONG pair {_pair(link)}"))
+            found.failures.append(
+                f"{_pair(link)} named during {ev.describe(op)}, which hit {host} <-> {', '.join(peers)}"
+            )
+            found.evidence.append(ev.cite(history, link, f"WRONG pair {_pair(link)}"))
         fitting = [e for e in right if _signature(e, p.small_ok) is None]
         for link in right:
             if (why := _signature(link, p.small_ok)) is not None:
-                evidence.append(ev.cite(history, link, f"{_pair(link)}: {why}"))
+                found.evidence.append(ev.cite(history, link, f"{_pair(link)}: {why}"))
                 if not fitting:
-                    failures.append(f"{_pair(link)}: {why}")
+                    found.failures.append(f"{_pair(link)}: {why}")
         if fitting:
             first = fitting[0]
             latency = ev.seconds(first.ts_ns - op.ts_ns)
             worst = max(worst, latency)
-            evidence.append(ev.cite(history, first, f"names {_pair(first)}, {ev.fmt_seconds(latency)} after the fault"))
+            found.evidence.append(
+                ev.cite(history, first, f"names {_pair(first)}, {ev.fmt_seconds(latency)} after the fault")
+            )
             if p.within is not None and latency > p.within:
-                failures.append(f"{ev.describe(op)} named after {ev.fmt_seconds(latency)} > {ev.fmt_seconds(p.within)}")
+                found.failures.append(
+                    f"{ev.describe(op)} named after {ev.fmt_seconds(latency)} > {ev.fmt_seconds(p.within)}"
+                )
             continue
         if right:
             continue  # named, but with the wrong signature: a failure recorded above
@@ -212,25 +236,24 @@ def link_named(history: History, params: BaseModel, scenario: Scenario | None) -
             r for r in looked if r.get_int("bad") == 0 and (r.get_int("pairs") or 0) > 0 and not r.data.get("errors")
         ]
         if clean:
-            failures.append(f"a link probe ran during {ev.describe(op)} and found every link fine: it missed the link")
-            evidence.extend(ev.cite(history, r, f"{r.data.get('pairs')} pair(s) probed, none bad") for r in clean[:3])
+            found.failures.append(
+                f"a link probe ran during {ev.describe(op)} and found every link fine: it missed the link"
+            )
+            found.evidence.extend(
+                ev.cite(history, r, f"{r.data.get('pairs')} pair(s) probed, none bad") for r in clean[:3]
+            )
         elif looked:
             errors = [str(x) for r in looked for x in _listed(r.data.get("errors"))]
-            unknowns.append(
+            found.unknowns.append(
                 f"the link probe during {ev.describe(op)} could not judge: {'; '.join(errors[:3]) or 'no pair to probe'}"
             )
-            evidence.extend(ev.cite(history, r) for r in looked[:3])
+            found.evidence.extend(ev.cite(history, r) for r in looked[:3])
         else:
-            unknowns.append(f"no link probe ran while {ev.describe(op)} was in force (no all_waiting detect.hang?)")
-    evidence = ev.capped(evidence)
-    if failures:
-        return result.model_copy(
-            update={"status": "fail", "reason": "; ".join(failures), "evidence": evidence, "measured": worst or None}
-        )
-    if unknowns:
-        return result.model_copy(update={"reason": "; ".join(unknowns), "evidence": evidence})
+            found.unknowns.append(
+                f"no link probe ran while {ev.describe(op)} was in force (no all_waiting detect.hang?)"
+            )
     named = f"every op of {p.fault!r} ({len(ops)}) named by a detect.link for a host pair it hit"
-    return result.model_copy(update={"status": "pass", "reason": named, "evidence": evidence, "measured": worst})
+    return found.judge(verdict, named, worst, failed_measured=worst or None)
 
 
 @register_check(
@@ -241,59 +264,50 @@ def link_named(history: History, params: BaseModel, scenario: Scenario | None) -
 def stalled_during(history: History, params: BaseModel, scenario: Scenario | None) -> CheckResult:
     """Longest stalled window judged, in seconds (rules in the module docstring)."""
     p = ev.narrow(params, StalledParams)
-    result = CheckResult(
-        check=CHECK_STALLED, name=ev.label(CHECK_STALLED, p.fault), status="unknown", bound="0 steps", unit="s"
-    )
+    verdict = ev.verdict_of(CHECK_STALLED, p.fault, bound="0 steps", unit="s")
     ops = ev.applied_ops(history, p.fault)
     if not ops:
-        return result.model_copy(update={"reason": ev.missing_fault_reason(history, p.fault)})
+        return verdict(status="unknown", reason=ev.missing_fault_reason(history, p.fault))
     steps = ev.step_events(history)
     ends = ev.events_of(history, TARGET_EXIT) + ev.events_of(history, TARGET_RESTART)
-    evidence: list[str] = []
-    failures: list[str] = []
-    unknowns: list[str] = []
+    found = _Findings()
     longest = 0.0
     for op in ops:
         closes = ev.healed_at(history, op, by="host")
         opens = op.ts_ns + round(p.grace * 1e9)
         before = [s for s in steps if s.ts_ns < op.ts_ns]
-        evidence.append(ev.cite(history, op))
+        found.evidence.append(ev.cite(history, op))
         if closes is None:
-            unknowns.append(f"{ev.describe(op)} never healed: its window has no end")
+            found.unknowns.append(f"{ev.describe(op)} never healed: its window has no end")
             continue
         if closes - HEAL_SLACK_NS <= opens:
-            unknowns.append(f"{ev.describe(op)} lasted no longer than the grace of {ev.fmt_seconds(p.grace)}")
+            found.unknowns.append(f"{ev.describe(op)} lasted no longer than the grace of {ev.fmt_seconds(p.grace)}")
             continue
         if not before:
-            unknowns.append(f"the job reported no step before {ev.describe(op)}: its silence proves no stall")
+            found.unknowns.append(f"the job reported no step before {ev.describe(op)}: its silence proves no stall")
             continue
         gone = ev.ordered(e for e in ends if before[-1].ts_ns < e.ts_ns <= op.ts_ns)
         if gone:
-            unknowns.append(
+            found.unknowns.append(
                 f"the job {'exited' if gone[-1].kind == TARGET_EXIT else 'restarted'} before {ev.describe(op)} and "
                 "reported no step since: its silence proves no stall"
             )
-            evidence.append(ev.cite(history, gone[-1]))
+            found.evidence.append(ev.cite(history, gone[-1]))
             continue
-        evidence.append(ev.cite(history, before[-1], "last step before the fault"))
+        found.evidence.append(ev.cite(history, before[-1], "last step before the fault"))
         closes -= HEAL_SLACK_NS  # the rule is gone before the heal command returns and fault.healed is recorded
         stepped = [s for s in steps if opens <= s.ts_ns < closes]
         ended = [e for e in ends if op.ts_ns < e.ts_ns <= closes]
         if stepped:
-            failures.append(f"{len(stepped)} step event(s) during {ev.describe(op)}: the job kept training")
-            evidence.extend(ev.cite(history, s, "stepped during the fault") for s in stepped[:3])
+            found.failures.append(f"{len(stepped)} step event(s) during {ev.describe(op)}: the job kept training")
+            found.evidence.extend(ev.cite(history, s, "stepped during the fault") for s in stepped[:3])
         if ended:
-            failures.append(f"the job exited or restarted during {ev.describe(op)}: a crash, not a stall")
-            evidence.extend(ev.cite(history, e) for e in ended[:3])
+            found.failures.append(f"the job exited or restarted during {ev.describe(op)}: a crash, not a stall")
+            found.evidence.extend(ev.cite(history, e) for e in ended[:3])
         if not stepped and not ended:
             longest = max(longest, ev.seconds(closes - opens))
-            evidence.append(
+            found.evidence.append(
                 f"no step from +{ev.seconds(opens - ev.origin_ns(history)):.3f}s to {ev.fmt_offset(history, closes)}"
             )
-    evidence = ev.capped(evidence)
-    if failures:
-        return result.model_copy(update={"status": "fail", "reason": "; ".join(failures), "evidence": evidence})
-    if unknowns:
-        return result.model_copy(update={"reason": "; ".join(unknowns), "evidence": evidence})
     why = f"no step while any of the {len(ops)} op(s) of {p.fault!r} was in force (after {ev.fmt_seconds(p.grace)})"
-    return result.model_copy(update={"status": "pass", "reason": why, "evidence": evidence, "measured": longest})
+    return found.judge(verdict, why, longest)

@@ -19,12 +19,11 @@ missing ``runner.no_progress`` cannot pass it.
 
 from __future__ import annotations
 
-from functools import partial
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
-from chaos.checks._evidence import cite, events_of, fmt_offset, fmt_seconds, narrow, seconds, step_events
+from chaos.checks._evidence import cite, events_of, fmt_offset, fmt_seconds, narrow, seconds, step_events, verdict_of
 from chaos.checks.base import CheckParams, CheckResult, register_check
 from chaos.event_kinds import RUNNER_END, RUNNER_NO_PROGRESS, TARGET_EXIT, TARGET_START, TARGET_WORKER
 from chaos.history.timeline import Event, History
@@ -61,7 +60,7 @@ def progress(history: History, params: BaseModel, scenario: Scenario | None) -> 
     the scenario switched the watch off (``no_progress_timeout: null``), since then nothing could have been
     seen; ``pass`` otherwise."""
     narrow(params, ProgressParams)
-    verdict = partial(CheckResult, check=CHECK_PROGRESS, name=CHECK_PROGRESS)
+    verdict = verdict_of(CHECK_PROGRESS)
     stalls = events_of(history, RUNNER_NO_PROGRESS)
     if stalls:
         stall = stalls[0]

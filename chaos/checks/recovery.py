@@ -9,13 +9,11 @@
 from __future__ import annotations
 
 import signal
-from functools import partial
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
 from chaos.checks._evidence import (
-    applied_ops,
     attempt_of,
     capped,
     cite,
@@ -23,14 +21,14 @@ from chaos.checks._evidence import (
     events_of,
     fmt_offset,
     fmt_seconds,
-    missing_fault_reason,
     narrow,
     seconds,
     step_events,
     step_of,
+    verdict_of,
 )
 from chaos.checks.base import CheckParams, CheckResult, Status, register_check
-from chaos.checks.latency import FaultBound, Latencies, judge_latency, latency_verdict
+from chaos.checks.latency import FaultBound, fault_latencies
 from chaos.event_kinds import FAULT_APPLIED, RUNNER_STOP, TARGET_EXIT, TARGET_RESTART, TARGET_RESUME, TARGET_START
 from chaos.history.timeline import Event, History
 
@@ -67,16 +65,11 @@ def recovered_within(history: History, params: BaseModel, scenario: Scenario) ->
     ``unknown`` when the fault never applied, or an op came before any step (no S to pass).
     """
     p = narrow(params, RecoveredWithinParams)
-    verdict = latency_verdict(CHECK_RECOVERED_WITHIN, p.fault, p.within)
-    ops = applied_ops(history, p.fault)
-    if not ops:
-        return verdict(status="unknown", reason=missing_fault_reason(history, p.fault))
-
+    found = fault_latencies(history, CHECK_RECOVERED_WITHIN, p.fault, p.within)
     steps = step_events(history)
-    found = Latencies()
     stuck: list[tuple[Event, int]] = []
     no_baseline: list[Event] = []
-    for op in ops:
+    for op in found.ops:
         before = [e for e in steps if e.ts_ns <= op.ts_ns]
         if not before:
             no_baseline.append(op)
@@ -110,7 +103,7 @@ def recovered_within(history: History, params: BaseModel, scenario: Scenario) ->
     if stuck:
         op, high_step = stuck[0]
         found.missed = (
-            f"{len(stuck)} of {len(ops)} op(s) of {p.fault!r} never recovered: no step beyond {high_step} "
+            f"{len(stuck)} of {len(found.ops)} op(s) of {p.fault!r} never recovered: no step beyond {high_step} "
             f"after {describe(op)} at {fmt_offset(history, op.ts_ns)}"
         )
     if no_baseline:
@@ -119,12 +112,9 @@ def recovered_within(history: History, params: BaseModel, scenario: Scenario) ->
             f"{describe(op)} was applied at {fmt_offset(history, op.ts_ns)} before any target.step, "
             "so there is no pre-fault step to progress past"
         )
-    return judge_latency(
-        verdict,
-        found,
-        p.within,
+    return found.judge(
         too_slow=lambda latency, op: f"recovery from {describe(op)} took {fmt_seconds(latency)}",
-        passed=f"all {len(ops)} op(s) of {p.fault!r} recovered",
+        passed=f"all {len(found.ops)} op(s) of {p.fault!r} recovered",
         worst_op=describe,
     )
 
@@ -164,8 +154,7 @@ def lost_work_at_most(history: History, params: BaseModel, scenario: Scenario) -
     (nothing could lose work) or no step was recorded.
     """
     p = narrow(params, LostWorkParams)
-    bound = f"<= {p.steps} steps"
-    verdict = partial(CheckResult, check=CHECK_LOST_WORK, name=CHECK_LOST_WORK, bound=bound, unit=" steps")
+    verdict = verdict_of(CHECK_LOST_WORK, bound=f"<= {p.steps} steps", unit=" steps")
     applied = events_of(history, FAULT_APPLIED)
     if not applied:
         return verdict(status="unknown", reason="no fault.applied event: no fault fired, so no work could be lost")
@@ -259,7 +248,7 @@ def completes(history: History, params: BaseModel, scenario: Scenario) -> CheckR
     carries no integer code.
     """
     narrow(params, CompletesParams)
-    verdict = partial(CheckResult, check=CHECK_COMPLETES, name=CHECK_COMPLETES, bound="== 0")
+    verdict = verdict_of(CHECK_COMPLETES, bound="== 0")
     exits = events_of(history, TARGET_EXIT)
     stops = events_of(history, RUNNER_STOP)
     if not exits:

@@ -22,7 +22,6 @@ target tags each replica's events with it), and a step counts as COMMITTED unles
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
@@ -35,14 +34,14 @@ from chaos.checks._evidence import (
     fault_target,
     fmt_offset,
     fmt_seconds,
-    label,
     missing_fault_reason,
     narrow,
     seconds,
     step_of,
+    verdict_of,
 )
 from chaos.checks.base import CheckParams, CheckResult, register_check
-from chaos.checks.latency import FaultBound, Latencies, judge_latency, latency_verdict
+from chaos.checks.latency import FaultBound, fault_latencies
 from chaos.event_kinds import TARGET_DIGEST, TARGET_STEP
 from chaos.event_kinds import TARGET_ROLE_EXIT as ROLE_EXIT
 from chaos.history.timeline import Event, History
@@ -78,9 +77,9 @@ class _Op:
     back: dict[str, Event]  # victim -> its first committed step after the op, when that step is >= high_step
 
 
-def _ops(history: History, fault: str, scenario: object, done: dict[str, list[Event]]) -> list[_Op]:
+def _ops(history: History, ops: list[Event], scenario: object, done: dict[str, list[Event]]) -> list[_Op]:
     found: list[_Op] = []
-    for op in applied_ops(history, fault):
+    for op in ops:
         victims = tuple(sorted(fault_target(history, op, scenario).replicas))
         before = [e for steps in done.values() for e in steps if e.ts_ns <= op.ts_ns]
         high = max((step_of(e) or 0 for e in before), default=-1)
@@ -128,14 +127,10 @@ def survivors_progress(history: History, params: BaseModel, scenario: Scenario |
     died with another code inside the window, or a stall exceeds ``max_stall``; ``unknown`` when the fault
     never applied, names no replica, or no other replica was committing steps before it."""
     p = narrow(params, SurvivorsProgressParams)
-    verdict = latency_verdict(CHECK_SURVIVORS_PROGRESS, p.fault, p.max_stall)
-    ops = applied_ops(history, p.fault)
-    if not ops:
-        return verdict(status="unknown", reason=missing_fault_reason(history, p.fault))
+    found = fault_latencies(history, CHECK_SURVIVORS_PROGRESS, p.fault, p.max_stall)
     done = commits(history)
     exits = events_of(history, ROLE_EXIT)
-    found = Latencies(nothing=f"no op of {p.fault!r} to judge")
-    for item in _ops(history, p.fault, scenario, done):
+    for item in _ops(history, found.ops, scenario, done):
         op = item.op
         if not item.victims:
             found.cannot_judge(f"{cite(history, op)} names no replica (select one with replica: <role>.<i>)")
@@ -174,10 +169,7 @@ def survivors_progress(history: History, params: BaseModel, scenario: Scenario |
             )
         if worst is not None:
             found.add(*worst)
-    return judge_latency(
-        verdict,
-        found,
-        p.max_stall,
+    return found.judge(
         too_slow=lambda taken, op: f"a survivor committed no step for {fmt_seconds(taken)} after {cite(history, op)}",
         passed="every survivor kept committing steps while the faulted replica was down",
     )
@@ -206,14 +198,11 @@ def rejoined_within(history: History, params: BaseModel, scenario: Scenario | No
     replica, came before any commit or before the hit replica's first commit (a first join is no rejoin), or the
     history ends before the bound elapsed without a rejoin."""
     p = narrow(params, RejoinedWithinParams)
-    verdict = latency_verdict(CHECK_REJOINED_WITHIN, p.fault, p.within)
-    if not applied_ops(history, p.fault):
-        return verdict(status="unknown", reason=missing_fault_reason(history, p.fault))
+    found = fault_latencies(history, CHECK_REJOINED_WITHIN, p.fault, p.within)
     done = commits(history)
-    found = Latencies(nothing=f"no op of {p.fault!r} to judge")
     missed: list[str] = []
     last = _last_ts(history)
-    for item in _ops(history, p.fault, scenario, done):
+    for item in _ops(history, found.ops, scenario, done):
         op = item.op
         if not item.victims:
             found.cannot_judge(f"{cite(history, op)} names no replica (select one with replica: <role>.<i>)")
@@ -251,10 +240,7 @@ def rejoined_within(history: History, params: BaseModel, scenario: Scenario | No
                 )
     if missed:
         found.missed = "; ".join(missed)
-    return judge_latency(
-        verdict,
-        found,
-        p.within,
+    return found.judge(
         too_slow=lambda taken, op: f"a replica took {fmt_seconds(taken)} to rejoin after {cite(history, op)}",
         passed="every replica the fault hit was back committing healed steps",
     )
@@ -297,7 +283,7 @@ def replicas_agree(history: History, params: BaseModel, scenario: Scenario | Non
     fault never applied or its replica never rejoined, or no step has digests from two replicas (with a fault:
     two replicas, the rejoined one among them, after its rejoin)."""
     p = narrow(params, ReplicasAgreeParams)
-    verdict = partial(CheckResult, check=CHECK_REPLICAS_AGREE, name=label(CHECK_REPLICAS_AGREE, p.fault), unit=" steps")
+    verdict = verdict_of(CHECK_REPLICAS_AGREE, p.fault, unit=" steps")
     digests = [
         e
         for e in events_of(history, TARGET_DIGEST)
@@ -307,9 +293,10 @@ def replicas_agree(history: History, params: BaseModel, scenario: Scenario | Non
     must: set[str] = set()
     evidence: list[str] = []
     if p.fault is not None:
-        if not applied_ops(history, p.fault):
+        ops = applied_ops(history, p.fault)
+        if not ops:
             return verdict(status="unknown", reason=missing_fault_reason(history, p.fault))
-        for item in _ops(history, p.fault, scenario, commits(history)):
+        for item in _ops(history, ops, scenario, commits(history)):
             must |= set(item.victims)
             if not item.victims or len(item.back) < len(item.victims):
                 return verdict(status="unknown", reason=f"the replica {cite(history, item.op)} hit never rejoined")

@@ -22,12 +22,11 @@ re-joins after another node's failure does not spend its own budget, so hosts ar
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import partial
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
-from chaos.checks._evidence import capped, cite, events_of, host_of, narrow
+from chaos.checks._evidence import capped, cite, events_of, host_of, narrow, verdict_of
 from chaos.checks.base import CheckParams, CheckResult, register_check
 from chaos.event_kinds import TARGET_AGENT_RESTART, TARGET_RESTART, TARGET_START, TARGET_WORKER
 from chaos.event_kinds import TARGET_ROLE_START as ROLE_START
@@ -127,8 +126,7 @@ def restarts_at_most(history: History, params: BaseModel, scenario: Scenario | N
     worker seen ran in the launcher's first round); ``unknown`` when no event shows the launchers' restart
     count at all (nothing observed is no evidence of "no restart")."""
     p = narrow(params, RestartsParams)
-    bound = f"<= {p.restarts} restarts"
-    verdict = partial(CheckResult, check=CHECK_RESTARTS, name=CHECK_RESTARTS, bound=bound, unit=" restarts")
+    verdict = verdict_of(CHECK_RESTARTS, bound=f"<= {p.restarts} restarts", unit=" restarts")
     found = restarts_used(history)
     if found is None:
         return verdict(

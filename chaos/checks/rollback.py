@@ -19,24 +19,24 @@ Evidence it reads, per rank, after the first detection that follows the fault:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import partial
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
 from chaos.checks._evidence import (
-    applied_ops,
     capped,
     cite,
     events_of,
-    label,
+    fault_ops,
+    first_step_hit,
     missing_fault_reason,
     narrow,
     step_events,
     step_of,
+    verdict_of,
 )
 from chaos.checks.base import CheckParams, CheckResult, register_check
-from chaos.event_kinds import DETECT_DIVERGENCE, FAULT_APPLIED, TARGET_RESUME, TARGET_ROLLBACK, TARGET_STEP
+from chaos.event_kinds import DETECT_DIVERGENCE, TARGET_RESUME, TARGET_ROLLBACK, TARGET_STEP
 from chaos.history.timeline import Event, History
 
 if TYPE_CHECKING:
@@ -54,17 +54,6 @@ class RolledBackParams(CheckParams):
         "fault applied in the run",
     )
     event: str = Field(default=DETECT_DIVERGENCE, description="glob of the detections a rollback must follow")
-
-
-def corruption_step(history: History, op: Event) -> int:
-    """The first step whose state may hold the corruption ``op`` made: the op's own step for an in-job fault (it
-    fires inside that step, so that step's end state and checkpoint already hold it), else the step after the
-    highest ``target.step`` reported by the op's time."""
-    own = step_of(op)
-    if own is not None:
-        return own
-    reached = [s for e in step_events(history) if e.ts_ns <= op.ts_ns and (s := step_of(e)) is not None]
-    return max(reached, default=0) + 1
 
 
 def _step_at(history: History, event: Event) -> int | None:
@@ -145,17 +134,13 @@ def rolled_back_before_corruption(history: History, params: BaseModel, scenario:
     and training went on past the detection.
     """
     p = narrow(params, RolledBackParams)
-    verdict = partial(CheckResult, check=CHECK, name=label(CHECK, p.fault))
-    if p.fault is not None:
-        ops = applied_ops(history, p.fault)
-        if not ops:
-            return verdict(status="unknown", reason=missing_fault_reason(history, p.fault))
-    else:
-        ops = events_of(history, FAULT_APPLIED)
-        if not ops:
-            return verdict(status="unknown", reason="no fault was applied: there is no corruption to roll back from")
+    verdict = verdict_of(CHECK, p.fault)
+    ops = fault_ops(history, p.fault)
+    if not ops:
+        none = "no fault was applied: there is no corruption to roll back from"
+        return verdict(status="unknown", reason=none if p.fault is None else missing_fault_reason(history, p.fault))
     op = ops[0]
-    corrupted = corruption_step(history, op)
+    corrupted = first_step_hit(history, op)  # its checkpoint, and every later one, may hold the corruption
     bound = f"< {corrupted}"
     evidence = [cite(history, op, f"the corruption: every checkpoint from step {corrupted} on may hold it")]
     detections = [e for e in events_of(history, p.event) if e.ts_ns > op.ts_ns]

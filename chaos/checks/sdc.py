@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import fnmatch
-from functools import partial
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
@@ -25,6 +24,7 @@ from chaos.checks._evidence import (
     missing_fault_reason,
     narrow,
     step_of,
+    verdict_of,
 )
 from chaos.checks.base import CheckParams, CheckResult, register_check
 from chaos.checks.lineage import MatchesGoldenParams, compare_with_golden, matches_golden
@@ -33,6 +33,10 @@ from chaos.history.timeline import Event, History
 
 if TYPE_CHECKING:
     from chaos.spec.scenario import Scenario
+
+CHECK_SDC_DETECTED = "sdc_detected"
+CHECK_STEP_BLOCKED = "step_blocked"
+CHECK_NO_FALSE_POSITIVES = "no_false_positives"
 
 
 class SdcDetectedParams(CheckParams):
@@ -93,7 +97,7 @@ def _masking(history: History) -> tuple[bool, str]:
 
 
 @register_check(
-    "sdc_detected",
+    CHECK_SDC_DETECTED,
     SdcDetectedParams,
     summary="each firing of an SDC fault is detected within N steps, naming the corrupted rank; masked ones said so",
     needs_golden=True,
@@ -110,8 +114,7 @@ def sdc_detected(history: History, params: BaseModel, scenario: Scenario) -> Che
     the reason says "masked", and measured is "masked" when no firing was detected at all.
     """
     p = narrow(params, SdcDetectedParams)
-    name = label("sdc_detected", p.fault)
-    verdict = partial(CheckResult, check="sdc_detected", name=name, bound=f"<= {p.within_steps} steps", unit=" steps")
+    verdict = verdict_of(CHECK_SDC_DETECTED, p.fault, bound=f"<= {p.within_steps} steps", unit=" steps")
     ops = applied_ops(history, p.fault)
     if not ops:
         return verdict(status="unknown", reason=missing_fault_reason(history, p.fault))
@@ -202,7 +205,7 @@ class StepBlockedParams(CheckParams):
 
 
 @register_check(
-    "step_blocked",
+    CHECK_STEP_BLOCKED,
     StepBlockedParams,
     summary="the corruption never reached the optimizer: final digest == golden although the fault fired",
     needs_golden=True,
@@ -213,12 +216,10 @@ def step_blocked(history: History, params: BaseModel, scenario: Scenario) -> Che
     which compares every rank with the golden run; a failure's reason names the ranks that differ.
     Evidence adds the first applied op and every detection that took an action (``data.action`` set, e.g. a retry)."""
     p = narrow(params, StepBlockedParams)
-    name = label("step_blocked", p.fault)
+    verdict = verdict_of(CHECK_STEP_BLOCKED, p.fault)
     ops = applied_ops(history, p.fault)
     if not ops:
-        return CheckResult(
-            check="step_blocked", name=name, status="unknown", reason=missing_fault_reason(history, p.fault)
-        )
+        return verdict(status="unknown", reason=missing_fault_reason(history, p.fault))
     golden = matches_golden(history, MatchesGoldenParams(), scenario)
     reason = golden.reason
     if golden.status == "pass":
@@ -228,8 +229,8 @@ def step_blocked(history: History, params: BaseModel, scenario: Scenario) -> Che
     retries = [cite(history, e) for e in events_of(history, "detect.*") if e.data.get("action")]
     return golden.model_copy(
         update={
-            "check": "step_blocked",
-            "name": name,
+            "check": CHECK_STEP_BLOCKED,
+            "name": label(CHECK_STEP_BLOCKED, p.fault),
             "reason": reason,
             "evidence": capped([cite(history, ops[0]), *retries, *golden.evidence]),
         }
@@ -243,7 +244,7 @@ class NoFalsePositivesParams(CheckParams):
 
 
 @register_check(
-    "no_false_positives",
+    CHECK_NO_FALSE_POSITIVES,
     NoFalsePositivesParams,
     to_add=(
         "let the golden run happen (a scenario whose checks need it runs it; see runner.golden in the history for"
@@ -257,7 +258,7 @@ def no_false_positives(history: History, params: BaseModel, scenario: Scenario) 
     (``runner.golden``'s ``detections``) plus those of this run before its first ``fault.applied`` (all of
     them when none applied); ``fail`` when any, ``unknown`` when the golden run's detections were not recorded."""
     p = narrow(params, NoFalsePositivesParams)
-    verdict = partial(CheckResult, check="no_false_positives", name="no_false_positives", bound="== 0")
+    verdict = verdict_of(CHECK_NO_FALSE_POSITIVES, bound="== 0")
     goldens = events_of(history, RUNNER_GOLDEN)
     if not goldens or not isinstance(goldens[-1].data.get("detections"), list):
         return verdict(status="unknown", reason="the golden run's detections were not recorded (no runner.golden)")

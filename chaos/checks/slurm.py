@@ -24,28 +24,27 @@ ran again: ``unknown``, naming what was missing.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
 from chaos.checks._evidence import (
     LOCAL_HOST,
-    applied_ops,
     capped,
     cite,
     events_of,
+    fault_ops,
     fmt_offset,
     fmt_seconds,
     host_of,
-    label,
     missing_fault_reason,
     narrow,
     seconds,
+    verdict_of,
 )
 from chaos.checks.base import CheckParams, CheckResult, register_check
-from chaos.checks.latency import FaultBound, Latencies, judge_latency, latency_verdict
-from chaos.event_kinds import FAULT_APPLIED, FAULT_HEALED, SLURM_JOB, SLURM_NODE
+from chaos.checks.latency import FaultBound, fault_latencies
+from chaos.event_kinds import FAULT_HEALED, SLURM_JOB, SLURM_NODE
 from chaos.history.timeline import Event, History
 
 if TYPE_CHECKING:
@@ -164,10 +163,6 @@ def _cite_job(history: History, event: Event) -> str:
     return f"slurm.job {about} at {fmt_offset(history, event.ts_ns)}"
 
 
-def _ops(history: History, fault: str | None) -> list[Event]:
-    return applied_ops(history, fault) if fault is not None else events_of(history, FAULT_APPLIED)
-
-
 # -- node_drained_within -----------------------------------------------------------------------------------------
 
 
@@ -187,12 +182,8 @@ class NodeDrainedParams(FaultBound):
 def node_drained_within(history: History, params: BaseModel, scenario: Scenario | None) -> CheckResult:
     """Worst time from an op to its node's DRAIN (see the module docstring)."""
     p = narrow(params, NodeDrainedParams)
-    verdict = latency_verdict(CHECK_DRAINED, p.fault, p.within)
-    ops = applied_ops(history, p.fault)
-    if not ops:
-        return verdict(status="unknown", reason=missing_fault_reason(history, p.fault))
-    found = Latencies(nothing=f"no op of {p.fault!r} to judge")
-    for op in ops:
+    found = fault_latencies(history, CHECK_DRAINED, p.fault, p.within)
+    for op in found.ops:
         host = _op_host(op)
         if host is None:
             found.cannot_judge(f"{cite(history, op)} names no host: which node it hit is unknown")
@@ -229,10 +220,7 @@ def node_drained_within(history: History, params: BaseModel, scenario: Scenario 
             what = "drained by the health check" if p.by == "health_check" else "drained"
             last = seen[-1]
             found.missed = f"{host} was never {what} after {cite(history, op)}; last seen {_cite_node(history, last)}"
-    return judge_latency(
-        verdict,
-        found,
-        p.within,
+    return found.judge(
         too_slow=lambda taken, op: f"{_op_host(op)} drained {fmt_seconds(taken)} after {cite(history, op)}",
         passed=f"the node of every op of {p.fault!r} drained",
     )
@@ -253,13 +241,9 @@ class RequeuedParams(FaultBound):
 def requeued_within(history: History, params: BaseModel, scenario: Scenario | None) -> CheckResult:
     """Worst time from an op to its job's next attempt RUNNING (see the module docstring)."""
     p = narrow(params, RequeuedParams)
-    verdict = latency_verdict(CHECK_REQUEUED, p.fault, p.within)
-    ops = applied_ops(history, p.fault)
-    if not ops:
-        return verdict(status="unknown", reason=missing_fault_reason(history, p.fault))
-    found = Latencies(nothing=f"no op of {p.fault!r} to judge")
+    found = fault_latencies(history, CHECK_REQUEUED, p.fault, p.within)
     bound_ns = round(p.within * 1e9)
-    for op in ops:
+    for op in found.ops:
         host = _op_host(op)
         hit = job_hit(history, op, host) if host is not None else None
         if hit is None:
@@ -291,10 +275,7 @@ def requeued_within(history: History, params: BaseModel, scenario: Scenario | No
                 else f"still its attempt of {_cite_job(history, hit.at_op)}"
             )
             found.missed = f"job {hit.job_id} never ran again under its id after {cite(history, op)}: last {state}"
-    return judge_latency(
-        verdict,
-        found,
-        p.within,
+    return found.judge(
         too_slow=lambda taken, op: f"the job ran again {fmt_seconds(taken)} after {cite(history, op)}",
         passed=f"the job of every op of {p.fault!r} ran again under its job id",
     )
@@ -342,8 +323,8 @@ def no_repeat_failure_on_bad_node(history: History, params: BaseModel, scenario:
     """``fail`` when a later attempt lands on a bad node; ``unknown`` when no op, no job hit, or no later
     attempt can be judged; ``pass`` with every later attempt's nodes as evidence."""
     p = narrow(params, NoRepeatParams)
-    verdict = partial(CheckResult, check=CHECK_NO_REPEAT, name=label(CHECK_NO_REPEAT, p.fault), bound="0 repeats")
-    ops = _ops(history, p.fault)
+    verdict = verdict_of(CHECK_NO_REPEAT, p.fault, bound="0 repeats")
+    ops = fault_ops(history, p.fault)
     if not ops:
         reason = missing_fault_reason(history, p.fault) if p.fault else "no fault was applied"
         return verdict(status="unknown", reason=reason)

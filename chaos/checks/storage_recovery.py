@@ -19,13 +19,15 @@ cannot pass by claiming a recovery the layer never forced on it.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from pydantic import BaseModel, Field
 
 from chaos.checks._evidence import (
+    Verdict,
     applied_ops,
     attempt_of,
     capped,
@@ -33,11 +35,11 @@ from chaos.checks._evidence import (
     events_of,
     fmt_offset,
     fmt_seconds,
-    label,
     missing_fault_reason,
     narrow,
     seconds,
     step_of,
+    verdict_of,
 )
 from chaos.checks.base import CheckParams, CheckResult, register_check
 from chaos.event_kinds import (
@@ -95,6 +97,37 @@ def _describe_hit(history: History, hit: Event) -> str:
     )
 
 
+def _is_error(hit: Event) -> bool:
+    return hit.data.get("errno_name") is not None
+
+
+def _is_delayed_read(hit: Event) -> bool:
+    return hit.data.get("errno_name") is None and hit.get_str("op") == "read"
+
+
+class _Forced(NamedTuple):
+    """What the storage layer forced on the job: the fault's first applied op, the hits judged, their evidence."""
+
+    op: Event
+    hits: list[Event]
+    evidence: list[str]
+
+
+def _forced(
+    history: History, fault: str, verdict: Verdict, kind: Callable[[Event], bool], none: str
+) -> _Forced | CheckResult:
+    """The layer's hits of ``fault`` of the ``kind`` judged; ``unknown`` instead when the fault never applied or
+    the layer reported no such hit (the reason: ``none``)."""
+    ops = applied_ops(history, fault)
+    if not ops:
+        return verdict(status="unknown", reason=missing_fault_reason(history, fault))
+    hits = [h for h in _hits(history, fault) if kind(h)]
+    evidence = [cite(history, ops[0]), *(_describe_hit(history, h) for h in hits)]
+    if not hits:
+        return verdict(status="unknown", reason=none, evidence=capped(evidence))
+    return _Forced(ops[0], hits, evidence)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # restore_straggler_named
 
@@ -130,24 +163,13 @@ def restore_straggler_named(history: History, params: BaseModel, scenario: Scena
     not given), fewer than two ranks reported a restore, or the delays fall outside the aimed rank's restore.
     ``measured``: the straggler's excess over the next slowest restore, in seconds."""
     p = narrow(params, StragglerParams)
-    verdict = partial(
-        CheckResult,
-        check=CHECK_STRAGGLER,
-        name=label(CHECK_STRAGGLER, p.fault),
-        unit="s",
-        bound=f"slowest restore is the delayed rank's, by > {fmt_seconds(p.min_excess)}",
-    )
-    ops = applied_ops(history, p.fault)
-    if not ops:
-        return verdict(status="unknown", reason=missing_fault_reason(history, p.fault))
-    delayed = [h for h in _hits(history, p.fault) if h.data.get("errno_name") is None and h.get_str("op") == "read"]
-    evidence = [cite(history, ops[0]), *(_describe_hit(history, h) for h in delayed)]
-    if not delayed:
-        return verdict(
-            status="unknown",
-            reason=f"the layer of {p.fault!r} delayed no read (no storage.hit of a read): it never hit a restore",
-            evidence=capped(evidence),
-        )
+    bound = f"slowest restore is the delayed rank's, by > {fmt_seconds(p.min_excess)}"
+    verdict = verdict_of(CHECK_STRAGGLER, p.fault, bound=bound, unit="s")
+    none = f"the layer of {p.fault!r} delayed no read (no storage.hit of a read): it never hit a restore"
+    forced = _forced(history, p.fault, verdict, _is_delayed_read, none)
+    if isinstance(forced, CheckResult):
+        return forced
+    op, delayed, evidence = forced
     ranks = {p.rank} if p.rank is not None else _aimed_rank(delayed)
     if len(ranks) != 1:
         named = ", ".join(map(str, sorted(ranks))) or "none"
@@ -157,7 +179,7 @@ def restore_straggler_named(history: History, params: BaseModel, scenario: Scena
             evidence=capped(evidence),
         )
     aimed = ranks.pop()
-    restores = [e for e in events_of(history, TARGET_RESTORE) if e.rank is not None and e.ts_ns >= ops[0].ts_ns]
+    restores = [e for e in events_of(history, TARGET_RESTORE) if e.rank is not None and e.ts_ns >= op.ts_ns]
     restores = [e for e in restores if _number(e, "duration_s") is not None]
     if not restores:
         return verdict(
@@ -306,29 +328,19 @@ def retried_with_backoff(history: History, params: BaseModel, scenario: Scenario
     ``fail`` on a give-up, a crash or restart, a tight loop, gaps that do not grow, or no committed save after
     the last failure. ``measured``: the failed attempts and their gaps."""
     p = narrow(params, RetryParams)
-    verdict = partial(
-        CheckResult,
-        check=CHECK_RETRIED,
-        name=label(CHECK_RETRIED, p.fault),
-        bound=f"{p.min_attempts}..{p.max_attempts} attempts, gaps x{p.growth:g}, then a committed save",
-    )
-    ops = applied_ops(history, p.fault)
-    if not ops:
-        return verdict(status="unknown", reason=missing_fault_reason(history, p.fault))
-    errors = [h for h in _hits(history, p.fault) if h.data.get("errno_name") is not None]
-    evidence = [cite(history, ops[0]), *(_describe_hit(history, h) for h in errors)]
-    if not errors:
-        return verdict(
-            status="unknown",
-            reason=f"the layer of {p.fault!r} returned no error (no storage.hit with an errno): no save met it",
-            evidence=capped(evidence),
-        )
+    bound = f"{p.min_attempts}..{p.max_attempts} attempts, gaps x{p.growth:g}, then a committed save"
+    verdict = verdict_of(CHECK_RETRIED, p.fault, bound=bound)
+    none = f"the layer of {p.fault!r} returned no error (no storage.hit with an errno): no save met it"
+    forced = _forced(history, p.fault, verdict, _is_error, none)
+    if isinstance(forced, CheckResult):
+        return forced
+    op, errors, evidence = forced
     times = sorted(t for h in errors for t in _times(h))
     first_err, last_err = min(h.ts_ns for h in errors), max(h.get_int("last_ns") or h.ts_ns for h in errors)
     count = sum(h.get_int("count") or 0 for h in errors)
     rate = count / max(seconds(last_err - first_err), 1e-3)
     evidence.append(f"the layer returned {count} error(s) in {fmt_seconds(seconds(last_err - first_err))}")
-    series = _job_attempts(history, ops[0].ts_ns, first_err, last_err)
+    series = _job_attempts(history, op.ts_ns, first_err, last_err)
     bursts = _bursts(times)
     densest = max(n for _, n in bursts)
     attempts = (
@@ -350,7 +362,7 @@ def retried_with_backoff(history: History, params: BaseModel, scenario: Scenario
     )
     fail = partial(verdict, status="fail", measured=measured)
 
-    gave_up = [e for e in events_of(history, TARGET_CHECKPOINT_FAILED) if e.ts_ns >= ops[0].ts_ns]
+    gave_up = [e for e in events_of(history, TARGET_CHECKPOINT_FAILED) if e.ts_ns >= op.ts_ns]
     if gave_up:
         evidence.append(cite(history, gave_up[0]))
         tries = gave_up[0].get_int("attempts")

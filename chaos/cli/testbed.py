@@ -25,7 +25,7 @@ from chaos.testbed.slurm_conf import SlurmSettings
 from chaos.testbed.system import TestbedError
 
 _err = Console(stderr=True)
-_State = TypeVar("_State")  # a testbed flavour's status
+_State = TypeVar("_State", testbed.TestbedStatus, docker_testbed.TestbedStatus)  # a testbed flavour's status
 
 Docker = Annotated[
     bool,
@@ -154,13 +154,8 @@ def status(state_dir: StateDir = None, docker: Docker = False) -> None:
     if docker:
         _docker_status(state_dir)
         return
-    state = _read_status(testbed.status, state_dir)
-    table = _status_table(
-        "testbed",
-        state.built,
-        state.state_dir,
-        f"{state.tag} on {state.subnet or '?'}",
-        ("host", "namespace", "address", "sshd pid", "reachable"),
+    state, table = _status_table(
+        "testbed", testbed.status, state_dir, ("host", "namespace", "address", "sshd pid", "reachable")
     )
     for host in state.hosts:
         table.add_row(
@@ -199,14 +194,8 @@ def _docker_up(hosts: int, state_dir: Path | None, subnet: str | None, shares: l
 
 
 def _docker_status(state_dir: Path | None) -> None:
-    state = _read_status(docker_testbed.status, state_dir)
-    table = _status_table(
-        "docker testbed",
-        state.built,
-        state.state_dir,
-        f"{state.tag} on {state.subnet or '?'}",
-        ("host", "container", "state", "address", "exec"),
-    )
+    columns = ("host", "container", "state", "address", "exec")
+    state, table = _status_table("docker testbed", docker_testbed.status, state_dir, columns)
     for host in state.hosts:
         table.add_row(
             host.name,
@@ -219,24 +208,23 @@ def _docker_status(state_dir: Path | None) -> None:
     _print_health(table, state.healthy, "mlchaos testbed up --docker")
 
 
-def _read_status(read: Callable[[Path | None], _State], state_dir: Path | None) -> _State:
-    """``read(state_dir)``, or exit 1 saying why the testbed's status could not be read."""
+def _status_table(
+    what: str, read: Callable[[Path | None], _State], state_dir: Path | None, columns: tuple[str, ...]
+) -> tuple[_State, Table]:
+    """``read(state_dir)`` and the empty per-host table of that built testbed; exit 1 saying why when its status
+    could not be read or none is built for ``state_dir``."""
     try:
-        return read(state_dir)
+        state = read(state_dir)
     except TestbedError as exc:
         _err.print(f"[red]testbed status failed:[/red] {escape(str(exc))}")
         raise typer.Exit(1) from None
-
-
-def _status_table(what: str, built: bool, state_dir: Path, where: str, columns: tuple[str, ...]) -> Table:
-    """The empty per-host table of a built testbed; exit 1 when none is built for ``state_dir``."""
-    if not built:
-        Console().print(f"no {what} is up for {escape(str(state_dir))}")
+    if not state.built:
+        Console().print(f"no {what} is up for {escape(str(state.state_dir))}")
         raise typer.Exit(1)
-    table = Table(title=f"{what} {where}")
+    table = Table(title=f"{what} {state.tag} on {state.subnet or '?'}")
     for column in columns:
         table.add_column(column)
-    return table
+    return state, table
 
 
 def _print_health(table: Table, healthy: bool, repair: str) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from chaos.cluster.base import Transport
-from chaos.cluster.inventory import Inventory, load_inventory, select
+from chaos.cluster.inventory import Inventory, draw, load_inventory, select
 from chaos.cluster.local import LocalTransport
 from chaos.spec.scenario import FaultSpec, HostSelector, Scenario
 
@@ -134,9 +134,7 @@ class HostSet:
         count = selector.count if selector.count is not None else len(candidates)
         if count > len(candidates):
             raise HostsError(f"asked for {count} host(s) but {what} has {len(candidates)}: {', '.join(candidates)}")
-        if count < len(candidates):
-            picked = set(rng.sample(range(len(candidates)), count))
-            candidates = [h for i, h in enumerate(candidates) if i in picked]
+        candidates = draw(candidates, count, rng)
         if self.blast_radius is not None and len(candidates) > self.blast_radius:
             raise HostsError(
                 f"selection hits {len(candidates)} hosts, more than the blast radius of {self.blast_radius}"

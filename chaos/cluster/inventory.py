@@ -26,7 +26,7 @@ import os
 import random
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -38,6 +38,7 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 ALL_GROUP = "all"
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
+_T = TypeVar("_T")
 
 
 class InventoryError(ScenarioError):
@@ -165,15 +166,22 @@ def select(
     count = selector.count if selector.count is not None else len(candidates)
     if count > len(candidates):
         raise SelectionError(f"asked for {count} host(s) but only {len(candidates)} candidate(s) are eligible")
-    if count < len(candidates):
-        picked = set(rng.sample(range(len(candidates)), count))
-        candidates = [h for i, h in enumerate(candidates) if i in picked]
+    candidates = draw(candidates, count, rng)
     if blast_radius is not None and len(candidates) > blast_radius:
         raise SelectionError(
             f"selection hits {len(candidates)} hosts, more than the blast radius of {blast_radius}; "
             "narrow it with count, host or exclude, or raise safety.blast_radius"
         )
     return candidates
+
+
+def draw(candidates: list[_T], count: int, rng: random.Random) -> list[_T]:
+    """``count`` of ``candidates`` (at most all of them) drawn with ``rng``, in their order: the same rng state
+    draws the same ones; taking all of them draws nothing from ``rng``."""
+    if count >= len(candidates):
+        return candidates
+    picked = set(rng.sample(range(len(candidates)), count))
+    return [c for i, c in enumerate(candidates) if i in picked]
 
 
 def _did_you_mean(word: str, options: list[str]) -> str:

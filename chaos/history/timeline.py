@@ -152,21 +152,16 @@ class History:
             self._file = None
 
 
-class EventFileTail:
-    """Reads new complete JSON lines from the event file a job writes (env ``CHAOS_EVENTS``).
+class LineTail:
+    """The complete lines a growing file gained since the last :meth:`new_lines`: a half-written last line
+    waits for its end; a file that is not there yet has none."""
 
-    Lines the job wrote with :func:`chaos.events.emit` are already Event-shaped; anything unparsable is
-    turned into a ``runner.bad_event`` event instead of being dropped silently.
-    """
-
-    def __init__(self, path: Path, source: str = "target") -> None:
+    def __init__(self, path: Path) -> None:
         self.path = path
-        self.source = source
         self._offset = 0
         self._partial = b""
 
-    def poll(self) -> list[Event]:
-        """Return events appended since the last poll (never a half-written line)."""
+    def new_lines(self) -> list[bytes]:
         try:
             with open(self.path, "rb") as handle:
                 handle.seek(self._offset)
@@ -174,10 +169,25 @@ class EventFileTail:
         except FileNotFoundError:
             return []
         self._offset += len(chunk)
-        data = self._partial + chunk
-        lines = data.split(b"\n")
+        lines = (self._partial + chunk).split(b"\n")
         self._partial = lines.pop()
-        return [parse_event_line(line, self.source) for line in lines if line.strip()]
+        return lines
+
+
+class EventFileTail(LineTail):
+    """Reads new complete JSON lines from the event file a job writes (env ``CHAOS_EVENTS``).
+
+    Lines the job wrote with :func:`chaos.events.emit` are already Event-shaped; anything unparsable is
+    turned into a ``runner.bad_event`` event instead of being dropped silently.
+    """
+
+    def __init__(self, path: Path, source: str = "target") -> None:
+        super().__init__(path)
+        self.source = source
+
+    def poll(self) -> list[Event]:
+        """Return events appended since the last poll (never a half-written line)."""
+        return [parse_event_line(line, self.source) for line in self.new_lines() if line.strip()]
 
 
 def parse_event_line(line: bytes | str, source: str = "target") -> Event:

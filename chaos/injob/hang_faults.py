@@ -20,15 +20,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import get_args
 
-from chaos.event_kinds import FAULT_APPLIED, FAULT_HEALED
+from chaos.event_kinds import TensorPhase
+from chaos.injob.fault_events import FaultEvents
 from chaos.injob.flight_recorder import Recorder
 from chaos.plan.agent_plan import InJobOp
 
 SPIN = "spin"
 SKIP = "skip_collective"
 HANG_FAULTS = (SPIN, SKIP)
-SPIN_PHASES = ("forward", "backward", "optimizer_step")
+SPIN_PHASES: tuple[TensorPhase, ...] = get_args(TensorPhase)
 
 
 class HangFaults:
@@ -46,7 +48,7 @@ class HangFaults:
     ) -> None:
         self._rank = rank
         self._step = step
-        self._emit = emit
+        self._events = FaultEvents(emit, rank)
         self._already_fired = already_fired
         self._mark_fired = mark_fired
         self._spins: list[InJobOp] = []
@@ -84,17 +86,8 @@ class HangFaults:
         if op is None:
             return
         self._mark_fired(op)
-        self._emit(
-            FAULT_APPLIED,
-            rank=self._rank,
-            fault=op.fault,
-            op=op.op_id,
-            injector=SKIP,
-            description=f"rank {self._rank} skipped collective {index} ({op_name}) of step {step}",
-            step=step,
-            index=index,
-            collective=op_name,
-        )
+        description = f"rank {self._rank} skipped collective {index} ({op_name}) of step {step}"
+        self._events.applied(op, step, description, index=index, collective=op_name)
 
     def at(self, phase: str) -> None:
         """Fire the spins due at (this step, ``phase``)."""
@@ -105,22 +98,14 @@ class HangFaults:
             self._spins.remove(op)
             self._mark_fired(op)
             seconds = float(op.duration_s or 0.0)
-            common = {"fault": op.fault, "op": op.op_id, "injector": SPIN}
-            self._emit(
-                FAULT_APPLIED,
-                rank=self._rank,
-                step=step,
-                phase=phase,
-                duration_s=seconds,
-                description=f"rank {self._rank} spins in a Python loop for {seconds:g}s at step {step}, phase {phase}",
-                **common,
-            )
+            description = f"rank {self._rank} spins in a Python loop for {seconds:g}s at step {step}, phase {phase}"
+            self._events.applied(op, step, description, phase=phase, duration_s=seconds)
             began = time.monotonic()
             end = began + seconds
             spins = 0
             while time.monotonic() < end:  # a Python loop: holds the GIL, burns CPU, never reaches a collective
                 spins += 1
-            self._emit(FAULT_HEALED, rank=self._rank, spun_s=round(time.monotonic() - began, 3), **common)
+            self._events.healed(op, spun_s=round(time.monotonic() - began, 3))
 
 
 __all__ = ["HANG_FAULTS", "SKIP", "SPIN", "SPIN_PHASES", "HangFaults"]

@@ -1,37 +1,11 @@
 """The one-line agent's hooks: ``agent = chaos.agent.attach(model, optimizer)`` and no other line in the loop.
 
-What :class:`LoopHooks` installs, each undone by :meth:`LoopHooks.remove` (``attach(..., hooks=False)``
-installs none):
-
-- a forward pre-hook on the module the loop calls (``ddp=`` when given, else ``model``): the first forward
-  after an optimizer step opens the next step (the agent's ``begin_step``: forward-phase faults fire there);
-  further forwards before the optimizer step (gradient accumulation) stay in that step;
-- a step pre-hook on ``optimizer``: ``after_backward`` then ``allow_optimizer_step`` (backward- and
-  optimizer_step-phase faults, the guards). A step the guards agreed to skip becomes a no-op: every gradient
-  of this optimizer is set to None, and torch's optimizers leave a parameter without a gradient untouched;
-- a step post-hook on ``optimizer``: ``end_step`` (``target.step``, the consistency check);
-- under torchft (``manager=``), a wrapper around this Manager's ``should_commit`` (torchft's optimizer wrapper
-  calls it before the inner optimizer's step, and that step runs only when it returns True): the backward and
-  optimizer_step phases run before torchft's commit vote (a guard's detection reaches ``report_error`` in time);
-  a step torchft does not commit ends there (``committed: false``), a committed one at the inner optimizer's
-  post-hook. torchft's ``OptimizerWrapper`` passed as ``optimizer`` is hooked through its inner optimizer;
-- ``atexit``: the agent's close at a normal exit (heals, ``target.digest``) without the consistency guard's
-  last exchange (a collective at exit would hang on a peer that is gone; an explicit ``close()`` takes it);
-- ``sys.excepthook``: an uncaught exception that is a collective failure is reported as ``detect.*`` naming
-  this rank (:func:`collective_failure`) before the traceback is printed; the previous hook then runs, and
-  the exit reports no digest (training did not finish).
-
-The loop's first explicit call (``agent.begin_step`` and the others) removes them: explicit calls take over.
-``attach(..., hooks=[...])`` installs only the named ones (:data:`HOOKS`: forward,
-optimizer, commit, atexit, excepthook); a job with its own ``sys.excepthook``, say, leaves that one out.
-
-Step numbers are exact or not reported: torchft's ``manager.current_step() + 1``; else the optimizer's own
-count plus one (``state["step"]``, kept by every torch optimizer but SGD and LBFGS and restored with the
-optimizer's state on a resume); else the count of steps this process took, on a first launch (attempt 0) or
-for an optimizer that keeps a count but has no state yet (so a resume that restores the model but not the
-optimizer's state counts from 1 again: the optimizer did start over, and ``matches_golden`` fails). Otherwise (SGD after a restart: a resume cannot be
-told from a fresh start) the hooks stop driving the loop and one ``target.step_source`` {exact: false, reason}
-says what to add.
+:class:`LoopHooks` makes the agent's per-step calls from a forward pre-hook (``begin_step``), the optimizer's
+step pre-hook (``after_backward``, ``allow_optimizer_step``; a skipped step becomes a no-op) and post-hook
+(``end_step``), torchft's commit vote, ``atexit`` (close without the last consistency exchange) and
+``sys.excepthook`` (a collective failure reported as ``detect.*``). :meth:`LoopHooks.remove` undoes them; the
+loop's first explicit call does too. Step numbers are exact or not reported (``target.step_source``). Each
+hook's contract and why: ``docs/design/loop-hooks.md``.
 """
 
 from __future__ import annotations

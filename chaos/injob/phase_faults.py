@@ -36,14 +36,16 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from typing import get_args
 
-from chaos.event_kinds import FAULT_APPLIED, FAULT_CLAIMED, FAULT_HEALED
+from chaos.event_kinds import FAULT_CLAIMED, TriggerPhase
+from chaos.injob.fault_events import FaultEvents
 from chaos.kernel.procfs import read_stat
 from chaos.plan.agent_plan import InJobOp, JsonValue
 
 # The faults the agent can fire on its own process, and the phase points it calls (see the module docstring).
 PROCESS_FAULTS = ("kill", "freeze")
-PHASES = ("forward", "allreduce", "backward", "optimizer_step")
+PHASES: tuple[TriggerPhase, ...] = get_args(TriggerPhase)
 ENV_REPLICA = "CHAOS_REPLICA"  # set by a roles target in each replica's processes
 
 
@@ -101,7 +103,7 @@ class PhaseFaults:
         self._phases = frozenset(str(op.phase) for op in self._ops)
         self._rank = rank
         self._step = step
-        self._emit = emit
+        self._events = FaultEvents(emit, rank)
         self._already_fired = already_fired
         self._mark_fired = mark_fired
         self._done: set[str] = set()
@@ -164,19 +166,8 @@ class PhaseFaults:
         number = _signal(op.params.get("signal", "SIGKILL"))
         pid = os.getpid()
         at = _point(phase, where)
-        self._emit(
-            FAULT_APPLIED,
-            rank=self._rank,
-            fault=op.fault,
-            op=op.op_id,
-            injector=op.injector,
-            description=f"{number.name} rank {self._rank} (pid {pid}) by its own agent at step {step}, {at}",
-            step=step,
-            phase=phase,
-            pid=pid,
-            signal=number.name,
-            **where,
-        )
+        description = f"{number.name} rank {self._rank} (pid {pid}) by its own agent at step {step}, {at}"
+        self._events.applied(op, step, description, phase=phase, pid=pid, signal=number.name, **where)
         # The event is written (one synchronous O_APPEND write) before the signal: the history says where.
         os.kill(pid, number)
 
@@ -187,17 +178,7 @@ class PhaseFaults:
         start = _start_time(pid)
         at = _point(phase, where)
         description = f"SIGSTOP rank {self._rank} (pid {pid}) by its own agent at step {step}, {at}, for {seconds:g}s"
-        common: dict[str, JsonValue] = {"fault": op.fault, "op": op.op_id, "injector": op.injector, "pid": pid}
-        self._emit(
-            FAULT_APPLIED,
-            rank=self._rank,
-            description=description,
-            step=step,
-            phase=phase,
-            duration_s=seconds,
-            **common,
-            **where,
-        )
+        self._events.applied(op, step, description, phase=phase, duration_s=seconds, pid=pid, **where)
         subprocess.Popen(  # the thaw first: nothing could start it once this process is stopped
             [sys.executable, "-c", THAW, repr(seconds), str(pid), start],
             stdin=subprocess.DEVNULL,
@@ -208,7 +189,7 @@ class PhaseFaults:
         )
         stopped = time.monotonic()
         os.kill(pid, signal.SIGSTOP)  # every thread of the process, until the thaw (or anyone) continues it
-        self._emit(FAULT_HEALED, rank=self._rank, frozen_s=round(time.monotonic() - stopped, 3), **common)
+        self._events.healed(op, frozen_s=round(time.monotonic() - stopped, 3), pid=pid)
 
 
 def _signal(raw: JsonValue) -> signal.Signals:

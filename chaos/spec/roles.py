@@ -17,26 +17,14 @@ import re
 from collections.abc import Iterator
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from chaos.spec.matchers import LogMatcherSpec, OptimizerSteps, Signatures
-from chaos.spec.units import Duration, EnvVars, Name
+from chaos.spec.units import MODULE_PATTERN, Argv, Duration, EnvVars, Name
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
-_MODULE = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 ROLE_NAME = r"^[A-Za-z][A-Za-z0-9_-]*$"  # no dot: a dot separates a role from its replica index
 MAX_REPLICAS = 32
-
-
-def _stringify(value: object) -> object:
-    """YAML reads ``--steps 60`` as an int; argv wants strings (the same rule as the scenario's Argv)."""
-    if isinstance(value, list):
-        return [str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for v in value]
-    return value
-
-
-_ArgvItem = Annotated[str, WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "number"}]})]
-Argv = Annotated[list[_ArgvItem], BeforeValidator(_stringify)]
 
 
 class RestartPolicy(BaseModel):
@@ -53,7 +41,7 @@ class RoleTorchrun(BaseModel):
     """A role launched as a one-node torchrun job (``--standalone``: its own rendezvous on a free port)."""
 
     model_config = _STRICT
-    module: str | None = Field(default=None, pattern=_MODULE, description="a dotted module name (python -m)")
+    module: str | None = Field(default=None, pattern=MODULE_PATTERN, description="a dotted module name (python -m)")
     script: Name | None = None
     args: Argv = []
     nproc_per_node: int = Field(default=1, ge=1, le=1024)

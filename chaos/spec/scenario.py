@@ -4,285 +4,65 @@ A scenario says where the job runs (``cluster``), what it is (``target``), which
 (``faults`` with ``trigger`` and ``duration``), what must hold (``checks``) and the run's guard rails
 (``safety``). Each injector and check contributes its own params model through the registry, so the full
 schema (and editor completion through ``mlchaos schema``) is built from whatever is installed; adding an
-injector never edits this file.
+injector never edits this file. The entries live in :mod:`chaos.spec.faults` and :mod:`chaos.spec.targets`,
+the checks beside the model's own in :mod:`chaos.spec.raw_checks`; every name is importable from here.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
     PrivateAttr,
-    SerializeAsAny,
     ValidationError,
     ValidationInfo,
-    WithJsonSchema,
     create_model,
     field_validator,
-    model_validator,
 )
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
-from chaos.event_kinds import TriggerPhase
 from chaos.plugins import registry
+from chaos.spec.faults import PHASES as PHASES
+from chaos.spec.faults import CheckSpec as CheckSpec
+from chaos.spec.faults import EventTrigger as EventTrigger
+from chaos.spec.faults import EveryTrigger as EveryTrigger
+from chaos.spec.faults import FaultSpec as FaultSpec
+from chaos.spec.faults import HostSelector as HostSelector
+from chaos.spec.faults import PoissonTrigger as PoissonTrigger
+from chaos.spec.faults import Trigger as Trigger
 from chaos.spec.load import ScenarioLoad
-from chaos.spec.matchers import LogMatcherSpec, OptimizerSteps, Signatures
 from chaos.spec.problems import Path_ as Path_
 from chaos.spec.problems import Problem as Problem
 from chaos.spec.problems import ScenarioError as ScenarioError
-from chaos.spec.problems import decode_text, nearest, position, without_union_noise
+from chaos.spec.problems import decode_text, position, without_union_noise
 from chaos.spec.problems import problem_for as problem_for
 from chaos.spec.problems import read_yaml_mapping as read_yaml_mapping
 from chaos.spec.problems import yaml_positions as yaml_positions
+from chaos.spec.raw_checks import cross_check, fault_names, nonsense_numbers, validator_crash
 from chaos.spec.renamed import rename_modules
 from chaos.spec.roles import RolesTarget
 from chaos.spec.serving import ServingTarget
 from chaos.spec.slurm import SlurmTarget
-from chaos.spec.targets import HttpTarget
-from chaos.spec.units import Duration, EnvVars, Name
+from chaos.spec.targets import CommandTarget as CommandTarget
+from chaos.spec.targets import HangWatchSpec as HangWatchSpec
+from chaos.spec.targets import HttpTarget as HttpTarget
+from chaos.spec.targets import TorchrunTarget as TorchrunTarget
+from chaos.spec.units import Duration, Name
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
-_MODULE = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"  # a dotted Python module name
 NO_CHECKS = (
     "a scenario with no checks can only pass; add checks, or say `checks: []` together with "
     "`allow_no_checks: true` to run one on purpose"
 )
-
-
-def _stringify(value: object) -> object:
-    """YAML turns ``--steps 60`` arguments into ints; argv wants strings, so scalars become str."""
-    if isinstance(value, list):
-        return [str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for v in value]
-    return value
-
-
-# In the JSON Schema an item is a string or a number, as YAML gives it before _stringify (`args: [--steps, 60]`).
-_ArgvItem = Annotated[str, WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "number"}]})]
-Argv = Annotated[list[_ArgvItem], BeforeValidator(_stringify)]
-
-
-class EveryTrigger(BaseModel):
-    """Fire ``count`` times, every ``interval``, the first at ``start`` (default: one interval in)."""
-
-    model_config = _STRICT
-    interval: Duration = Field(gt=0)
-    count: int = Field(ge=1, le=10_000)  # (and its last firing within max_duration: chaos.spec.preflight)
-    start: Duration | None = None
-
-
-class PoissonTrigger(BaseModel):
-    """Fire ``count`` times with exponential gaps of mean ``mtbf`` (seeded: replays exactly)."""
-
-    model_config = _STRICT
-    mtbf: Duration = Field(gt=0)
-    count: int = Field(ge=1, le=10_000)
-    start: Duration = 0.0
-
-
-class EventTrigger(BaseModel):
-    """Fire when the ``nth`` event whose kind matches ``kind`` (a glob) arrives, optionally on one rank."""
-
-    model_config = _STRICT
-    kind: Name
-    nth: int = Field(default=1, ge=1)
-    rank: int | None = Field(default=None, ge=0)
-
-
-# The points inside a training step where the in-job agent can fire a process fault (``trigger.phase``):
-# before the forward pass, inside the gradient all-reduce (the rank has entered the collective), after backward
-# (the all-reduce done), and just before the optimizer step.
-PHASES: tuple[TriggerPhase, ...] = ("forward", "allreduce", "backward", "optimizer_step")
-
-
-class Trigger(BaseModel):
-    """When a fault fires. Exactly one of ``after``, ``at_step``, ``on_event``, ``every``, ``poisson``."""
-
-    model_config = _STRICT
-    after: Duration | None = Field(
-        default=None, description="seconds after the target starts (a serving/http target: after it is ready)"
-    )
-    at_step: int | None = Field(default=None, ge=0, description="when a rank reports this training step")
-    rank: int | None = Field(default=None, ge=0, description="with at_step: the rank whose step counts")
-    phase: TriggerPhase | None = Field(
-        default=None,
-        description="with at_step, on a process fault of a torchrun job: the point inside the step where the "
-        "rank's own agent fires it (forward, allreduce, backward, optimizer_step)",
-    )
-    on_event: EventTrigger | None = None
-    every: EveryTrigger | None = None
-    poisson: PoissonTrigger | None = None
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> Trigger:
-        chosen = [k for k in ("after", "at_step", "on_event", "every", "poisson") if getattr(self, k) is not None]
-        if len(chosen) != 1:
-            raise ValueError(
-                "a trigger needs exactly one of after, at_step, on_event, every, poisson"
-                + (f" (got {', '.join(chosen)})" if chosen else "")
-            )
-        if self.rank is not None and self.at_step is None:
-            raise ValueError("rank belongs with at_step (on_event has its own rank)")
-        if self.phase is not None and self.at_step is None:
-            raise ValueError("phase belongs with at_step: a phase is a point inside a training step")
-        return self
-
-    @property
-    def kind(self) -> str:
-        for key in ("after", "at_step", "on_event", "every", "poisson"):
-            if getattr(self, key) is not None:
-                return key
-        raise AssertionError("validated trigger has no kind")
-
-
-class HostSelector(BaseModel):
-    """Which hosts a fault hits: one ``host`` by name, the host running training ``rank`` (a multi-node
-    target, resolved when the fault fires), ``count`` hosts of a ``group`` (default: all), or of a slurm
-    target's nodes (``slurm: allocated``: the job's allocation when the fault fires; ``slurm: spare``: the
-    partition's nodes outside it), never those in ``exclude``. ``count`` None takes every candidate; fewer are
-    drawn with the run's rng."""
-
-    model_config = _STRICT
-    host: Name | None = None
-    rank: int | None = Field(default=None, ge=0, description="the host that runs this rank of a multi-node target")
-    group: Name | None = None
-    slurm: Literal["allocated", "spare"] | None = Field(
-        default=None,
-        description="a slurm target's nodes, when the fault fires: allocated (the job's allocation) or spare "
-        "(the partition's nodes the job does not hold)",
-    )
-    count: int | None = Field(default=None, ge=1)
-    exclude: list[Name] = Field(default_factory=list)
-
-    @model_validator(mode="after")
-    def _host_or_group(self) -> HostSelector:
-        given = [key for key in ("host", "rank", "group", "slurm") if getattr(self, key) is not None]
-        if len(given) > 1:
-            raise ValueError(f"give one of host, rank, group or slurm, not {' and '.join(given)}")
-        if (self.host is not None or self.rank is not None) and self.count not in (None, 1):
-            raise ValueError("count makes no sense with a single host")
-        return self
-
-
-class FaultSpec(BaseModel):
-    """One fault: an injector ``type`` with its ``params``, a ``trigger`` and an optional ``duration``."""
-
-    model_config = _STRICT
-    name: str = Field(default="", pattern=r"^[A-Za-z0-9_.-]*$", description="unique; default <type>-<n>")
-    type: str
-    params: SerializeAsAny[BaseModel]
-    trigger: Trigger
-    duration: Duration | None = Field(default=None, gt=0, description="how long the fault lasts before heal")
-    hosts: HostSelector | None = Field(
-        default=None, description="inventory hosts the fault is applied on (null: the harness's own host)"
-    )
-
-
-class CheckSpec(BaseModel):
-    """One assertion: a check ``type`` with its ``params``; ``name`` labels it in reports."""
-
-    model_config = _STRICT
-    name: str = ""
-    type: str
-    params: SerializeAsAny[BaseModel]
-
-
-class HangWatchSpec(BaseModel):
-    """The harness-side hang watch (:mod:`chaos.detect.hang_watch`): names the rank a hang waits for
-    (``detect.hang``) once no rank completed a collective for ``hang_after``, from the ranks' flight recorders."""
-
-    model_config = _STRICT
-    hang_after: Duration = Field(default=3.0, gt=0, description="no collective completed for this long: a hang")
-    poll: Duration = Field(default=0.2, gt=0, description="how often the recorder files are read")
-
-
-class TorchrunTarget(BaseModel):
-    """A job launched by torchrun: a module (``-m``) or a script, N ranks per node, M restarts.
-
-    Without ``nodes`` it is one node on this host (``--standalone``). With ``nodes`` (a host selector over
-    the inventory) every selected host runs one torchrun agent over SSH, joined by a c10d rendezvous on the
-    first selected host at ``rdzv_port``."""
-
-    model_config = _STRICT
-    type: Literal["torchrun"]
-    module: str | None = Field(default=None, pattern=_MODULE, description="a dotted module name (python -m)")
-    script: Name | None = None
-    args: Argv = []
-    nproc_per_node: int = Field(default=2, ge=1, le=1024)
-    max_restarts: int = Field(default=3, ge=0)
-    monitor_interval: Duration = Field(default=0.5, gt=0)
-    nodes: HostSelector | None = Field(
-        default=None, description="inventory hosts that each run one torchrun agent (null: this host only)"
-    )
-    rdzv_port: Annotated[int, Field(ge=1, le=65535)] | Literal["auto"] = Field(
-        default="auto",
-        description="c10d rendezvous port on the first node: `auto` (a port free there, chosen when the run "
-        "starts, so runs side by side never share one) or a number to pin it",
-    )
-    python: Name | None = Field(
-        default=None,
-        description="the interpreter that runs the job (a path, or a name on PATH); null: python3 on PATH when it "
-        "can import torch (and mlchaos for a script with the agent line), else mlchaos's own; on nodes: each "
-        "host's inventory python",
-    )
-    torchrun: Argv | None = Field(
-        default=None,
-        min_length=1,
-        description="the launcher command, e.g. [/opt/venv/bin/torchrun]; null: <python> -m torch.distributed.run",
-    )
-    env: EnvVars = {}
-    matchers: list[LogMatcherSpec] = []
-    signatures: Signatures = "all"
-    optimizer_steps: OptimizerSteps = True
-    hang_watch: HangWatchSpec | None = Field(
-        default=None, description="name the rank a hang waits for (the job must attach the agent); null: off"
-    )
-
-    @model_validator(mode="after")
-    def _module_or_script(self) -> TorchrunTarget:
-        if (self.module is None) == (self.script is None):
-            raise ValueError("a torchrun target needs exactly one of module or script")
-        if self.nodes is not None and (self.nodes.rank is not None or self.nodes.slurm is not None):
-            raise ValueError(
-                "nodes selects the hosts that run the job: use host, group, count or exclude, not rank or slurm"
-            )
-        return self
-
-
-class CommandTarget(BaseModel):
-    """Any command; its output lines become events through ``matchers``. ``{python}`` in it is the job's
-    interpreter (``python:``, see :mod:`chaos.targets.interpreter`)."""
-
-    model_config = _STRICT
-    type: Literal["command"]
-    command: Argv = Field(min_length=1)
-    python: Name | None = Field(
-        default=None,
-        description="the job's interpreter: replaces a bare python/python3 program and fills {python} in the "
-        "command; null: the command as written, {python} = python3 on PATH when it can import what the "
-        "command's .py files import of torch and mlchaos, else mlchaos's own",
-    )
-    env: EnvVars = {}
-    matchers: list[LogMatcherSpec] = []
-    signatures: Signatures = "all"
-    optimizer_steps: OptimizerSteps = True
-
-    @field_validator("command")
-    @classmethod
-    def _program(cls, command: list[str]) -> list[str]:
-        if not command[0].strip():
-            raise ValueError("the command's first item is the program to run: it cannot be empty")
-        return command
 
 
 TargetSpec = Annotated[
@@ -463,16 +243,16 @@ def parse_scenario(text: str, file: str = "<string>") -> Scenario:
     data, marks, problems = read_yaml_mapping(text, file, what="a scenario", hint="start with name: my-scenario")
     rename_modules(data, marks, file)  # a job module's old path: the new path, and a warning at its line
     model = scenario_model()
-    problems.extend(_cross_check(data, marks, file))  # on the raw data: reported next to the model's own errors
+    problems.extend(cross_check(data, marks, file))  # on the raw data: reported next to the model's own errors
     try:
         scenario = model.model_validate(data)
     except ValidationError as exc:
         errors = without_union_noise([dict(e) for e in exc.errors()], data)
         problems.extend(problem_for(e, data, marks, file, model) for e in errors)
     except Exception as exc:  # noqa: BLE001 - a validator that raised no ValueError: named, never a traceback
-        problems.append(_validator_crash(exc, data, marks, file))
+        problems.append(validator_crash(exc, data, marks, file))
     else:
-        problems.extend(_nonsense_numbers(scenario, data, (), marks, file))
+        problems.extend(nonsense_numbers(scenario, data, (), marks, file))
     if problems:
         raise ScenarioError(sorted(problems, key=lambda p: (p.line, p.column)))
     named = _named(scenario)
@@ -480,108 +260,9 @@ def parse_scenario(text: str, file: str = "<string>") -> Scenario:
     return named
 
 
-def _validator_crash(exc: Exception, data: dict[str, Any], marks: dict[Path_, tuple[int, int]], file: str) -> Problem:
-    """A Problem for a validator that raised something other than ValueError (a plugin's bug, e.g. a
-    TypeError on a list where it expected a string), at the fault or check whose params raise it."""
-    plugins: dict[str, dict[str, type[BaseModel]]] = {
-        "faults": {name: cls.Params for name, cls in registry.injectors().items()},
-        "checks": {name: spec.Params for name, spec in registry.checks().items()},
-    }
-    for key, models in plugins.items():
-        for index, item in _items(data, key):
-            params_model = models.get(str(item.get("type")))
-            if params_model is None:
-                continue
-            try:
-                params_model.model_validate(item.get("params", {}))
-            except ValidationError:
-                continue
-            except Exception:  # noqa: BLE001 - the one that crashes
-                where = f"{key}.{index}.params"
-                message = f"{where}: its {item['type']} validator failed ({type(exc).__name__}: {exc})"
-                return Problem(file, *position(marks, (key, index, "params")), message, "check the values here")
-    return Problem(file, 1, 1, f"validating the scenario failed ({type(exc).__name__}: {exc})", "check the values")
-
-
-def _nonsense_numbers(
-    value: object, raw: object, path: Path_, marks: dict[Path_, tuple[int, int]], file: str
-) -> list[Problem]:
-    """Numbers the model took but no one meant: NaN or infinity in any float (``rate: .inf``, ``factor: .nan``;
-    a bound compared with NaN never trips), and ``true``/``false`` where a number belongs (pydantic reads
-    ``nproc_per_node: true`` as 1). Walks the validated model beside the YAML it came from, so every
-    injector's and check's params are covered without each declaring it."""
-    if isinstance(value, BaseModel):
-        found: list[Problem] = []
-        if not isinstance(raw, dict):
-            return found
-        for name, field in type(value).model_fields.items():
-            key = field.alias or name
-            if key in raw:
-                found += _nonsense_numbers(getattr(value, name), raw[key], (*path, key), marks, file)
-        return found
-    if isinstance(value, (list, tuple)) and isinstance(raw, list) and len(raw) == len(value):
-        return [
-            p
-            for i, (v, r) in enumerate(zip(value, raw, strict=True))
-            for p in _nonsense_numbers(v, r, (*path, i), marks, file)
-        ]
-    if isinstance(value, dict) and isinstance(raw, dict):
-        return [p for k, v in value.items() if k in raw for p in _nonsense_numbers(v, raw[k], (*path, k), marks, file)]
-    where = ".".join(str(p) for p in path)
-    if isinstance(value, float) and not math.isfinite(value):
-        return [Problem(file, *position(marks, path), f"{where}: must be a finite number (got {raw!r})")]
-    if isinstance(raw, bool) and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return [Problem(file, *position(marks, path), f"{where}: expected a number, got the boolean {raw!r}")]
-    return []
-
-
-def _items(data: dict[str, Any], key: str) -> list[tuple[int, dict[str, Any]]]:
-    """The mappings of the list ``data[key]`` with their indexes (what is not a mapping, the model reports)."""
-    entries = data.get(key)
-    return [(i, e) for i, e in enumerate(entries) if isinstance(e, dict)] if isinstance(entries, list) else []
-
-
-def _fault_names(faults: list[tuple[str, str]]) -> list[str]:
-    """The name of each (type, name) fault; an unnamed one is ``<type>-<n>``, n counting the faults of its type."""
-    counts: dict[str, int] = {}
-    names = []
-    for kind, name in faults:
-        counts[kind] = counts.get(kind, 0) + 1
-        names.append(name or f"{kind}-{counts[kind]}")
-    return names
-
-
-def _cross_check(data: dict[str, Any], marks: dict[Path_, tuple[int, int]], file: str) -> list[Problem]:
-    """Fault names are unique, and a check's ``fault`` names a fault that exists."""
-    problems: list[Problem] = []
-    faults = _items(data, "faults")
-    names = _fault_names([(str(fault.get("type", "")), str(fault.get("name") or "")) for _, fault in faults])
-    fault_names: list[str] = []
-    for (index, _), name in zip(faults, names, strict=True):
-        if name in fault_names:
-            at = position(marks, ("faults", index))
-            problems.append(Problem(file, *at, f"duplicate fault name {name!r}", "give each fault a unique name"))
-        fault_names.append(name)
-    checks = registry.checks()
-    for index, check in _items(data, "checks"):
-        spec = checks.get(str(check.get("type")))
-        params = check.get("params")
-        referenced = params.get("fault") if isinstance(params, dict) else None
-        if spec is None or "fault" not in spec.Params.model_fields or not isinstance(referenced, str):
-            continue  # an unknown check type or a fault that is not a name: the model says what is wrong
-        if referenced not in fault_names:
-            line, column = position(marks, ("checks", index, "params", "fault"))
-            hint = nearest(referenced, fault_names) or (
-                "faults defined: " + ", ".join(fault_names) if fault_names else "add the fault under faults:"
-            )
-            message = f"check {check['type']!r} names fault {referenced!r}, which is not defined"
-            problems.append(Problem(file, line, column, message, hint))
-    return problems
-
-
 def _named(scenario: Scenario) -> Scenario:
     """Default fault names (``<type>-<n>``) and check labels (``<type>[<fault>]``), as the cross-check counted."""
-    names = _fault_names([(fault.type, fault.name) for fault in scenario.faults])
+    names = fault_names([(fault.type, fault.name) for fault in scenario.faults])
     named_faults = [fault.model_copy(update={"name": name}) for fault, name in zip(scenario.faults, names, strict=True)]
     named_checks: list[CheckSpec] = []
     for check in scenario.checks:

@@ -17,8 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from chaos.spec.matchers import LogMatcherSpec, Signatures
-from chaos.spec.roles import Argv
-from chaos.spec.units import Duration, EnvVars, Name
+from chaos.spec.units import Argv, Duration, EnvVars, Name
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 _SLURM_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$"

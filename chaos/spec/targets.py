@@ -1,19 +1,24 @@
-"""Typed ``target:`` blocks that are not the scenario model's own (the scenario's torchrun and command targets
-live in :mod:`chaos.spec.scenario`; the reference serving stack's in :mod:`chaos.spec.serving`)."""
+"""Typed ``target:`` blocks: a torchrun job, any command, an http endpoint already running (the reference
+serving stack's live in :mod:`chaos.spec.serving`, a roles target's in :mod:`chaos.spec.roles`, a Slurm job's in
+:mod:`chaos.spec.slurm`)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from chaos.spec.units import Duration, check_http_url
+from chaos.spec.faults import HostSelector
+from chaos.spec.matchers import LogMatcherSpec, OptimizerSteps, Signatures
+from chaos.spec.units import MODULE_PATTERN, Argv, Duration, EnvVars, Name, check_http_url
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
 
 
 class HttpTarget(BaseModel):
     """A serving endpoint that is already running: the gateway of a user's own fleet."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = _STRICT
     type: Literal["http"]
     url: str = Field(description="base URL of the endpoint, e.g. http://gateway.staging:8080")
     health: str | None = Field(
@@ -25,3 +30,91 @@ class HttpTarget(BaseModel):
     @classmethod
     def _url(cls, url: str) -> str:
         return check_http_url(url).rstrip("/")
+
+
+class HangWatchSpec(BaseModel):
+    """The harness-side hang watch (:mod:`chaos.detect.hang_watch`): names the rank a hang waits for
+    (``detect.hang``) once no rank completed a collective for ``hang_after``, from the ranks' flight recorders."""
+
+    model_config = _STRICT
+    hang_after: Duration = Field(default=3.0, gt=0, description="no collective completed for this long: a hang")
+    poll: Duration = Field(default=0.2, gt=0, description="how often the recorder files are read")
+
+
+class TorchrunTarget(BaseModel):
+    """A job launched by torchrun: a module (``-m``) or a script, N ranks per node, M restarts.
+
+    Without ``nodes`` it is one node on this host (``--standalone``). With ``nodes`` (a host selector over
+    the inventory) every selected host runs one torchrun agent over SSH, joined by a c10d rendezvous on the
+    first selected host at ``rdzv_port``."""
+
+    model_config = _STRICT
+    type: Literal["torchrun"]
+    module: str | None = Field(default=None, pattern=MODULE_PATTERN, description="a dotted module name (python -m)")
+    script: Name | None = None
+    args: Argv = []
+    nproc_per_node: int = Field(default=2, ge=1, le=1024)
+    max_restarts: int = Field(default=3, ge=0)
+    monitor_interval: Duration = Field(default=0.5, gt=0)
+    nodes: HostSelector | None = Field(
+        default=None, description="inventory hosts that each run one torchrun agent (null: this host only)"
+    )
+    rdzv_port: Annotated[int, Field(ge=1, le=65535)] | Literal["auto"] = Field(
+        default="auto",
+        description="c10d rendezvous port on the first node: `auto` (a port free there, chosen when the run "
+        "starts, so runs side by side never share one) or a number to pin it",
+    )
+    python: Name | None = Field(
+        default=None,
+        description="the interpreter that runs the job (a path, or a name on PATH); null: python3 on PATH when it "
+        "can import torch (and mlchaos for a script with the agent line), else mlchaos's own; on nodes: each "
+        "host's inventory python",
+    )
+    torchrun: Argv | None = Field(
+        default=None,
+        min_length=1,
+        description="the launcher command, e.g. [/opt/venv/bin/torchrun]; null: <python> -m torch.distributed.run",
+    )
+    env: EnvVars = {}
+    matchers: list[LogMatcherSpec] = []
+    signatures: Signatures = "all"
+    optimizer_steps: OptimizerSteps = True
+    hang_watch: HangWatchSpec | None = Field(
+        default=None, description="name the rank a hang waits for (the job must attach the agent); null: off"
+    )
+
+    @model_validator(mode="after")
+    def _module_or_script(self) -> TorchrunTarget:
+        if (self.module is None) == (self.script is None):
+            raise ValueError("a torchrun target needs exactly one of module or script")
+        if self.nodes is not None and (self.nodes.rank is not None or self.nodes.slurm is not None):
+            raise ValueError(
+                "nodes selects the hosts that run the job: use host, group, count or exclude, not rank or slurm"
+            )
+        return self
+
+
+class CommandTarget(BaseModel):
+    """Any command; its output lines become events through ``matchers``. ``{python}`` in it is the job's
+    interpreter (``python:``, see :mod:`chaos.targets.interpreter`)."""
+
+    model_config = _STRICT
+    type: Literal["command"]
+    command: Argv = Field(min_length=1)
+    python: Name | None = Field(
+        default=None,
+        description="the job's interpreter: replaces a bare python/python3 program and fills {python} in the "
+        "command; null: the command as written, {python} = python3 on PATH when it can import what the "
+        "command's .py files import of torch and mlchaos, else mlchaos's own",
+    )
+    env: EnvVars = {}
+    matchers: list[LogMatcherSpec] = []
+    signatures: Signatures = "all"
+    optimizer_steps: OptimizerSteps = True
+
+    @field_validator("command")
+    @classmethod
+    def _program(cls, command: list[str]) -> list[str]:
+        if not command[0].strip():
+            raise ValueError("the command's first item is the program to run: it cannot be empty")
+        return command

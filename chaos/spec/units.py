@@ -1,5 +1,5 @@
-"""Value checks shared by the scenario model and the CLI: human-friendly durations, and http(s) URLs; and the
-short form of a value an error message quotes.
+"""Value checks shared by the scenario model and the CLI: human-friendly durations, argv lists, and http(s) URLs;
+and the short form of a value an error message quotes.
 
 ``"500ms"``, ``"10s"``, ``"2m"``, ``"1h"``, ``"1m30s"`` and plain numbers (seconds) are accepted as durations.
 """
@@ -90,6 +90,9 @@ Duration = Annotated[float, BeforeValidator(parse_duration), WithJsonSchema(DURA
 """A float number of seconds that YAML may spell as ``10s`` or ``2m``."""
 
 
+MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+"""A dotted Python module name (what ``python -m`` takes)."""
+
 Name = Annotated[str, Field(min_length=1, pattern=r"^\S(.*\S)?$")]
 """A name, glob or regex the harness matches against something: not empty, no blanks at either end (which no
 host, group or event kind has, so such a value could only ever match nothing)."""
@@ -107,6 +110,19 @@ def check_env_names(env: dict[str, str]) -> dict[str, str]:
 
 EnvVars = Annotated[dict[str, str], AfterValidator(check_env_names)]
 """Environment variables handed to a job's processes: name -> value."""
+
+
+def _stringify(value: object) -> object:
+    """YAML turns ``--steps 60`` arguments into ints; argv wants strings, so scalars become str."""
+    if isinstance(value, list):
+        return [str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for v in value]
+    return value
+
+
+# In the JSON Schema an item is a string or a number, as YAML gives it before _stringify (`args: [--steps, 60]`).
+_ArgvItem = Annotated[str, WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "number"}]})]
+Argv = Annotated[list[_ArgvItem], BeforeValidator(_stringify)]
+"""A command line or its arguments: a list of strings, numbers YAML read as such turned back into strings."""
 
 
 def check_http_url(url: str) -> str:

@@ -1,42 +1,11 @@
 """The ``roles`` target: several roles (commands or one-node torchrun jobs), each replica supervised.
 
-Contracts:
-
-- :meth:`RolesJob.start` starts every role that waits for nobody and returns; a background supervisor starts
-  each other role once the roles in its ``after`` are ready (their ``port`` accepts a TCP connection, or,
-  without a port, they started), and gives up on it after ``ready_timeout`` (``target.role_unready``).
-- Each replica's attempt is a :class:`~chaos.targets.base.SpawnedJob` with its own log (``<replica>.log``,
-  appended across restarts) and event file (``events-<replica>.<attempt>.jsonl``). Its processes get
-  ``CHAOS_ROLE``, ``CHAOS_REPLICA``, ``CHAOS_REPLICA_INDEX``, the runner's ``extra_env`` and the role's ``env``
-  (placeholders expanded). Every event they report gets ``data.role`` and ``data.replica`` (when it has none).
-- Ports: a role's ``port: auto`` is a port free on its host, chosen in :meth:`start` (before any replica starts)
-  and kept across its restarts; ``target.ports`` {ports: {role: port}, chosen: [roles]} records every port role's
-  port. ``{port:ROLE}`` in commands, args, env and the ``url`` expands to it.
-- History: ``target.role_start`` {role, replica, index, pid, attempt} at each start, ``target.role_ready``
-  {role, replica, port, attempt} once a port accepts (again after each restart), ``target.role_exit`` {role,
-  replica, index, pid, code, attempt, expected} at each exit (``expected``: the harness was stopping it),
-  ``target.role_restart`` {role, replica, attempt, delay} when the restart policy starts it again. A replica's
-  exit is never ``target.exit``. ``target.ready`` once every role with a port has been ready (all started).
-- Serving fleets: each start of a role with a ``backend`` is also ``serving.replica_start`` {backend, role,
-  replica, pid, attempt}; a ``balancer`` role's log lines about its servers become ``detect.backend_down`` /
-  ``serving.backend_up`` {backend, reason} (:mod:`chaos.targets.balancers`). An event a replica reports
-  without ``data.replica`` gets ``role`` (the reporter's) and ``replica``: its ``backend`` when it names one (a
-  balancer or gateway speaking about a model server), else the reporter. :class:`ServingRolesJob` (a target with a ``url``) holds the faults and the load until
-  ``target.ready``.
-- Supervisor (a thread, so restarts do not wait for anyone's poll): an exited replica is started again after
-  ``restart.delay`` when its policy says so (``always``; ``on-failure`` and a code other than 0) and it has
-  restarts left; otherwise it is done. Nothing starts once :meth:`stop` began.
-- The job ends when every replica of the ``until`` roles is done: ``target.exit`` {code} is reported once,
-  ``code`` 0 when each of their last exits was 0, else the first other code (in role order).
-- Process faults select a replica by name (``replica: group.1``): its launcher and every process below it now
-  (a torchrun role's workers included), so killing a replica group kills all of it. ``name:`` selectors match
-  only the target's own processes (:meth:`RolesJob.job_tree`).
-- :meth:`stop` ends every replica (SIGTERM, then SIGKILL after ``grace``) in parallel, then SIGKILLs any process
-  seen below a replica that outlived its launcher (only while its start time still matches).
-- A role with ``host:`` runs on that inventory host (``placement``: :class:`~chaos.targets.role_hosts.RoleHost`),
-  through its transport: its events come back over the connection, its process tree is read there, its port is
-  probed at the host's address, and a process fault on one of its replicas lands on that host
-  (:meth:`host_for_replica`, ReplicaPlacement).
+:meth:`RolesJob.start` starts the roles that wait for nobody; a supervisor thread starts the others once the
+roles in their ``after`` are ready, restarts an exited replica as its policy says, and reports ``target.role_*``
+events; the job ends (``target.exit``) when every replica of the ``until`` roles is done. A replica's processes
+get ``CHAOS_ROLE`` and ``CHAOS_REPLICA``, their events ``data.role`` and ``data.replica``; :meth:`RolesJob.stop`
+ends every replica and what outlived it. The whole contract (ports, events, serving fleets, roles on other
+hosts): ``docs/design/roles-target.md``.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from chaos.cluster.inventory import Inventory
 from chaos.event_kinds import SLURM_POLL_FAILED as POLL_FAILED
 from chaos.event_kinds import TARGET_EXIT, TARGET_START
 from chaos.events import ENV_EVENTS
-from chaos.history.timeline import Event, EventFileTail, now_ns
+from chaos.history.timeline import Event, EventFileTail, LineTail, now_ns
 from chaos.slurm.client import JobNotFound, SlurmClient, SlurmError
 from chaos.slurm.locate import ClusterNotFound, SlurmCluster
 from chaos.spec.slurm import SlurmTarget
@@ -96,8 +96,7 @@ class SlurmJob:
         self.table = RankTable()
         self._client: SlurmClient | None = None
         self._tail = EventFileTail(self.events_path)
-        self._log_offset = 0
-        self._log_partial = b""
+        self._log = LineTail(self.log_path)
         self._queue: queue.Queue[Event] = queue.Queue()
         self._lock = threading.Lock()
         self._allocation: tuple[str, ...] | None = None  # None until the first poll
@@ -275,15 +274,7 @@ class SlurmJob:
         """Matcher events from lines the job's output file gained since the last call."""
         if not self.matchers:
             return []
-        try:
-            with open(self.log_path, "rb") as handle:
-                handle.seek(self._log_offset)
-                chunk = handle.read()
-        except FileNotFoundError:
-            return []
-        self._log_offset += len(chunk)
-        lines = (self._log_partial + chunk).split(b"\n")
-        self._log_partial = lines.pop()
+        lines = self._log.new_lines()
         stamp, events = now_ns(), []
         for raw in lines:
             line = raw.decode(errors="replace")

@@ -170,17 +170,17 @@ def _exists(ctx: InjectionContext, path: str) -> bool:
         raise InjectionError(f"cannot reach {ctx.transport.host}: {exc}") from exc
 
 
-def _newest_file(ctx: InjectionContext, path: str, pattern: str) -> tuple[str, str, JsonValue]:
-    """The fault's checkpoint directory on its host, and the newest finished file there matching ``pattern``
-    (path, size); InjectionError from the host when there is none."""
-    directory = _resolve_dir(ctx, path)
-    found = host_op(ctx.transport, {"op": "newest", "directory": directory, "pattern": pattern})
-    return directory, str(found["path"]), found["size"]
-
-
-def _backup_path(op_id: str, name: str) -> str:
-    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in op_id)[:60]
-    return str(state_dir() / "checkpoint" / f"{safe}-{time.time_ns()}-{os.path.basename(name)}")
+def _newest_backed_up(
+    ctx: InjectionContext, op: FaultOp, params: CorruptParams | DropShardParams, **detail: JsonValue
+) -> tuple[CheckpointState, JsonValue]:
+    """The state of a fault on the newest finished file matching ``params.files`` in its checkpoint directory
+    (the backup it will keep named, nothing touched yet), and that file's size; InjectionError from the host
+    when there is no such file."""
+    directory = _resolve_dir(ctx, params.path)
+    found = host_op(ctx.transport, {"op": "newest", "directory": directory, "pattern": params.files})
+    path = str(found["path"])
+    backup = str(state_dir() / "checkpoint" / f"{_safe(op.op_id)}-{time.time_ns()}-{os.path.basename(path)}")
+    return CheckpointState(directory, path, backup=backup, detail=detail), found["size"]
 
 
 def damaged_checkpoint(ctx: InjectionContext, path: str) -> tuple[str | None, int | None]:
@@ -265,9 +265,8 @@ class CorruptInjector(_Base):
 
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
         params = op.params_as(CorruptParams)
-        directory, path, size = _newest_file(ctx, params.path, params.files)
-        state = CheckpointState(directory, path, backup=_backup_path(op.op_id, path), detail={"bytes": params.bytes})
-        text = f"flip {params.bytes} bytes of {path} ({size} bytes)"
+        state, size = _newest_backed_up(ctx, op, params, bytes=params.bytes)
+        text = f"flip {params.bytes} bytes of {state.path} ({size} bytes)"
         return op.record(self.name, ctx.transport.host, state.to_json(), text)
 
     def apply(self, ctx: InjectionContext, applied: Applied) -> None:
@@ -307,10 +306,8 @@ class DropShardInjector(_Base):
     summary: ClassVar[str] = "remove one rank's file of a committed checkpoint"
 
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
-        params = op.params_as(DropShardParams)
-        directory, path, size = _newest_file(ctx, params.path, params.files)
-        state = CheckpointState(directory, path, backup=_backup_path(op.op_id, path))
-        return op.record(self.name, ctx.transport.host, state.to_json(), f"remove {path} ({size} bytes)")
+        state, size = _newest_backed_up(ctx, op, op.params_as(DropShardParams))
+        return op.record(self.name, ctx.transport.host, state.to_json(), f"remove {state.path} ({size} bytes)")
 
     def apply(self, ctx: InjectionContext, applied: Applied) -> None:
         state = CheckpointState.from_json(applied.state)
@@ -442,27 +439,18 @@ class TornWriteInjector(_Base):
         else:
             ctx.transport.run(["mkdir", "-p", os.path.dirname(state.status)], timeout=30)
         until = detached.host_deadline_ns(ctx.transport, (applied.duration_s or 0.0) + 5.0)
-        argv = [
-            host_python(ctx.transport),
-            "-m",
+        argv = detached.helper_argv(
+            ctx.transport,
             tear.MODULE,
-            "--op-id",
             applied.op_id,
-            "--dir",
-            state.directory,
-            "--files",
-            str(d["files"]),
-            "--pids",
-            ",".join(str(p) for p in _ints(d.get("pids"))),
-            "--at-bytes",
-            str(d["at_bytes"]),
-            "--delay-us",
-            str(d["delay_us"]),
-            "--until-ns",
-            str(until),
-            "--status",
-            state.status,
-        ]
+            dir=state.directory,
+            files=d["files"],
+            pids=",".join(str(p) for p in _ints(d.get("pids"))),
+            at_bytes=d["at_bytes"],
+            delay_us=d["delay_us"],
+            until_ns=until,
+            status=state.status,
+        )
         pid = detached.launch(
             ctx.transport, argv, what="torn-write watcher", log=None if not files.local else "tear.log"
         )

@@ -30,7 +30,8 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _fsync_file(path: Path) -> None:
+def _fsync(path: Path) -> None:
+    """Make ``path`` durable: a file's content, or a directory's entries (a rename or unlink in it)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -101,16 +102,8 @@ def drop(path: str, backup: str) -> dict[str, Any]:
     Path(backup).parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(path, backup)
     os.unlink(path)
-    _fsync_dir(Path(path).parent)
+    _fsync(Path(path).parent)
     return {"size": len(original), "sha_before": _sha(original)}
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def put_back(path: str, backup: str, expect_sha: str | None) -> dict[str, Any]:
@@ -126,9 +119,9 @@ def put_back(path: str, backup: str, expect_sha: str | None) -> dict[str, Any]:
     if fit:
         tmp = target.with_name(f".{target.name}.chaos-heal")
         shutil.copyfile(saved, tmp)
-        _fsync_file(tmp)
+        _fsync(tmp)
         os.replace(tmp, target)
-        _fsync_dir(target.parent)
+        _fsync(target.parent)
     saved.unlink(missing_ok=True)
     return {"restored": fit, "why": "" if fit else "the job changed or removed the file since"}
 
@@ -187,9 +180,9 @@ def stale_pointer(directory: str, pointer: str, name: str | None, ahead: int) ->
         os.symlink(stale, tmp)
     else:
         tmp.write_text(stale + "\n", encoding="utf-8")
-        _fsync_file(tmp)
+        _fsync(tmp)
     os.replace(tmp, link)
-    _fsync_dir(root)
+    _fsync(root)
     return {
         "kind": kind,
         "current": current,
@@ -220,7 +213,7 @@ def restore_pointer(
         else:
             tmp.write_text(current + "\n", encoding="utf-8")
         os.replace(tmp, link)
-        _fsync_dir(root)
+        _fsync(root)
         restored = True
     removed = []
     for entry in reversed(created):

@@ -425,19 +425,15 @@ class FlapInjector(_FilterFault):
         until_ns = detached.host_deadline_ns(ctx.transport, applied.duration_s or 0.0)
         argv = [
             *(["sudo", "-n"] if host.sudo else []),
-            host_python(ctx.transport),
-            "-m",
-            netflap.MODULE,
-            "--op-id",
-            applied.op_id,
-            "--chains",
-            ",".join(state.filter.chain_names),
-            "--period",
-            repr(state.period_s),
-            "--down-fraction",
-            repr(state.down_fraction),
-            "--until-ns",
-            str(until_ns),
+            *detached.helper_argv(
+                ctx.transport,
+                netflap.MODULE,
+                applied.op_id,
+                chains=",".join(state.filter.chain_names),
+                period=state.period_s,
+                down_fraction=state.down_fraction,
+                until_ns=until_ns,
+            ),
         ]
         log = "netflap.log" if shares_machine(ctx.transport) else None
         helper = detached.launch(ctx.transport, argv, what="flap helper", log=log, timeout=TIMEOUT_S)

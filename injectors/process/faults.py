@@ -29,6 +29,7 @@ from chaos.plugins.injector import (
     InjectionError,
     ProcessTreeResolver,
     Unsupported,
+    optional_int,
 )
 from chaos.safety import deadman, remote_deadman
 from chaos.spec.units import Duration
@@ -370,12 +371,11 @@ class SlowState:
 
     @classmethod
     def from_json(cls, state: dict[str, JsonValue]) -> SlowState:
-        helper = state.get("helper_pid")
         return cls(
             Targets.from_json(state),
             _number(state, "stopped_fraction"),
             _number(state, "period_s"),
-            helper if isinstance(helper, int) and not isinstance(helper, bool) else None,
+            optional_int(state, "helper_pid"),
         )
 
 
@@ -560,23 +560,16 @@ class SlowInjector(_ProcessFault):
         process_holds.record_overlaps(ctx, applied, outcomes, healed=False)
         until_ns = detached.host_deadline_ns(ctx.transport, applied.duration_s or 0.0)
         starts = {pid: host.start_time(pid) for pid in alive}
-        argv = [
-            host_python(ctx.transport),
-            "-m",
+        argv = detached.helper_argv(
+            ctx.transport,
             dutycycle.MODULE,
-            "--op-id",
             applied.op_id,
-            "--pids",
-            ",".join(str(pid) for pid in starts),
-            "--start-times",
-            ",".join(str(start) for start in starts.values()),
-            "--stopped-fraction",
-            repr(state.stopped_fraction),
-            "--period",
-            repr(state.period_s),
-            "--until-ns",
-            str(until_ns),
-        ]
+            pids=",".join(str(pid) for pid in starts),
+            start_times=",".join(str(start) for start in starts.values()),
+            stopped_fraction=state.stopped_fraction,
+            period=state.period_s,
+            until_ns=until_ns,
+        )
         log = "dutycycle.log" if host.local else None
         helper = detached.launch(ctx.transport, argv, what="duty-cycle helper", log=log)
         applied.state["helper_pid"] = helper

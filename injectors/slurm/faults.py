@@ -81,6 +81,16 @@ def _host(ctx: InjectionContext) -> tuple[str, Inventory | None]:
     return host, inventory if isinstance(inventory, Inventory) else None
 
 
+def _signal_slurmd(applied: Applied, signum: int) -> NodeFault:
+    """Send ``signum`` to the journaled node's slurmd; InjectionError when it is not running."""
+    fault = NodeFault.from_json(applied.state)
+    daemons = slurm_nodes.slurmd_pids(fault)
+    if not daemons:
+        raise InjectionError(f"slurmd of {fault.node} is not running")
+    slurm_nodes.kill(daemons, signum)
+    return fault
+
+
 class _SlurmFault:
     """What the three share: find the node and its cluster (check), journal them (prepare), heal."""
 
@@ -135,11 +145,7 @@ class NodeFailInjector(_SlurmFault):
         return op.record(self.name, ctx.transport.host, fault.to_json(), description)
 
     def apply(self, ctx: InjectionContext, applied: Applied) -> None:
-        fault = NodeFault.from_json(applied.state)
-        daemons = slurm_nodes.slurmd_pids(fault)
-        if not daemons:
-            raise InjectionError(f"slurmd of {fault.node} is not running")
-        slurm_nodes.kill(daemons, signal.SIGKILL)  # the daemon first: it must not see its jobs die
+        fault = _signal_slurmd(applied, signal.SIGKILL)  # the daemon first: it must not see its jobs die
         applied.state["killed"] = slurm_nodes.kill(slurm_nodes.job_pids(fault), signal.SIGKILL)
 
 
@@ -155,11 +161,7 @@ class SlurmdStopInjector(_SlurmFault):
         return op.record(self.name, ctx.transport.host, fault.to_json(), f"stop slurmd of Slurm node {fault.node}")
 
     def apply(self, ctx: InjectionContext, applied: Applied) -> None:
-        fault = NodeFault.from_json(applied.state)
-        daemons = slurm_nodes.slurmd_pids(fault)
-        if not daemons:
-            raise InjectionError(f"slurmd of {fault.node} is not running")
-        slurm_nodes.kill(daemons, signal.SIGTERM)
+        _signal_slurmd(applied, signal.SIGTERM)
 
 
 class DrainInjector(_SlurmFault):

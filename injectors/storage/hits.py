@@ -1,6 +1,6 @@
 """What the ``storage`` fault layer actually did: its path filter and its per-(op, path, errno) hit counts.
 
-Pure pieces shared by the FUSE daemon (:mod:`injectors.storage.fuselayer`, which filters and counts) and the
+Pure pieces shared by the FUSE layer (:mod:`injectors.storage.passthrough`, which filters and counts) and the
 injector (:mod:`injectors.storage.injector`, which turns the counts into ``storage.hit`` events at heal), so that
 checks judge what the layer really returned, never the job's own account of it.
 

@@ -1,36 +1,11 @@
 """Storage faults: ``storage``, a FUSE layer mounted over a directory (e.g. a job's checkpoint dir).
 
-One injector with a ``mode`` rather than one injector per symptom: every mode needs the same mount, the same
-daemon and the same heal, and the daemon can switch modes live (:func:`change`), which separate injectors
-could not express. Modes:
-
-- ``latency``: each selected operation waits ``latency`` first; ``fsync_stall`` is the same, on ``fsync``
-  only by default (the classic "checkpoint fsync takes minutes" incident);
-- ``hang``: selected operations block until the fault is healed or changed, then run normally;
-- ``eio`` / ``enospc`` / ``readonly``: selected operations fail with EIO / ENOSPC / EROFS without touching
-  the data (``readonly`` fails only operations that would modify, and ``open`` only for write access;
-  ``enospc`` also makes ``statfs`` report a full disk).
-
-``ops`` narrows which operations are hit (default: per mode, see :data:`injectors.storage.fuselayer.DEFAULT_OPS`),
-``files`` narrows the paths (globs relative to the mount, e.g. ``step-*/rank-2*``: one rank's checkpoint files)
-and ``probability`` hits each call with that chance (an rng seeded by the op id).
-
-Evidence: the daemon counts its hits per (op, path, errno) with their times (:mod:`injectors.storage.hits`);
-heal records one ``storage.hit`` event per entry in the run's history {op_id, fault, op, path, mount, mode,
-errno_name (null for a delay), latency_s (longest delay waited), count, first_ns, last_ns, times_ns}, so checks
-judge what the layer really did to the job, not what the job says happened.
-
-The daemon (:mod:`injectors.storage.fuselayer`) opens the real directory before mounting over it, so everything
-written through the layer lands in the real directory: healing loses no data. Heal clears the fault first
-(operations stuck in ``hang`` complete), then unmounts with ``fusermount3 -u``, falling back to a lazy
-``fusermount3 -uz`` when the job holds files open there. After a lazy unmount the path shows the real
-directory at once; files the job still holds open keep working (passthrough) for ``drain`` seconds, and the
-daemon exits as soon as the last one is closed. Past ``drain`` the daemon exits anyway: I/O on such a file
-then fails with ENOTCONN ("Transport endpoint is not connected"); ``close()`` reports ENOTCONN too but
-releases the fd (close always does), and all data written before is in the real directory. Heal waits for
-the daemon to leave (bounded by ``drain``), then checks that the mount is gone. The dead-man's revert is
-``fusermount3 -uz <path>``: the daemon watches its own mount and, when it vanishes, clears the fault and
-stops by itself the same way (so one argv is a complete revert).
+``mode`` picks the symptom (latency, hang, eio, enospc, fsync_stall, readonly); ``ops``, ``files`` and
+``probability`` narrow what is hit. A detached daemon (:mod:`injectors.storage.fuselayer`) serves the layer, and
+:func:`change` switches a live fault. Writes land in the real directory, so heal loses no data: it clears the
+fault, unmounts (lazily when busy, open files drain for ``drain`` seconds), waits for the daemon and records a
+``storage.hit`` event per hit entry. The dead-man's revert is ``fusermount3 -uz <path>``. The reasons behind
+this shape: docs/design/storage-layer.md.
 """
 
 from __future__ import annotations
@@ -72,6 +47,7 @@ from injectors.storage.hits import hits_path, record_hits
 
 Mode = Literal["latency", "hang", "eio", "enospc", "fsync_stall", "readonly"]
 Op = fuselayer.Op
+_WAITING = ("latency", "fsync_stall")  # the modes whose hits wait ``latency``
 READY_TIMEOUT_S = 15.0
 ACK_TIMEOUT_S = 5.0
 _EXIT_GRACE_S = 5.0
@@ -119,7 +95,7 @@ class StorageParams(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> StorageParams:
-        if "latency" in self.model_fields_set and self.mode not in ("latency", "fsync_stall"):
+        if "latency" in self.model_fields_set and self.mode not in _WAITING:
             raise ValueError(f"latency only applies to modes latency and fsync_stall, not {self.mode}")
         if self.ops is not None:
             if not self.ops:
@@ -229,14 +205,7 @@ class StorageState:
 
     def fault(self, generation: int) -> fuselayer.Fault:
         """The fault recorded at prepare, as the daemon's control file carries it."""
-        return fuselayer.Fault(
-            mode=self.mode,
-            ops=frozenset(self.ops),
-            latency_s=self.latency_s if self.mode in ("latency", "fsync_stall") else 0.0,
-            probability=self.probability,
-            generation=generation,
-            files=self.files,
-        )
+        return _setting(self.mode, self.ops, self.latency_s, self.probability, self.files, generation)
 
     @property
     def hits(self) -> str:
@@ -250,17 +219,19 @@ def _tag(op_id: str) -> str:
     return f"{safe}-{hashlib.sha1(f'{op_id}:{time.time_ns()}'.encode()).hexdigest()[:8]}"
 
 
+def _setting(
+    mode: str, ops: tuple[str, ...], latency_s: float, probability: float, files: tuple[str, ...], generation: int
+) -> fuselayer.Fault:
+    """The daemon's control-file setting; ``latency_s`` counts only in the modes that wait."""
+    waits = latency_s if mode in _WAITING else 0.0
+    return fuselayer.Fault(mode, frozenset(ops), waits, probability, generation, files)
+
+
 def _fault(params: StorageParams | None, generation: int) -> fuselayer.Fault:
     if params is None:
         return fuselayer.Fault(generation=generation)
-    return fuselayer.Fault(
-        mode=params.mode,
-        ops=frozenset(params.effective_ops()),
-        latency_s=params.latency if params.mode in ("latency", "fsync_stall") else 0.0,
-        probability=params.probability,
-        generation=generation,
-        files=tuple(params.files or ()),
-    )
+    files = tuple(params.files or ())
+    return _setting(params.mode, params.effective_ops(), params.latency, params.probability, files, generation)
 
 
 def _status(files: _Files, state: StorageState) -> dict[str, JsonValue]:
@@ -433,7 +404,7 @@ class StorageInjector:
             drain_s=params.drain,
             files=tuple(params.files or ()),
         )
-        what = f"{params.mode} ({params.latency:g}s)" if params.mode in ("latency", "fsync_stall") else params.mode
+        what = f"{params.mode} ({params.latency:g}s)" if params.mode in _WAITING else params.mode
         chance = "" if params.probability >= 1 else f" with p={params.probability:g}"
         only = f" of {','.join(params.files)}" if params.files else ""
         description = f"FUSE {what} on {','.join(ops)}{only}{chance} over {path} for {duration:g}s"
@@ -486,29 +457,19 @@ class StorageInjector:
         _write_fault(ctx, state, state.fault(time.time_ns()))
         # The daemon's own deadline is a backstop behind heal and the dead-man, hence the grace.
         until_ns = detached.host_deadline_ns(ctx.transport, (applied.duration_s or 0.0) + 30.0 + drain_s)
-        argv = [
-            host_python(ctx.transport),
-            "-m",
+        argv = detached.helper_argv(
+            ctx.transport,
             fuselayer.MODULE,
-            "--op-id",
             applied.op_id,
-            "--path",
-            path,
-            "--fsname",
-            state.fsname,
-            "--control",
-            control,
-            "--status",
-            state.status,
-            "--until-ns",
-            str(until_ns),
-            "--drain",
-            repr(drain_s),
-            "--log",
-            state.log,
-            "--hits",
-            state.hits,
-        ]
+            path=path,
+            fsname=state.fsname,
+            control=control,
+            status=state.status,
+            until_ns=until_ns,
+            drain=drain_s,
+            log=state.log,
+            hits=state.hits,
+        )
         helper = deadman.spawn_helper(
             ctx.transport, argv, what="FUSE daemon", env=deadman.python_env() if files.local else None, timeout=30
         )

@@ -20,7 +20,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import CLI, ROOT, cut_off, mlchaos, scenario_yaml, spawn_harness, ticker, wait_for, write_inventory
+from support import (
+    CLI,
+    REACH_SSHD,
+    ROOT,
+    cut_off,
+    mlchaos,
+    scenario_yaml,
+    spawn_harness,
+    ticker,
+    wait_for,
+    write_inventory,
+)
 
 from chaos.cluster.inventory import Inventory
 
@@ -150,18 +161,6 @@ def test_sigkilled_harness_durationless_partition_is_reverted_by_the_local_dead_
     assert any(r.get("kind") == "intent" for r in _journal_records(state))
 
 
-# Runs inside h1's namespace: a TCP connect to h2's sshd every 0.2 s; success = progress.
-PROBE = (
-    "import socket, sys, time\n"
-    "for i in range(int(sys.argv[2])):\n"
-    "    try:\n"
-    "        socket.create_connection((sys.argv[1], 22), timeout=0.3).close(); print('ok', i, flush=True)\n"
-    "    except OSError:\n"
-    "        print('unreachable', i, flush=True)\n"
-    "    time.sleep(0.2)\n"
-)
-
-
 def test_sigkilled_harness_durationless_partition_is_reverted_by_the_hosts_dead_man(
     testbed: Inventory, tmp_path: Path
 ) -> None:
@@ -171,7 +170,7 @@ def test_sigkilled_harness_durationless_partition_is_reverted_by_the_hosts_dead_
     h2 = next(h for h in testbed.hosts if h.name == "h2")
     target = {
         "type": "command",
-        "command": ["ip", "netns", "exec", h1.labels["netns"], sys.executable, "-c", PROBE, h2.address, 1000],
+        "command": ["ip", "netns", "exec", h1.labels["netns"], sys.executable, "-c", REACH_SSHD, h2.address, 1000],
         "matchers": [{"pattern": r"^(ok|unreachable) (?P<step>\d+)", "event": "target.step"}],
     }
     fault = cut_off("h2", after="1.5s", duration=1)

@@ -8,6 +8,7 @@ there). Four runs and one golden run (the trainer's, shared by both scenarios), 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -51,24 +52,20 @@ def tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("checkpoint-scenarios")
 
 
-@pytest.fixture(scope="module")
-def torn_reference(e2e_report_root: Path, tmp: Path) -> RunResult:
-    return _run(e2e_report_root, tmp, "checkpoint-torn-write", broken=False)
+def _run_once(name: str, *, broken: bool) -> Any:
+    """A module-scoped fixture: the shipped scenario NAME run once (on the unverified job when ``broken``)."""
+
+    @pytest.fixture(scope="module")
+    def run(e2e_report_root: Path, tmp: Path) -> RunResult:
+        return _run(e2e_report_root, tmp, name, broken=broken)
+
+    return run
 
 
-@pytest.fixture(scope="module")
-def corrupt_reference(e2e_report_root: Path, tmp: Path) -> RunResult:
-    return _run(e2e_report_root, tmp, "checkpoint-corrupt", broken=False)
-
-
-@pytest.fixture(scope="module")
-def torn_broken(e2e_report_root: Path, tmp: Path) -> RunResult:
-    return _run(e2e_report_root, tmp, "checkpoint-torn-write", broken=True)
-
-
-@pytest.fixture(scope="module")
-def corrupt_broken(e2e_report_root: Path, tmp: Path) -> RunResult:
-    return _run(e2e_report_root, tmp, "checkpoint-corrupt", broken=True)
+torn_reference = _run_once("checkpoint-torn-write", broken=False)
+corrupt_reference = _run_once("checkpoint-corrupt", broken=False)
+torn_broken = _run_once("checkpoint-torn-write", broken=True)
+corrupt_broken = _run_once("checkpoint-corrupt", broken=True)
 
 
 def statuses_of(result: RunResult) -> dict[str, str]:

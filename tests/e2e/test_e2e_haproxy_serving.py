@@ -14,7 +14,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from support import ROOT, pids_mentioning
+from support import ROOT, pids_mentioning, verdicts_by_name
 
 from chaos.run.orchestrator import RunOptions, RunResult, execute
 from chaos.spec.roles import RolesTarget
@@ -47,15 +47,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
     return out
 
 
-def verdicts(result: RunResult) -> dict[str, tuple[str, str]]:
-    return {r.name: (r.status, r.reason) for r in result.results}
-
-
 def test_a_killed_primary_fails_over_to_the_backup_and_back_with_no_supervisor_script(
     runs: dict[str, RunResult],
 ) -> None:
     result = runs["shipped"]
-    got = verdicts(result)
+    got = verdicts_by_name(result)
     history = result.history
     killed = [e for e in history.of("target.role_exit") if e.get_str("replica") == "primary"]
     assert killed and killed[0].get_int("code") == -9, killed  # the kill landed on the primary's process
@@ -74,7 +70,7 @@ def test_a_killed_primary_fails_over_to_the_backup_and_back_with_no_supervisor_s
 
 def test_a_balancer_without_a_fallback_fails_the_scenario(runs: dict[str, RunResult]) -> None:
     result = runs["no_fallback"]
-    got = verdicts(result)
+    got = verdicts_by_name(result)
     assert got["failover_within[kill-primary]"][0] == "fail", got
     assert got["error_rate_during"][0] == "fail", got
     assert result.verdict == "fail", got

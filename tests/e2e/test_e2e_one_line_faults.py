@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from support import ROOT, attached_script, run_user_script, verdicts
+from support import ROOT, attached_script, detected_and_recovered, run_user_script, verdicts
 
 pytestmark = pytest.mark.slow
 
@@ -35,8 +35,7 @@ def test_a_flip_in_transit_is_caught_and_a_kill_in_the_all_reduce_recovers_bit_i
     checks = [
         {"type": "sdc_detected", "params": {"fault": "flip", "within_steps": 0}},
         {"type": "step_blocked", "params": {"fault": "flip"}},
-        {"type": "detected_within", "params": {"fault": "kill", "within": "5s"}},
-        {"type": "recovered_within", "params": {"fault": "kill", "within": "60s"}},
+        *detected_and_recovered("kill", "5s", "60s"),
         {"type": "restarts_at_most", "params": {"restarts": 1}},
         {"type": "matches_golden"},
         {"type": "completes"},

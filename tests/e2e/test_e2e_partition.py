@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import cut_off, mlchaos, scenario_yaml, spawn_harness, write_inventory
+from support import REACH_SSHD, cut_off, mlchaos, scenario_yaml, spawn_harness, write_inventory
 
 from chaos.cluster.inventory import Inventory
 from chaos.history.timeline import FAULT_APPLIED, FAULT_HEALED
@@ -21,25 +21,14 @@ from chaos.spec.scenario import parse_scenario
 
 pytestmark = pytest.mark.slow
 
-# Runs inside h1's namespace: a TCP connect to h2's sshd every 0.2 s; success = progress, failure = detection.
-PROBE = (
-    "import socket, sys, time\n"
-    "for i in range(int(sys.argv[2])):\n"
-    "    try:\n"
-    "        socket.create_connection((sys.argv[1], 22), timeout=0.3).close(); print('ok', i, flush=True)\n"
-    "    except OSError:\n"
-    "        print('unreachable', i, flush=True)\n"
-    "    time.sleep(0.2)\n"
-)
-
 
 def _scenario_text(inventory: Inventory, duration: float, rounds: int) -> str:
     h1 = next(h for h in inventory.hosts if h.name == "h1")
     h2 = next(h for h in inventory.hosts if h.name == "h2")
     ns = h1.labels["netns"]
-    target = {
+    target = {  # inside h1's namespace, probing h2: success = progress, failure = detection
         "type": "command",
-        "command": ["ip", "netns", "exec", ns, sys.executable, "-c", PROBE, h2.address, rounds],
+        "command": ["ip", "netns", "exec", ns, sys.executable, "-c", REACH_SSHD, h2.address, rounds],
         "matchers": [
             {"pattern": r"^ok (?P<step>\d+)", "event": "target.step"},
             {"pattern": r"^unreachable (?P<step>\d+)", "event": "detect.unreachable"},

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import ROOT, chains_left_since, read_jsonl, root_chains, run_scenario_file, wait_for
+from support import ROOT, chains_left_since, live_processes, read_jsonl, root_chains, run_scenario_file, wait_for
 
 from chaos.cluster.local import LocalTransport
 from chaos.history.timeline import Event
@@ -198,15 +198,12 @@ def test_interrupted_serving_run_stops_the_stack_and_the_load(tmp_path: Path) ->
 def _processes_marked(entry: str) -> list[str]:
     """``state args`` of every live process whose environment holds ``entry`` (NAME=VALUE)."""
     found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
+    for proc in live_processes():
         try:
-            if entry.encode() not in (proc / "environ").read_bytes().split(b"\0"):
-                continue
-            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            args = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            found.append(f"{state} {args}")
+            environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
         except OSError:
             continue  # gone meanwhile, or not ours to read
+        if entry.encode() in environ:
+            args = proc.cmdline.replace(b"\0", b" ").decode(errors="replace")
+            found.append(f"{proc.state} {args}")
     return found

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import ROOT
+from support import ROOT, verdicts
 
 from chaos.cli.testbed import builtin_health_check
 from chaos.run.orchestrator import RunOptions, RunResult, execute
@@ -74,10 +74,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, RunResu
         tb.down(state)
         left = subprocess.run(["pgrep", "-af", str(state)], capture_output=True, text=True).stdout
         assert not left.strip(), f"left running after down: {left}"
-
-
-def verdicts(result: RunResult) -> dict[str, tuple[str, str]]:
-    return {r.check: (r.status, r.reason) for r in result.results}
 
 
 def test_the_health_check_drains_the_bad_node_and_the_requeued_job_resumes_elsewhere(

@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from support import ROOT
+from support import ROOT, verdicts
 
 from chaos.run.orchestrator import RunOptions, RunResult, execute
 from chaos.spec.roles import RolesTarget
@@ -57,10 +57,6 @@ def run(scenario: Scenario, root: Path) -> RunResult:
 
 def group_log(result: RunResult, replica: str) -> str:
     return (result.run_dir / f"{replica}.log").read_text(errors="replace")
-
-
-def verdicts(result: RunResult) -> dict[str, tuple[str, str]]:
-    return {r.check: (r.status, r.reason) for r in result.results}
 
 
 def test_a_killed_replica_group_heals_and_rejoins_while_the_survivor_trains(tmp_path: Path) -> None:

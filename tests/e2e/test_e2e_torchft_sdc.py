@@ -11,7 +11,7 @@ Both runs happen once per module (about 20 s each). Skipped, with the reason, wi
 from __future__ import annotations
 
 import pytest
-from support import ROOT
+from support import ROOT, verdicts
 
 from chaos.run.orchestrator import RunOptions, RunResult, execute
 from chaos.spec.roles import RolesTarget
@@ -42,10 +42,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
         name: execute(spec, RunOptions(report_root=tmp_path_factory.mktemp(name), scenario_file=SCENARIO))
         for name, spec in (("guarded", scenario), ("unguarded", unguarded(scenario)))
     }
-
-
-def verdicts(result: RunResult) -> dict[str, tuple[str, str]]:
-    return {r.check: (r.status, r.reason) for r in result.results}
 
 
 def test_the_guard_catches_it_inside_torchfts_reduction_and_the_step_is_not_committed(

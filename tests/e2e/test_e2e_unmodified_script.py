@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from support import ROOT, attached_script, run_user_script, verdicts
+from support import ROOT, attached_script, detected_and_recovered, run_user_script, verdicts
 
 from chaos.run.result import RunResult
 
@@ -54,8 +54,7 @@ def measured(result: RunResult, check: str) -> float:
 def test_a_killed_rank_of_an_unmodified_script_is_detected_and_recovered(e2e_report_root: Path, tmp_path: Path) -> None:
     fault = {"name": "kill-rank1", "type": "kill", "params": {"rank": 1}, "trigger": {"at_step": 20, "rank": 1}}
     checks = [
-        {"type": "detected_within", "params": {"fault": "kill-rank1", "within": "5s"}},
-        {"type": "recovered_within", "params": {"fault": "kill-rank1", "within": "60s"}},
+        *detected_and_recovered("kill-rank1", "5s", "60s"),
         {"type": "restarts_at_most", "params": {"restarts": 1}},
         {"type": "completes"},
     ]
@@ -107,8 +106,7 @@ KILL_RANK1 = {"name": "kill-rank1", "type": "kill", "params": {"rank": 1}, "trig
 
 def test_with_the_one_attach_line_a_killed_rank_resumes_and_matches_golden(e2e_report_root: Path, tmp_path: Path) -> None:
     checks = [
-        {"type": "detected_within", "params": {"fault": "kill-rank1", "within": "5s"}},
-        {"type": "recovered_within", "params": {"fault": "kill-rank1", "within": "60s"}},
+        *detected_and_recovered("kill-rank1", "5s", "60s"),
         {"type": "restarts_at_most", "params": {"restarts": 1}},
         {"type": "lost_work_at_most", "params": {"steps": 10}},
         {"type": "matches_golden"},

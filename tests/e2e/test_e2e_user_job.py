@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import ROOT, scenario_yaml
+from support import ROOT, verdicts, write_and_run
 
-from chaos.run.orchestrator import RunOptions, RunResult, execute
-from chaos.spec.scenario import load_scenario
+from chaos.run.result import RunResult
 
 pytestmark = pytest.mark.slow
 
@@ -28,16 +27,8 @@ CHECKS = [{"type": "matches_golden"}, {"type": "ranks_agree"}, {"type": "complet
 
 def run(root: Path, tmp: Path, name: str, params: dict[str, Any], at_step: int) -> RunResult:
     fault = {"name": "flip", "type": "bitflip", "params": params, "trigger": {"at_step": at_step, "rank": 1}}
-    text = scenario_yaml(
-        name, 11, TARGET, faults=[fault], checks=CHECKS, safety={"max_duration": "120s", "no_progress_timeout": "60s"}
-    )
-    source = tmp / f"{name}.yaml"
-    source.write_text(text)
-    return execute(load_scenario(source), RunOptions(report_root=root, scenario_file=source))
-
-
-def verdicts(result: RunResult) -> dict[str, tuple[str, str]]:
-    return {r.check: (r.status, r.reason) for r in result.results}
+    safety = {"max_duration": "120s", "no_progress_timeout": "60s"}
+    return write_and_run(root, tmp, name, 11, TARGET, faults=[fault], checks=CHECKS, safety=safety)
 
 
 def test_second_moment_flip_on_rank_1_fails_matches_golden_naming_rank_1(

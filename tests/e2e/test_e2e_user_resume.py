@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import ROOT, scenario_yaml
+from support import ROOT, verdicts, write_and_run
 
-from chaos.run.orchestrator import RunOptions, RunResult, execute
-from chaos.spec.scenario import load_scenario
+from chaos.run.result import RunResult
 
 pytestmark = pytest.mark.slow
 
@@ -48,16 +47,8 @@ def run(root: Path, tmp: Path, name: str, extra_args: list[Any]) -> RunResult:
         "max_restarts": 1,
         "args": [*ARGS, *extra_args],
     }
-    text = scenario_yaml(
-        name, 5, target, faults=[KILL], checks=CHECKS, safety={"max_duration": "240s", "no_progress_timeout": "90s"}
-    )
-    source = tmp / f"{name}.yaml"
-    source.write_text(text)
-    return execute(load_scenario(source), RunOptions(report_root=root, scenario_file=source))
-
-
-def verdicts(result: RunResult) -> dict[str, tuple[str, str]]:
-    return {r.check: (r.status, r.reason) for r in result.results}
+    safety = {"max_duration": "240s", "no_progress_timeout": "90s"}
+    return write_and_run(root, tmp, name, 5, target, faults=[KILL], checks=CHECKS, safety=safety)
 
 
 def test_a_killed_rank_of_a_users_resumable_job_is_judged_on_real_evidence(

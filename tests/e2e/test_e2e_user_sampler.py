@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import ROOT, attached_script, run_user_script, verdicts
+from support import ROOT, attached_script, detected_and_recovered, run_user_script, verdicts
 
 from chaos.run.result import RunResult
 
@@ -40,8 +40,7 @@ def test_unmodified_a_lost_rank_is_detected_and_recovered(
         fault["duration"] = "15s"
     within = "5s" if fault_type == "kill" else f"{PG_TIMEOUT + 1:g}s"
     checks = [
-        {"type": "detected_within", "params": {"fault": "lose-rank1", "within": within}},
-        {"type": "recovered_within", "params": {"fault": "lose-rank1", "within": "90s"}},
+        *detected_and_recovered("lose-rank1", within, "90s"),
         {"type": "restarts_at_most", "params": {"restarts": 1}},
         {"type": "completes"},
     ]
@@ -57,8 +56,7 @@ def test_with_the_one_attach_line_every_sample_is_trained_once_and_matches_golde
     job = attached_script(JOB, tmp_path / "attached.py", "chaos.agent.attach(model, optimizer, ddp=ddp, data=loader)")
     fault = {"name": "kill-rank1", "type": "kill", "params": {"rank": 1}, "trigger": {"at_step": 35, "rank": 1}}
     checks = [
-        {"type": "detected_within", "params": {"fault": "kill-rank1", "within": "5s"}},
-        {"type": "recovered_within", "params": {"fault": "kill-rank1", "within": "60s"}},
+        *detected_and_recovered("kill-rank1", "5s", "60s"),
         {"type": "lost_work_at_most", "params": {"steps": 10}},
         {"type": "exactly_once"},
         {"type": "matches_golden"},

@@ -19,11 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import ROOT, attached_script, scenario_yaml
+from support import ROOT, attached_script, detected_and_recovered, verdicts_by_name, write_and_run
 
-from chaos.run.orchestrator import RunOptions, execute
 from chaos.run.result import RunResult
-from chaos.spec.scenario import load_scenario
 
 pytest.importorskip("torchft", reason="torchft is not installed: pip install -e '.[torchft]' (scripts/setup.sh does)")
 
@@ -53,15 +51,8 @@ def run(
     root: Path, folder: Path, name: str, script: Path, steps: int, faults: list[dict[str, Any]],
     checks: list[dict[str, Any]],
 ) -> RunResult:
-    source = folder / f"{name}.yaml"
     safety = {"max_duration": "200s", "no_progress_timeout": "60s"}
-    source.write_text(scenario_yaml(name, 5, roles(script, steps), faults=faults, checks=checks, safety=safety))
-    return execute(load_scenario(source), RunOptions(report_root=root, scenario_file=source))
-
-
-def verdicts(result: RunResult) -> dict[str, tuple[str, str]]:
-    """Each check's (status, reason) by its name (``detected_within[kill-group-1]``: one fault's)."""
-    return {r.name: (r.status, r.reason) for r in result.results}
+    return write_and_run(root, folder, name, 5, roles(script, steps), faults=faults, checks=checks, safety=safety)
 
 
 def one_line(tmp: Path, drop: str | None = None) -> Path:
@@ -80,8 +71,7 @@ def test_an_unmodified_torchft_job_gets_its_kill_and_freeze_detected_and_recover
     checks: list[dict[str, Any]] = []
     for fault in ("kill-group-1", "freeze-group-1"):
         checks += [
-            {"type": "detected_within", "params": {"fault": fault, "within": within}},
-            {"type": "recovered_within", "params": {"fault": fault, "within": "60s"}},
+            *detected_and_recovered(fault, within, "60s"),
             {"type": "rejoined_within", "params": {"fault": fault, "within": "60s"}},
         ]
     checks += [
@@ -90,7 +80,7 @@ def test_an_unmodified_torchft_job_gets_its_kill_and_freeze_detected_and_recover
         {"type": "completes"},
     ]
     result = run(e2e_report_root, tmp_path, "user-torchft-unmodified", JOB, 70, [KILL, freeze], checks)
-    got = verdicts(result)
+    got = verdicts_by_name(result)
     assert all(status == "pass" for status, _ in got.values()), got
     history = result.history
     steps = history.of("target.step")
@@ -116,7 +106,7 @@ def test_one_line_compares_the_replicas_every_5th_step_after_the_rejoin(e2e_repo
         {"type": "completes"},
     ]
     result = run(e2e_report_root, tmp_path, "user-torchft-one-line", one_line(tmp_path), 50, [KILL], checks)
-    got = verdicts(result)
+    got = verdicts_by_name(result)
     assert all(status == "pass" for status, _ in got.values()), got
     history = result.history
     assert all(e.data.get("committed") is not None for e in history.of("target.step"))  # the agent's, torchft's vote
@@ -129,7 +119,7 @@ def test_one_line_compares_the_replicas_every_5th_step_after_the_rejoin(e2e_repo
 
     mutant = one_line(tmp_path, drop='inner.load_state_dict(state["optim"])  # type: ignore[arg-type]')
     result = run(e2e_report_root, tmp_path, "user-torchft-forgets-optimizer", mutant, 50, [KILL], checks)
-    got = verdicts(result)
+    got = verdicts_by_name(result)
     assert got["rejoined_within[kill-group-1]"][0] == "pass", got  # it healed its parameters, at the peer's step
     agree = got["replicas_agree[kill-group-1]"]
     assert agree[0] == "fail" and "group.1" in agree[1], got

@@ -12,17 +12,15 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import ClassVar
 
 import pytest
 import yaml
-from pydantic import BaseModel
-from support import ROOT, mlchaos, scenario_yaml, ticker, wait_for
+from support import ROOT, RefusingInjector, mlchaos, scenario_yaml, ticker, wait_for
 
 from chaos.cluster.local import process_state
 from chaos.history.timeline import FAULT_APPLIED, FAULT_HEALED
 from chaos.plugins import registry
-from chaos.plugins.injector import Applied, FaultOp, InjectionContext, Unsupported
+from chaos.plugins.injector import Applied, FaultOp, InjectionContext
 from chaos.run.orchestrator import RunOptions, execute
 from chaos.run.result import EXIT_FAIL, EXIT_HARNESS, EXIT_INVALID, EXIT_PASS
 from chaos.spec.scenario import parse_scenario
@@ -84,34 +82,6 @@ def test_a_stalled_target_ends_with_no_progress_and_is_stopped(tmp_path: Path) -
     assert result.history.of("target.exit"), "the stalled target was not stopped"
 
 
-class _NeverHere(BaseModel):
-    pass
-
-
-class _UnsupportedInjector:
-    """A fault family whose capability probe always refuses (stands in for e.g. tc netem on this kernel)."""
-
-    name: ClassVar[str] = "kill"
-    Params: ClassVar[type[BaseModel]] = _NeverHere
-    summary: ClassVar[str] = "refuses"
-    applied: ClassVar[int] = 0
-
-    def check(self, ctx: InjectionContext, params: BaseModel) -> None:
-        raise Unsupported("this kernel lacks the feature")
-
-    def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
-        raise AssertionError("prepare must not run after check refused")
-
-    def apply(self, ctx: InjectionContext, applied: Applied) -> None:
-        raise AssertionError("apply must not run after check refused")
-
-    def heal(self, ctx: InjectionContext, applied: Applied) -> None:
-        pass
-
-    def revert_command(self, applied: Applied) -> list[str] | None:
-        return None
-
-
 def test_an_unsupported_fault_is_refused_before_the_target_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -121,7 +91,7 @@ def test_an_unsupported_fault_is_refused_before_the_target_starts(
             "import time", f"import time, pathlib; pathlib.Path('{started}').touch()"
         )
     )
-    monkeypatch.setattr(registry, "injectors", lambda: {"kill": _UnsupportedInjector})
+    monkeypatch.setattr(registry, "injectors", lambda: {"kill": RefusingInjector})
     result = execute(scenario, RunOptions(report_root=tmp_path))
     assert result.exit_code == EXIT_INVALID
     assert "not supported here: this kernel lacks the feature" in result.error

@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 from pydantic import BaseModel
-from support import parsed, sleeper, wait_for
+from support import PseudoRemote, parsed, sampled_states, sleeper, wait_for
 
-from chaos.cluster.base import Completed, TransportError
 from chaos.cluster.local import LocalTransport, process_start_time, process_state
 from chaos.cluster.netns import NetnsTransport
 from chaos.history.timeline import FAULT_OVERLAP, History
@@ -39,39 +38,9 @@ from injectors.process.holds import LocalHolds, RemoteHolds, folder
 pytestmark = pytest.mark.usefixtures("isolated_state_dir")  # holds and journals in a state dir of this test's own
 
 
-class ViaShell:
-    """This machine reached as if it were remote: the registry runs as its sh script, /proc is read with cat."""
-
-    host = "pseudo-remote"
-
-    def __init__(self) -> None:
-        self._local = LocalTransport()
-
-    def run(self, argv: list[str], *, timeout: float = 30.0, check: bool = False) -> Completed:
-        return self._local.run(argv, timeout=timeout, check=check)
-
-    def spawn(self, argv: list[str], **kwargs: object) -> subprocess.Popen[bytes]:
-        raise TransportError("not needed by these tests")
-
-    def put(self, data: bytes, path: str) -> None:
-        self._local.put(data, path)
-
-    def clock_offset(self) -> float:
-        return 0.0
-
-
 def op(injector: str, params: BaseModel, duration_s: float) -> FaultOp:
     name = f"{injector}-{uuid.uuid4().hex[:6]}"
     return FaultOp(op_id=f"{name}#1", fault=name, injector=injector, params=params, duration_s=duration_s)
-
-
-def states(pid: int, seconds: float) -> list[str | None]:
-    seen = []
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        seen.append(process_state(pid))
-        time.sleep(0.01)
-    return seen
 
 
 def running(pid: int) -> bool:
@@ -99,7 +68,7 @@ def test_slow_healed_inside_a_freeze_leaves_the_process_stopped_until_the_freeze
     a freeze still holds. Before counted holds both did, so the freeze ended early and nothing said so."""
     history = History(tmp_path / "history.jsonl")
     local = InjectionContext(LocalTransport(), history=history)
-    freeze_ctx = local if freeze_via == "local" else InjectionContext(ViaShell(), history=history)
+    freeze_ctx = local if freeze_via == "local" else InjectionContext(PseudoRemote(), history=history)
     freeze, slow = FreezeInjector(), SlowInjector()
     with sleeper() as child:
         frozen = freeze.prepare(freeze_ctx, op("freeze", FreezeParams(pid=child.pid), 30))
@@ -109,11 +78,11 @@ def test_slow_healed_inside_a_freeze_leaves_the_process_stopped_until_the_freeze
             assert wait_for(lambda: process_state(child.pid) == "T", 5)
             slow.apply(local, slowed)
             # Five periods of the duty cycle: its run phases must leave the frozen process stopped.
-            seen = states(child.pid, 1.0)
+            seen = sampled_states(child.pid, 1.0)
             assert set(seen) == {"T"}, f"a run phase of the duty cycle continued a frozen process: {seen}"
             slow.heal(local, slowed)
             assert not is_helper(slowed.state["helper_pid"], dutycycle.MODULE, slowed.op_id)  # type: ignore[arg-type]
-            seen = states(child.pid, 0.5)
+            seen = sampled_states(child.pid, 0.5)
             assert set(seen) == {"T"}, f"healing the slow fault ended the freeze early: {seen}"
             freeze.heal(freeze_ctx, frozen)
             assert wait_for(lambda: running(child.pid), 5), "the last hold was released but the process stayed stopped"
@@ -153,13 +122,13 @@ def test_freeze_healed_inside_a_slow_fault_leaves_the_duty_cycle_running_then_al
             slow.apply(ctx, slowed)
             freeze.apply(ctx, frozen)
             assert wait_for(lambda: process_state(child.pid) == "T", 5)
-            assert set(states(child.pid, 0.6)) == {"T"}
+            assert set(sampled_states(child.pid, 0.6)) == {"T"}
             freeze.heal(ctx, frozen)
-            seen = states(child.pid, 1.5)
+            seen = sampled_states(child.pid, 1.5)
             assert "T" in seen and any(state in ("R", "S") for state in seen), seen
             slow.heal(ctx, slowed)
             assert wait_for(lambda: running(child.pid), 5)
-            assert all(state in ("R", "S") for state in states(child.pid, 0.5))
+            assert all(state in ("R", "S") for state in sampled_states(child.pid, 0.5))
         finally:
             end_helper(slowed)
             os.kill(child.pid, signal.SIGCONT)
@@ -180,9 +149,9 @@ def test_two_freezes_the_process_runs_only_after_the_second_heals() -> None:
             freeze.apply(ctx, second)
             assert wait_for(lambda: process_state(child.pid) == "T", 5)  # a SIGSTOP lands asynchronously
             freeze.heal(ctx, first)
-            assert set(states(child.pid, 0.3)) == {"T"}
+            assert set(sampled_states(child.pid, 0.3)) == {"T"}
             freeze.heal(ctx, first)  # healing the same fault twice does not count as the other's release
-            assert set(states(child.pid, 0.3)) == {"T"}
+            assert set(sampled_states(child.pid, 0.3)) == {"T"}
             freeze.heal(ctx, second)
             assert wait_for(lambda: running(child.pid), 5)
         finally:
@@ -207,7 +176,7 @@ def test_a_lone_fault_records_no_overlap(tmp_path: Path) -> None:
 
 
 def test_python_and_sh_registries_share_one_folder_and_one_protocol() -> None:
-    local, shell = LocalHolds(), RemoteHolds(ViaShell())
+    local, shell = LocalHolds(), RemoteHolds(PseudoRemote())
     with sleeper() as child:
         start = process_start_time(child.pid)
         assert start is not None
@@ -236,7 +205,7 @@ def test_a_stale_hold_expires_and_a_recycled_pid_is_never_signalled() -> None:
             # A hold whose owner died without releasing it: it counts until it expires, then not at all.
             holds.hold([(child.pid, start)], "dead-owner#1", lasts_s=1, holding=True, signal=True)
             assert wait_for(lambda: process_state(child.pid) == "T", 5)
-            [early] = RemoteHolds(ViaShell()).release([(child.pid, start)], "other#1", signal=True)
+            [early] = RemoteHolds(PseudoRemote()).release([(child.pid, start)], "other#1", signal=True)
             assert early.stays_stopped and process_state(child.pid) == "T"
             time.sleep(2.1)
             [late] = holds.release([(child.pid, start)], "other#1", signal=True)
@@ -244,10 +213,10 @@ def test_a_stale_hold_expires_and_a_recycled_pid_is_never_signalled() -> None:
             # The recorded start time no longer matches: another process owns the pid now, leave it alone.
             os.kill(child.pid, signal.SIGSTOP)
             assert wait_for(lambda: process_state(child.pid) == "T", 5)
-            for registry in (holds, RemoteHolds(ViaShell())):
+            for registry in (holds, RemoteHolds(PseudoRemote())):
                 [gone] = registry.release([(child.pid, start + 1)], "freeze#9", signal=True)
                 assert gone.gone
-                assert set(states(child.pid, 0.2)) == {"T"}
+                assert set(sampled_states(child.pid, 0.2)) == {"T"}
         finally:
             os.kill(child.pid, signal.SIGCONT)
 
@@ -268,7 +237,9 @@ def test_the_dead_man_revert_alone_continues_the_process_and_drops_only_its_own_
             assert wait_for(lambda: process_state(child.pid) == "T", 5)
             stranger = freeze.revert_command(mine.model_copy(update={"state": {**mine.state, "start_times": [1]}}))
             assert stranger is not None and subprocess.run(stranger, check=False, timeout=30).returncode == 0
-            assert set(states(child.pid, 0.3)) == {"T"}, "the revert signalled a pid that is another process now"
+            assert set(sampled_states(child.pid, 0.3)) == {"T"}, (
+                "the revert signalled a pid that is another process now"
+            )
             assert subprocess.run(revert, check=False, timeout=30).returncode == 0
             assert wait_for(lambda: running(child.pid), 5)
             holders = [path.read_text().split()[2] for path in folder().glob("*.hold")]

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 import uuid
 
 import pytest
 from pydantic import BaseModel, ValidationError
-from support import sleeper, wait_for
+from support import PseudoRemote, sampled_states, sleeper, wait_for
 
-from chaos.cluster.base import Completed, TransportError
 from chaos.cluster.local import LocalTransport, process_state
 from chaos.plugins import registry
 from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
@@ -50,30 +48,6 @@ class Ranks:
 
     def ranks(self) -> list[int]:
         return sorted(self._pids)
-
-
-class ViaCommands:
-    """The local host reached as if it were remote: /proc is read with cat and ps, like over SSH."""
-
-    host = "pseudo-remote"
-
-    def __init__(self, kill_binary: str = "kill") -> None:
-        self._local = LocalTransport()
-        self._kill = kill_binary
-
-    def run(self, argv: list[str], *, timeout: float = 30.0, check: bool = False) -> Completed:
-        if argv[0] == "kill":
-            argv = [self._kill, *argv[1:]]
-        return self._local.run(argv, timeout=timeout, check=check)
-
-    def spawn(self, argv: list[str], **kwargs: object) -> subprocess.Popen[bytes]:
-        raise TransportError("not needed by these tests")
-
-    def put(self, data: bytes, path: str) -> None:
-        self._local.put(data, path)
-
-    def clock_offset(self) -> float:
-        return 0.0
 
 
 CTX = InjectionContext(LocalTransport())
@@ -186,7 +160,7 @@ def test_freeze_heal_skips_a_reused_pid() -> None:
 
 def test_freeze_through_command_transport_and_name() -> None:
     marker = f"remote-{uuid.uuid4().hex}"
-    ctx = InjectionContext(ViaCommands())
+    ctx = InjectionContext(PseudoRemote())
     with sleeper(marker) as child:
         FreezeInjector().check(ctx, FreezeParams(name=marker))
         record = FreezeInjector().prepare(ctx, op("freeze", FreezeParams(name=marker), 10))
@@ -201,22 +175,13 @@ def test_freeze_through_command_transport_and_name() -> None:
 
 
 def test_check_reports_a_missing_kill_binary() -> None:
-    ctx = InjectionContext(ViaCommands(kill_binary="/nonexistent/kill"))
+    ctx = InjectionContext(PseudoRemote(kill_binary="/nonexistent/kill"))
     for injector in (KillInjector(), FreezeInjector(), SlowInjector()):
         with pytest.raises(Unsupported, match="kill"):
             injector.check(ctx, FreezeParams(pid=2))
 
 
 # -- slow -------------------------------------------------------------------------------------------------------
-
-
-def _sample_states(pid: int, seconds: float) -> list[str | None]:
-    seen = []
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        seen.append(process_state(pid))
-        time.sleep(0.01)
-    return seen
 
 
 def _helper(record: Applied) -> int:
@@ -247,11 +212,11 @@ def test_slow_cycles_then_heal_resumes_and_ends_the_helper() -> None:
             injector.apply(CTX, record)
             helper = _helper(record)
             assert dutycycle_alive(helper, record.op_id)
-            states = _sample_states(child.pid, 2.0)
+            states = sampled_states(child.pid, 2.0)
             assert "T" in states and any(state in ("S", "R") for state in states), states
             injector.heal(CTX, record)
             assert not dutycycle_alive(helper, record.op_id)
-            assert all(state in ("S", "R") for state in _sample_states(child.pid, 0.6))
+            assert all(state in ("S", "R") for state in sampled_states(child.pid, 0.6))
             injector.heal(CTX, record)  # twice is fine
         finally:
             _end_helper(record)

@@ -19,7 +19,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
-from support import FakeClock, wait_for
+from support import FakeClock, live_processes, wait_for
 
 from chaos.cluster.local import LocalTransport
 from chaos.history.timeline import Event
@@ -129,20 +129,8 @@ def _get_json(host: str, port: int, path: str) -> dict[str, Any]:
 
 def _serving_children() -> set[int]:
     """Live (not zombie) processes of this test whose command line runs a part of the serving stack."""
-    found = set()
     me = os.getpid()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] != "Z" and int(fields[1]) == me and b"chaos.reference.serving" in cmdline:
-            found.add(int(entry))
-    return found
+    return {p.pid for p in live_processes() if p.ppid == me and b"chaos.reference.serving" in p.cmdline}
 
 
 @contextmanager

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import scenario_yaml, wait_for
+from support import scenario_yaml, standing, wait_for
 from typer.testing import CliRunner
 
 from chaos.cli.commands import app
@@ -25,18 +25,17 @@ from chaos.testbed.slurm import SlurmTestbed
 pytestmark = pytest.mark.slow
 
 
+def _up(state: Path) -> SlurmTestbed:
+    result = CliRunner().invoke(app, ["testbed", "up", "--slurm", "--hosts", "1", "--state-dir", str(state)])
+    assert result.exit_code == 0, result.output
+    return slurm_testbed.attach(state)
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmTestbed]:
-    reason = slurm_testbed.unsupported_reason()
-    if reason is not None:
-        pytest.skip(reason)
     state = tmp_path_factory.mktemp("sched-tb")
-    try:
-        result = CliRunner().invoke(app, ["testbed", "up", "--slurm", "--hosts", "1", "--state-dir", str(state)])
-        assert result.exit_code == 0, result.output
-        yield slurm_testbed.attach(state)
-    finally:
-        CliRunner().invoke(app, ["testbed", "down", "--state-dir", str(state)])
+    down = ["testbed", "down", "--state-dir", str(state)]
+    yield from standing(slurm_testbed.unsupported_reason(), lambda: _up(state), lambda: CliRunner().invoke(app, down))
     assert not (state / slurm_testbed.SLURM_DIR).exists()
 
 

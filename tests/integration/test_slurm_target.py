@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import ROOT, mlchaos, scenario_yaml
+from support import ROOT, mlchaos, scenario_yaml, standing
 
 from chaos.testbed import namespaces
 from chaos.testbed import slurm as slurm_testbed
@@ -31,14 +31,13 @@ JOBS = ROOT / "tests" / "jobs"
 
 @pytest.fixture(scope="module")
 def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmTestbed]:
-    reason = slurm_testbed.unsupported_reason()
-    if reason is not None:
-        pytest.skip(reason)
     state = tmp_path_factory.mktemp("slurm-target")
-    try:
-        yield slurm_testbed.up(3, state, settings=SlurmSettings(slurmd_timeout=5, requeue_delay=5))
-    finally:
-        namespaces.down(state)
+    settings = SlurmSettings(slurmd_timeout=5, requeue_delay=5)
+    yield from standing(
+        slurm_testbed.unsupported_reason(),
+        lambda: slurm_testbed.up(3, state, settings=settings),
+        lambda: namespaces.down(state),
+    )
 
 
 def _run(

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import wait_for
+from support import live_processes, standing, wait_for
 from typer.testing import CliRunner
 
 from chaos.cli.commands import app
@@ -27,34 +27,15 @@ pytestmark = pytest.mark.slow
 _FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "NODE_FAIL", "TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
 
-def _live_processes() -> list[tuple[int, str, bytes]]:
-    """(pid, comm, cmdline) of every process that is not a zombie."""
-    out = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry.name}/stat").read_text()
-            cmdline = Path(f"/proc/{entry.name}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if stat[stat.rindex(")") + 2] != "Z":
-            out.append((int(entry.name), stat[stat.index("(") + 1 : stat.rindex(")")], cmdline))
-    return out
-
-
 def _leftovers(state: Path, marker: str = "") -> list[str]:
     """Our Slurm daemons (their command lines name the state dir), step daemons and marked job processes."""
     found = []
-    for pid, comm, cmdline in _live_processes():
-        ours = str(state.resolve()).encode() in cmdline and comm.removesuffix("-wlm") in (
-            "munged",
-            "slurmctld",
-            "slurmd",
-        )
-        marked = bool(marker) and marker.encode() in cmdline
+    for proc in live_processes():
+        daemon = proc.comm.removesuffix("-wlm") in ("munged", "slurmctld", "slurmd")
+        ours = daemon and str(state.resolve()).encode() in proc.cmdline
+        marked = bool(marker) and marker.encode() in proc.cmdline
         if ours or marked:
-            found.append(f"{pid} {comm} {cmdline[:120]!r}")
+            found.append(f"{proc.pid} {proc.comm} {proc.cmdline[:120]!r}")
     return found
 
 
@@ -73,17 +54,16 @@ def _wait_finished(client: SlurmClient, job_id: int, timeout: float = 60.0) -> J
         time.sleep(0.2)
 
 
+def _up(state: Path) -> Path:
+    _cli("testbed", "up", "--slurm", "--hosts", "3", "--requeue-exit", "75", "--state-dir", str(state))
+    return state
+
+
 @pytest.fixture(scope="module")
 def slurm_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    reason = slurm_testbed.unsupported_reason()
-    if reason is not None:
-        pytest.skip(reason)
     state = tmp_path_factory.mktemp("slurm-tb")
-    try:
-        _cli("testbed", "up", "--slurm", "--hosts", "3", "--requeue-exit", "75", "--state-dir", str(state))
-        yield state
-    finally:
-        CliRunner().invoke(app, ["testbed", "down", "--state-dir", str(state)])
+    down = ["testbed", "down", "--state-dir", str(state)]
+    yield from standing(slurm_testbed.unsupported_reason(), lambda: _up(state), lambda: CliRunner().invoke(app, down))
     assert _leftovers(state) == []
     assert not (state / slurm_testbed.SLURM_DIR).exists()
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from hypothesis import strategies as st
-from support import ev, ns
+from support import ev, ns, runs_in_worlds
 
 from chaos.history.timeline import Event
 
@@ -72,17 +72,16 @@ class HangRun:
         return self.events(), params, None
 
 
-@st.composite
-def hang_runs(draw: st.DrawFn) -> HangRun:
-    world = draw(st.integers(2, 8))
-    return HangRun(
-        world=world,
-        hit=draw(st.integers(0, world - 1)),
-        fault_at=draw(st.floats(2.0, 4.0)),
-        after=draw(st.floats(0.2, 5.0)),
-        reason=draw(st.sampled_from(("stopped", "spinning", "not_in_collective", "wrong_collective"))),
-        injector=draw(st.sampled_from(("freeze", "spin", "skip_collective"))),
-        within=draw(st.sampled_from((None, 10.0))),
+def hang_runs() -> st.SearchStrategy[HangRun]:
+    return runs_in_worlds(
+        HangRun,
+        st.integers(2, 8),
+        "hit",
+        fault_at=st.floats(2.0, 4.0),
+        after=st.floats(0.2, 5.0),
+        reason=st.sampled_from(("stopped", "spinning", "not_in_collective", "wrong_collective")),
+        injector=st.sampled_from(("freeze", "spin", "skip_collective")),
+        within=st.sampled_from((None, 10.0)),
     )
 
 

@@ -27,6 +27,9 @@ def at(seconds: float) -> int:
 
 @dataclass(frozen=True)
 class ReplicaRun:
+    """One run of the group, with the knobs of the module docstring: :meth:`events` is its history,
+    :meth:`scenario` the scenario its checks read the fault from."""
+
     replicas: int = 2
     victim: int = 1
     period: float = 0.5

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from hypothesis import strategies as st
-from support import ev, ns
+from support import ev, ns, runs_in_worlds
 
 from chaos.history.timeline import Event
 
@@ -85,14 +85,9 @@ class StragglerRun:
         return found
 
 
-@st.composite
-def straggler_runs(draw: st.DrawFn) -> StragglerRun:
-    world = draw(st.integers(2, 4))
-    return StragglerRun(
-        world=world,
-        aimed=draw(st.integers(0, world - 1)),
-        delay=draw(st.floats(0.5, 6.0)),
-        base=draw(st.floats(0.02, 0.4)),
+def straggler_runs() -> st.SearchStrategy[StragglerRun]:
+    return runs_in_worlds(
+        StragglerRun, st.integers(2, 4), "aimed", delay=st.floats(0.5, 6.0), base=st.floats(0.02, 0.4)
     )
 
 

@@ -1159,76 +1159,55 @@ def _rerun_bound(run: SlurmRun) -> dict[str, Any]:
     return {"within": (run.rerun_after or 0) + 0.1}
 
 
+def _unbound(run: SlurmRun) -> dict[str, Any]:
+    return {}
+
+
+def _slurm_broken(
+    what: str, bound: Callable[[SlurmRun], dict[str, Any]], expect: Status = "fail", **changes: Any
+) -> Violation:
+    """``what``: Slurm runs with ``changes`` made (a value may be a function of the run), judged with the
+    params ``bound(run)`` of the unchanged run."""
+
+    def case(run: SlurmRun) -> Case:
+        changed = {key: value(run) if callable(value) else value for key, value in changes.items()}
+        return _slurm(run.but(**changed), **bound(run))
+
+    return Violation(what, slurm_runs().map(case), expect)
+
+
 NODE_DRAINED = Entry(
     holds=slurm_runs().map(lambda r: _slurm(r, **_drain_bound(r))),
     violations=(
-        Violation(
-            "the hit node is never drained",
-            slurm_runs().map(lambda r: _slurm(r.but(drain_after=None), within=20.5)),
-        ),
-        Violation(
-            "the drain comes later than the bound",
-            slurm_runs().map(lambda r: _slurm(r, within=(r.drain_after or 0) / 2)),
-        ),
-        Violation(
-            "another node is drained, not the one the fault hit",
-            slurm_runs().map(lambda r: _slurm(r.but(drained_node="h3"), **_drain_bound(r))),
-        ),
-        Violation(
+        _slurm_broken("the hit node is never drained", lambda r: {"within": 20.5}, drain_after=None),
+        _slurm_broken("the drain comes later than the bound", lambda r: {"within": (r.drain_after or 0) / 2}),
+        _slurm_broken("another node is drained, not the one the fault hit", _drain_bound, drained_node="h3"),
+        _slurm_broken(
             "by: health_check, but the node was drained by someone else",
-            slurm_runs().map(lambda r: _slurm(r.but(drain_reason="operator: looked odd"), **_drain_bound(r))),
+            _drain_bound,
+            drain_reason="operator: looked odd",
         ),
-        Violation(
-            "no slurm.node event: the nodes were never observed",
-            slurm_runs().map(lambda r: _slurm(r.but(node_events=False), **_drain_bound(r))),
-            expect="unknown",
-        ),
-        Violation(
+        _slurm_broken("no slurm.node event: the nodes were never observed", _drain_bound, "unknown", node_events=False),
+        _slurm_broken(
             "the hit node was first seen after the fault, already drained (maybe before the fault)",
-            slurm_runs().map(lambda r: _slurm(r.but(seen_before_fault=False), **_drain_bound(r))),
-            expect="unknown",
+            _drain_bound,
+            "unknown",
+            seen_before_fault=False,
         ),
-        Violation(
-            "the fault never applied",
-            slurm_runs().map(lambda r: _slurm(r.but(with_fault=False), **_drain_bound(r))),
-            expect="unknown",
-        ),
+        _slurm_broken("the fault never applied", _drain_bound, "unknown", with_fault=False),
     ),
 )
 
 REQUEUED = Entry(
     holds=slurm_runs().map(lambda r: _slurm(r, **_rerun_bound(r))),
     violations=(
-        Violation(
-            "the job ended FAILED instead of being requeued",
-            slurm_runs().map(lambda r: _slurm(r.but(end_state="FAILED"), **_rerun_bound(r))),
-        ),
-        Violation(
-            "the job is RUNNING again later than the bound",
-            slurm_runs().map(lambda r: _slurm(r, within=(r.rerun_after or 0) / 2)),
-        ),
-        Violation(
-            "the job was requeued but never ran again",
-            slurm_runs().map(lambda r: _slurm(r.but(rerun_after=None), **_rerun_bound(r))),
-        ),
-        Violation(
-            "only a new job id ran (a resubmission, not a requeue)",
-            slurm_runs().map(lambda r: _slurm(r.but(new_job_id=8), **_rerun_bound(r))),
-        ),
-        Violation(
-            "the fault did not interrupt the job at all",
-            slurm_runs().map(lambda r: _slurm(r.but(requeue_after=None), **_rerun_bound(r))),
-        ),
-        Violation(
-            "no slurm.job event: the job was never observed",
-            slurm_runs().map(lambda r: _slurm(r.but(job_events=False), **_rerun_bound(r))),
-            expect="unknown",
-        ),
-        Violation(
-            "the fault never applied",
-            slurm_runs().map(lambda r: _slurm(r.but(with_fault=False), **_rerun_bound(r))),
-            expect="unknown",
-        ),
+        _slurm_broken("the job ended FAILED instead of being requeued", _rerun_bound, end_state="FAILED"),
+        _slurm_broken("the job is RUNNING again later than the bound", lambda r: {"within": (r.rerun_after or 0) / 2}),
+        _slurm_broken("the job was requeued but never ran again", _rerun_bound, rerun_after=None),
+        _slurm_broken("only a new job id ran (a resubmission, not a requeue)", _rerun_bound, new_job_id=8),
+        _slurm_broken("the fault did not interrupt the job at all", _rerun_bound, requeue_after=None),
+        _slurm_broken("no slurm.job event: the job was never observed", _rerun_bound, "unknown", job_events=False),
+        _slurm_broken("the fault never applied", _rerun_bound, "unknown", with_fault=False),
     ),
 )
 
@@ -1248,24 +1227,20 @@ NO_REPEAT = Entry(
         ),
     ),
     violations=(
-        Violation(
+        _slurm_broken(
             "the requeued job lands on the hit node while it is still drained",
-            slurm_runs().map(lambda r: _slurm(r.but(rerun=(r.hit, "h3"), heal_after=None))),
+            _unbound,
+            rerun=lambda r: (r.hit, "h3"),
+            heal_after=None,
         ),
-        Violation(
+        _slurm_broken(
             "the node was never drained (no health check) and the job lands on it while the fault is active",
-            slurm_runs().map(lambda r: _slurm(r.but(drain_after=None, rerun=(r.hit, r.survivor)))),
+            _unbound,
+            drain_after=None,
+            rerun=lambda r: (r.hit, r.survivor),
         ),
-        Violation(
-            "the job never ran again",
-            slurm_runs().map(lambda r: _slurm(r.but(rerun_after=None))),
-            expect="unknown",
-        ),
-        Violation(
-            "the fault never applied",
-            slurm_runs().map(lambda r: _slurm(r.but(with_fault=False))),
-            expect="unknown",
-        ),
+        _slurm_broken("the job never ran again", _unbound, "unknown", rerun_after=None),
+        _slurm_broken("the fault never applied", _unbound, "unknown", with_fault=False),
     ),
 )
 
@@ -1343,21 +1318,11 @@ TABLE: dict[str, Entry] = {
     "node_drained_within": NODE_DRAINED,
     "requeued_within": REQUEUED,
     "no_repeat_failure_on_bad_node": NO_REPEAT,
-    **{  # restore stragglers and retries: the cases live in storage_histories
+    **{  # restore stragglers and retries, torn and corrupt checkpoints, rollback after a late-detected SDC, hang
+        # culprit: the cases live in storage_histories, checkpoint_histories, rollback_histories, hang_histories
         name: Entry(holds.map(lambda c: Case(*c)), tuple(Violation(w, v.map(lambda c: Case(*c)), e) for w, v, e in bad))
-        for name, (holds, bad) in STORAGE_RECOVERY.items()
-    },
-    **{  # torn and corrupt checkpoints: the cases live in checkpoint_histories
-        name: Entry(holds.map(lambda c: Case(*c)), tuple(Violation(w, v.map(lambda c: Case(*c)), e) for w, v, e in bad))
-        for name, (holds, bad) in CHECKPOINT.items()
-    },
-    **{  # rollback after a late-detected SDC: the cases live in rollback_histories
-        name: Entry(holds.map(lambda c: Case(*c)), tuple(Violation(w, v.map(lambda c: Case(*c)), e) for w, v, e in bad))
-        for name, (holds, bad) in ROLLBACK.items()
-    },
-    **{  # hang culprit: the cases live in hang_histories
-        name: Entry(holds.map(lambda c: Case(*c)), tuple(Violation(w, v.map(lambda c: Case(*c)), e) for w, v, e in bad))
-        for name, (holds, bad) in HANG.items()
+        for cases in (STORAGE_RECOVERY, CHECKPOINT, ROLLBACK, HANG)
+        for name, (holds, bad) in cases.items()
     },
     "link_named": LINK_NAMED,
     "stalled_during": STALLED,

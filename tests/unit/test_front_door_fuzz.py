@@ -92,14 +92,14 @@ def _judge(tmp_path: Path, name: str, text: str) -> list[Problem]:
 
 WRONG = st.sampled_from([True, False, None, "", "zzz!", "  ", -1, 0, 10**12, 1.5, -2.5, [], [1], {}, {"a": 1}])
 NONSENSE_FOR_NUMBERS = st.sampled_from([True, False, "zzz!", [1], {"a": 1}, math.nan, math.inf, -math.inf])
+# A shipped scenario's name and a copy of its parsed YAML for a test to mutate.
+SHIPPED = st.sampled_from(sorted(DATA)).map(lambda name: (name, copy.deepcopy(DATA[name])))
 
 
 @FUZZ
-@given(st.sampled_from(sorted(DATA)), st.data())
-def test_a_value_of_the_wrong_type_is_loaded_or_refused_at_its_line(
-    tmp_path_factory: Any, name: str, data: Any
-) -> None:
-    tree = copy.deepcopy(DATA[name])
+@given(st.data())
+def test_a_value_of_the_wrong_type_is_loaded_or_refused_at_its_line(tmp_path_factory: Any, data: Any) -> None:
+    name, tree = data.draw(SHIPPED)
     path = data.draw(st.sampled_from(_paths(tree)))
     original = _get(tree, path)
     numeric = isinstance(original, (int, float)) and not isinstance(original, bool)
@@ -114,11 +114,9 @@ def test_a_value_of_the_wrong_type_is_loaded_or_refused_at_its_line(
 
 
 @FUZZ
-@given(st.sampled_from(sorted(DATA)), st.data())
-def test_a_deleted_or_misspelt_key_is_loaded_or_refused_at_its_line(
-    tmp_path_factory: Any, name: str, data: Any
-) -> None:
-    tree = copy.deepcopy(DATA[name])
+@given(st.data())
+def test_a_deleted_or_misspelt_key_is_loaded_or_refused_at_its_line(tmp_path_factory: Any, data: Any) -> None:
+    name, tree = data.draw(SHIPPED)
     keys = [p for p in _paths(tree) if isinstance(p[-1], str)]
     path = data.draw(st.sampled_from(keys))
     parent = _get(tree, path[:-1])
@@ -236,32 +234,29 @@ checks:
 safety: {max_duration: 60s, no_progress_timeout: 30s}
 """
 
+# The lines of BASE that several cases below replace.
+TRIGGER = "trigger: {at_step: 5, rank: 1}"
+PARAMS = "params: {rank: 1}"
+KILL = f"type: kill\n    {PARAMS}"
+PORT = "rdzv_port: 29400"
+
+# (id, the text replaced in BASE, the text put in its place, words the refusal says)
 NONSENSE = [
-    ("a negative step", "trigger: {at_step: 5, rank: 1}", "trigger: {at_step: -1}", "at_step"),
-    ("a negative rank", "trigger: {at_step: 5, rank: 1}", "trigger: {at_step: 5, rank: -1}", "rank"),
-    ("a rank beyond the world", "params: {rank: 1}", "params: {rank: 2}", "rank 2 does not exist"),
+    ("a negative step", TRIGGER, "trigger: {at_step: -1}", "at_step"),
+    ("a negative rank", TRIGGER, "trigger: {at_step: 5, rank: -1}", "rank"),
+    ("a rank beyond the world", PARAMS, "params: {rank: 2}", "rank 2 does not exist"),
     ("zero ranks", "nproc_per_node: 2", "nproc_per_node: 0", "nproc_per_node"),
     ("a boolean for a count", "nproc_per_node: 2", "nproc_per_node: true", "got the boolean True"),
-    ("a port out of range", "rdzv_port: 29400", "rdzv_port: 70000", "rdzv_port"),
-    ("port 0 to rendezvous on", "rdzv_port: 29400", "rdzv_port: 0", "rdzv_port"),
+    ("a port out of range", PORT, "rdzv_port: 70000", "rdzv_port"),
+    ("port 0 to rendezvous on", PORT, "rdzv_port: 0", "rdzv_port"),
     ("an empty scenario name", "name: nonsense", 'name: ""', "name"),
     ("an empty module", "module: chaos.reference.trainer", 'module: ""', "module"),
     ("a module that is no module name", "module: chaos.reference.trainer", "module: not a module", "module"),
     ("an env name with =", 'env: {OMP_NUM_THREADS: "1"}', 'env: {"A=B": "1"}', "not an environment variable"),
     ("an empty env name", 'env: {OMP_NUM_THREADS: "1"}', 'env: {"": "1"}', "not an environment variable"),
-    (
-        "an every trigger firing no times",
-        "trigger: {at_step: 5, rank: 1}",
-        "trigger: {every: {interval: 1s, count: 0}}",
-        "count",
-    ),
-    ("an event kind that is empty", "trigger: {at_step: 5, rank: 1}", 'trigger: {on_event: {kind: ""}}', "kind"),
-    (
-        "a fault lasting no time",
-        "trigger: {at_step: 5, rank: 1}",
-        "trigger: {at_step: 5, rank: 1}\n    duration: 0s",
-        "duration",
-    ),
+    ("an every trigger firing no times", TRIGGER, "trigger: {every: {interval: 1s, count: 0}}", "count"),
+    ("an event kind that is empty", TRIGGER, 'trigger: {on_event: {kind: ""}}', "kind"),
+    ("a fault lasting no time", TRIGGER, f"{TRIGGER}\n    duration: 0s", "duration"),
     ("a progress watch of zero", "no_progress_timeout: 30s", "no_progress_timeout: 0", "no_progress_timeout"),
     ("an infinite limit", "max_duration: 60s", "max_duration: .inf", "finite"),
     ("an empty abort_on kind", "no_progress_timeout: 30s}", 'no_progress_timeout: 30s, abort_on: [""]}', "abort_on"),
@@ -272,39 +267,29 @@ NONSENSE = [
         "blast_radius",
     ),
     ("an empty protected host", "faults:", 'cluster: {protected: [""]}\nfaults:', "protected"),
-    (
-        "an empty host name",
-        "trigger: {at_step: 5, rank: 1}",
-        'trigger: {at_step: 5, rank: 1}\n    hosts: {host: ""}',
-        "host",
-    ),
+    ("an empty host name", TRIGGER, f'{TRIGGER}\n    hosts: {{host: ""}}', "host"),
     (
         "a host both selected and excluded",
-        "trigger: {at_step: 5, rank: 1}",
+        TRIGGER,
         "trigger: {at_step: 5}\n    hosts: {host: h1, exclude: [h1]}",
         "both selected and excluded",
     ),
     (
         "a log matcher that is no regex",
-        "rdzv_port: 29400",
-        'rdzv_port: 29400\n  matchers: [{pattern: "(", event: detect.x}]',
+        PORT,
+        f'{PORT}\n  matchers: [{{pattern: "(", event: detect.x}}]',
         "not a valid regex",
     ),
-    ("no monitor interval", "rdzv_port: 29400", "rdzv_port: 29400\n  monitor_interval: 0", "monitor_interval"),
-    ("negative restarts", "rdzv_port: 29400", "rdzv_port: 29400\n  max_restarts: -1", "max_restarts"),
+    ("no monitor interval", PORT, f"{PORT}\n  monitor_interval: 0", "monitor_interval"),
+    ("negative restarts", PORT, f"{PORT}\n  max_restarts: -1", "max_restarts"),
     (
         "a bit-flip probability above 1",
-        "type: kill\n    params: {rank: 1}",
+        KILL,
         "type: bitflip\n    params: {persistence: intermittent, probability: 1.5}",
         "probability",
     ),
-    (
-        "a NaN scale factor",
-        "type: kill\n    params: {rank: 1}",
-        "type: bitflip\n    params: {kind: scale, factor: .nan}",
-        "finite",
-    ),
-    ("an empty process name regex", "params: {rank: 1}", 'params: {name: ""}', "name"),
+    ("a NaN scale factor", KILL, "type: bitflip\n    params: {kind: scale, factor: .nan}", "finite"),
+    ("an empty process name regex", PARAMS, 'params: {name: ""}', "name"),
 ]
 SERVING = """\
 name: nonsense

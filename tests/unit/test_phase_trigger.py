@@ -31,13 +31,24 @@ from chaos.run.in_job import claimable, digest_interval, in_job_plan
 from chaos.spec.preflight import PHASE_FAULTS, preflight
 from chaos.spec.scenario import PHASES, Trigger, parse_scenario
 
-KILL = "  - type: kill\n    params: {rank: 1}\n    trigger: {at_step: 3, rank: 1, phase: allreduce}"
+
+def _phased(
+    kind: str = "kill", params: str = "{rank: 1}", trigger: str = "{at_step: 3, rank: 1, phase: allreduce}", **more: str
+) -> str:
+    """A fault as FAULTS lists it (by default a kill of rank 1 in the allreduce of rank 1's step 3), then the keys
+    ``more`` (``duration``)."""
+    lines = [f"  - type: {kind}", f"    params: {params}", f"    trigger: {trigger}"]
+    return "\n".join(lines + [f"    {key}: {value}" for key, value in more.items()])
+
+
+KILL = _phased()
+UNRANKED = "{at_step: 3, phase: allreduce}"  # fired by the rank (or replica) the fault selects
 ROLES = TORCHRUN.replace(
     "  type: torchrun\n  module: chaos.reference.trainer\n  nproc_per_node: 2\n",
     "  type: roles\n  roles:\n    lighthouse: {command: [sleep, '30']}\n"
     "    group: {replicas: 2, torchrun: {script: train.py, nproc_per_node: 1}}\n",
 )
-REPLICA_KILL = "  - type: kill\n    params: {replica: group.1}\n    trigger: {at_step: 3, phase: allreduce}"
+REPLICA_KILL = _phased(params="{replica: group.1}", trigger=UNRANKED)
 
 
 def _problems(text: str) -> list[str]:
@@ -84,7 +95,6 @@ def test_a_phase_kill_goes_into_the_jobs_plan_file_with_its_phase_and_rank(tmp_p
     assert (offered.op_id, offered.at_step, offered.phase, offered.claimable) == (outside.op_id, 5, "forward", True)
 
 
-
 def test_replicas_agree_every_k_asks_the_agents_for_a_digest_every_k_steps(tmp_path: Path) -> None:
     plain = TORCHRUN.replace("FAULTS", "  - {type: kill, params: {rank: 1}, trigger: {at_step: 3}}")
     checks = "checks: [{type: replicas_agree, params: {every: 10}}, {type: replicas_agree, params: {every: 4}}]"
@@ -125,53 +135,59 @@ def test_a_phase_kill_of_a_torchrun_replica_of_a_roles_target_is_accepted() -> N
     assert _problems(ROLES.replace("FAULTS", REPLICA_KILL)) == []
 
 
+# (id, the target, its fault, words the refusal says)
 REFUSED = [
     (
         "a roles target's replica that runs a command",
-        ROLES.replace("FAULTS", REPLICA_KILL.replace("group.1", "lighthouse")),
+        ROLES,
+        _phased(params="{replica: lighthouse}", trigger=UNRANKED),
         "its role runs a command, not a torchrun job",
     ),
     (
         "a roles target's process selected by name",
-        ROLES.replace("FAULTS", REPLICA_KILL.replace("{replica: group.1}", "{name: train}")),
+        ROLES,
+        _phased(params="{name: train}", trigger=UNRANKED),
         "must select that replica",
     ),
     (
         "freeze with a phase but no duration",
-        TORCHRUN.replace("FAULTS", KILL.replace("kill", "freeze")),
+        TORCHRUN,
+        _phased("freeze"),
         "a thaw continues it when the duration has passed, so it needs one",
     ),
-    (
-        "slow with a phase",
-        TORCHRUN.replace("FAULTS", KILL.replace("kill", "slow") + "\n    duration: 5s"),
-        "a duty cycle of stops spans many steps",
-    ),
+    ("slow with a phase", TORCHRUN, _phased("slow", duration="5s"), "a duty cycle of stops spans many steps"),
     (
         "an in-job bitflip with a trigger phase",
-        TORCHRUN.replace("FAULTS", KILL.replace("kill", "bitflip").replace("{rank: 1}", "{where: weights, rank: 1}")),
+        TORCHRUN,
+        _phased("bitflip", "{where: weights, rank: 1}"),
         "set the point with the fault's own params",
     ),
     (
         "a kill selected by name",
-        TORCHRUN.replace("FAULTS", KILL.replace("{rank: 1}", "{name: trainer}").replace("rank: 1, ", "")),
+        TORCHRUN,
+        _phased(params="{name: trainer}", trigger=UNRANKED),
         "must select the process by rank",
     ),
     (
         "a trigger rank other than the killed rank",
-        TORCHRUN.replace("FAULTS", KILL.replace("{rank: 1}", "{rank: 0}")),
+        TORCHRUN,
+        _phased(params="{rank: 0}"),
         "the trigger's rank must be 0 too (got 1)",
     ),
     (
         "a command target",
-        COMMAND.replace("FAULTS", KILL.replace("rank: 1, ", "")),
+        COMMAND,
+        _phased(trigger=UNRANKED),
         "a command target runs no training loop with the agent attached",
     ),
 ]
 
 
-@pytest.mark.parametrize(("text", "words"), [case[1:] for case in REFUSED], ids=[case[0] for case in REFUSED])
-def test_the_preflight_refuses_a_phase_it_cannot_fire(text: str, words: str) -> None:
-    problems = _problems(text)
+@pytest.mark.parametrize(
+    ("target", "fault", "words"), [case[1:] for case in REFUSED], ids=[case[0] for case in REFUSED]
+)
+def test_the_preflight_refuses_a_phase_it_cannot_fire(target: str, fault: str, words: str) -> None:
+    problems = _problems(target.replace("FAULTS", fault))
     assert any(words in problem and "phase" in problem for problem in problems), problems
     assert all(problem.startswith("s.yaml:") for problem in problems)
 

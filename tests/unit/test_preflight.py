@@ -10,16 +10,13 @@ code paths: `mlchaos validate` and the orchestrator's `execute` (a scenario buil
 from __future__ import annotations
 
 from pathlib import Path
-from typing import ClassVar
 
 import pytest
-from pydantic import BaseModel
-from support import COMMAND, TORCHRUN
+from support import COMMAND, TORCHRUN, RefusingInjector
 from typer.testing import CliRunner
 
 from chaos.cli.commands import app
 from chaos.plugins import registry
-from chaos.plugins.injector import Applied, FaultOp, InjectionContext, Unsupported
 from chaos.run.orchestrator import RunOptions, execute
 from chaos.run.result import EXIT_INVALID
 from chaos.spec.preflight import preflight, world_size
@@ -34,112 +31,109 @@ HTTP = TORCHRUN.replace(
     "  type: http\n  url: http://127.0.0.1:9\n  ready_timeout: 5s\n",
 )
 
+
+def _one_fault(base: str, **keys: str) -> str:
+    """``base`` with its FAULTS line replaced by one fault: ``keys`` one a line, in the order given (line 7 is the
+    first, written ``- key: value``)."""
+    first, *rest = (f"{key}: {value}" for key, value in keys.items())
+    return base.replace("FAULTS", "\n".join([f"  - {first}", *(f"    {line}" for line in rest)]))
+
+
+def _partition(base: str, hosts: str, trigger: str) -> str:
+    """``base`` with one 1 s partition of ``hosts`` (line 9) from 10.0.0.1, fired by ``trigger``."""
+    return _one_fault(base, type="partition", params="{peers: [10.0.0.1]}", hosts=hosts, trigger=trigger, duration="1s")
+
+
 # (id, scenario text, line:column of the key at fault, words the refusal says). Line 7 is the fault's first line.
 REFUSED = [
     (
         "in-job bitflip with an after trigger",
-        TORCHRUN.replace("FAULTS", "  - type: bitflip\n    params: {where: weights}\n    trigger: {after: 3s}"),
+        _one_fault(TORCHRUN, type="bitflip", params="{where: weights}", trigger="{after: 3s}"),
         "9:15",
         "applied inside the job at a training step, so it needs an at_step trigger (got after)",
     ),
     (
         "in-job grad_corrupt with an every trigger",
-        TORCHRUN.replace(
-            "FAULTS", "  - type: grad_corrupt\n    params: {rank: 1}\n    trigger: {every: {interval: 1s, count: 2}}"
-        ),
+        _one_fault(TORCHRUN, type="grad_corrupt", params="{rank: 1}", trigger="{every: {interval: 1s, count: 2}}"),
         "9:15",
         "needs an at_step trigger (got every)",
     ),
     (
         "kill rank 5 of a 2-rank torchrun job",
-        TORCHRUN.replace("FAULTS", "  - type: kill\n    params: {rank: 5}\n    trigger: {at_step: 3}"),
+        _one_fault(TORCHRUN, type="kill", params="{rank: 5}", trigger="{at_step: 3}"),
         "8:14",
         "rank 5 does not exist: the job runs 2 rank(s), 0..1",
     ),
     (
         "a trigger's rank beyond the world size",
-        TORCHRUN.replace("FAULTS", "  - type: kill\n    params: {rank: 0}\n    trigger: {at_step: 3, rank: 2}"),
+        _one_fault(TORCHRUN, type="kill", params="{rank: 0}", trigger="{at_step: 3, rank: 2}"),
         "9:27",
         "rank 2 does not exist",
     ),
     (
         "an in-job fault's rank beyond the world size",
-        TORCHRUN.replace("FAULTS", "  - type: bitflip\n    params: {rank: 3}\n    trigger: {at_step: 3}"),
+        _one_fault(TORCHRUN, type="bitflip", params="{rank: 3}", trigger="{at_step: 3}"),
         "8:14",
         "rank 3 does not exist",
     ),
     (
         "freeze a rank of a command target, which reports none",
-        COMMAND.replace(
-            "FAULTS", "  - type: freeze\n    params: {rank: 0}\n    trigger: {after: 1s}\n    duration: 1s"
-        ),
+        _one_fault(COMMAND, type="freeze", params="{rank: 0}", trigger="{after: 1s}", duration="1s"),
         "8:14",
         "selects rank 0, but a command target does not report ranks",
     ),
     (
         "a freeze without a duration (it would be refused only when it fires)",
-        TORCHRUN.replace("FAULTS", "  - type: freeze\n    params: {rank: 1}\n    trigger: {at_step: 3}"),
+        _one_fault(TORCHRUN, type="freeze", params="{rank: 1}", trigger="{at_step: 3}"),
         "7:5",
         "holds its target until a deadline, so it needs a duration",
     ),
     (
         "a storage stall without a duration",
-        TORCHRUN.replace(
-            "FAULTS", "  - type: storage\n    params: {path: /tmp/x, mode: hang}\n    trigger: {at_step: 3}"
-        ),
+        _one_fault(TORCHRUN, type="storage", params="{path: /tmp/x, mode: hang}", trigger="{at_step: 3}"),
         "7:5",
         "needs a duration",
     ),
     (
         "a replica the serving target does not have",
-        SERVING.replace("FAULTS", "  - type: kill\n    params: {replica: fallback}\n    trigger: {after: 1s}"),
+        _one_fault(SERVING, type="kill", params="{replica: fallback}", trigger="{after: 1s}"),
         "8:14",
         "no replica named 'fallback'; this target has primary",
     ),
     (
         "a replica of a torchrun target",
-        TORCHRUN.replace("FAULTS", "  - type: kill\n    params: {replica: primary}\n    trigger: {after: 1s}"),
+        _one_fault(TORCHRUN, type="kill", params="{replica: primary}", trigger="{after: 1s}"),
         "8:14",
         "target has no replicas (only a roles or serving target has)",
     ),
     (
         "an in-job fault on a rank that runs no replica",
-        SERVING.replace("FAULTS", "  - type: bitflip\n    params: {rank: 1}\n    trigger: {at_step: 3}"),
+        _one_fault(SERVING, type="bitflip", params="{rank: 1}", trigger="{at_step: 3}"),
         "8:14",
         "rank 1 runs no replica of this serving target (ranks: 0 = primary)",
     ),
     (
         "an in-job fault on an http target",
-        HTTP.replace("FAULTS", "  - type: bitflip\n    params: {}\n    trigger: {at_step: 3}"),
+        _one_fault(HTTP, type="bitflip", params="{}", trigger="{at_step: 3}"),
         "7:5",
         "no agent of ours runs in it",
     ),
     (
         "hosts by rank of a job on one host",
-        TORCHRUN.replace(
-            "FAULTS",
-            "  - type: partition\n    params: {peers: [10.0.0.1]}\n    hosts: {rank: 1}\n"
-            "    trigger: {at_step: 3}\n    duration: 1s",
-        ),
+        _partition(TORCHRUN, "{rank: 1}", "{at_step: 3}"),
         "9:13",
         "means the host running that rank, but this job runs on one host",
     ),
     (
         "a protected host",
-        COMMAND.replace("faults:", "cluster: {protected: [h1]}\nfaults:").replace(
-            "FAULTS",
-            "  - type: partition\n    params: {peers: [10.0.0.1]}\n    hosts: {host: h1}\n"
-            "    trigger: {after: 1s}\n    duration: 1s",
-        ),
+        _partition(COMMAND.replace("faults:", "cluster: {protected: [h1]}\nfaults:"), "{host: h1}", "{after: 1s}"),
         "10:13",
         "host 'h1' is protected",
     ),
     (
         "more hosts than the blast radius",
-        COMMAND.replace("faults:", "safety: {blast_radius: 2}\nfaults:").replace(
-            "FAULTS",
-            "  - type: partition\n    params: {peers: [10.0.0.1]}\n    hosts: {group: all, count: 3}\n"
-            "    trigger: {after: 1s}\n    duration: 1s",
+        _partition(
+            COMMAND.replace("faults:", "safety: {blast_radius: 2}\nfaults:"), "{group: all, count: 3}", "{after: 1s}"
         ),
         "10:25",
         "count 3 is more hosts than the blast radius of 2 allows",
@@ -216,39 +210,12 @@ def test_a_scenario_built_in_code_is_refused_with_the_path_of_the_key() -> None:
     assert str(problem).startswith("<scenario coded>:1:1: faults.0.params.rank: rank 1 does not exist")
 
 
-class _NoParams(BaseModel):
-    pass
-
-
-class _NotOnThisKernel:
-    """A fault family whose capability probe refuses (as tc netem does on a kernel without sch_netem)."""
-
-    name: ClassVar[str] = "kill"
-    Params: ClassVar[type[BaseModel]] = _NoParams
-    summary: ClassVar[str] = "refuses"
-
-    def check(self, ctx: InjectionContext, params: BaseModel) -> None:
-        raise Unsupported("this kernel lacks the feature")
-
-    def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
-        raise AssertionError("nothing may be prepared after check refused")
-
-    def apply(self, ctx: InjectionContext, applied: Applied) -> None:
-        raise AssertionError("nothing may be applied after check refused")
-
-    def heal(self, ctx: InjectionContext, applied: Applied) -> None:
-        pass
-
-    def revert_command(self, applied: Applied) -> list[str] | None:
-        return None
-
-
 def test_a_capability_this_kernel_lacks_is_refused_by_validate_for_a_local_fault(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     text = COMMAND.replace("FAULTS", "  - type: kill\n    params: {pid: 4242}\n    trigger: {after: 1s}")
     scenario_model()  # built from the real registry before the patch (the file is valid)
-    monkeypatch.setattr(registry, "injectors", lambda: {"kill": _NotOnThisKernel})
+    monkeypatch.setattr(registry, "injectors", lambda: {"kill": RefusingInjector})
     code, output, path = _validate(tmp_path, text)
     assert code == EXIT_INVALID, output
     assert f"{path}:7:5: faults.0.type: fault 'kill-1' (kill) is not supported here: this kernel lacks" in output

@@ -25,16 +25,17 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, Field, model_validator
 
 from chaos.checks._evidence import (
+    Verdict,
     capped,
     fmt_offset,
     fmt_seconds,
-    label,
     missing_fault_reason,
     narrow,
     seconds,
+    verdict_of,
 )
 from chaos.checks.base import CheckParams, CheckResult, register_check
-from chaos.checks.latency import Verdict, judge_op_times, latency_verdict
+from chaos.checks.latency import judge_op_times, latency_verdict
 from chaos.checks.serving import events as ev
 from chaos.checks.serving import measures
 from chaos.checks.serving.windows import Window, WindowParams, resolve_window
@@ -66,6 +67,8 @@ SERVING_CHECKS = (
     CHECK_PRIORITY,
 )
 SHOWN = 5  # example requests cited per problem
+NEEDS_LOAD = "add a load: section (the open-loop load generator) to the scenario"
+"""What gives a check of the load generator's requests its evidence (its ``to_add``)."""
 
 
 def _ratio(value: float) -> str:
@@ -117,7 +120,7 @@ class ErrorRateParams(WindowParams):
 @register_check(
     CHECK_ERROR_RATE,
     ErrorRateParams,
-    to_add="add a load: section (the open-loop load generator) to the scenario",
+    to_add=NEEDS_LOAD,
     summary="share of non-ok requests in a window is at most max",
 )
 def error_rate(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
@@ -125,7 +128,7 @@ def error_rate(history: History, params: BaseModel, scenario: Scenario) -> Check
     (the generator had too many in flight) or ``cancelled``, over all requests scheduled in the window.
     ``unknown`` when the fault never applied or the window holds no requests."""
     p = narrow(params, ErrorRateParams)
-    verdict = partial(CheckResult, check=CHECK_ERROR_RATE, name=label(CHECK_ERROR_RATE, p.fault), bound=f"<= {p.max:g}")
+    verdict = verdict_of(CHECK_ERROR_RATE, p.fault, bound=f"<= {p.max:g}")
     got = _in_window(history, scenario, p, verdict, p.priority)
     if isinstance(got, CheckResult):
         return got
@@ -162,7 +165,7 @@ class LatencyParams(WindowParams):
 @register_check(
     CHECK_LATENCY,
     LatencyParams,
-    to_add="add a load: section (the open-loop load generator) to the scenario",
+    to_add=NEEDS_LOAD,
     summary="a latency quantile of the requests in a window is at most max",
 )
 def latency(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
@@ -172,7 +175,7 @@ def latency(history: History, params: BaseModel, scenario: Scenario) -> CheckRes
     latency and are left out (``error_rate`` judges them). ``unknown`` when no request has a latency."""
     p = narrow(params, LatencyParams)
     bound = f"p{p.q * 100:g} <= {fmt_seconds(p.max)}"
-    verdict = partial(CheckResult, check=CHECK_LATENCY, name=label(CHECK_LATENCY, p.fault), bound=bound, unit="s")
+    verdict = verdict_of(CHECK_LATENCY, p.fault, bound=bound, unit="s")
     got = _in_window(history, scenario, p, verdict, p.priority)
     if isinstance(got, CheckResult):
         return got
@@ -292,7 +295,7 @@ def fallback_share(history: History, params: BaseModel, scenario: Scenario) -> C
         for part in (None if p.min is None else f">= {p.min:g}", None if p.max is None else f"<= {p.max:g}")
         if part
     )
-    verdict = partial(CheckResult, check=CHECK_FALLBACK_SHARE, name=label(CHECK_FALLBACK_SHARE, p.fault), bound=bound)
+    verdict = verdict_of(CHECK_FALLBACK_SHARE, p.fault, bound=bound)
     if not bound:
         return verdict(status="unknown", bound="-", reason="no bound to hold the share to: give min, max or both")
     got = _in_window(history, scenario, p, verdict)
@@ -384,7 +387,7 @@ class NoFlappingParams(WindowParams):
 @register_check(
     CHECK_NO_FLAPPING,
     NoFlappingParams,
-    to_add="add a load: section (the open-loop load generator) to the scenario",
+    to_add=NEEDS_LOAD,
     summary="traffic switches backends at most max_switches times, and fails back only after the hysteresis",
 )
 def no_flapping(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
@@ -398,8 +401,7 @@ def no_flapping(history: History, params: BaseModel, scenario: Scenario) -> Chec
     p = narrow(params, NoFlappingParams)
     applied = ev.events_of(history, FAULT_APPLIED)
     limit = 2 * len(applied) if p.max_switches is None else p.max_switches
-    name, bound = label(CHECK_NO_FLAPPING, p.fault), f"<= {limit} switches"
-    verdict = partial(CheckResult, check=CHECK_NO_FLAPPING, name=name, bound=bound, unit=" switches")
+    verdict = verdict_of(CHECK_NO_FLAPPING, p.fault, bound=f"<= {limit} switches", unit=" switches")
     got = _in_window(history, scenario, p, verdict)
     if isinstance(got, CheckResult):
         return got
@@ -466,8 +468,7 @@ def wrong_answers_detected(history: History, params: BaseModel, scenario: Scenar
     bound = "-" if within is None else f"detected within {fmt_seconds(within)}"
     if p.max_wrong is not None:
         bound += f", <= {p.max_wrong} answers exposed"
-    name = label(CHECK_WRONG_ANSWERS, p.fault)
-    verdict = partial(CheckResult, check=CHECK_WRONG_ANSWERS, name=name, bound=bound, unit=" answers")
+    verdict = verdict_of(CHECK_WRONG_ANSWERS, p.fault, bound=bound, unit=" answers")
     ops = ev.applied_ops(history, p.fault)
     limit = _bound_or_unknown(history, p.fault, ops, within, verdict)
     if isinstance(limit, CheckResult):
@@ -536,8 +537,7 @@ def priority_preserved(history: History, params: BaseModel, scenario: Scenario) 
     ``shed_statuses`` status or an answer from ``gateway``): without shedding, preserving a priority was never
     put to the test. ``unknown`` also when the window holds no request of ``priority``."""
     p = narrow(params, PriorityParams)
-    bound = f"<= {p.max_error_rate:g}"
-    verdict = partial(CheckResult, check=CHECK_PRIORITY, name=label(CHECK_PRIORITY, p.fault), bound=bound)
+    verdict = verdict_of(CHECK_PRIORITY, p.fault, bound=f"<= {p.max_error_rate:g}")
     got = _in_window(history, scenario, p, verdict)
     if isinstance(got, CheckResult):
         return got
