@@ -61,6 +61,8 @@ def _fault(kind: str, tag: str, victim: int, folder: Path) -> dict[str, Any]:
         "storage": {"path": str(folder / "data"), "mode": "latency", "latency": 0.2},
         "drop_large_packets": {"peers": [PEER], "min_size": 1024},
         "bandwidth": {"peers": [PEER], "rate": "1mbit"},
+        "delay": {"peers": [PEER], "delay": "50ms"},
+        "jitter": {"peers": [PEER], "jitter": "10ms", "delay": "50ms"},
         "gpu_xid": {"code": 79, "log": str(folder / "xid.log")},
         "freeze_under_load": {"pid": victim},
     }[kind]
@@ -69,9 +71,9 @@ def _fault(kind: str, tag: str, victim: int, folder: Path) -> dict[str, Any]:
     return {"name": f"f-{tag}", "type": kind, "params": params, "trigger": {"after": f"{APPLY_AT_S:g}s"}}
 
 
-DURATIONLESS = ("partition", "packet_loss", "drop_large_packets", "bandwidth", "gpu_xid")  # no duration needed
+DURATIONLESS = ("partition", "packet_loss", "drop_large_packets", "bandwidth", "delay", "jitter", "gpu_xid")
 KINDS = ("freeze", "slow", "cpu_throttle", "memory_pressure", "partition", "packet_loss", "flap", "storage",
-         "drop_large_packets", "bandwidth", "gpu_xid", "freeze_under_load")  # fmt: skip
+         "drop_large_packets", "bandwidth", "delay", "jitter", "gpu_xid", "freeze_under_load")  # fmt: skip
 # freeze_under_load: the victim is an HTTP server (an http target) under the open-loop load generator, frozen;
 # the load generator must die with the harness.
 REMOTE_KINDS = ("partition", "packet_loss", "freeze", "slow")
@@ -81,7 +83,7 @@ CONTAINER_KINDS = ("container_pause", "container_stop", "container_cpu")
 # Faults on a Slurm node of the Slurm testbed (their dead-man runs here too: the testbed's commands): on h2, one
 # at a time (one node).
 SLURM_KINDS = ("drain", "slurmd_stop", "node_fail")
-SERIAL_KINDS = ("bandwidth",)  # one root qdisc per interface: run one at a time
+SERIAL_KINDS = ("bandwidth", "delay", "jitter")  # one root qdisc per interface (netem too): one at a time
 
 
 @dataclass
@@ -273,6 +275,12 @@ def run_trial(kind: str, index: int, rng: random.Random, keep: bool = False) -> 
                 for line in qdiscs.splitlines()
             ):
                 trial.left.append(f"qdisc {handle} on {interface}")
+        bound = Path("/proc/net/netfilter/nfnetlink_queue")
+        queues = {line.split()[0] for line in bound.read_text().splitlines()} if bound.exists() else set()
+        for record in records:
+            queue = ((record.get("applied") or {}).get("state") or {}).get("queue")
+            if queue is not None and str(queue) in queues:
+                trial.left.append(f"NFQUEUE queue {queue} still bound (a packet holder)")
         mounts = Path("/proc/mounts").read_text()
         if str(folder) in mounts:
             trial.left.append("a mount under the trial's folder")

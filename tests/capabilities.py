@@ -20,7 +20,7 @@ import pytest
 
 # The one list of what may skip under CI: things no set-up script can add to (or take from) the running kernel.
 KERNEL_FEATURES = {
-    "tc netem": "the netem qdisc (sch_netem): delay, jitter and loss shaping are refused here, never faked",
+    "tc netem": "the netem qdisc (sch_netem): delay and jitter use the NFQUEUE packet holder here instead",
 }
 _LACKS, _HAS = "this kernel lacks ", "this kernel has "
 _ROOT = "root"

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Annotated, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, Field, JsonValue, model_validator
 
@@ -42,16 +42,17 @@ from chaos.plugins.injector import (
     state_number,
     state_texts,
 )
-from chaos.safety import deadman
 from chaos.safety.remote_deadman import HostCommand
 from chaos.spec.units import Duration
 from injectors import detached
 from injectors.network import flap_helper as netflap
 from injectors.network import iptables as netfilter
+from injectors.network.helpers import stop_helper
 from injectors.network.host import (
     TIMEOUT_S,
     Host,
     Peers,
+    Port,
     probe_address,
     remembered,
     resolve_peers,
@@ -67,7 +68,6 @@ from injectors.network.tc import (
     JitterParams,
     ShapeParams,
 )
-from injectors.process.faults import ProcessHost
 
 __all__ = [
     "BandwidthInjector",
@@ -89,8 +89,6 @@ __all__ = [
     "ShapeParams",
     "filter_specs",
 ]
-
-Port = Annotated[int, Field(ge=1, le=65535)]
 
 # -- parameters -------------------------------------------------------------------------------------------------
 
@@ -451,14 +449,7 @@ class FlapInjector(_FilterFault):
         """Stop the helper (it removes the chains as it leaves), then remove whatever is still there."""
         state = FlapState.from_json(applied.state)
         host = Host(ctx.transport, state.filter.sudo)
-        pids = [state.helper_pid] if state.helper_pid is not None else _find_helpers(host, applied.op_id)
-        detached.stop(
-            pids,
-            lambda pid: _is_helper(host, pid, applied.op_id),
-            lambda name, stop: _signal(host, name, stop),
-            grace_s=10.0,
-            poll_s=0.05,
-        )
+        stop_helper(host, netflap.MODULE, applied.op_id, state.helper_pid)
         # The helper removes the chains as it leaves, so look before deleting (no batch that would only fail).
         netfilter.remove(host.run, state.filter.chain_names)
 
@@ -466,32 +457,6 @@ class FlapInjector(_FilterFault):
         """Stop the helper first (left running, it would outlive the revert until its own deadline), then remove
         the chains as a partition's revert does."""
         return detached.stop_then(netflap.MODULE, applied.op_id, super().revert_command(applied) or ())
-
-
-def _is_helper(host: Host, pid: int, op_id: str) -> bool:
-    """Whether ``pid`` is this op's flap helper (its /proc cmdline, so a recycled pid is never signalled)."""
-    try:
-        done = host.transport.run(["cat", f"/proc/{pid}/cmdline"], timeout=TIMEOUT_S)
-    except TransportError:
-        return False
-    argv = done.stdout.split("\0")[:-1] if done.ok else []
-    return deadman.module_of(argv) == netflap.MODULE and deadman.option(argv, "--op-id") == op_id
-
-
-def _find_helpers(host: Host, op_id: str) -> list[int]:
-    """Flap helpers of ``op_id`` by command line, for a crash between spawn and the journaled pid."""
-    try:
-        return detached.find(ProcessHost(host.transport).command_lines(), netflap.MODULE, op_id)
-    except TransportError:
-        return []
-
-
-def _signal(host: Host, name: str, pids: list[int]) -> None:
-    if pids:
-        try:
-            host.run(["kill", "-s", name.removeprefix("SIG"), *map(str, pids)])
-        except TransportError:
-            pass  # gone or unreachable: the chain removal that follows is what heals
 
 
 INJECTORS = (

@@ -11,7 +11,7 @@ import re
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TypeVar, cast
+from typing import Annotated, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -69,6 +69,9 @@ def peer_address(value: str) -> str:
     if net.version != 4:
         raise ValueError(f"{value!r}: only IPv4 peers are supported (ip6tables is not wired up yet)")
     return str(net.network_address) if net.prefixlen == 32 else str(net)
+
+
+Port = Annotated[int, Field(ge=1, le=65535)]
 
 
 class Peers(BaseModel):

@@ -119,25 +119,34 @@ def chains_from_state(state: dict[str, JsonValue]) -> list[ChainSpec]:
 
 
 def drop_rules(
-    direction: str, peers: Sequence[str], protocol: str, ports: Sequence[int], extra: Sequence[str]
+    direction: str,
+    peers: Sequence[str],
+    protocol: str,
+    ports: Sequence[int],
+    extra: Sequence[str],
+    *,
+    port_match: str = "--ports",
+    target: Sequence[str] = ("-j", "DROP"),
 ) -> list[list[str]]:
-    """DROP rules for one direction: per peer (``-s`` in, ``-d`` out), per protocol, with ``extra`` matches.
+    """DROP (or ``target``) rules for one direction: per peer (``-s`` in, ``-d`` out), per protocol, with
+    ``extra`` matches.
 
     ``ports`` match either end (``multiport --ports``), so a partition of a service port also cuts the
-    replies; with protocol ``all`` and ports, both tcp and udp rules are written (multiport needs one).
+    replies (``port_match="--dports"``: the destination only); with protocol ``all`` and ports, both tcp and
+    udp rules are written (multiport needs one).
     """
     flag = "-s" if direction == "in" else "-d"
     if ports:
         protocols = ["tcp", "udp"] if protocol == "all" else [protocol]
     else:
         protocols = [] if protocol == "all" else [protocol]
-    port_match = ["-m", "multiport", "--ports", ",".join(str(port) for port in ports)] if ports else []
+    matches = ["-m", "multiport", port_match, ",".join(str(port) for port in ports)] if ports else []
     rules = []
     for peer in peers:
         if not protocols:
-            rules.append([flag, peer, *extra, "-j", "DROP"])
+            rules.append([flag, peer, *extra, *target])
         for proto in protocols:
-            rules.append([flag, peer, "-p", proto, *port_match, *extra, "-j", "DROP"])
+            rules.append([flag, peer, "-p", proto, *matches, *extra, *target])
     return rules
 
 

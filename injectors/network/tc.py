@@ -32,14 +32,19 @@ from pydantic import BaseModel, BeforeValidator, Field, JsonValue, field_validat
 from chaos.cluster.base import Completed, TransportError
 from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported, flag, params_as
 from chaos.spec.units import Duration
-from injectors.network.host import Host, Peers, ms, probe_address, resolve_peers
+from injectors.network import nfqueue
+from injectors.network.host import Host, Peers, Port, ms, probe_address, remembered, resolve_peers
 from injectors.network.iptables import Run
 
 _INTERFACE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,14}$")
 _HANDLE = re.compile(r"^[0-9a-f]{1,4}:$")
 _UNSHAPED_RATE = "100gbit"  # the htb class that selects the peers' traffic must not itself limit the rate
 _UNSHAPED_BURST = "10mb"
-_QUANTUM = "60000"  # explicit: htb derives rate/r2q otherwise, and warns that 100gbit/10 is absurdly big
+_QUANTUM = "60000"
+_IP_PROTOCOLS = {
+    "tcp": "6",
+    "udp": "17",
+}  # explicit: htb derives rate/r2q otherwise, and warns that 100gbit/10 is absurdly big
 
 
 def checked_interface(name: object) -> str:
@@ -96,9 +101,18 @@ def foreign_root(run: Run, interface: str) -> str | None:
     return None
 
 
-def shaping_commands(interface: str, root: str, leaf: str, peers: Sequence[str], qdisc: list[str]) -> list[list[str]]:
+def shaping_commands(
+    interface: str,
+    root: str,
+    leaf: str,
+    peers: Sequence[str],
+    qdisc: list[str],
+    ports: Sequence[int] = (),
+    protocol: str = "all",
+) -> list[list[str]]:
     """The tc argvs of one shaping op, in order: ``qdisc`` (kind + args, e.g. tbf or netem) as the root, or,
-    with peers, as the leaf of an htb class that only the peers' traffic is filtered into.
+    with peers, as the leaf of an htb class that only the peers' traffic is filtered into (to ``ports`` only,
+    and only ``protocol``, when given).
 
     The htb class itself is unlimited: the leaf does the shaping, so tbf keeps splitting GSO super-packets
     (a plain fifo leaf would drop any that exceed its byte limit and stall TCP on retransmit timeouts).
@@ -132,28 +146,16 @@ def shaping_commands(interface: str, root: str, leaf: str, peers: Sequence[str],
         ],
         ["tc", "qdisc", "add", *dev, "parent", f"{major}:1", "handle", leaf, *qdisc],
     ]
+    protocol_match = [] if protocol == "all" else ["match", "ip", "protocol", _IP_PROTOCOLS[protocol], "0xff"]
+    port_matches = [["match", "ip", "dport", str(port), "0xffff"] for port in ports] or [[]]
     for peer in peers:
-        commands.append(
-            [
-                "tc",
-                "filter",
-                "add",
-                *dev,
-                "parent",
-                root,
-                "protocol",
-                "ip",
-                "prio",
-                "1",
-                "u32",
-                "match",
-                "ip",
-                "dst",
-                peer,
-                "flowid",
-                f"{major}:1",
-            ]
-        )
+        for port_match in port_matches:
+            commands.append(
+                [
+                    *("tc", "filter", "add", *dev, "parent", root, "protocol", "ip", "prio", "1", "u32"),
+                    *("match", "ip", "dst", peer, *protocol_match, *port_match, "flowid", f"{major}:1"),
+                ]
+            )
     return commands
 
 
@@ -270,6 +272,10 @@ class ShapeParams(Peers):
     direction: Literal["out"] = Field(
         default="out", description="tc shapes what a host sends; shape the peers too for both directions"
     )
+    ports: list[Port] = Field(
+        default_factory=list, max_length=15, description="only what is sent to these destination ports (needs peers)"
+    )
+    protocol: Literal["all", "tcp", "udp"] = Field(default="all", description="only this IP protocol")
 
     @field_validator("interface")
     @classmethod
@@ -285,6 +291,8 @@ class ShapeParams(Peers):
     def _somewhere(self) -> ShapeParams:
         if not self.peers and self.interface is None:
             raise ValueError("give `peers` or an `interface` (without peers, all of its traffic is shaped)")
+        if (self.ports or self.protocol != "all") and not self.peers:
+            raise ValueError("`ports` and `protocol` select traffic to `peers`: give peers too")
         return self
 
 
@@ -325,6 +333,15 @@ class JitterParams(ShapeParams):
     distribution: _Distribution = Field(default="normal", description="shape of the jitter")
 
 
+def _to_ports(params: ShapeParams) -> str:
+    """``, tcp port 80`` (what a shaping fault selects beyond its peers), or nothing."""
+    protocol = "" if params.protocol == "all" else f"{params.protocol} "
+    if not params.ports:
+        return f", {params.protocol} only" if protocol else ""
+    plural = "s" if len(params.ports) > 1 else ""
+    return f", {protocol or 'tcp+udp '}port{plural} {','.join(str(port) for port in params.ports)}"
+
+
 def _rate_text(bits: int) -> str:
     for unit, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
         if bits >= scale:
@@ -345,16 +362,24 @@ def shaping_plan(
         kind = "tbf"
     else:
         qdisc, kind = ["netem", *_netem_args(params)], "netem"
-    return ("htb" if peers else kind), shaping_commands(interface, root, leaf, peers, qdisc)
+    return ("htb" if peers else kind), shaping_commands(
+        interface, root, leaf, peers, qdisc, params.ports, params.protocol
+    )
+
+
+def _delay_and_jitter(params: ShapeParams) -> tuple[float, float]:
+    """(mean added delay, jitter) in seconds of a delay or jitter fault."""
+    if isinstance(params, DelayParams):
+        return params.delay, params.jitter
+    if isinstance(params, JitterParams):
+        return (params.jitter if params.delay is None else params.delay), params.jitter
+    raise TypeError(f"no delay in {type(params).__name__}")
 
 
 def _netem_args(params: ShapeParams) -> list[str]:
-    if isinstance(params, DelayParams):
-        delay, jitter = params.delay, params.jitter
-    elif isinstance(params, JitterParams):
-        delay, jitter = (params.jitter if params.delay is None else params.delay), params.jitter
-    else:
+    if not isinstance(params, DelayParams | JitterParams):
         raise TypeError(f"no netem arguments for {type(params).__name__}")
+    delay, jitter = _delay_and_jitter(params)
     args = ["delay", f"{round(delay * 1e6)}us"]
     if jitter > 0:
         args.append(f"{round(jitter * 1e6)}us")
@@ -425,7 +450,13 @@ class _ShapeFault:
         if not tc.ok:
             raise Unsupported(f"tc does not run on {ctx.transport.host}: {tc.stderr.strip()[:200]}")
         if self.needs_netem and (why := netem_missing(host.run)) is not None:
-            raise Unsupported(f"tc netem is not available on this kernel: {why}; use bandwidth or packet_loss instead")
+            fallback = self._holder_refusal(ctx, host, shape)
+            if fallback is None:
+                return  # delayed by the NFQUEUE packet holder instead (injectors.network.nfqueue)
+            raise Unsupported(
+                f"tc netem is not available on this kernel: {why}; nor is the NFQUEUE packet holder: {fallback}; "
+                "use bandwidth or packet_loss instead"
+            )
         try:
             why = foreign_root(host.run, self._interface(ctx, host, shape, Unsupported))
         except InjectionError as exc:
@@ -433,36 +464,81 @@ class _ShapeFault:
         if why is not None:
             raise Unsupported(f"{why} (on {ctx.transport.host})")
 
+    def _holder_refusal(self, ctx: InjectionContext, host: Host, params: ShapeParams) -> str | None:
+        """Why the NFQUEUE packet holder cannot stand in for netem here, or None when it can."""
+        distribution = getattr(params, "distribution", "uniform")
+        if distribution not in nfqueue.DISTRIBUTIONS:
+            return f"it draws {' or '.join(nfqueue.DISTRIBUTIONS)} jitter, not {distribution}"
+        return nfqueue.missing(host.run) or nfqueue.holder_missing(ctx)
+
+    def _netem_here(self, ctx: InjectionContext, host: Host) -> bool:
+        key = ("netem", str(host.sudo))
+        return remembered(ctx.transport, key, lambda: netem_missing(host.run) is None, lambda here: here)
+
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
-        """Choose interface, handles and tc commands; changes nothing."""
+        """Choose interface, handles and tc commands (or, for delay and jitter on a host without netem, the
+        NFQUEUE chain and queue); changes nothing."""
         params = op.params_as(ShapeParams)
         host = Host.open(ctx.transport, refuse=InjectionError)
-        interface = self._interface(ctx, host, params, InjectionError)
         peers = resolve_peers(ctx, params.peers)
+        if self.needs_netem and not self._netem_here(ctx, host):
+            return self._prepare_holder(ctx, op, host, peers)
+        interface = self._interface(ctx, host, params, InjectionError)
         root, leaf = handles(op.op_id, ctx.transport.host)
         kind, commands = shaping_plan(interface, root, leaf, peers, params)
         local = (host.route(probe_address(peers[0]))[1] if peers else None) or ctx.transport.host
-        where = f"{local} -> {', '.join(peers)}" if peers else f"everything {local} sends"
+        where = f"{local} -> {', '.join(peers)}{_to_ports(params)}" if peers else f"everything {local} sends"
         state = ShapeState(interface, root, kind, tuple(tuple(argv) for argv in commands), host.sudo)
         return op.record(
             self.name, ctx.transport.host, state.to_json(), f"{self._what(params)} {where} on {interface} (outgoing)"
         )
+
+    def _prepare_holder(self, ctx: InjectionContext, op: FaultOp, host: Host, peers: list[str]) -> Applied:
+        params = op.params_as(ShapeParams)
+        delay, jitter = _delay_and_jitter(params)
+        state = nfqueue.plan(
+            op.op_id,
+            host,
+            peers,
+            params.interface,
+            params.ports,
+            params.protocol,
+            delay,
+            jitter,
+            getattr(params, "distribution", "uniform"),
+            getattr(params, "correlation", 0.0),
+        )
+        local = (host.route(probe_address(peers[0]))[1] if peers else None) or ctx.transport.host
+        where = (
+            f"{local} -> {', '.join(peers)}{_to_ports(params)}"
+            if peers
+            else f"everything {local} sends on {params.interface}"
+        )
+        description = f"{self._what(params)} {where} (outgoing; NFQUEUE packet holder: this kernel has no tc netem)"
+        return op.record(self.name, ctx.transport.host, state.to_json(), description)
 
     def _what(self, params: ShapeParams) -> str:
         return self.name
 
     def apply(self, ctx: InjectionContext, applied: Applied) -> None:
         """Run the planned tc commands; InjectionError on a failing one (heal then deletes our root, if any)."""
+        if nfqueue.is_holder_state(applied.state):
+            return nfqueue.apply(ctx, applied)
         state = ShapeState.from_json(applied.state)
         install(Host(ctx.transport, state.sudo).run, state.commands)
 
     def heal(self, ctx: InjectionContext, applied: Applied) -> None:
         """Delete our root qdisc if it is still ours (handle and kind); idempotent, fine if the interface went."""
+        if nfqueue.is_holder_state(applied.state):
+            return nfqueue.heal(ctx, applied)
         state = ShapeState.from_json(applied.state)
         remove(Host(ctx.transport, state.sudo).run, state.interface, state.handle, state.kind)
 
     def revert_command(self, applied: Applied) -> list[str] | None:
-        """``sh -c <constant script> mlchaos-tcrevert IFACE HANDLE``: see :data:`REVERT_SCRIPT`."""
+        """``sh -c <constant script> mlchaos-tcrevert IFACE HANDLE``: see :data:`REVERT_SCRIPT` (or the NFQUEUE
+        holder's: stop it, then remove its chain)."""
+        if nfqueue.is_holder_state(applied.state):
+            return nfqueue.revert_command(applied)
         state = ShapeState.from_json(applied.state)
         return revert_argv(state.interface, state.handle, sudo=state.sudo)
 
@@ -479,11 +555,11 @@ class BandwidthInjector(_ShapeFault):
 
 
 class DelayInjector(_ShapeFault):
-    """Add latency (optionally with jitter) to what this host sends; needs tc netem."""
+    """Add latency (optionally with jitter) to what this host sends: tc netem, or the NFQUEUE packet holder."""
 
     name: ClassVar[str] = "delay"
     Params: ClassVar[type[BaseModel]] = DelayParams
-    summary: ClassVar[str] = "add latency to what this host sends to peers (tc netem)"
+    summary: ClassVar[str] = "add latency to what this host sends to peers (tc netem, else an NFQUEUE packet holder)"
     needs_netem: ClassVar[bool] = True
 
     def _what(self, params: ShapeParams) -> str:
@@ -493,11 +569,11 @@ class DelayInjector(_ShapeFault):
 
 
 class JitterInjector(_ShapeFault):
-    """Randomly vary the latency of what this host sends; needs tc netem."""
+    """Randomly vary the latency of what this host sends: tc netem, or the NFQUEUE packet holder."""
 
     name: ClassVar[str] = "jitter"
     Params: ClassVar[type[BaseModel]] = JitterParams
-    summary: ClassVar[str] = "randomly vary the latency of what this host sends to peers (tc netem)"
+    summary: ClassVar[str] = "vary the latency of what this host sends to peers (tc netem, else an NFQUEUE holder)"
     needs_netem: ClassVar[bool] = True
 
     def _what(self, params: ShapeParams) -> str:

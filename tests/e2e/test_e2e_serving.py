@@ -35,6 +35,7 @@ SCENARIOS = [
     "serving-silent-corruption",
     "serving-overload-shedding",
     "serving-primary-partitioned",
+    "serving-primary-delayed",
 ]
 
 

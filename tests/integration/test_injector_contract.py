@@ -11,8 +11,8 @@ For each one, on a real victim (a process, a private network namespace, a direct
 - ``revert_command`` (what the dead-man runs without the harness) restores it, its helper included; a one-shot
   fault has none, nor has a fault whose undo needs its journal record (:data:`JOURNAL_ONLY`).
 
-Faults that cannot run on this kernel (tc netem: ``delay``, ``jitter``) must be refused by ``check`` with the
-reason. Injectors whose victims need a whole testbed are held to the same contract where that testbed is
+``delay`` and ``jitter`` run through tc netem where the kernel has it, else through the NFQUEUE packet holder
+(this kernel: no netem). Injectors whose victims need a whole testbed are held to the same contract where that testbed is
 built (:data:`ELSEWHERE` names where). A planted defect (an injector whose heal forgets a rule) fails it.
 """
 
@@ -39,7 +39,7 @@ from chaos.cluster.local import LocalTransport, process_state
 from chaos.cluster.netns import NetnsTransport
 from chaos.history.timeline import History
 from chaos.plugins import registry
-from chaos.plugins.injector import Applied, FaultOp, InjectionContext, Injector, Unsupported
+from chaos.plugins.injector import Applied, FaultOp, InjectionContext, Injector
 from chaos.reference import checkpoint_store as store
 from chaos.safety.journal import Journal
 
@@ -167,7 +167,6 @@ CASES: dict[str, Setup] = {
 # pointer's old text): ``heal`` and ``mlchaos cleanup`` (the next run's start too) restore them; there is no
 # command for a dead-man, so after a killed harness they stay changed until one of those runs.
 JOURNAL_ONLY = ("checkpoint_corrupt", "checkpoint_drop_shard", "checkpoint_stale_pointer")
-NETEM = ("delay", "jitter")  # tc netem: this kernel has none; check must refuse them, saying so
 # Held to the same contract where their victims are built: a whole testbed, a Docker daemon, a writer to trace.
 ELSEWHERE = {
     "checkpoint_torn_write": "tests/integration/test_checkpoint_injectors.py (a real writer process it cuts)",
@@ -221,10 +220,6 @@ def test_prepare_changes_nothing_apply_changes_and_each_way_of_healing_restores(
 ) -> None:
     op_id = f"contract-{name}-{uuid.uuid4().hex[:8]}#1"
     with CASES[name](tmp_path, op_id) as world:
-        if name in NETEM:
-            with pytest.raises(Unsupported, match="netem"):
-                _started(name, world, op_id)
-            return
         inj, ctx, op = _started(name, world, op_id)
         before = world.observe()
         applied = inj.prepare(ctx, op)

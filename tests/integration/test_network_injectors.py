@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from capabilities import kernel_has, kernel_lacks, requires
+from capabilities import kernel_has, requires
 from pydantic import BaseModel, ValidationError
-from support import chains_left_since, root_chains
+from support import chains_left_since, pids_where, root_chains
 
 from chaos.cluster.base import Completed
 from chaos.cluster.local import process_state
@@ -615,17 +615,12 @@ def _netem_here(net: Net) -> bool:
     return netshape.netem_missing(lambda argv: net.transport("a").run(argv)) is None
 
 
-@pytest.mark.parametrize("injector_cls", [DelayInjector, JitterInjector])
-def test_netem_faults_refuse_up_front_without_netem(net: Net, injector_cls: type) -> None:
+def test_without_netem_a_jitter_shape_only_netem_draws_is_refused_up_front(net: Net) -> None:
     if _netem_here(net):
-        kernel_has("tc netem", "the refusal cannot be observed")
-    params: BaseModel = (
-        DelayParams(peers=[net.addrs["b"]], delay="50ms")
-        if injector_cls is DelayInjector
-        else JitterParams(peers=[net.addrs["b"]], jitter="20ms")
-    )
-    with pytest.raises(Unsupported, match="tc netem is not available on this kernel: .*use bandwidth or packet_loss"):
-        injector_cls().check(net.ctx("a"), params)
+        kernel_has("tc netem", "the NFQUEUE holder is not used where netem exists")
+    params = DelayParams(peers=[net.addrs["b"]], delay="50ms", jitter="10ms", distribution="pareto")
+    with pytest.raises(Unsupported, match="tc netem is not available on this kernel: .*not pareto"):
+        DelayInjector().check(net.ctx("a"), params)
     assert not net.leftovers("a")  # nothing was applied
 
 
@@ -644,8 +639,9 @@ for argv in json.loads(sys.argv[1]):
         DelayParams(peers=["10.0.0.2", "10.0.1.0/24"], delay="100ms", jitter="10ms", correlation=25),
         DelayParams(interface="lo", delay="5ms"),
         JitterParams(peers=["10.0.0.2"], jitter="20ms"),
+        DelayParams(peers=["10.0.0.2"], ports=[80, 443], protocol="tcp", delay="50ms"),
     ],
-    ids=["delay-peers", "delay-interface", "jitter-peers"],
+    ids=["delay-peers", "delay-interface", "jitter-peers", "delay-ports"],
 )
 def test_netem_plans_are_valid_tc(params: DelayParams | JitterParams) -> None:
     """tc parses every argument of our netem plans; without sch_netem only the kernel may say no."""
@@ -658,18 +654,42 @@ def test_netem_plans_are_valid_tc(params: DelayParams | JitterParams) -> None:
         assert code == 0 or "qdisc kind is unknown" in err, (command, err)  # never a usage/parse error
 
 
-def test_delay_adds_latency_where_netem_exists(net: Net) -> None:
-    if not _netem_here(net):
-        kernel_lacks("tc netem")
-    ctx, injector = net.ctx("a"), DelayInjector()
-    params = DelayParams(peers=[net.addrs["b"]], delay="150ms")
-    applied = inject(injector, ctx, op("delay", params))
+@pytest.mark.parametrize("injector_cls", [DelayInjector, JitterInjector])
+def test_delay_and_jitter_add_latency_with_netem_or_the_nfqueue_holder(net: Net, injector_cls: type) -> None:
+    """netem where the kernel has it, else the NFQUEUE packet holder: either way only traffic to the peer waits,
+    and heal leaves no rule, qdisc or holder behind."""
+    ctx, injector = net.ctx("a"), injector_cls()
+    params: BaseModel = (
+        DelayParams(peers=[net.addrs["b"]], delay="150ms")
+        if injector_cls is DelayInjector
+        else JitterParams(peers=[net.addrs["b"]], jitter="10ms", delay="150ms")
+    )
+    injector.check(ctx, params)
+    applied = inject(injector, ctx, op(injector.name, params))
+    assert ("NFQUEUE" in applied.description) != _netem_here(net)
     try:
         assert not net.echo("a", "b", timeout=0.1, tries=1)  # a 150 ms one-way delay misses a 100 ms window
         assert net.echo("a", "b", timeout=1.0, tries=1)
+        assert net.echo("a", "c", timeout=0.1, tries=3)  # another peer is not delayed
     finally:
         injector.heal(ctx, applied)
     assert net.echo("a", "b", timeout=0.1, tries=3)
+    assert not net.leftovers("a")
+    assert not pids_where(lambda cmdline: applied.op_id.encode() in cmdline), "the packet holder outlived heal"
+
+
+def test_a_delay_on_one_port_leaves_the_peers_other_ports_alone(net: Net) -> None:
+    ctx, injector = net.ctx("a"), DelayInjector()
+    params = DelayParams(peers=[net.addrs["b"]], ports=[UDP_PORT], protocol="udp", delay="800ms")
+    injector.check(ctx, params)
+    applied = inject(injector, ctx, op("delay", params))
+    try:
+        assert f"udp port {UDP_PORT}" in applied.description
+        assert not net.echo("a", "b", timeout=0.3, tries=1)  # to the UDP port: 800 ms late
+        assert net.connects("a", "b")  # the TCP port on the same peer answers within 0.5 s
+    finally:
+        injector.heal(ctx, applied)
+    assert net.echo("a", "b", timeout=0.3, tries=3) and not net.leftovers("a")
 
 
 # -- backends, tools and privileges -----------------------------------------------------------------------------
