@@ -47,7 +47,7 @@ from chaos.spec.units import Duration
 from injectors import detached
 from injectors.network import flap_helper as netflap
 from injectors.network import iptables as netfilter
-from injectors.network.helpers import stop_helper
+from injectors.network.helpers import start_helper, stop_helper
 from injectors.network.host import (
     TIMEOUT_S,
     Host,
@@ -421,20 +421,17 @@ class FlapInjector(_FilterFault):
             host.run, list(state.filter.chains), state.filter.required_comment(), bypass=True, restore=restore
         )
         until_ns = detached.host_deadline_ns(ctx.transport, applied.duration_s or 0.0)
-        argv = [
-            *(["sudo", "-n"] if host.sudo else []),
-            *detached.helper_argv(
-                ctx.transport,
-                netflap.MODULE,
-                applied.op_id,
-                chains=",".join(state.filter.chain_names),
-                period=state.period_s,
-                down_fraction=state.down_fraction,
-                until_ns=until_ns,
-            ),
-        ]
-        log = "netflap.log" if shares_machine(ctx.transport) else None
-        helper = detached.launch(ctx.transport, argv, what="flap helper", log=log, timeout=TIMEOUT_S)
+        helper = start_helper(
+            ctx,
+            host,
+            netflap.MODULE,
+            applied.op_id,
+            "flap helper",
+            chains=",".join(state.filter.chain_names),
+            period=state.period_s,
+            down_fraction=state.down_fraction,
+            until_ns=until_ns,
+        )
         applied.state.update(replace(state, helper_pid=helper).to_json())
 
     def apply_command(self, applied: Applied) -> HostCommand | None:

@@ -1,12 +1,24 @@
-"""Stopping a network fault's detached helper on its host (the flap toggler, the NFQUEUE packet holder)."""
+"""A network fault's detached helper on its host (the flap toggler, the NFQUEUE packet holder): start, stop."""
 
 from __future__ import annotations
 
 from chaos.cluster.base import TransportError
+from chaos.plugins.injector import InjectionContext
 from chaos.safety import deadman
 from injectors import detached
-from injectors.network.host import TIMEOUT_S, Host
+from injectors.network.host import TIMEOUT_S, Host, shares_machine
 from injectors.process.faults import ProcessHost
+
+
+def start_helper(ctx: InjectionContext, host: Host, module: str, op_id: str, what: str, **options: object) -> int:
+    """Start ``python -m module --op-id op_id --option value ...`` detached on the fault's host (behind ``sudo -n``
+    when the op needs it; logging to ``<module's last part>.log`` in the state dir on this machine); its pid."""
+    argv = [
+        *(["sudo", "-n"] if host.sudo else []),
+        *detached.helper_argv(ctx.transport, module, op_id, **options),
+    ]
+    log = f"{module.rsplit('.', 1)[-1]}.log" if shares_machine(ctx.transport) else None
+    return detached.launch(ctx.transport, argv, what=what, log=log, timeout=TIMEOUT_S)
 
 
 def stop_helper(host: Host, module: str, op_id: str, pid: int | None) -> None:

@@ -31,7 +31,7 @@ from chaos.plugins.injector import (
 from injectors import detached
 from injectors.network import iptables as netfilter
 from injectors.network import nfq_holder
-from injectors.network.helpers import stop_helper
+from injectors.network.helpers import start_helper, stop_helper
 from injectors.network.host import TIMEOUT_S, Host, shares_machine
 from injectors.network.iptables import ChainSpec, Run
 
@@ -185,23 +185,20 @@ def apply(ctx: InjectionContext, applied: Applied) -> None:
     if state.queue in bound_queues(host.run):
         raise InjectionError(f"NFQUEUE queue {state.queue} is already bound on {ctx.transport.host}")
     until_ns = detached.host_deadline_ns(ctx.transport, applied.duration_s or OPEN_ENDED_S)
-    argv = [
-        *(["sudo", "-n"] if host.sudo else []),
-        *detached.helper_argv(
-            ctx.transport,
-            MODULE,
-            applied.op_id,
-            queue=state.queue,
-            delay_us=state.delay_us,
-            jitter_us=state.jitter_us,
-            distribution=state.distribution,
-            correlation=state.correlation,
-            seed=state.seed,
-            until_ns=until_ns,
-        ),
-    ]
-    log = "nfq_holder.log" if shares_machine(ctx.transport) else None
-    pid = detached.launch(ctx.transport, argv, what="packet holder", log=log, timeout=TIMEOUT_S)
+    pid = start_helper(
+        ctx,
+        host,
+        MODULE,
+        applied.op_id,
+        "packet holder",
+        queue=state.queue,
+        delay_us=state.delay_us,
+        jitter_us=state.jitter_us,
+        distribution=state.distribution,
+        correlation=state.correlation,
+        seed=state.seed,
+        until_ns=until_ns,
+    )
     applied.state.update(replace(state, helper_pid=pid).to_json())
     deadline = time.monotonic() + BIND_WAIT_S
     while state.queue not in bound_queues(host.run):
