@@ -49,7 +49,7 @@ from chaos.event_kinds import (
 )
 from chaos.event_kinds import SERVING_REPLICA_START as REPLICA_START
 from chaos.history.timeline import Event, EventFileTail
-from chaos.kernel.procfs import read_stat
+from chaos.kernel.procfs import lineage
 from chaos.plan.build import Plan
 from chaos.run.control import Command, RunControl
 from chaos.run.orchestrator import RunOptions, execute
@@ -191,13 +191,7 @@ def _local_matches(pattern: str) -> list[str]:
     """``pid (command)`` of the processes on this machine whose command line matches ``pattern`` now,
     other than this process and its ancestors (the process injectors never touch those)."""
     regex = re.compile(pattern)
-    ancestors, pid = set(), os.getpid()
-    while pid > 1 and pid not in ancestors:
-        ancestors.add(pid)
-        stat = read_stat(pid)
-        if stat is None:
-            break
-        pid = stat.ppid
+    ancestors = lineage(os.getpid())
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) in ancestors:

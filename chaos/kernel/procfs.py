@@ -55,3 +55,16 @@ def read_stat(pid: int, proc: str = "/proc") -> Stat | None:
             return parse_stat(handle.read())
     except OSError:
         return None
+
+
+def lineage(pid: int) -> set[int]:
+    """``pid`` and its ancestors on this machine, up to (not including) init: the processes a fault aimed by
+    name must never hit when ``pid`` is the harness's own."""
+    found: set[int] = set()
+    while pid > 1 and pid not in found:
+        found.add(pid)
+        stat = read_stat(pid)
+        if stat is None:
+            break
+        pid = stat.ppid
+    return found

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, m
 from chaos.cluster.base import Transport, TransportError, host_python
 from chaos.cluster.local import LocalTransport, process_start_time, signal_number
 from chaos.cluster.remote_process import WATCHER_MARK
-from chaos.kernel.procfs import parse_stat, read_stat
+from chaos.kernel.procfs import lineage, parse_stat
 from chaos.plugins.injector import (
     Applied,
     FaultOp,
@@ -154,17 +154,7 @@ class ProcessHost:
 
     def protected(self) -> set[int]:
         """Pids never to target: the harness, its ancestors (local) and init."""
-        keep = {1}
-        if not self.local:
-            return keep
-        pid = os.getpid()
-        while pid > 1 and pid not in keep:
-            keep.add(pid)
-            stat = read_stat(pid)
-            if stat is None:
-                break
-            pid = stat.ppid
-        return keep
+        return {1} | lineage(os.getpid()) if self.local else {1}
 
     def signal(self, name: str, pids: list[int]) -> None:
         """Send SIG``name`` to ``pids``; a pid that has exited is fine, any other failure raises InjectionError."""

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from chaos.kernel.procfs import parse_stat, read_stat
+from chaos.kernel.procfs import lineage, parse_stat, read_stat
 
 
 def test_a_real_process_stat_and_a_stopped_one() -> None:
@@ -58,3 +58,9 @@ def test_one_reader_of_proc_stat() -> None:
         if 'rindex(")")' in path.read_text() or 'rsplit(")", 1)' in path.read_text()
     )
     assert parsers == sorted(SELF_CONTAINED), "parse /proc/<pid>/stat with chaos.kernel.procfs"
+
+
+def test_lineage_is_this_process_and_its_ancestors_short_of_init() -> None:
+    mine = lineage(os.getpid())
+    assert {os.getpid(), os.getppid()} <= mine and 1 not in mine
+    assert lineage(2**22 + 1) == {2**22 + 1}  # a pid that is not there: itself, nothing above it
