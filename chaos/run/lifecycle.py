@@ -177,10 +177,12 @@ class FaultSession:
                 injector.apply(ctx, applied)
         except BaseException as exc:
             self.journal.failed(journal_id, str(exc))
-            heal_and_disarm(injector, ctx, applied, switch)  # raises: the journal keeps it, the switch stays armed
-            self.journal.healed(journal_id, "harness")
-            if isinstance(exc, FAULT_FAILURES):
-                self._failed(op, host, exc, f"fault {journal_id} failed: {exc}")
+            try:
+                heal_and_disarm(injector, ctx, applied, switch)  # raises: the journal keeps it, the switch armed
+                self.journal.healed(journal_id, "harness")
+            finally:
+                if isinstance(exc, FAULT_FAILURES):
+                    self._failed(op, host, exc, f"fault {journal_id} failed: {exc}")
             raise
         self.journal.applied(journal_id, applied.state)
         if self.history is not None:
