@@ -25,7 +25,8 @@ golden run and a faulted run execute the same numerics. Faults fire at exact (ra
 ``forward`` (before the forward pass), the collective sites ``local`` / ``in_transit`` / ``post_reduce``
 (inside the gradient all-reduce), ``backward`` (after it) and ``optimizer_step``. A ``kill`` with a
 ``trigger.phase`` fires on this rank's own process at ``forward``, ``allreduce`` (the bucket's all-reduce
-started, not yet waited for), ``backward`` or ``optimizer_step`` (:mod:`chaos.injob.phase_faults`).
+started, not yet waited for), ``backward`` or ``optimizer_step`` (:mod:`chaos.injob.phase_faults`); so does a
+``crash`` at its ``phase`` param: an exception, a SIGSEGV or a SIGABRT (:mod:`chaos.injob.crash_faults`).
 
 With ``CHAOS_EVENTS`` set the agent also reports what the training checks need, with no other line in the loop
 (:mod:`chaos.injob.progress`): ``target.start`` {pid, attempt} at attach, ``target.step`` {step, loss, samples}
@@ -92,6 +93,7 @@ from chaos.guards.consistency import DEFAULT_EVERY, ConsistencyGuard
 from chaos.guards.settings import Guards
 from chaos.injob import flight_recorder, fsdp
 from chaos.injob.attach_rules import refuse_misuse
+from chaos.injob.crash_faults import CrashFaults
 from chaos.injob.hang_faults import HANG_FAULTS, SKIP, HangFaults
 from chaos.injob.loop_hooks import LoopCalls, LoopHooks, hook_names
 from chaos.injob.phase_faults import PhaseFaults, in_this_replica
@@ -188,8 +190,22 @@ class Agent(ProgressCalls):
             already_fired=faults.already_fired,
             mark_fired=faults.mark_fired,
         )
+        self.crash_faults = CrashFaults(  # crash: an exception, SIGSEGV or SIGABRT (chaos.injob.crash_faults)
+            self.plan.ops,
+            mine=faults.targets_me,
+            rank=self.rank,
+            step=lambda: self.step,
+            emit=emit,
+            already_fired=faults.already_fired,
+            mark_fired=faults.mark_fired,
+            has_ddp=ddp is not None or manager is not None,
+        )
         # Phases where any of this rank's faults can fire: the per-step hooks skip the fault dispatch at the others.
-        self._fault_phases = faults.tensor_phases | self.phase_faults.phases | self.hang_faults.phases
+        self._fault_phases = (
+            faults.tensor_phases | self.phase_faults.phases | self.hang_faults.phases | self.crash_faults.phases
+        )
+        # Whether a fault fires inside the gradient all-reduce (every rank then reduces through the comm hook).
+        self._in_collective_wanted = self.phase_faults.in_collective_wanted or self.crash_faults.in_collective_wanted
         # The collective flight recorder (CHAOS_FLIGHT_DIR; a skip fault needs its wrappers even without one).
         self.recorder = flight_recorder.install(self.rank, self.world_size, _skip_dir(self.hang_faults.wants_skips))
         if self.recorder is not None:
@@ -203,12 +219,10 @@ class Agent(ProgressCalls):
         sharded = ddp is not None and fsdp.is_fsdp1(ddp)
         if manager is not None:
             self._install_torchft(manager, guard, checksum)
-        elif sharded and (faults.has_grad_faults or anomaly or self.phase_faults.in_collective_wanted):
+        elif sharded and (faults.has_grad_faults or anomaly or self._in_collective_wanted):
             assert ddp is not None
             observe = None if self.anomaly_guard is None else self.anomaly_guard.observe
-            self.fsdp = fsdp.FsdpReduction(
-                ddp, corrupt=faults.corrupt, in_flight=self.phase_faults.in_collective, observe=observe
-            )
+            self.fsdp = fsdp.FsdpReduction(ddp, corrupt=faults.corrupt, in_flight=self._in_flight, observe=observe)
         elif ddp is not None and not sharded:
             self._install_comm_hook(ddp, guard, checksum)
             if self.checksum_state is not None and self.anomaly_guard is not None:
@@ -263,12 +277,7 @@ class Agent(ProgressCalls):
     # -- the collective ---------------------------------------------------------------------------------
     def _install_torchft(self, manager: ft.Manager, guard: str, checksum: ChecksumConfig | None) -> None:
         """In ``manager.allreduce`` (torchft's DDP hook calls it per bucket), under the same rule as the hook."""
-        if (
-            guard == "checksum"
-            or self.faults.has_grad_faults
-            or self._anomaly_requested
-            or self.phase_faults.in_collective_wanted
-        ):
+        if guard == "checksum" or self.faults.has_grad_faults or self._anomaly_requested or self._in_collective_wanted:
             self.torchft = ft.TorchftReduction(
                 manager,
                 rank=self.rank,
@@ -276,7 +285,7 @@ class Agent(ProgressCalls):
                 config=checksum,
                 emit=self.emit,
                 corrupt=self.faults.corrupt,
-                in_flight=self.phase_faults.in_collective,
+                in_flight=self._in_flight,
                 observe=None if self.anomaly_guard is None else self.anomaly_guard.observe,
             )
         self._torchft_from = manager.current_step()
@@ -297,7 +306,7 @@ class Agent(ProgressCalls):
                 config.emit = self.emit
             state = ChecksumState(config, group=self.group)
             state.corrupt = self.faults.corrupt
-            state.in_flight = self.phase_faults.in_collective
+            state.in_flight = self._in_flight
             self.checksum_state = state
             _register(ddp, state, checksum_hook)
         elif self._plain_hook_wanted():
@@ -309,10 +318,16 @@ class Agent(ProgressCalls):
         its own while the others carried, and the job would hang at the next check."""
         return (
             self._anomaly_requested
-            or self.phase_faults.in_collective_wanted
+            or self._in_collective_wanted
             or self.recorder is not None  # CHAOS_FLIGHT_DIR (every rank), or this rank's skip fault (below)
             or any(op.injector in ("grad_corrupt", SKIP) and in_this_replica(op) for op in self.plan.ops)
         )
+
+    def _in_flight(self, bucket_index: int) -> None:
+        """Inside the comm hook, the bucket's all-reduce started and not yet waited for: the faults of phase
+        ``allreduce`` (a kill or freeze, then a crash)."""
+        self.phase_faults.in_collective(bucket_index)
+        self.crash_faults.in_collective(bucket_index)
 
     # -- the loop hooks ---------------------------------------------------------------------------------
     def _take_over(self) -> None:
@@ -362,6 +377,7 @@ class Agent(ProgressCalls):
             self.faults.tensor_phase("forward")
             self.phase_faults.at("forward")
             self.hang_faults.at("forward")
+            self.crash_faults.at("forward")
 
     def _after_backward(self, loss: torch.Tensor | None) -> None:
         self.progress.after_backward(loss)
@@ -369,6 +385,7 @@ class Agent(ProgressCalls):
             self.phase_faults.at("backward")
             self.hang_faults.at("backward")
             self.faults.tensor_phase("backward")
+            self.crash_faults.at("backward")
         if self.anomaly_guard is not None:
             reasons = self.anomaly_guard.check(self.step, None if loss is None else float(loss.item()))
             if self.manager is not None:
@@ -386,6 +403,7 @@ class Agent(ProgressCalls):
             self.faults.tensor_phase("optimizer_step")
             self.phase_faults.at("optimizer_step")
             self.hang_faults.at("optimizer_step")
+            self.crash_faults.at("optimizer_step")
         state = self.checksum_state
         if state is not None and state.consume_skip():
             self._skip = True
@@ -446,7 +464,7 @@ def _plain_hook(agent: Agent, bucket: GradBucket) -> torch.futures.Future[torch.
         sent, group=agent.group, async_op=True
     )  # started, then waited: a phase fault fires in between
     assert work is not None
-    agent.phase_faults.in_collective(index)
+    agent._in_flight(index)
     work.wait()
     tensor = tensor if carrier is None else carrier.unpack(sent, tensor.numel())
     agent.faults.corrupt("post_reduce", index, tensor)

@@ -174,8 +174,8 @@ FAMILIES: Final[frozenset[str]] = frozenset(kind.split(".", 1)[0] for kind in AL
 class FaultAppliedData(TypedDict):
     """``fault.applied``: the harness (host, duration_s, apply_s; a step trigger's fired_by, seen_step, poll_s,
     claim_lapsed) or a rank's agent (step, and what fits the fault: the phase fault's phase, pid, signal, bucket,
-    site; the tensor fault's where, persistence, state; the gradient fault's site, bucket, indices; the hang
-    fault's index, collective)."""
+    site; the crash fault's phase, crash_kind, pid, bucket, site; the tensor fault's where, persistence, state; the
+    gradient fault's site, bucket, indices; the hang fault's index, collective)."""
 
     fault: str
     op: str
@@ -200,6 +200,7 @@ class FaultAppliedData(TypedDict):
     state: NotRequired[str]
     index: NotRequired[int]
     collective: NotRequired[str]
+    crash_kind: NotRequired[str]
 
 
 class FaultHealedData(TypedDict):

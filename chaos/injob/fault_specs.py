@@ -1,11 +1,12 @@
 """The in-job faults' parameters as the agent reads them: stdlib dataclasses, no pydantic, no harness import.
 
 The harness validates a fault's params against its injector's pydantic model (``injectors.tensor.BitFlipParams``,
-``injectors.gradient.GradCorruptParams``: the YAML schema, with every rule and its message) before it writes the
-plan file; the agent, inside a training process that may have torch and nothing else, reads the already valid
-params into these. Same fields, same defaults, the same "phase follows where" default; unknown fields are
-refused. ``tests/unit/test_fault_specs.py`` holds the two views to each other. The literal types are defined
-here once (``Site`` and ``TensorPhase``: in :mod:`chaos.event_kinds`) and imported by the injector modules.
+``injectors.gradient.GradCorruptParams``, ``injectors.crash.CrashParams``: the YAML schema, with every rule and
+its message) before it writes the plan file; the agent, inside a training process that may have torch and nothing
+else, reads the already valid params into these. Same fields, same defaults, the same "phase follows where"
+default; unknown fields are refused. ``tests/unit/test_fault_specs.py`` holds the two views to each other. The
+literal types are defined here once (``Site``, ``TensorPhase``, ``TriggerPhase``: in :mod:`chaos.event_kinds`)
+and imported by the injector modules.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeVar
 
-from chaos.event_kinds import Site, TensorPhase
+from chaos.event_kinds import Site, TensorPhase, TriggerPhase
 
 BitClass = Literal["sign", "exponent", "mantissa"]
 Where = Literal["weights", "activations", "gradients", "optimizer_state"]
@@ -24,6 +25,8 @@ Kind = Literal["bitflip", "nan", "inf", "scale"]
 # reload, a rollback); transient: fires once and is healed at the end of its step.
 Persistence = Literal["transient", "stuck", "intermittent", "latent"]
 Magnitude = Literal["any", "rms"]
+# How a ``crash`` fault ends its rank: a Python exception, a native SIGSEGV, or SIGABRT (see injectors.crash).
+CrashKind = Literal["exception", "segfault", "abort"]
 
 # Where a tensor fault fires when ``phase`` is not given: the one point in the step where its tensor is live.
 DEFAULT_PHASE: dict[str, TensorPhase] = {
@@ -93,6 +96,20 @@ class GradCorruptSpec:
     def from_params(cls, params: Mapping[str, object]) -> GradCorruptSpec:
         """The spec of validated params (a plan op's ``params``)."""
         return _read(cls, params, "grad_corrupt")
+
+
+@dataclass(frozen=True)
+class CrashSpec:
+    """A ``crash`` fault (see ``injectors.crash`` for what each field means)."""
+
+    kind: CrashKind = "exception"
+    phase: TriggerPhase = "forward"
+    rank: int | None = None
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, object]) -> CrashSpec:
+        """The spec of validated params (a plan op's ``params``)."""
+        return _read(cls, params, "crash")
 
 
 class BitFlipFields(Protocol):

@@ -25,6 +25,7 @@ from torch import nn
 
 from chaos.event_kinds import DETECT_COLLECTIVE_ERROR, DETECT_COLLECTIVE_TIMEOUT, DETECT_OOM, DETECT_PEER_LOST
 from chaos.event_kinds import TARGET_STEP_SOURCE as STEP_SOURCE
+from chaos.injob.crash_faults import InjectedFault
 
 Emit = Callable[..., None]
 HOOKS = ("forward", "optimizer", "commit", "atexit", "excepthook")
@@ -53,7 +54,9 @@ _COLLECTIVE = re.compile(r"gloo|nccl|c10d|ProcessGroup|collective|all_?reduce|ba
 
 def collective_failure(exc: BaseException) -> str | None:
     """The ``detect.*`` kind an uncaught exception stands for, or None for one that is not a collective's
-    failure (a bug in the script is the job's error, not a detection)."""
+    failure (a bug in the script is the job's error, not a detection; so is a ``crash`` fault's exception)."""
+    if isinstance(exc, InjectedFault):
+        return None
     text = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text.lower():
         return DETECT_OOM

@@ -22,6 +22,7 @@ BUILTIN_INJECTOR_MODULES = (
     "injectors.process.faults",
     "injectors.gradient",
     "injectors.hang",
+    "injectors.crash",
     "injectors.tensor",
     "injectors.network.faults",
     "injectors.storage.injector",

@@ -11,15 +11,20 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from chaos.injob.fault_specs import BitFlipSpec, GradCorruptSpec
+from chaos.injob.fault_specs import BitFlipSpec, CrashSpec, GradCorruptSpec
 from chaos.plan.agent_plan import InJobOp, InJobPlan, PlanFileError, load_plan, write_plan
+from injectors.crash import CrashParams
 from injectors.gradient import GradCorruptParams
 from injectors.tensor import BitFlipParams
 
-PAIRS: list[tuple[type[BaseModel], Any]] = [(BitFlipParams, BitFlipSpec), (GradCorruptParams, GradCorruptSpec)]
+PAIRS: list[tuple[type[BaseModel], Any]] = [
+    (BitFlipParams, BitFlipSpec),
+    (GradCorruptParams, GradCorruptSpec),
+    (CrashParams, CrashSpec),
+]
 
 
-@pytest.mark.parametrize(("model", "spec"), PAIRS, ids=["bitflip", "grad_corrupt"])
+@pytest.mark.parametrize(("model", "spec"), PAIRS, ids=["bitflip", "grad_corrupt", "crash"])
 def test_the_same_fields_with_the_same_defaults(model: type[BaseModel], spec: Any) -> None:
     fields = {f.name: f.default for f in dataclasses.fields(spec)}
     assert set(fields) == set(model.model_fields)

@@ -1,0 +1,190 @@
+"""The ``crash`` fault: its params (the YAML schema), its way into the job's plan file, and the agent-side firing.
+
+Pinned here: the params' defaults and refusals; a crash goes into the plan file with its params (the harness
+applies nothing) and passes the preflight, while ``trigger.phase`` on it is refused with the fix; in the agent, a
+crash fires once, at its (step, phase) only, after its ``fault.applied`` and the fire-once marker, and never
+again after a restart finds the marker; an ``allreduce`` crash asks for the comm hook and needs ``ddp=``; and in
+a child process the three kinds end it as promised: InjectedFault (exit 1), SIGSEGV (-11), SIGABRT (-6), with
+``fault.applied`` already in the event file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+from support import ROOT, TORCHRUN
+
+from chaos.injob.crash_faults import CRASHES, CrashFaults, InjectedFault
+from chaos.injob.fault_specs import CrashSpec
+from chaos.injob.loop_hooks import collective_failure
+from chaos.plan.agent_plan import InJobOp, load_plan
+from chaos.plan.build import make_plan
+from chaos.plugins import registry
+from chaos.plugins.injector import is_in_job, is_one_shot
+from chaos.run.in_job import in_job_plan
+from chaos.spec.preflight import preflight
+from chaos.spec.scenario import parse_scenario
+from injectors.crash import CrashParams
+
+
+def _op(kind: str = "exception", phase: str = "backward", rank: int = 1, step: int = 4) -> InJobOp:
+    params: dict[str, Any] = {"kind": kind, "phase": phase, "rank": rank}
+    return InJobOp(op_id="boom#1", fault="boom", injector="crash", params=params, at_step=step, rank=rank)
+
+
+class _Rank:
+    """One rank's agent-side view: its step, its events, and fire-once markers that outlive a 'restart'."""
+
+    def __init__(self, rank: int = 1, markers: set[str] | None = None) -> None:
+        self.rank = rank
+        self.step = 0
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.markers = markers if markers is not None else set()
+
+    def faults(self, *ops: InJobOp, has_ddp: bool = True) -> CrashFaults:
+        return CrashFaults(
+            ops,
+            mine=lambda op: op.params.get("rank") == self.rank,
+            rank=self.rank,
+            step=lambda: self.step,
+            emit=lambda kind, **data: self.events.append((kind, data)),
+            already_fired=lambda op: op.op_id in self.markers,
+            mark_fired=lambda op: self.markers.add(op.op_id),
+            has_ddp=has_ddp,
+        )
+
+
+# -- the params and the plan -----------------------------------------------------------------------------------
+
+
+def test_the_params_default_to_an_exception_at_forward_and_refuse_what_they_do_not_know() -> None:
+    assert CrashParams().model_dump() == {"kind": "exception", "phase": "forward", "rank": None}
+    assert CrashParams.model_validate({"kind": "segfault", "phase": "allreduce", "rank": 1}).phase == "allreduce"
+    for bad in ({"kind": "oops"}, {"phase": "sideways"}, {"rank": -1}, {"signal": "SIGSEGV"}):
+        with pytest.raises(ValidationError):
+            CrashParams.model_validate(bad)
+    assert tuple(CrashParams.model_fields["kind"].annotation.__args__) == CRASHES  # type: ignore[union-attr]
+    validated = CrashParams.model_validate({"kind": "abort", "phase": "optimizer_step", "rank": 0})
+    assert CrashSpec.from_params(validated.model_dump(mode="json")) == CrashSpec("abort", "optimizer_step", 0)
+
+
+def test_it_is_registered_as_an_in_job_one_shot_fault() -> None:
+    cls = registry.injectors()["crash"]
+    assert is_in_job(cls) and is_one_shot(cls) and cls.Params is CrashParams
+
+
+CRASH = (
+    "  - {name: boom, type: crash, params: {rank: 1, kind: segfault, phase: allreduce}, trigger: {at_step: 7, rank: 1}}"
+)
+
+
+def test_a_crash_goes_into_the_jobs_plan_file_and_passes_the_preflight(tmp_path: Path) -> None:
+    scenario = parse_scenario(TORCHRUN.replace("FAULTS", CRASH))
+    assert [str(problem) for problem in preflight(scenario)] == []
+    in_job, path = in_job_plan(make_plan(scenario), tmp_path, claims=True)
+    assert [op.injector for op in in_job] == ["crash"]  # the agent's, not the harness's
+    [op] = load_plan(str(path)).ops
+    assert (op.at_step, op.rank, op.phase, op.claimable) == (7, 1, None, False)
+    assert op.params == {"kind": "segfault", "phase": "allreduce", "rank": 1}
+
+
+def test_a_trigger_phase_on_a_crash_is_refused_with_the_fix() -> None:
+    text = TORCHRUN.replace("FAULTS", CRASH.replace("rank: 1}}", "rank: 1, phase: backward}}"))
+    [problem] = [str(problem) for problem in preflight(parse_scenario(text))]
+    assert "cannot fire at a trigger phase" in problem and "own params" in problem
+
+
+# -- the agent side ------------------------------------------------------------------------------------------------
+
+
+def test_an_exception_crash_fires_once_at_its_step_and_phase_after_its_event_and_marker() -> None:
+    rank = _Rank()
+    faults = rank.faults(_op(), _op(rank=0))  # rank 0's crash is not this rank's
+    assert faults.phases == {"backward"} and not faults.in_collective_wanted
+    for step in (3, 4):
+        rank.step = step
+        faults.at("forward")  # not its phase
+    assert rank.events == [] and rank.markers == set()
+    rank.step = 4
+    with pytest.raises(InjectedFault, match=r"crash fault 'boom' \(op boom#1\) on rank 1 at step 4, in phase backward"):
+        faults.at("backward")
+    [(kind, data)] = rank.events
+    assert kind == "fault.applied" and rank.markers == {"boom#1"}
+    assert {k: data[k] for k in ("fault", "op", "injector", "rank", "step", "phase", "crash_kind")} == {
+        "fault": "boom", "op": "boom#1", "injector": "crash", "rank": 1, "step": 4, "phase": "backward",
+        "crash_kind": "exception",
+    }  # fmt: skip
+    assert data["pid"] == os.getpid()
+    faults.at("backward")  # a script that caught it and goes on: the op is spent
+    # A restarted rank (new agent, same markers) recomputing step 4 does not crash again.
+    restarted = _Rank(markers=rank.markers)
+    restarted.step = 4
+    restarted.faults(_op()).at("backward")
+    assert restarted.events == []
+
+
+def test_an_allreduce_crash_fires_in_the_collective_and_needs_ddp() -> None:
+    rank = _Rank(rank=0)
+    faults = rank.faults(_op(phase="allreduce"))  # rank 1's: rank 0 fires nothing, but reduces through the hook
+    assert faults.in_collective_wanted and faults.phases == frozenset()
+    rank.step = 4
+    faults.in_collective(0)
+    assert rank.events == []
+    mine = _Rank()
+    mine.step = 4
+    with pytest.raises(InjectedFault, match="in the all-reduce of bucket 0"):
+        mine.faults(_op(phase="allreduce")).in_collective(0)
+    assert (mine.events[0][1]["site"], mine.events[0][1]["bucket"]) == ("in_flight", 0)
+    with pytest.raises(ValueError, match=r"attach needs the DDP-wrapped model"):
+        _Rank().faults(_op(phase="allreduce"), has_ddp=False)
+
+
+def test_an_injected_fault_is_not_read_as_a_collective_failure() -> None:
+    assert collective_failure(InjectedFault("crash fault 'x' at step 3, in the all-reduce of bucket 0")) is None
+    assert collective_failure(RuntimeError("gloo allreduce: Connection closed by peer")) is not None
+
+
+CHILD = """
+import sys
+from chaos.injob.crash_faults import CrashFaults
+from chaos.plan.agent_plan import InJobOp
+from chaos import events
+op = InJobOp(op_id="boom#1", fault="boom", injector="crash", params={"kind": sys.argv[1], "phase": "forward"},
+             at_step=2)
+faults = CrashFaults([op], mine=lambda op: True, rank=0, step=lambda: 2, emit=events.emit,
+                     already_fired=lambda op: False, mark_fired=lambda op: None, has_ddp=False)
+print("about to crash", flush=False)  # flushed by the agent before a native crash
+faults.at("forward")
+print("survived", flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("kind", "code", "says"),
+    [
+        ("exception", 1, "chaos.injob.crash_faults.InjectedFault: crash fault 'boom' (op boom#1)"),
+        ("segfault", -signal.SIGSEGV, ""),
+        ("abort", -signal.SIGABRT, ""),
+    ],
+)
+def test_each_kind_ends_the_process_as_promised_with_its_event_on_disk(
+    tmp_path: Path, kind: str, code: int, says: str
+) -> None:
+    events_file = tmp_path / "events.jsonl"
+    env = {**os.environ, "CHAOS_EVENTS": str(events_file), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, kind], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == code, done.stderr[-2000:]
+    assert "about to crash" in done.stdout and "survived" not in done.stdout
+    assert says in done.stderr
+    [record] = [json.loads(line) for line in events_file.read_text().splitlines()]
+    assert record["kind"] == "fault.applied" and record["data"]["crash_kind"] == kind
