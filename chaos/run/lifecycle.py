@@ -92,8 +92,8 @@ def parallel(calls: list[Callable[[], None]]) -> None:
             future.result()
 
 
-def _quiet(_: str) -> None:
-    pass
+def quiet(_: object) -> None:
+    """A listener that says nothing (the default log)."""
 
 
 class FaultSession:
@@ -112,7 +112,7 @@ class FaultSession:
         contexts: Callable[[str], InjectionContext],
         *,
         history: History | None = None,
-        log: Callable[[str], None] = _quiet,
+        log: Callable[[str], None] = quiet,
     ) -> None:
         self.journal = journal
         self.safety = safety

@@ -39,7 +39,7 @@ from chaos.report.files import write_reports
 from chaos.run.control import Order, RunControl
 from chaos.run.golden import Golden, golden_outcome
 from chaos.run.in_job import digest_interval, in_job_plan
-from chaos.run.lifecycle import FAULT_FAILURES, ActiveFault, FaultSession, parallel
+from chaos.run.lifecycle import FAULT_FAILURES, ActiveFault, FaultSession, parallel, quiet
 from chaos.run.result import EXIT_FAIL, EXIT_HARNESS, EXIT_INVALID, EXIT_PASS, RunResult, RunStatus, Verdict
 from chaos.run.triggers import Triggers, not_fired, placed, polled
 from chaos.safety.cleanup import heal_leftovers
@@ -86,10 +86,6 @@ class RunOptions:
 
 Listener = Callable[[str], None]
 StatusListener = Callable[[RunStatus], None]
-
-
-def _quiet(_: object) -> None:
-    pass
 
 
 class Execution:
@@ -381,7 +377,7 @@ def _golden(scenario: Scenario, options: RunOptions, log: Listener) -> Golden | 
         golden_options = RunOptions(
             report_root=report_root, golden=False, inventory=options.inventory, scenario_file=options.scenario_file
         )
-        return execute(fault_free, golden_options, log=_quiet)
+        return execute(fault_free, golden_options, log=quiet)
 
     return golden_outcome(
         scenario,
@@ -418,8 +414,8 @@ def execute(
     scenario: Scenario,
     options: RunOptions | None = None,
     *,
-    log: Listener = _quiet,
-    status: StatusListener = _quiet,
+    log: Listener = quiet,
+    status: StatusListener = quiet,
 ) -> RunResult:
     """Run ``scenario`` once end to end and write its reports. Never leaves a fault applied."""
     options = options or RunOptions()
