@@ -2,7 +2,7 @@
 binds one NFQUEUE queue and gives each packet the kernel queues to it an ACCEPT verdict after its delay.
 
 Run as ``python -m injectors.network.nfq_holder --op-id ID --queue N --delay-us D [--jitter-us J
---distribution uniform|normal --correlation PCT --seed S] --until-ns T [--max-held M] [--log FILE]``; it
+--distribution uniform|normal --correlation PCT --seed S --reorder-pct P] --until-ns T [--max-held M] [--log FILE]``; it
 detaches (:func:`chaos.safety.deadman.detach`) unless ``--foreground``. Standard library only besides that. It speaks nfnetlink_queue over a
 netlink socket: metadata only (no payload copied), GSO packets queued whole, and fail-open (a full kernel
 queue lets packets through rather than dropping them). Rules steer packets here with ``--queue-bypass``, so
@@ -139,15 +139,21 @@ class Queue:
 
 class Delays:
     """Each packet's hold time in seconds: ``delay`` plus a ``jitter`` drawn uniform (±jitter) or normal (sd
-    jitter), each draw ``correlation`` percent the last one's; never below zero."""
+    jitter), each draw ``correlation`` percent the last one's; never below zero. ``reorder`` percent of packets
+    are not held at all, so they overtake the held ones (netem's ``reorder``)."""
 
-    def __init__(self, delay_s: float, jitter_s: float, distribution: str, correlation: float, seed: int) -> None:
+    def __init__(
+        self, delay_s: float, jitter_s: float, distribution: str, correlation: float, seed: int, reorder: float = 0.0
+    ) -> None:
         self.delay_s, self.jitter_s, self.distribution = delay_s, jitter_s, distribution
         self.keep = correlation / 100.0
+        self.reorder = reorder / 100.0
         self.rng = random.Random(seed)
         self.last = 0.0
 
     def next(self) -> float:
+        if self.reorder > 0 and self.rng.random() < self.reorder:
+            return 0.0
         if self.jitter_s <= 0:
             return self.delay_s
         if self.distribution == "normal":
@@ -194,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--distribution", choices=("uniform", "normal"), default="uniform")
     parser.add_argument("--correlation", type=float, default=0.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--reorder-pct", type=float, default=0.0)
     parser.add_argument("--until-ns", type=int, required=True)
     parser.add_argument("--max-held", type=int, default=100_000)
     parser.add_argument("--log")
@@ -214,7 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         print(f"nfq_holder {args.op_id}: cannot bind queue {args.queue}: {exc}", file=log, flush=True)
         return 3
-    delays = Delays(args.delay_us / 1e6, args.jitter_us / 1e6, args.distribution, args.correlation, args.seed)
+    delays = Delays(
+        args.delay_us / 1e6, args.jitter_us / 1e6, args.distribution, args.correlation, args.seed, args.reorder_pct
+    )
     print(f"nfq_holder {args.op_id}: holding queue {args.queue}", file=log, flush=True)
     try:
         hold(queue, delays, args.until_ns, args.max_held, stopping, log)

@@ -98,6 +98,7 @@ class HolderState:
     distribution: str
     correlation: float
     seed: int
+    reorder: float = 0.0
     helper_pid: int | None = None
 
     def to_json(self) -> dict[str, JsonValue]:
@@ -112,6 +113,7 @@ class HolderState:
             "distribution": self.distribution,
             "correlation": self.correlation,
             "seed": self.seed,
+            "reorder": self.reorder,
         }
         return state if self.helper_pid is None else {**state, "helper_pid": self.helper_pid}
 
@@ -131,6 +133,7 @@ class HolderState:
             optional_text(state, "distribution") or "uniform",
             state_number(state, "correlation"),
             int(state_number(state, "seed")),
+            state_number(state, "reorder") if "reorder" in state else 0.0,
             optional_int(state, "helper_pid"),
         )
 
@@ -150,6 +153,7 @@ def plan(
     jitter_s: float,
     distribution: str,
     correlation: float,
+    reorder: float = 0.0,
 ) -> HolderState:
     """The state of one NFQUEUE delay (changes nothing)."""
     queue = queue_number(op_id, host.transport.host)
@@ -166,6 +170,7 @@ def plan(
         distribution,
         correlation,
         seed,
+        reorder,
     )
 
 
@@ -197,6 +202,7 @@ def apply(ctx: InjectionContext, applied: Applied) -> None:
         distribution=state.distribution,
         correlation=state.correlation,
         seed=state.seed,
+        reorder_pct=state.reorder,
         until_ns=until_ns,
     )
     applied.state.update(replace(state, helper_pid=pid).to_json())

@@ -310,12 +310,16 @@ _Distribution = Literal["uniform", "normal", "pareto", "paretonormal"]
 
 
 class DelayParams(ShapeParams):
-    """Delay what this host sends by ``delay`` (± ``jitter``); needs tc netem in the host kernel."""
+    """Delay what this host sends by ``delay`` (± ``jitter``), some share at once (``reorder``): tc netem, or the
+    NFQUEUE packet holder where the kernel has no netem."""
 
     delay: Duration = Field(gt=0, description="added one-way latency, e.g. 100ms")
     jitter: Duration = Field(default=0.0, ge=0, description="random variation around delay, e.g. 10ms")
     correlation: float = Field(default=0.0, ge=0, le=100, description="percent each delay depends on the last")
     distribution: _Distribution = Field(default="uniform", description="shape of the jitter")
+    reorder: float = Field(
+        default=0.0, ge=0, lt=100, description="percent of packets sent at once, overtaking the delayed ones"
+    )
 
     @model_validator(mode="after")
     def _shape_needs_jitter(self) -> DelayParams:
@@ -387,6 +391,8 @@ def _netem_args(params: ShapeParams) -> list[str]:
             args.append(f"{params.correlation:g}%")
         if params.distribution != "uniform":
             args += ["distribution", params.distribution]
+    if isinstance(params, DelayParams) and params.reorder > 0:
+        args += ["reorder", f"{params.reorder:g}%"]
     return args
 
 
@@ -507,6 +513,7 @@ class _ShapeFault:
             jitter,
             getattr(params, "distribution", "uniform"),
             getattr(params, "correlation", 0.0),
+            getattr(params, "reorder", 0.0),
         )
         local = (host.route(probe_address(peers[0]))[1] if peers else None) or ctx.transport.host
         where = (

@@ -640,8 +640,9 @@ for argv in json.loads(sys.argv[1]):
         DelayParams(interface="lo", delay="5ms"),
         JitterParams(peers=["10.0.0.2"], jitter="20ms"),
         DelayParams(peers=["10.0.0.2"], ports=[80, 443], protocol="tcp", delay="50ms"),
+        DelayParams(peers=["10.0.0.2"], delay="10ms", reorder=25),
     ],
-    ids=["delay-peers", "delay-interface", "jitter-peers", "delay-ports"],
+    ids=["delay-peers", "delay-interface", "jitter-peers", "delay-ports", "delay-reorder"],
 )
 def test_netem_plans_are_valid_tc(params: DelayParams | JitterParams) -> None:
     """tc parses every argument of our netem plans; without sch_netem only the kernel may say no."""

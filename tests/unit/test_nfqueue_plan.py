@@ -57,3 +57,10 @@ def test_draws_are_seeded_never_negative_and_centred_on_the_delay() -> None:
     assert uniform[0] == sample[0]  # the same seed draws the same delays
     wide = Delays(0.005, 0.05, "normal", 50.0, 3)
     assert min(wide.next() for _ in range(2000)) >= 0.0
+
+
+def test_reorder_sends_its_share_at_once_and_holds_the_rest() -> None:
+    draws = Delays(0.02, 0.0, "uniform", 0.0, 5, reorder=25.0)
+    sample = [draws.next() for _ in range(4000)]
+    at_once = sample.count(0.0) / len(sample)
+    assert 0.22 < at_once < 0.28 and set(sample) == {0.0, 0.02}
