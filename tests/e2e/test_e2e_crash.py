@@ -53,7 +53,7 @@ def test_a_crash_fires_once_kills_its_rank_as_its_kind_says_and_the_job_recovers
     assert (TRACEBACK in (result.run_dir / "target.log").read_text()) == (kind == "exception")
 
 
-@pytest.mark.parametrize("name", ["crash-rank-exception", "crash-rank-segfault"])
+@pytest.mark.parametrize("name", ["crash-rank-exception", "crash-rank-segfault", "crash-rank-abort"])
 def test_the_shipped_crash_scenarios_pass_on_the_reference_trainer(name: str, e2e_report_root: Path) -> None:
     done = run_scenario_file(name, "--report-dir", e2e_report_root, timeout=300)  # the session's golden cache
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
