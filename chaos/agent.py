@@ -94,6 +94,7 @@ from chaos.guards.settings import Guards
 from chaos.injob import flight_recorder, fsdp
 from chaos.injob.attach_rules import refuse_misuse
 from chaos.injob.crash_faults import CrashFaults
+from chaos.injob.fault_events import FiringRules
 from chaos.injob.hang_faults import HANG_FAULTS, SKIP, HangFaults
 from chaos.injob.loop_hooks import LoopCalls, LoopHooks, hook_names
 from chaos.injob.phase_faults import PhaseFaults, in_this_replica
@@ -172,16 +173,17 @@ class Agent(ProgressCalls):
         faults = self.faults = RankFaults(
             self.plan, model, optimizer, rank=self.rank, world_size=self.world_size, step=lambda: self.step, emit=emit
         )
-        self.phase_faults = PhaseFaults(  # process faults fired on this process at a phase (trigger.phase)
-            self.plan.ops,
-            mine=faults.targets_me,
-            rank=self.rank,
-            step=lambda: self.step,
-            emit=emit,
-            already_fired=faults.already_fired,
-            mark_fired=faults.mark_fired,
+        rules = FiringRules(
+            faults.targets_me,
+            self.rank,
+            lambda: self.step,
+            emit,
+            faults.already_fired,
+            faults.mark_fired,
             has_ddp=ddp is not None or manager is not None,
         )
+        # process faults fired on this process at a phase (trigger.phase); crash: an exception, SIGSEGV or SIGABRT
+        self.phase_faults, self.crash_faults = PhaseFaults(self.plan.ops, rules), CrashFaults(self.plan.ops, rules)
         self.hang_faults = HangFaults(  # spin / skip_collective on this rank (chaos.injob.hang_faults)
             [op for op in faults.mine if op.injector in HANG_FAULTS],
             rank=self.rank,
@@ -189,16 +191,6 @@ class Agent(ProgressCalls):
             emit=emit,
             already_fired=faults.already_fired,
             mark_fired=faults.mark_fired,
-        )
-        self.crash_faults = CrashFaults(  # crash: an exception, SIGSEGV or SIGABRT (chaos.injob.crash_faults)
-            self.plan.ops,
-            mine=faults.targets_me,
-            rank=self.rank,
-            step=lambda: self.step,
-            emit=emit,
-            already_fired=faults.already_fired,
-            mark_fired=faults.mark_fired,
-            has_ddp=ddp is not None or manager is not None,
         )
         # Phases where any of this rank's faults can fire: the per-step hooks skip the fault dispatch at the others.
         self._fault_phases = (

@@ -23,11 +23,11 @@ import ctypes
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import NoReturn, get_args
 
 from chaos import events
-from chaos.injob.fault_events import FaultEvents
+from chaos.injob.fault_events import FaultEvents, FiringRules
 from chaos.injob.fault_specs import CrashKind, CrashSpec
 from chaos.injob.phase_faults import IN_FLIGHT, PHASES, in_this_replica
 from chaos.plan.agent_plan import InJobOp, JsonValue
@@ -45,23 +45,14 @@ class CrashFaults:
     """The plan's ``crash`` ops; this rank's (``mine``) fire at their (step, phase), each at most once per run.
 
     ``ops`` are the whole plan's: every rank refuses misuse alike and says alike whether an ``allreduce`` crash
-    needs the comm hook (:attr:`in_collective_wanted`). ``step``, ``emit``, ``already_fired``/``mark_fired`` and
-    ``has_ddp`` are as for :class:`chaos.injob.phase_faults.PhaseFaults`. Raises ValueError for an op that would
+    needs the comm hook (:attr:`in_collective_wanted`); ``rules`` are the agent's
+    (:class:`chaos.injob.fault_events.FiringRules`), as for :class:`chaos.injob.phase_faults.PhaseFaults`. Raises ValueError for an op that would
     never fire: an unknown kind or phase, or ``allreduce`` without a DDP module (``ddp=``) or torchft manager.
     """
 
-    def __init__(
-        self,
-        ops: Sequence[InJobOp],
-        *,
-        mine: Callable[[InJobOp], bool],
-        rank: int,
-        step: Callable[[], int],
-        emit: Callable[..., None],
-        already_fired: Callable[[InJobOp], bool],
-        mark_fired: Callable[[InJobOp], None],
-        has_ddp: bool,
-    ) -> None:
+    def __init__(self, ops: Sequence[InJobOp], rules: FiringRules) -> None:
+        mine, rank, step, emit = rules.mine, rules.rank, rules.step, rules.emit
+        already_fired, mark_fired, has_ddp = rules.already_fired, rules.mark_fired, rules.has_ddp
         planned = [(op, CrashSpec.from_params(op.params)) for op in ops if op.injector == CRASH]
         for op, spec in planned:
             if spec.phase not in PHASES:

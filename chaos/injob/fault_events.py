@@ -30,9 +30,25 @@ class FaultEvents:
         self.emit(FAULT_FAILED, rank=self.rank, **_names(op), error=error)
 
 
+@dataclass(frozen=True)
+class FiringRules:
+    """What a rank's phase-point fault families (:mod:`chaos.injob.phase_faults`, :mod:`chaos.injob.crash_faults`)
+    take from its agent: which ops are this rank's (``mine``), its ``rank``, the current ``step``, the event sink
+    (``emit``), the cross-restart fire-once markers (``already_fired``/``mark_fired``), and whether a comm hook can
+    host the ``allreduce`` phase (``has_ddp``)."""
+
+    mine: Callable[[InJobOp], bool]
+    rank: int
+    step: Callable[[], int]
+    emit: Callable[..., None]
+    already_fired: Callable[[InJobOp], bool]
+    mark_fired: Callable[[InJobOp], None]
+    has_ddp: bool
+
+
 def _names(op: InJobOp) -> dict[str, JsonValue]:
     """``{fault, op, injector}``: the plan's names of ``op``."""
     return {"fault": op.fault, "op": op.op_id, "injector": op.injector}
 
 
-__all__ = ["FaultEvents"]
+__all__ = ["FaultEvents", "FiringRules"]

@@ -35,11 +35,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import get_args
 
 from chaos.event_kinds import FAULT_CLAIMED, TriggerPhase
-from chaos.injob.fault_events import FaultEvents
+from chaos.injob.fault_events import FaultEvents, FiringRules
 from chaos.kernel.procfs import read_stat
 from chaos.plan.agent_plan import InJobOp, JsonValue
 
@@ -76,25 +76,16 @@ class PhaseFaults:
     most once per run.
 
     ``ops`` are the whole plan's (every rank's): every rank refuses misuse alike and installs the same comm hook
-    (:attr:`in_collective_wanted`), so all ranks run the same all-reduce code; ``mine`` says which ops this
-    process fires (the agent's rank rule). ``step`` reads the agent's current step; ``already_fired``/``mark_fired`` are the agent's cross-restart
-    markers; ``has_ddp`` says whether a comm hook can host the ``allreduce`` phase. Raises ValueError (saying
+    (:attr:`in_collective_wanted`), so all ranks run the same all-reduce code; ``rules``
+    (:class:`chaos.injob.fault_events.FiringRules`) say which ops this process fires (the agent's rank rule), the
+    current step, the cross-restart markers and whether a comm hook can host the ``allreduce`` phase. Raises ValueError (saying
     what to pass) for an op it cannot fire: a fault other than ``kill``, an unknown phase, or ``allreduce``
     without ``ddp=``: any of them would otherwise silently never fire.
     """
 
-    def __init__(
-        self,
-        ops: Sequence[InJobOp],
-        *,
-        mine: Callable[[InJobOp], bool],
-        rank: int,
-        step: Callable[[], int],
-        emit: Callable[..., None],
-        already_fired: Callable[[InJobOp], bool],
-        mark_fired: Callable[[InJobOp], None],
-        has_ddp: bool,
-    ) -> None:
+    def __init__(self, ops: Sequence[InJobOp], rules: FiringRules) -> None:
+        mine, rank, step, emit = rules.mine, rules.rank, rules.step, rules.emit
+        already_fired, mark_fired, has_ddp = rules.already_fired, rules.mark_fired, rules.has_ddp
         # A roles target's replica (a torchft replica group) is told apart by CHAOS_REPLICA: an op that selects
         # a replica fires only in that replica's processes (its rank filter is the agent's, on the trigger rank).
         planned = [op for op in ops if op.phase is not None and in_this_replica(op)]

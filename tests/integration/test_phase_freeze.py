@@ -32,13 +32,14 @@ FREEZE_S = 4.0
 CHILD = """
 import json, sys, time
 from chaos.injob.phase_faults import PhaseFaults
+from chaos.injob.fault_events import FiringRules
 from chaos.plan.agent_plan import InJobOp
 op = InJobOp(op_id="f#1", fault="f", injector="freeze", params={"rank": 0}, at_step=1, rank=0, phase="forward",
              duration_s=float(sys.argv[1]))
 def emit(kind, **data):
     print(json.dumps({"kind": kind, "t": time.monotonic(), **data}), flush=True)
-faults = PhaseFaults([op], mine=lambda op: True, rank=0, step=lambda: 1, emit=emit,
-                     already_fired=lambda op: False, mark_fired=lambda op: None, has_ddp=False)
+faults = PhaseFaults([op], FiringRules(mine=lambda op: True, rank=0, step=lambda: 1, emit=emit,
+                     already_fired=lambda op: False, mark_fired=lambda op: None, has_ddp=False))
 faults.at("forward")
 print(json.dumps({"kind": "after", "t": time.monotonic()}), flush=True)
 """

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from support import ROOT, TORCHRUN
 
 from chaos.injob.crash_faults import CRASHES, CrashFaults, InjectedFault
+from chaos.injob.fault_events import FiringRules
 from chaos.injob.fault_specs import CrashSpec
 from chaos.injob.loop_hooks import collective_failure
 from chaos.plan.agent_plan import InJobOp, load_plan
@@ -52,13 +53,15 @@ class _Rank:
     def faults(self, *ops: InJobOp, has_ddp: bool = True) -> CrashFaults:
         return CrashFaults(
             ops,
-            mine=lambda op: op.params.get("rank") == self.rank,
-            rank=self.rank,
-            step=lambda: self.step,
-            emit=lambda kind, **data: self.events.append((kind, data)),
-            already_fired=lambda op: op.op_id in self.markers,
-            mark_fired=lambda op: self.markers.add(op.op_id),
-            has_ddp=has_ddp,
+            FiringRules(
+                mine=lambda op: op.params.get("rank") == self.rank,
+                rank=self.rank,
+                step=lambda: self.step,
+                emit=lambda kind, **data: self.events.append((kind, data)),
+                already_fired=lambda op: op.op_id in self.markers,
+                mark_fired=lambda op: self.markers.add(op.op_id),
+                has_ddp=has_ddp,
+            ),
         )
 
 
@@ -155,12 +158,13 @@ def test_an_injected_fault_is_not_read_as_a_collective_failure() -> None:
 CHILD = """
 import sys
 from chaos.injob.crash_faults import CrashFaults
+from chaos.injob.fault_events import FiringRules
 from chaos.plan.agent_plan import InJobOp
 from chaos import events
 op = InJobOp(op_id="boom#1", fault="boom", injector="crash", params={"kind": sys.argv[1], "phase": "forward"},
              at_step=2)
-faults = CrashFaults([op], mine=lambda op: True, rank=0, step=lambda: 2, emit=events.emit,
-                     already_fired=lambda op: False, mark_fired=lambda op: None, has_ddp=False)
+faults = CrashFaults([op], FiringRules(mine=lambda op: True, rank=0, step=lambda: 2, emit=events.emit,
+                     already_fired=lambda op: False, mark_fired=lambda op: None, has_ddp=False))
 print("about to crash", flush=False)  # flushed by the agent before a native crash
 faults.at("forward")
 print("survived", flush=True)

@@ -23,6 +23,7 @@ import pytest
 from pydantic import ValidationError
 from support import COMMAND, TORCHRUN
 
+from chaos.injob.fault_events import FiringRules
 from chaos.injob.phase_faults import PHASES as AGENT_PHASES
 from chaos.injob.phase_faults import PROCESS_FAULTS, PhaseFaults
 from chaos.plan.agent_plan import InJobOp, load_plan
@@ -231,13 +232,15 @@ class _Job:
     def faults(self, ops: list[InJobOp], has_ddp: bool = True) -> PhaseFaults:
         return PhaseFaults(
             ops,
-            mine=lambda op: op.rank == 1,
-            rank=1,
-            step=lambda: self.step,
-            emit=self.emit,
-            already_fired=lambda op: op.op_id in self.fired,
-            mark_fired=lambda op: self.fired.add(op.op_id),
-            has_ddp=has_ddp,
+            FiringRules(
+                mine=lambda op: op.rank == 1,
+                rank=1,
+                step=lambda: self.step,
+                emit=self.emit,
+                already_fired=lambda op: op.op_id in self.fired,
+                mark_fired=lambda op: self.fired.add(op.op_id),
+                has_ddp=has_ddp,
+            ),
         )
 
 
