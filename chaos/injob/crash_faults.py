@@ -51,26 +51,21 @@ class CrashFaults:
     """
 
     def __init__(self, ops: Sequence[InJobOp], rules: FiringRules) -> None:
-        mine, rank, step, emit = rules.mine, rules.rank, rules.step, rules.emit
-        already_fired, mark_fired, has_ddp = rules.already_fired, rules.mark_fired, rules.has_ddp
+        self._rules = rules
         planned = [(op, CrashSpec.from_params(op.params)) for op in ops if op.injector == CRASH]
         for op, spec in planned:
             if spec.phase not in PHASES:
                 raise ValueError(f"fault {op.fault!r}: crash phase {spec.phase!r} is not one of {', '.join(PHASES)}")
             if spec.kind not in CRASHES:
                 raise ValueError(f"fault {op.fault!r}: crash kind {spec.kind!r} is not one of {', '.join(CRASHES)}")
-            if spec.phase == "allreduce" and not has_ddp:
+            if spec.phase == "allreduce" and not rules.has_ddp:
                 raise ValueError(
                     f"fault {op.fault!r} crashes inside DDP's gradient all-reduce (phase allreduce), so attach needs "
                     "the DDP-wrapped model: attach(model, optimizer, ddp=ddp_model); without it it would never fire"
                 )
         self._in_collective_wanted = any(spec.phase == "allreduce" and in_this_replica(op) for op, spec in planned)
-        self._ops = [(op, spec) for op, spec in planned if in_this_replica(op) and mine(op)]
-        self._rank = rank
-        self._step = step
-        self._events = FaultEvents(emit, rank)
-        self._already_fired = already_fired
-        self._mark_fired = mark_fired
+        self._ops = [(op, spec) for op, spec in planned if in_this_replica(op) and rules.mine(op)]
+        self._events = FaultEvents(rules.emit, rules.rank)
         self._done: set[str] = set()
 
     @property
@@ -92,20 +87,22 @@ class CrashFaults:
         """Crash if an op is due at (this step, ``phase``) and has not fired in this run; else return. ``where``
         (bucket, site) goes into ``fault.applied``. Raises :class:`InjectedFault` (kind ``exception``) or does not
         return (``segfault``, ``abort``)."""
-        step = self._step()
+        step = self._rules.step()
         for op, spec in self._ops:
             if spec.phase != phase or op.at_step != step or op.op_id in self._done:
                 continue
             self._done.add(op.op_id)
-            if self._already_fired(op):
+            if self._rules.already_fired(op):
                 continue  # a restart recomputing the step: the crash already happened in this run
-            self._mark_fired(op)  # before the crash: the restarted rank must find it
+            self._rules.mark_fired(op)  # before the crash: the restarted rank must find it
             pid = os.getpid()
             at = f"in the all-reduce of bucket {where.get('bucket')}" if phase == "allreduce" else f"in phase {phase}"
-            description = f"{spec.kind} crash of rank {self._rank} (pid {pid}) by its own agent at step {step}, {at}"
+            description = (
+                f"{spec.kind} crash of rank {self._rules.rank} (pid {pid}) by its own agent at step {step}, {at}"
+            )
             self._events.applied(op, step, description, phase=phase, crash_kind=spec.kind, pid=pid, **where)
             settle()
-            message = f"crash fault {op.fault!r} (op {op.op_id}) on rank {self._rank} at step {step}, {at}"
+            message = f"crash fault {op.fault!r} (op {op.op_id}) on rank {self._rules.rank} at step {step}, {at}"
             crash(spec.kind, message)
 
 

@@ -84,23 +84,18 @@ class PhaseFaults:
     """
 
     def __init__(self, ops: Sequence[InJobOp], rules: FiringRules) -> None:
-        mine, rank, step, emit = rules.mine, rules.rank, rules.step, rules.emit
-        already_fired, mark_fired, has_ddp = rules.already_fired, rules.mark_fired, rules.has_ddp
+        self._rules = rules
         # A roles target's replica (a torchft replica group) is told apart by CHAOS_REPLICA: an op that selects
         # a replica fires only in that replica's processes (its rank filter is the agent's, on the trigger rank).
         planned = [op for op in ops if op.phase is not None and in_this_replica(op)]
         self._in_collective_wanted = any(op.phase == "allreduce" for op in planned)
-        self._ops = [op for op in planned if mine(op)]
+        self._ops = [op for op in planned if rules.mine(op)]
         self._phases = frozenset(str(op.phase) for op in self._ops)
-        self._rank = rank
-        self._step = step
-        self._events = FaultEvents(emit, rank)
-        self._already_fired = already_fired
-        self._mark_fired = mark_fired
+        self._events = FaultEvents(rules.emit, rules.rank)
         self._done: set[str] = set()
         for op in self._ops:
-            if op.claimable and not already_fired(op):
-                emit(FAULT_CLAIMED, rank=rank, fault=op.fault, op=op.op_id, at_step=op.at_step)
+            if op.claimable and not rules.already_fired(op):
+                rules.emit(FAULT_CLAIMED, rank=rules.rank, fault=op.fault, op=op.op_id, at_step=op.at_step)
         for op in planned:
             if op.injector not in PROCESS_FAULTS:
                 raise ValueError(
@@ -114,7 +109,7 @@ class PhaseFaults:
                     f"fault {op.fault!r} freezes this process at phase {op.phase}, so it needs a duration: the "
                     "process stops itself and is continued when the duration has passed"
                 )
-            if op.phase == "allreduce" and not has_ddp:
+            if op.phase == "allreduce" and not rules.has_ddp:
                 raise ValueError(
                     f"fault {op.fault!r} fires inside DDP's gradient all-reduce (phase allreduce), so attach needs "
                     "the DDP-wrapped model: attach(model, optimizer=optimizer, ddp=ddp_model) with "
@@ -140,14 +135,14 @@ class PhaseFaults:
     def at(self, phase: str, **where: JsonValue) -> None:
         """Fire every op due at (this step, ``phase``) that has not fired in this run; ``where`` (bucket,
         site) goes into the ``fault.applied`` event. A ``kill`` with SIGKILL does not return."""
-        step = self._step()
+        step = self._rules.step()
         for op in self._ops:
             if op.phase != phase or op.at_step != step or op.op_id in self._done:
                 continue
             self._done.add(op.op_id)
-            if self._already_fired(op):
+            if self._rules.already_fired(op):
                 continue  # a restart recomputing the step: the fault already hit this run
-            self._mark_fired(op)  # before the signal: a restarted worker must find it
+            self._rules.mark_fired(op)  # before the signal: a restarted worker must find it
             if op.injector == "freeze":
                 self._freeze(op, phase, step, where)
             else:
@@ -157,7 +152,7 @@ class PhaseFaults:
         number = _signal(op.params.get("signal", "SIGKILL"))
         pid = os.getpid()
         at = _point(phase, where)
-        description = f"{number.name} rank {self._rank} (pid {pid}) by its own agent at step {step}, {at}"
+        description = f"{number.name} rank {self._rules.rank} (pid {pid}) by its own agent at step {step}, {at}"
         self._events.applied(op, step, description, phase=phase, pid=pid, signal=number.name, **where)
         # The event is written (one synchronous O_APPEND write) before the signal: the history says where.
         os.kill(pid, number)
@@ -168,7 +163,9 @@ class PhaseFaults:
         pid = os.getpid()
         start = _start_time(pid)
         at = _point(phase, where)
-        description = f"SIGSTOP rank {self._rank} (pid {pid}) by its own agent at step {step}, {at}, for {seconds:g}s"
+        description = (
+            f"SIGSTOP rank {self._rules.rank} (pid {pid}) by its own agent at step {step}, {at}, for {seconds:g}s"
+        )
         self._events.applied(op, step, description, phase=phase, duration_s=seconds, pid=pid, **where)
         subprocess.Popen(  # the thaw first: nothing could start it once this process is stopped
             [sys.executable, "-c", THAW, repr(seconds), str(pid), start],
