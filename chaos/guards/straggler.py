@@ -24,6 +24,11 @@ out (slowness in data loading, forward, the optimizer step or between steps is).
 with K=5, steps of 50 ms and R=2, S=0.2 s, one 0.5 s stall on a rank fires. Local work that is legitimately
 uneven (rank 0 writing a checkpoint) counts too; keep checkpoints out of short windows, or raise S.
 
+With ``links=True`` (three ranks or more) the exchange also carries each rank's round trip to its ring
+successor (:mod:`chaos.guards.ring_links`), and a rank whose two ring links are both slow is named too, with
+``cause: "link"``: a delayed path into or out of one host slows every rank's collectives alike, so local time
+cannot show it, but the ring links adjacent to that host can.
+
 Why local time and not step time, why a gather, and why the median of the others: docs/design/straggler.md.
 """
 
@@ -42,6 +47,13 @@ import torch.distributed as dist
 
 from chaos import events
 from chaos.event_kinds import DETECT_STRAGGLER
+from chaos.guards.ring_links import (
+    DEFAULT_LINK_MIN_EXCESS_S,
+    DEFAULT_LINK_RATIO,
+    LinkDetection,
+    LinkDetector,
+    ring_rtt,
+)
 
 DEFAULT_WINDOW = 5
 DEFAULT_RATIO = 2.0
@@ -172,6 +184,9 @@ class StragglerGuard:
         group: dist.ProcessGroup | None = None,
         emit: Callable[..., None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        links: bool = False,
+        link_ratio: float = DEFAULT_LINK_RATIO,
+        link_min_excess: float = DEFAULT_LINK_MIN_EXCESS_S,
     ) -> None:
         distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank(group) if distributed else 0
@@ -182,7 +197,13 @@ class StragglerGuard:
         # gather's ``dst`` is a rank of the default group, whatever ``group`` is.
         self._reporter_global = dist.get_global_rank(group, reporter) if distributed and group is not None else reporter
         self.detector = StragglerDetector(self.world_size, window=window, ratio=ratio, min_excess=min_excess)
+        self.links = (
+            LinkDetector(self.world_size, window=window, ratio=link_ratio, min_excess=link_min_excess)
+            if links
+            else None
+        )
         self.detections: list[Detection] = []  # every detection so far (on the reporter rank only)
+        self.link_detections: list[LinkDetection] = []  # every rank named by its links (reporter rank only)
         self.last = (0.0, 0.0)  # this rank's (compute_s, wait_s) sent in the latest exchange
         self._mark = clock()
         self._blocked = 0.0
@@ -203,10 +224,12 @@ class StragglerGuard:
             self._blocked += self.clock() - began
 
     def exchange(self, step: int) -> list[Detection]:
-        """Send this rank's numbers for ``step`` to the reporter; on the reporter, judge and return what it emitted."""
+        """Send this rank's numbers for ``step`` to the reporter; on the reporter, judge, emit, and return the local-work
+        detections (ranks named by their links go to :attr:`link_detections`)."""
         now = self.clock()
         compute = max(0.0, now - self._mark - self._blocked)
-        mine = torch.tensor([compute, self._blocked + self._exchange_wait], dtype=torch.float64)
+        rtt = ring_rtt(self.group, self.clock) if self.links is not None and self.world_size > 1 else 0.0
+        mine = torch.tensor([compute, self._blocked + self._exchange_wait, rtt], dtype=torch.float64)
         reporting = self.rank == self.reporter
         rows = [torch.empty_like(mine) for _ in range(self.world_size)] if reporting else []
         if self.world_size > 1:
@@ -234,9 +257,30 @@ class StragglerGuard:
                 observed_ratio=round(observed, 4) if math.isfinite(observed) else None,
                 compute_s=list(detection.compute_s),
                 wait_s=list(detection.wait_s),
+                cause="compute",
             )
         self.detections.extend(found)
+        if self.links is not None:
+            self._judge_links(step, [float(r[2]) for r in rows])
         return found
+
+    def _judge_links(self, step: int, rtt_per_link: list[float]) -> None:
+        assert self.links is not None
+        for found in self.links.observe(step, rtt_per_link):
+            (self.emit or events.emit)(
+                DETECT_STRAGGLER,
+                rank=found.rank,  # the rank both of whose ring links are slow
+                detector="straggler",
+                cause="link",
+                reporter=self.rank,
+                step=step,
+                window=found.window,
+                ratio=self.links.ratio,
+                min_excess=self.links.min_excess,
+                observed_ratio=round(found.observed_ratio, 4) if math.isfinite(found.observed_ratio) else None,
+                rtt_ms=[round(v * 1e3, 3) for v in found.rtt_s],
+            )
+            self.link_detections.append(found)
 
 
 __all__ = [

@@ -37,6 +37,8 @@ Contracts the harness and its checks rely on:
   sums AND above it by at least ``--straggler-min-excess`` S seconds (default 0.2), once per episode (it
   re-arms after K steps back under the threshold). It reads clocks only: model, optimizer and data order are
   untouched, so the digest is the same with it on or off. A rank's checkpoint writes count as its local work.
+  ``--straggler-links`` (three ranks or more) adds a ping-pong to each rank's ring successor per step and names a
+  rank both of whose ring links are slow (a delayed path into or out of its host; ``cause: "link"``).
 - **Consistency guard** (on; ``--consistency-every N``, default 10, 0 for off): every N steps, after the
   optimizer step, the ranks compare a digest of their parameters (:mod:`chaos.guards.consistency`; one small
   all-reduce) and report ``guard.consistency``, ``detect.divergence`` and ``detect.nonfinite``. It only reads
@@ -170,6 +172,7 @@ class Config:
     straggler_window: int = DEFAULT_WINDOW
     straggler_ratio: float = DEFAULT_RATIO
     straggler_min_excess: float = DEFAULT_MIN_EXCESS_S
+    straggler_links: bool = False
     consistency_every: int = DEFAULT_EVERY
     rollback: bool = False
 
@@ -243,6 +246,11 @@ def parse_args(argv: Sequence[str] | None = None) -> Config:
         type=_non_negative_float,
         default=DEFAULT_MIN_EXCESS_S,
         help="seconds over the peers' median (per window) a straggler must also exceed",
+    )
+    parser.add_argument(
+        "--straggler-links",
+        action="store_true",
+        help="with --straggler-guard: also name a rank both of whose ring links are slow (3+ ranks)",
     )
     parser.add_argument(
         "--consistency-every",
@@ -425,7 +433,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The straggler guard only reads clocks and gathers two floats per rank: it never touches the model,
         # the optimizer or the data order, so the digest is the same with and without it.
         straggler = (
-            StragglerGuard(window=cfg.straggler_window, ratio=cfg.straggler_ratio, min_excess=cfg.straggler_min_excess)
+            StragglerGuard(
+                window=cfg.straggler_window,
+                ratio=cfg.straggler_ratio,
+                min_excess=cfg.straggler_min_excess,
+                links=cfg.straggler_links,
+            )
             if cfg.straggler_guard
             else None
         )

@@ -16,7 +16,7 @@ from chaos.cluster.inventory import Inventory
 
 pytestmark = pytest.mark.slow
 
-# (scenario, extra CLI args): the four multi-host scenarios, and the local kill-rank scenario file moved,
+# (scenario, extra CLI args): the five multi-host scenarios, and the local kill-rank scenario file moved,
 # unchanged, onto one remote host with --nodes (rank 1's own agent there fires its kill; the history names the
 # host). kill-rank's golden run is shared with test_e2e_docker's kill-rank on the same host (the suite's report
 # root; one of them computes it).
@@ -25,6 +25,7 @@ CASES = [
     ("slow-node", []),
     ("checkpoint-storage-stall", []),
     ("lossy-link", []),
+    ("slow-link", []),
     ("kill-rank", ["--nodes", "host:h1"]),
 ]
 
