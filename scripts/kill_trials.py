@@ -57,6 +57,7 @@ def _fault(kind: str, tag: str, victim: int, folder: Path) -> dict[str, Any]:
         "memory_pressure": {"megabytes": 32},
         "partition": {"peers": [PEER]},
         "packet_loss": {"peers": [PEER], "probability": 0.5},
+        "duplicate": {"peers": [PEER], "probability": 0.5},
         "flap": {"peers": [PEER], "period": 1.0},
         "storage": {"path": str(folder / "data"), "mode": "latency", "latency": 0.2},
         "drop_large_packets": {"peers": [PEER], "min_size": 1024},
@@ -71,9 +72,9 @@ def _fault(kind: str, tag: str, victim: int, folder: Path) -> dict[str, Any]:
     return {"name": f"f-{tag}", "type": kind, "params": params, "trigger": {"after": f"{APPLY_AT_S:g}s"}}
 
 
-DURATIONLESS = ("partition", "packet_loss", "drop_large_packets", "bandwidth", "delay", "jitter", "gpu_xid")
+DURATIONLESS = ("partition", "packet_loss", "duplicate", "drop_large_packets", "bandwidth", "delay", "jitter", "gpu_xid")
 KINDS = ("freeze", "slow", "cpu_throttle", "memory_pressure", "partition", "packet_loss", "flap", "storage",
-         "drop_large_packets", "bandwidth", "delay", "jitter", "gpu_xid", "freeze_under_load")  # fmt: skip
+         "duplicate", "drop_large_packets", "bandwidth", "delay", "jitter", "gpu_xid", "freeze_under_load")  # fmt: skip
 # freeze_under_load: the victim is an HTTP server (an http target) under the open-loop load generator, frozen;
 # the load generator must die with the harness.
 REMOTE_KINDS = ("partition", "packet_loss", "freeze", "slow")

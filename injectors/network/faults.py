@@ -53,6 +53,7 @@ from injectors.network.host import (
     Host,
     Peers,
     Port,
+    next_hop,
     probe_address,
     remembered,
     resolve_peers,
@@ -76,6 +77,8 @@ __all__ = [
     "DelayParams",
     "DropLargePacketsInjector",
     "DropLargeParams",
+    "DuplicateInjector",
+    "DuplicateParams",
     "FilterParams",
     "FlapInjector",
     "FlapParams",
@@ -129,6 +132,15 @@ class DropLargeParams(FilterParams):
 
     min_size: int = Field(
         default=1024, ge=29, le=65535, description="smallest IP packet length (header included) that is dropped"
+    )
+
+
+class DuplicateParams(FilterParams):
+    """Send a random share of what this host sends to ``peers`` twice (the iptables TEE target)."""
+
+    probability: float = Field(gt=0, le=1, description="share of the packets sent to peers that are sent twice, 0..1")
+    direction: Literal["out"] = Field(
+        default="out", description="only what this host sends (a copy of a received packet cannot be delivered twice)"
     )
 
 
@@ -253,6 +265,9 @@ class _FilterFault:
     def _what(self, params: FilterParams) -> str:
         return self.name
 
+    def _specs(self, host: Host, chains: dict[str, str], peers: Sequence[str], params: FilterParams) -> list[ChainSpec]:
+        return filter_specs(chains, peers, params.protocol, params.ports, self._extra(params))
+
     def check(self, ctx: InjectionContext, params: BaseModel) -> None:
         """Unsupported unless iptables runs here with root (or sudo) and knows every match the fault uses."""
         host = Host.open(ctx.transport, refuse=Unsupported)
@@ -272,7 +287,7 @@ class _FilterFault:
         peers = resolve_peers(ctx, params.peers)
         directions = ["in", "out"] if params.direction == "both" else [params.direction]
         chains = netfilter.chain_names(op.op_id, ctx.transport.host, directions)
-        specs = filter_specs(chains, peers, params.protocol, params.ports, self._extra(params))
+        specs = self._specs(host, chains, peers, params)
         local = host.route(probe_address(peers[0]))[1] or ctx.transport.host
         backend = remembered(ctx.transport, ("iptables", str(host.sudo)), lambda: netfilter.backend(host.run), bool)
         restore = remembered(
@@ -373,6 +388,46 @@ class DropLargePacketsInjector(_FilterFault):
         return f"drop packets >= {params_as(DropLargeParams, params).min_size} bytes"
 
 
+class DuplicateInjector(_FilterFault):
+    """Duplicate a random share of what this host sends to its peers: the kernel's TEE target clones each chosen
+    packet and hands the copy to the peer's next hop (the peer itself on-link), so the peer receives it twice.
+    The same on a kernel with or without tc netem."""
+
+    name: ClassVar[str] = "duplicate"
+    Params: ClassVar[type[BaseModel]] = DuplicateParams
+    summary: ClassVar[str] = "send a random share of the packets to peers twice (iptables statistic + TEE)"
+
+    def _extra(self, params: FilterParams) -> list[str]:
+        probability = params_as(DuplicateParams, params).probability
+        return ["-m", "statistic", "--mode", "random", "--probability", f"{probability:.6f}"]
+
+    def _what(self, params: FilterParams) -> str:
+        return f"duplicate {params_as(DuplicateParams, params).probability:.0%} of packets"
+
+    def check(self, ctx: InjectionContext, params: BaseModel) -> None:
+        """Unsupported unless iptables here has the statistic match and the TEE target."""
+        host = Host.open(ctx.transport, refuse=Unsupported)
+        target = ["-j", "TEE", "--gateway", "127.0.0.1"]
+        why = netfilter.probe(host.run, self._extra(params_as(FilterParams, params)), target)
+        if why is not None:
+            raise Unsupported(f"iptables cannot duplicate packets on {ctx.transport.host} (TEE target): {why}")
+
+    def _specs(self, host: Host, chains: dict[str, str], peers: Sequence[str], params: FilterParams) -> list[ChainSpec]:
+        rules: list[list[str]] = []
+        for peer in peers:
+            hop = next_hop(host, peer)
+            if hop is None:
+                raise InjectionError(
+                    f"duplicate: no single next hop from {host.transport.host} to {peer} (no route, or a CIDR "
+                    "on-link); name the peers' addresses"
+                )
+            target = ("-j", "TEE", "--gateway", hop)
+            rules += netfilter.drop_rules(
+                "out", [peer], params.protocol, params.ports, self._extra(params), port_match="--dports", target=target
+            )
+        return [ChainSpec(chains["out"], netfilter.HOOKS["out"], rules)]
+
+
 class FlapInjector(_FilterFault):
     """A partition switched down and up by a detached helper on the host (:mod:`injectors.network.flap_helper`).
 
@@ -461,6 +516,7 @@ INJECTORS = (
     PacketLossInjector,
     DropLargePacketsInjector,
     FlapInjector,
+    DuplicateInjector,
     BandwidthInjector,
     DelayInjector,
     JitterInjector,

@@ -140,6 +140,22 @@ class Host:
         return found.get("dev"), found.get("src")
 
 
+def next_hop(host: Host, peer: str) -> str | None:
+    """The neighbour a packet to ``peer`` (an address, or a CIDR reached through one gateway) is handed to: the
+    route's ``via``, or the address itself when it is on-link; None when there is no route or ``peer`` is a CIDR
+    on-link (its packets go to many neighbours)."""
+    try:
+        done = host.transport.run(["ip", "-o", "-4", "route", "get", probe_address(peer)], timeout=TIMEOUT_S)
+    except TransportError:
+        return None
+    tokens = done.stdout.split() if done.ok else []
+    via = next((tokens[i + 1] for i, key in enumerate(tokens[:-1]) if key == "via"), None)
+    if via is not None:
+        return via
+    single = ipaddress.ip_network(peer, strict=False).num_addresses == 1
+    return str(ipaddress.ip_network(peer, strict=False).network_address) if single and tokens else None
+
+
 def probe_address(peer: str) -> str:
     """One address inside ``peer`` to ask the routing table about (the first host of a CIDR)."""
     net = ipaddress.ip_network(peer, strict=False)

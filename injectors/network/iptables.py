@@ -378,14 +378,14 @@ def leftovers(run: Run) -> list[str]:
     return found
 
 
-def probe(run: Run, matches: Sequence[str]) -> str | None:
+def probe(run: Run, matches: Sequence[str], target: Sequence[str] = ("-j", "DROP")) -> str | None:
     """Why iptables with ``matches`` (plus the comment match) cannot be used here, or None when it can.
 
     ``iptables -C`` asks whether such a rule exists without changing anything, yet it must load every match
     module and take the same privileges as a change. Usable means exit 0, or exit 1 with "Bad rule (does a
     matching rule exist ...)": other exit-1 answers ("No chain/target/match", an nft-incompatible table) are not.
     """
-    argv = iptables("-C", "INPUT", "-m", "comment", "--comment", "mlchaos-probe", *matches, "-j", "DROP")
+    argv = iptables("-C", "OUTPUT", "-m", "comment", "--comment", "mlchaos-probe", *matches, *target)
     try:
         done = run(argv)
     except TransportError as exc:

@@ -154,6 +154,7 @@ CASES: dict[str, Setup] = {
     "packet_loss": lambda tmp, op: _netns(tmp, op, {"peers": ["10.77.0.9"], "probability": 0.5}),
     "drop_large_packets": lambda tmp, op: _netns(tmp, op, {"peers": ["10.77.0.9"], "min_size": 512}),
     "flap": lambda tmp, op: _netns(tmp, op, {"peers": ["10.77.0.9"], "period": 0.5}),
+    "duplicate": lambda tmp, op: _netns(tmp, op, {"peers": ["10.77.0.9"], "probability": 0.5}),
     "bandwidth": lambda tmp, op: _netns(tmp, op, {"interface": "d0", "rate": "1mbit"}),
     "delay": lambda tmp, op: _netns(tmp, op, {"interface": "d0", "delay": 0.1}),
     "jitter": lambda tmp, op: _netns(tmp, op, {"interface": "d0", "jitter": 0.01}),
