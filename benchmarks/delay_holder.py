@@ -20,7 +20,8 @@ import shared
 
 from chaos.cluster.netns import NetnsTransport
 from chaos.plugins.injector import FaultOp, InjectionContext
-from injectors.network.tc import DelayInjector, DelayParams
+from injectors.network.shape_params import DelayParams
+from injectors.network.tc import DelayInjector
 
 A, B = "10.215.0.1", "10.215.0.2"
 PORT = 7781

@@ -60,15 +60,8 @@ from injectors.network.host import (
     shares_machine,
 )
 from injectors.network.iptables import ChainSpec
-from injectors.network.tc import (
-    BandwidthInjector,
-    BandwidthParams,
-    DelayInjector,
-    DelayParams,
-    JitterInjector,
-    JitterParams,
-    ShapeParams,
-)
+from injectors.network.shape_params import BandwidthParams, DelayParams, JitterParams, ShapeParams
+from injectors.network.tc import BandwidthInjector, DelayInjector, JitterInjector
 
 __all__ = [
     "BandwidthInjector",

@@ -49,16 +49,21 @@ def queue_number(op_id: str, host: str) -> int:
 
 
 def queue_rules(
-    peers: Sequence[str], interface: str | None, queue: int, ports: Sequence[int] = (), protocol: str = "all"
+    peers: Sequence[str],
+    interface: str | None,
+    queue: int,
+    ports: Sequence[int] = (),
+    protocol: str = "all",
+    direction: str = "out",
 ) -> list[list[str]]:
-    """OUTPUT-chain rules per peer (``-d``; to its ``ports`` and ``protocol`` only, when given), or one for
-    everything leaving ``interface`` (``-o``)."""
+    """Rules per peer (out: ``-d`` in OUTPUT, in: ``-s`` in INPUT; to destination ``ports`` and ``protocol``
+    only, when given), or one for everything leaving (``-o``) or reaching (``-i``) ``interface``."""
     target = ["-j", "NFQUEUE", "--queue-num", str(queue), "--queue-bypass"]
     if peers:
-        return netfilter.drop_rules("out", peers, protocol, ports, [], port_match="--dports", target=target)
+        return netfilter.drop_rules(direction, peers, protocol, ports, [], port_match="--dports", target=target)
     if interface is None:
         raise InjectionError("an NFQUEUE delay needs peers or an interface")
-    return [["-o", interface, *target]]
+    return [["-i" if direction == "in" else "-o", interface, *target]]
 
 
 def missing(run: Run) -> str | None:
@@ -154,11 +159,13 @@ def plan(
     distribution: str,
     correlation: float,
     reorder: float = 0.0,
+    direction: str = "out",
 ) -> HolderState:
-    """The state of one NFQUEUE delay (changes nothing)."""
+    """The state of one NFQUEUE delay of what the host sends (``out``) or receives (``in``); changes nothing."""
     queue = queue_number(op_id, host.transport.host)
-    chain = netfilter.chain_names(op_id, host.transport.host, ["out"])["out"]
-    spec = ChainSpec(chain, netfilter.HOOKS["out"], queue_rules(peers, interface, queue, ports, protocol))
+    chain = netfilter.chain_names(op_id, host.transport.host, [direction])[direction]
+    rules = queue_rules(peers, interface, queue, ports, protocol, direction)
+    spec = ChainSpec(chain, netfilter.HOOKS[direction], rules)
     seed = int(hashlib.sha256(op_id.encode()).hexdigest()[:8], 16)
     return HolderState(
         spec,

@@ -25,18 +25,23 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, ClassVar, Literal
+from typing import ClassVar
 
-from pydantic import BaseModel, BeforeValidator, Field, JsonValue, field_validator, model_validator
+from pydantic import BaseModel, JsonValue
 
 from chaos.cluster.base import Completed, TransportError
 from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported, flag, params_as
-from chaos.spec.units import Duration
 from injectors.network import nfqueue
-from injectors.network.host import Host, Peers, Port, ms, probe_address, remembered, resolve_peers
+from injectors.network.host import Host, ms, probe_address, remembered, resolve_peers
 from injectors.network.iptables import Run
+from injectors.network.shape_params import (
+    BandwidthParams,
+    DelayParams,
+    JitterParams,
+    ShapeParams,
+    checked_interface,
+)
 
-_INTERFACE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.@-]{0,14}$")
 _HANDLE = re.compile(r"^[0-9a-f]{1,4}:$")
 _UNSHAPED_RATE = "100gbit"  # the htb class that selects the peers' traffic must not itself limit the rate
 _UNSHAPED_BURST = "10mb"
@@ -45,13 +50,6 @@ _IP_PROTOCOLS = {
     "tcp": "6",
     "udp": "17",
 }  # explicit: htb derives rate/r2q otherwise, and warns that 100gbit/10 is absurdly big
-
-
-def checked_interface(name: object) -> str:
-    """``name`` if it is a plausible interface name (what we pass to tc); InjectionError otherwise."""
-    if not isinstance(name, str) or not _INTERFACE.match(name):
-        raise InjectionError(f"{name!r} is not a valid network interface name")
-    return name
 
 
 def checked_handle(handle: object) -> str:
@@ -239,104 +237,6 @@ def netem_missing(run: Run) -> str | None:
     return f"{first}; sch_netem is neither loaded nor loadable"
 
 
-# -- parameters -------------------------------------------------------------------------------------------------
-
-
-def _rate(value: object) -> int:
-    """``10mbit``/``500kbit``/``1gbit``/``8000bit`` or a plain number of bits per second -> bits per second."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        bits = value
-    else:
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(bit|kbit|mbit|gbit)\s*", str(value), re.IGNORECASE)
-        if not match:
-            raise ValueError(f"{value!r} is not a rate; write e.g. 500kbit, 10mbit or 1gbit (1 kbit = 1000 bit/s)")
-        scale = {"bit": 1, "kbit": 1_000, "mbit": 1_000_000, "gbit": 1_000_000_000}[match.group(2).lower()]
-        bits = int(float(match.group(1)) * scale)
-    if bits < 8_000:
-        raise ValueError(f"rate {value!r} is below 8kbit; tc cannot shape that slowly")
-    return bits
-
-
-Rate = Annotated[int, BeforeValidator(_rate)]
-
-
-class ShapeParams(Peers):
-    """Where a tc fault shapes: what this host sends on ``interface`` (to ``peers`` only, when given)."""
-
-    peers: list[str] = Field(
-        default_factory=list, description="only traffic to these IPv4 addresses/CIDRs; empty: all of it"
-    )
-    interface: str | None = Field(
-        default=None, description="interface to shape; default: the one that routes to the first peer"
-    )
-    direction: Literal["out"] = Field(
-        default="out", description="tc shapes what a host sends; shape the peers too for both directions"
-    )
-    ports: list[Port] = Field(
-        default_factory=list, max_length=15, description="only what is sent to these destination ports (needs peers)"
-    )
-    protocol: Literal["all", "tcp", "udp"] = Field(default="all", description="only this IP protocol")
-
-    @field_validator("interface")
-    @classmethod
-    def _interface(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                checked_interface(value)
-            except InjectionError as exc:
-                raise ValueError(str(exc)) from None
-        return value
-
-    @model_validator(mode="after")
-    def _somewhere(self) -> ShapeParams:
-        if not self.peers and self.interface is None:
-            raise ValueError("give `peers` or an `interface` (without peers, all of its traffic is shaped)")
-        if (self.ports or self.protocol != "all") and not self.peers:
-            raise ValueError("`ports` and `protocol` select traffic to `peers`: give peers too")
-        return self
-
-
-class BandwidthParams(ShapeParams):
-    """Limit the rate of what this host sends (token bucket; excess waits up to ``latency``, then drops)."""
-
-    rate: Rate = Field(description="e.g. 10mbit, 500kbit, 1gbit (tc units: 1 kbit = 1000 bit/s)")
-    burst: int | None = Field(
-        default=None, ge=1500, description="bucket size in bytes; default max(32 KiB, 10 ms worth of rate)"
-    )
-    latency: Duration = Field(default=0.05, gt=0, description="longest a packet may wait for tokens")
-
-
-_Distribution = Literal["uniform", "normal", "pareto", "paretonormal"]
-
-
-class DelayParams(ShapeParams):
-    """Delay what this host sends by ``delay`` (± ``jitter``), some share at once (``reorder``): tc netem, or the
-    NFQUEUE packet holder where the kernel has no netem."""
-
-    delay: Duration = Field(gt=0, description="added one-way latency, e.g. 100ms")
-    jitter: Duration = Field(default=0.0, ge=0, description="random variation around delay, e.g. 10ms")
-    correlation: float = Field(default=0.0, ge=0, le=100, description="percent each delay depends on the last")
-    distribution: _Distribution = Field(default="uniform", description="shape of the jitter")
-    reorder: float = Field(
-        default=0.0, ge=0, lt=100, description="percent of packets sent at once, overtaking the delayed ones"
-    )
-
-    @model_validator(mode="after")
-    def _shape_needs_jitter(self) -> DelayParams:
-        if self.distribution != "uniform" and self.jitter == 0:
-            raise ValueError(f"distribution {self.distribution} needs a jitter > 0")
-        return self
-
-
-class JitterParams(ShapeParams):
-    """Randomly vary the latency of what this host sends; needs tc netem in the host kernel."""
-
-    jitter: Duration = Field(gt=0, description="spread of the added latency, e.g. 20ms")
-    delay: Duration | None = Field(default=None, ge=0, description="mean added latency; default: equal to jitter")
-    correlation: float = Field(default=0.0, ge=0, le=100, description="percent each delay depends on the last")
-    distribution: _Distribution = Field(default="normal", description="shape of the jitter")
-
-
 def _to_ports(params: ShapeParams) -> str:
     """``, tcp port 80`` (what a shaping fault selects beyond its peers), or nothing."""
     protocol = "" if params.protocol == "all" else f"{params.protocol} "
@@ -455,6 +355,10 @@ class _ShapeFault:
             raise Unsupported(f"tc (iproute2) is not installed on {ctx.transport.host}: {exc}") from exc
         if not tc.ok:
             raise Unsupported(f"tc does not run on {ctx.transport.host}: {tc.stderr.strip()[:200]}")
+        if self.needs_netem and shape.direction == "in":
+            if (fallback := self._holder_refusal(ctx, host, shape)) is not None:
+                raise Unsupported(f"delaying what a host receives needs the NFQUEUE packet holder: {fallback}")
+            return  # tc shapes only what an interface sends: incoming packets are always held by the holder
         if self.needs_netem and (why := netem_missing(host.run)) is not None:
             fallback = self._holder_refusal(ctx, host, shape)
             if fallback is None:
@@ -487,7 +391,7 @@ class _ShapeFault:
         params = op.params_as(ShapeParams)
         host = Host.open(ctx.transport, refuse=InjectionError)
         peers = resolve_peers(ctx, params.peers)
-        if self.needs_netem and not self._netem_here(ctx, host):
+        if self.needs_netem and (params.direction == "in" or not self._netem_here(ctx, host)):
             return self._prepare_holder(ctx, op, host, peers)
         interface = self._interface(ctx, host, params, InjectionError)
         root, leaf = handles(op.op_id, ctx.transport.host)
@@ -514,14 +418,17 @@ class _ShapeFault:
             getattr(params, "distribution", "uniform"),
             getattr(params, "correlation", 0.0),
             getattr(params, "reorder", 0.0),
+            params.direction,
         )
         local = (host.route(probe_address(peers[0]))[1] if peers else None) or ctx.transport.host
-        where = (
-            f"{local} -> {', '.join(peers)}{_to_ports(params)}"
-            if peers
-            else f"everything {local} sends on {params.interface}"
+        incoming = params.direction == "in"
+        ends = f"{', '.join(peers)} -> {local}" if incoming else f"{local} -> {', '.join(peers)}"
+        where = f"{ends}{_to_ports(params)}" if peers else f"everything {local} {'receives' if incoming else 'sends'}"
+        why = "tc shapes only what a host sends" if incoming else "this kernel has no tc netem"
+        description = (
+            f"{self._what(params)} {where}{'' if peers else f' on {params.interface}'} "
+            f"({'incoming' if incoming else 'outgoing'}; NFQUEUE packet holder: {why})"
         )
-        description = f"{self._what(params)} {where} (outgoing; NFQUEUE packet holder: this kernel has no tc netem)"
         return op.record(self.name, ctx.transport.host, state.to_json(), description)
 
     def _what(self, params: ShapeParams) -> str:
