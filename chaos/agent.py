@@ -26,7 +26,9 @@ golden run and a faulted run execute the same numerics. Faults fire at exact (ra
 (inside the gradient all-reduce), ``backward`` (after it) and ``optimizer_step``. A ``kill`` with a
 ``trigger.phase`` fires on this rank's own process at ``forward``, ``allreduce`` (the bucket's all-reduce
 started, not yet waited for), ``backward`` or ``optimizer_step`` (:mod:`chaos.injob.phase_faults`); so does a
-``crash`` at its ``phase`` param: an exception, a SIGSEGV or a SIGABRT (:mod:`chaos.injob.crash_faults`).
+``crash`` at its ``phase`` param: an exception, a SIGSEGV or a SIGABRT (:mod:`chaos.injob.crash_faults`). A
+``collective_fault`` fails the step's ``index``-th collective this rank calls through ``torch.distributed``, or
+aborts its process groups just before it, and the process lives on (:mod:`chaos.injob.collective_faults`).
 
 With ``CHAOS_EVENTS`` set the agent also reports what the training checks need, with no other line in the loop
 (:mod:`chaos.injob.progress`): ``target.start`` {pid, attempt} at attach, ``target.step`` {step, loss, samples}
@@ -93,6 +95,7 @@ from chaos.guards.consistency import DEFAULT_EVERY, ConsistencyGuard
 from chaos.guards.settings import Guards
 from chaos.injob import flight_recorder, fsdp
 from chaos.injob.attach_rules import refuse_misuse
+from chaos.injob.collective_faults import COLLECTIVE_FAULT, CollectiveFaults
 from chaos.injob.crash_faults import CrashFaults
 from chaos.injob.fault_events import FiringRules
 from chaos.injob.hang_faults import HANG_FAULTS, SKIP, HangFaults
@@ -192,16 +195,19 @@ class Agent(ProgressCalls):
             already_fired=faults.already_fired,
             mark_fired=faults.mark_fired,
         )
+        self.collective_faults = CollectiveFaults(self.plan.ops, rules)  # fired by the recorder's wrappers
         # Phases where any of this rank's faults can fire: the per-step hooks skip the fault dispatch at the others.
         self._fault_phases = (
             faults.tensor_phases | self.phase_faults.phases | self.hang_faults.phases | self.crash_faults.phases
         )
         # Whether a fault fires inside the gradient all-reduce (every rank then reduces through the comm hook).
         self._in_collective_wanted = self.phase_faults.in_collective_wanted or self.crash_faults.in_collective_wanted
-        # The collective flight recorder (CHAOS_FLIGHT_DIR; a skip fault needs its wrappers even without one).
-        self.recorder = flight_recorder.install(self.rank, self.world_size, _skip_dir(self.hang_faults.wants_skips))
+        # The collective flight recorder (CHAOS_FLIGHT_DIR; a skip or collective fault needs its wrappers anyway).
+        wrappers_wanted = self.hang_faults.wants_skips or self.collective_faults.wanted
+        self.recorder = flight_recorder.install(self.rank, self.world_size, _skip_dir(wrappers_wanted))
         if self.recorder is not None:
             self.hang_faults.arm(self.recorder)
+            self.collective_faults.arm(self.recorder)
         self.checksum_state: ChecksumState | None = None
         self.torchft: ft.TorchftReduction | None = None
         self.fsdp: fsdp.FsdpReduction | None = None
@@ -312,7 +318,9 @@ class Agent(ProgressCalls):
             self._anomaly_requested
             or self._in_collective_wanted
             or self.recorder is not None  # CHAOS_FLIGHT_DIR (every rank), or this rank's skip fault (below)
-            or any(op.injector in ("grad_corrupt", SKIP) and in_this_replica(op) for op in self.plan.ops)
+            or any(
+                op.injector in ("grad_corrupt", SKIP, COLLECTIVE_FAULT) and in_this_replica(op) for op in self.plan.ops
+            )
         )
 
     def _in_flight(self, bucket_index: int) -> None:
@@ -428,7 +436,8 @@ class Agent(ProgressCalls):
 
 
 def _skip_dir(wanted: bool) -> str | None:
-    """Where the recorder writes when only a skip fault needs it (no CHAOS_FLIGHT_DIR): the run directory."""
+    """Where the recorder writes when only a skip or collective fault needs it (no CHAOS_FLIGHT_DIR): the run
+    directory."""
     if not wanted or os.environ.get(flight_recorder.ENV_FLIGHT_DIR):
         return None
     return str(Path(os.environ.get("CHAOS_RUN_DIR") or "/tmp") / f"flight-{os.getpid()}")

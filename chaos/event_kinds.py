@@ -175,7 +175,8 @@ class FaultAppliedData(TypedDict):
     """``fault.applied``: the harness (host, duration_s, apply_s; a step trigger's fired_by, seen_step, poll_s,
     claim_lapsed) or a rank's agent (step, and what fits the fault: the phase fault's phase, pid, signal, bucket,
     site; the crash fault's phase, crash_kind, pid, bucket, site; the tensor fault's where, persistence, state; the
-    gradient fault's site, bucket, indices; the hang fault's index, collective)."""
+    gradient fault's site, bucket, indices; the hang fault's index, collective; the collective fault's index,
+    collective, collective_kind, pid, and an abort's groups and connections)."""
 
     fault: str
     op: str
@@ -201,6 +202,9 @@ class FaultAppliedData(TypedDict):
     index: NotRequired[int]
     collective: NotRequired[str]
     crash_kind: NotRequired[str]
+    collective_kind: NotRequired[str]
+    groups: NotRequired[int]
+    connections: NotRequired[int]
 
 
 class FaultHealedData(TypedDict):

@@ -6,6 +6,9 @@ every call is a no-op, so instrumented code runs unchanged outside a chaos run.
 ``CHAOS_EVENTS=stdout`` sends each event to standard output instead, as one line starting with
 :data:`STDOUT_PREFIX`. That is how jobs on other hosts report: their output reaches the harness over the same
 SSH channel that started them, so no shared filesystem is needed.
+
+An event's ``ts_ns`` is the machine's wall clock even in a process whose libc clock a ``clock`` fault shifts
+(``MLCHAOS_CLOCK_DIR`` set): there it comes from the clock_gettime system call, which the shim does not see.
 """
 
 from __future__ import annotations
@@ -13,11 +16,36 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 ENV_EVENTS = "CHAOS_EVENTS"
 STDOUT_SINK = "stdout"
 STDOUT_PREFIX = "@@mlchaos-event "
+ENV_CLOCK_DIR = "MLCHAOS_CLOCK_DIR"  # set in a job whose wall clock a `clock` fault may shift (injectors.clock)
+_SYS_CLOCK_GETTIME = {"x86_64": 228, "aarch64": 113}
+
+
+def _wall_clock() -> Callable[[], int]:
+    """``time.time_ns``, or where the clock shim may be preloaded, the clock_gettime(CLOCK_REALTIME) system call
+    made directly (no libc wrapper for the shim to shift); ``time.time_ns`` again when that call fails."""
+    number = _SYS_CLOCK_GETTIME.get(os.uname().machine)
+    if not os.environ.get(ENV_CLOCK_DIR) or number is None:
+        return time.time_ns
+    import ctypes
+
+    syscall = ctypes.CDLL(None, use_errno=True).syscall
+
+    def now_ns() -> int:
+        spec = (ctypes.c_int64 * 2)()
+        if syscall(ctypes.c_long(number), ctypes.c_long(0), spec) != 0:  # 0: CLOCK_REALTIME
+            return time.time_ns()
+        return int(spec[0]) * 1_000_000_000 + int(spec[1])
+
+    return now_ns
+
+
+_now_ns = _wall_clock()
 
 
 def _rank_from_env() -> int | None:
@@ -35,7 +63,7 @@ def emit(kind: str, *, rank: int | None = None, **data: Any) -> None:
     if not path:
         return
     record = {
-        "ts_ns": time.time_ns(),
+        "ts_ns": _now_ns(),
         "kind": kind,
         "source": "target",
         "rank": _rank_from_env() if rank is None else rank,

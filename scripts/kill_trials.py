@@ -12,7 +12,7 @@ The harness is SIGKILLed at a seeded random moment while the fault is applied, t
 
 - the victim is running (not stopped by a freeze or a duty cycle);
 - no process is left whose command line carries the trial's tag (helpers, holds, dead-men, the target, the load);
-- every iptables chain, cgroup and helper pid the journal recorded for the op is gone; no mount under the trial;
+- every iptables chain, cgroup, helper pid and clock offset file the journal recorded for the op is gone; no mount under the trial;
 - the journal says the op was healed, and by whom (``deadman`` expected: the harness was dead).
 
 Prints one line per trial and a summary per kind; exit 1 when any trial left something. ``--json`` prints one
@@ -66,15 +66,18 @@ def _fault(kind: str, tag: str, victim: int, folder: Path) -> dict[str, Any]:
         "jitter": {"peers": [PEER], "jitter": "10ms", "delay": "50ms"},
         "gpu_xid": {"code": 79, "log": str(folder / "xid.log")},
         "freeze_under_load": {"pid": victim},
+        "clock": {"jump": "+1h"},  # every process of the target: the shim's offset file in the run's folder
     }[kind]
     if kind == "freeze_under_load":
         return {"name": f"f-{tag}", "type": "freeze", "params": params, "trigger": {"after": f"{APPLY_AT_S:g}s"}}
     return {"name": f"f-{tag}", "type": kind, "params": params, "trigger": {"after": f"{APPLY_AT_S:g}s"}}
 
 
-DURATIONLESS = ("partition", "packet_loss", "duplicate", "drop_large_packets", "bandwidth", "delay", "jitter", "gpu_xid")
+DURATIONLESS = ("partition", "packet_loss", "duplicate", "drop_large_packets", "bandwidth", "delay", "jitter", "gpu_xid",
+                "clock")  # fmt: skip
 KINDS = ("freeze", "slow", "cpu_throttle", "memory_pressure", "partition", "packet_loss", "flap", "storage",
-         "duplicate", "drop_large_packets", "bandwidth", "delay", "jitter", "gpu_xid", "freeze_under_load")  # fmt: skip
+         "duplicate", "drop_large_packets", "bandwidth", "delay", "jitter", "gpu_xid", "freeze_under_load",
+         "clock")  # fmt: skip
 # freeze_under_load: the victim is an HTTP server (an http target) under the open-loop load generator, frozen;
 # the load generator must die with the harness.
 REMOTE_KINDS = ("partition", "packet_loss", "freeze", "slow")
@@ -261,6 +264,8 @@ def run_trial(kind: str, index: int, rng: random.Random, keep: bool = False) -> 
                     trial.left.append(f"iptables chain {text}")
                 if text.startswith("/sys/fs/cgroup/") and "chaos-" in text and os.path.isdir(text):
                     trial.left.append(f"cgroup {text}")
+                if text.startswith(str(folder)) and "/clock/" in text and os.path.exists(text):
+                    trial.left.append(f"clock offset file {text} (still in force)")
             for pid in pids:
                 if pid != victim.pid and process_state(pid) not in (None, "Z"):
                     trial.left.append(f"pid {pid} ({_cmdlines().get(pid, '?')[:60]})")

@@ -21,6 +21,7 @@ if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
     command -v pgrep >/dev/null 2>&1 || need+=(procps)
     command -v haproxy >/dev/null 2>&1 || need+=(haproxy)   # the serving fleet scenario's load balancer
     command -v strace >/dev/null 2>&1 || need+=(strace)     # checkpoint_torn_write cuts a save at a byte offset
+    command -v gcc >/dev/null 2>&1 || need+=(gcc libc6-dev) # the clock fault's shim (native/clockshift.c)
     # the Slurm testbed (`mlchaos testbed up --slurm`): Debian's slurm-wlm is exactly these three, plus munge
     command -v slurmctld >/dev/null 2>&1 || [ -x /usr/sbin/slurmctld ] || need+=(slurmctld)
     command -v slurmd >/dev/null 2>&1 || [ -x /usr/sbin/slurmd ] || need+=(slurmd)
@@ -66,6 +67,18 @@ if ! "$VENV/bin/python" -c "import lightning" 2>/dev/null; then
     log "installing the lightning extra for the Lightning callback's test (12 s here, torch untouched)"
     "$VENV/bin/pip" install -q -e ".[lightning]" "torch==$TORCH_VERSION" \
         || log "WARNING: lightning did not install; the Lightning test skips with the reason"
+fi
+# The clock fault's LD_PRELOAD shim, rebuilt when its source is newer (injectors/clock/shim.py finds it here).
+shim="$VENV/lib/mlchaos/clockshift.so"
+if [ ! -f "$shim" ] || [ native/clockshift.c -nt "$shim" ]; then
+    if command -v gcc >/dev/null 2>&1; then
+        log "building the clock shim ($shim)"
+        mkdir -p "$(dirname "$shim")"
+        gcc -O2 -shared -fPIC -Wall -Wextra -Werror -o "$shim.tmp" native/clockshift.c -ldl && mv "$shim.tmp" "$shim" \
+            || log "WARNING: the clock shim did not build; clock faults are refused with the reason"
+    else
+        log "WARNING: no gcc: the clock shim is not built; clock faults are refused with the reason"
+    fi
 fi
 # Byte-code for the checkout's own modules (1 s; up-to-date files are skipped): where PYTHONDONTWRITEBYTECODE is
 # set, as in this project's CI image, every process (each rank, each CLI call) would compile them from source again.

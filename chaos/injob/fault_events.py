@@ -33,7 +33,7 @@ class FaultEvents:
 @dataclass(frozen=True)
 class FiringRules:
     """What a rank's phase-point fault families (:mod:`chaos.injob.phase_faults`, :mod:`chaos.injob.crash_faults`)
-    take from its agent: which ops are this rank's (``mine``), its ``rank``, the current ``step``, the event sink
+    and its collective faults (:mod:`chaos.injob.collective_faults`) take from its agent: which ops are this rank's (``mine``), its ``rank``, the current ``step``, the event sink
     (``emit``), the cross-restart fire-once markers (``already_fired``/``mark_fired``), and whether a comm hook can
     host the ``allreduce`` phase (``has_ddp``)."""
 

@@ -1,12 +1,12 @@
 """The in-job faults' parameters as the agent reads them: stdlib dataclasses, no pydantic, no harness import.
 
 The harness validates a fault's params against its injector's pydantic model (``injectors.tensor.BitFlipParams``,
-``injectors.gradient.GradCorruptParams``, ``injectors.crash.CrashParams``: the YAML schema, with every rule and
-its message) before it writes the plan file; the agent, inside a training process that may have torch and nothing
-else, reads the already valid params into these. Same fields, same defaults, the same "phase follows where"
-default; unknown fields are refused. ``tests/unit/test_fault_specs.py`` holds the two views to each other. The
-literal types are defined here once (``Site``, ``TensorPhase``, ``TriggerPhase``: in :mod:`chaos.event_kinds`)
-and imported by the injector modules.
+``injectors.gradient.GradCorruptParams``, ``injectors.crash.CrashParams``, ``injectors.collective.
+CollectiveFaultParams``: the YAML schema, with every rule and its message) before it writes the plan file; the
+agent, inside a training process that may have torch and nothing else, reads the already valid params into
+these. Same fields, same defaults, the same "phase follows where" default; unknown fields are refused.
+``tests/unit/test_fault_specs.py`` holds the two views to each other. The literal types are defined here once
+(``Site``, ``TensorPhase``, ``TriggerPhase``: in :mod:`chaos.event_kinds`) and imported by the injector modules.
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ Persistence = Literal["transient", "stuck", "intermittent", "latent"]
 Magnitude = Literal["any", "rms"]
 # How a ``crash`` fault ends its rank: a Python exception, a native SIGSEGV, or SIGABRT (see injectors.crash).
 CrashKind = Literal["exception", "segfault", "abort"]
+# How a ``collective_fault`` fails its rank's collective: one call raises, or the rank's process groups are aborted
+# (see injectors.collective).
+CollectiveKind = Literal["error", "abort"]
 
 # Where a tensor fault fires when ``phase`` is not given: the one point in the step where its tensor is live.
 DEFAULT_PHASE: dict[str, TensorPhase] = {
@@ -110,6 +113,20 @@ class CrashSpec:
     def from_params(cls, params: Mapping[str, object]) -> CrashSpec:
         """The spec of validated params (a plan op's ``params``)."""
         return _read(cls, params, "crash")
+
+
+@dataclass(frozen=True)
+class CollectiveFaultSpec:
+    """A ``collective_fault`` fault (see ``injectors.collective`` for what each field means)."""
+
+    kind: CollectiveKind = "error"
+    index: int = 0
+    rank: int | None = None
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, object]) -> CollectiveFaultSpec:
+        """The spec of validated params (a plan op's ``params``)."""
+        return _read(cls, params, "collective_fault")
 
 
 class BitFlipFields(Protocol):

@@ -25,7 +25,9 @@ A record is written before the header's ``started`` counter moves to it, and its
 moves, so a reader that finds ``record.seq == started`` has a whole record (it re-reads at its next poll otherwise).
 
 Faults that live here (fired by the agent, :mod:`chaos.injob.hang_faults`): :meth:`Recorder.skip_next` makes the
-next collective of a given (step, index) return without running (the rank skipped one collective).
+next collective of a given (step, index) return without running (the rank skipped one collective);
+:meth:`Recorder.intercept` runs a fault's action when the collective of a given (step, index) starts, before it
+runs (:mod:`chaos.injob.collective_faults`: it raises instead, or aborts the groups under it).
 """
 
 from __future__ import annotations
@@ -169,6 +171,7 @@ class Recorder:
         self._lock = threading.Lock()  # async completions arrive on gloo's threads
         self._skip: set[tuple[int, int]] = set()
         self.on_skip: Callable[[int, int, str], None] | None = None
+        self._intercepts: dict[tuple[int, int], Callable[[str], None]] = {}
         HEADER.pack_into(
             self._map,
             0,
@@ -200,10 +203,27 @@ class Recorder:
         """Make the collective at (``step``, ``index``) of this rank return without running (a fault)."""
         self._skip.add((step, index))
 
+    def intercept(self, step: int, index: int, action: Callable[[str], None]) -> None:
+        """Call ``action(op)`` when the collective at (``step``, ``index``) of this rank starts, before it runs (a
+        fault), once: when it raises, the call fails without running (the step's index moves on, nothing is
+        recorded as started); when it returns, the collective runs and is recorded as any other."""
+        self._intercepts[(step, index)] = action
+
     def started_one(self, op: str, nbytes: int, group: int) -> tuple[int, bool]:
-        """Record a collective starting; returns (its seq, whether the skip fault eats it instead)."""
+        """Record a collective starting; returns (its seq, whether the skip fault eats it instead). Raises what
+        an intercept's action raised."""
         with self._lock:
             where = (self.step, self.index)
+            action = self._intercepts.pop(where, None)
+        if action is not None:
+            try:
+                action(op)
+            except BaseException:
+                with self._lock:
+                    self.index += 1
+                    self._write_header()
+                raise
+        with self._lock:
             if where in self._skip:
                 self._skip.discard(where)
                 self.index += 1

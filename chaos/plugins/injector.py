@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Protocol, TypeVar, runtime_checkable
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, JsonValue
 
@@ -204,14 +205,31 @@ class ReplicaResolver(Protocol):
     def replicas(self) -> list[str]: ...
 
 
+RDZV_PORT = "rdzv"
+PortName = Literal["rdzv"]
+"""A port a fault names instead of giving its number: ``rdzv``, a multi-node torchrun job's rendezvous store's."""
+
+
+@runtime_checkable
+class NamedPorts(Protocol):
+    """A target that names the ports it serves on (``target.ports``): a fault may say ``rdzv`` for the port of
+    a multi-node torchrun job's rendezvous store instead of a number chosen when the run starts."""
+
+    def port_named(self, name: str) -> int | None:
+        """The port called ``name`` now; None when the target has no such port (or has not chosen it yet)."""
+        ...
+
+
 @dataclass
 class InjectionContext:
-    """What an injector may use: the host transport, the target (for rank lookups) and the history."""
+    """What an injector may use: the host transport, the target (for rank lookups), the history, and the run's
+    folder (absolute; None outside a run, e.g. the pytest fixture's faults)."""
 
     transport: Transport
     history: History | None = None
     target: object | None = None
     extras: dict[str, object] = field(default_factory=dict)
+    run_dir: Path | None = None
 
     def rank_resolver(self) -> RankResolver:
         if isinstance(self.target, RankResolver):
@@ -222,6 +240,26 @@ class InjectionContext:
         if isinstance(self.target, ReplicaResolver):
             return self.target
         raise InjectionError("this target has no replicas; select processes by pid or name instead")
+
+    def port(self, port: int | str) -> int:
+        """``port`` as a number: a name (``rdzv``) is asked of the target; InjectionError when it has none."""
+        if isinstance(port, int):
+            return port
+        found = self.target.port_named(port) if isinstance(self.target, NamedPorts) else None
+        if found is None:
+            raise InjectionError(
+                f"port {port!r} names no port of this target (rdzv: a multi-node torchrun job's store)"
+            )
+        return found
+
+
+@runtime_checkable
+class JobEnv(Protocol):
+    """Optional injector capability: a fault that acts through the job's own processes (the clock shim, preloaded)
+    names the environment they need; the runner adds it to every process the target starts when the scenario
+    has a fault of this type, before the job starts."""
+
+    def job_env(self, run_dir: Path) -> dict[str, str]: ...
 
 
 class Injector(Protocol):

@@ -23,6 +23,7 @@ BUILTIN_INJECTOR_MODULES = (
     "injectors.gradient",
     "injectors.hang",
     "injectors.crash",
+    "injectors.collective",
     "injectors.tensor",
     "injectors.network.faults",
     "injectors.storage.injector",
@@ -31,6 +32,7 @@ BUILTIN_INJECTOR_MODULES = (
     "injectors.container",
     "injectors.gpu_xid",
     "injectors.slurm.faults",
+    "injectors.clock.injector",
 )
 BUILTIN_CHECK_MODULES = (
     "chaos.checks.detection",

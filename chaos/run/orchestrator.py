@@ -37,6 +37,7 @@ from chaos.plugins import registry
 from chaos.plugins.injector import InjectionContext, Unsupported
 from chaos.report.files import write_reports
 from chaos.run.control import Order, RunControl
+from chaos.run.fault_env import fault_env
 from chaos.run.golden import Golden, golden_outcome
 from chaos.run.in_job import digest_interval, in_job_plan
 from chaos.run.lifecycle import FAULT_FAILURES, ActiveFault, FaultSession, parallel, quiet
@@ -116,9 +117,9 @@ class Execution:
         self.in_job, plan_file = in_job_plan(plan, run_dir, claims=claims, digest_every=every)
         # detect.hang when the target asks for it; an all_waiting one (no rank is odd) has the links probed
         self.hang_watch = link_probe.attach(hang_watch.for_scenario(scenario, run_dir), history, hosts, log)
-        env = {ENV_PLAN: str(plan_file), **hang_watch.job_env(self.hang_watch)}
+        env = {ENV_PLAN: str(plan_file), **hang_watch.job_env(self.hang_watch), **fault_env(scenario, run_dir)}
         self.target = make_target(scenario, self.transport, run_dir, plan.seed, env, hosts)
-        self.ctx = InjectionContext(self.transport, history=history, target=self.target)
+        self.ctx = InjectionContext(self.transport, history=history, target=self.target, run_dir=run_dir)
         self.load = LoadDriver(scenario.load, history, plan.seed) if scenario.load is not None else None
         self.pending: list[PlannedOp] = [op for op in plan.ops if op not in self.in_job]
         self.faults = FaultSession(self.journal, scenario.safety, self._ctx, history=history, log=log)
@@ -184,7 +185,10 @@ class Execution:
         if host == LOCAL:
             return self.ctx
         extras: dict[str, object] = {"host": host, "inventory": self.hosts.inventory}
-        return InjectionContext(self.hosts.transport(host), history=self.history, target=self.target, extras=extras)
+        transport = self.hosts.transport(host)
+        return InjectionContext(
+            transport, history=self.history, target=self.target, extras=extras, run_dir=self.run_dir
+        )
 
     # -- the loop ----------------------------------------------------------------------------------------
     def run(self) -> None:

@@ -27,6 +27,8 @@ The rules, each one a fault that would otherwise fail when it fires, or never fi
   ``duration``, and a serving or http target's faults wait for nothing it never reports (a checkpoint, a
   resume; on an http target, a step);
 - a fault ends within the run: its ``duration`` is at most ``safety.max_duration``, an ``every`` trigger's last
+- a fault that acts through a library preloaded into the job's processes (``clock``) has a target whose
+  processes the harness starts on this machine (not http, slurm, or one on inventory hosts);
   firing comes before it, and ``safety.heal_grace`` is at most :data:`MAX_HEAL_GRACE_S` (a dead-man fires
   that long after a fault's end, so a harness that died leaves the fault that much longer).
 """
@@ -46,7 +48,15 @@ from chaos.event_kinds import (
     TARGET_WORKER,
 )
 from chaos.plugins import registry
-from chaos.plugins.injector import InjectionContext, InjectionError, Unsupported, is_in_job, is_one_shot, needs_duration
+from chaos.plugins.injector import (
+    InjectionContext,
+    InjectionError,
+    JobEnv,
+    Unsupported,
+    is_in_job,
+    is_one_shot,
+    needs_duration,
+)
 from chaos.spec.problems import Path_, Problem
 from chaos.spec.roles import RolesTarget
 from chaos.spec.scenario import CommandTarget, FaultSpec, Scenario, TorchrunTarget
@@ -231,6 +241,7 @@ def _fault(scenario: Scenario, index: int, fault: FaultSpec) -> Iterator[Finding
                 )
     yield from _replica(target, fault, at)
     yield from _hosts(scenario, fault, at)
+    yield from _through_the_job(scenario, fault, at)
     yield from _phase(scenario, fault, at)
 
 
@@ -253,6 +264,10 @@ TRAINING_EVENTS = (TARGET_STEP, TARGET_DIGEST, TARGET_CHECKPOINT, TARGET_RESTORE
 HANG_FAULTS = ("spin", "skip_collective")
 
 
+# So does a failed or aborted collective (injectors.collective): at a torch.distributed call of a training rank.
+RANK_COLLECTIVE_FAULTS = (*HANG_FAULTS, "collective_fault")
+
+
 def _hang(scenario: Scenario) -> Iterator[Finding]:
     target = scenario.target
     if not (isinstance(target, TorchrunTarget) and target.hang_watch is not None):
@@ -265,7 +280,7 @@ def _hang(scenario: Scenario) -> Iterator[Finding]:
                     "add hang_watch: {hang_after: 3s} to the torchrun target (its script must attach the agent)",
                 )
     for index, fault in enumerate(scenario.faults):
-        if fault.type in HANG_FAULTS and not isinstance(target, (TorchrunTarget, CommandTarget)):
+        if fault.type in RANK_COLLECTIVE_FAULTS and not isinstance(target, (TorchrunTarget, CommandTarget)):
             yield Finding(
                 ("faults", index, "type"),
                 f"fault {fault.name!r} ({fault.type}) is fired by the agent of a training rank, and a {target.type} "
@@ -425,6 +440,28 @@ def _replica(target: object, fault: FaultSpec, at: Path_) -> Iterator[Finding]:
 def _spread(scenario: Scenario) -> bool:
     """True when the job runs on inventory hosts (a torchrun target with ``nodes:``)."""
     return isinstance(scenario.target, TorchrunTarget) and scenario.target.nodes is not None
+
+
+def _through_the_job(scenario: Scenario, fault: FaultSpec, at: Path_) -> Iterator[Finding]:
+    """A fault that acts through the job's own processes (an injector with ``job_env``: the clock shim, preloaded)
+    needs a target whose processes the harness starts on this machine, where it gives them that environment."""
+    if not isinstance(registry.injector(fault.type), JobEnv):
+        return
+    target = scenario.target
+    if isinstance(target, HttpTarget):
+        why = "is a service the harness did not start"
+    elif isinstance(target, SlurmTarget):
+        why = "runs its processes on the cluster's nodes"
+    elif _spread(scenario) or (isinstance(target, RolesTarget) and target.hosts()):
+        why = "runs processes on inventory hosts"
+    else:
+        return
+    yield Finding(
+        (*at, "type"),
+        f"fault {fault.name!r} ({fault.type}) acts through a library preloaded into the processes the harness "
+        f"starts on this machine, and this {target.type} target {why}",
+        "use a torchrun (without nodes:), command, roles (without host:) or serving target",
+    )
 
 
 def _hosts(scenario: Scenario, fault: FaultSpec, at: Path_) -> Iterator[Finding]:

@@ -1,6 +1,7 @@
 """The injector contract, held to every registered harness-side injector on the real kernel features here.
 
-For each one, on a real victim (a process, a private network namespace, a directory, a log file):
+For each one, on a real victim (a process, a private network namespace, a directory, a log file, a process with
+the clock shim preloaded):
 
 - ``prepare`` changes nothing (the world observed before and after it is the same) and its record round-trips
   as the journal writes it;
@@ -22,6 +23,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -42,6 +44,7 @@ from chaos.plugins import registry
 from chaos.plugins.injector import Applied, FaultOp, InjectionContext, Injector
 from chaos.reference import checkpoint_store as store
 from chaos.safety.journal import Journal
+from injectors.clock import shim
 
 pytestmark = requires("root", "ip", "iptables", "tc")
 
@@ -57,6 +60,7 @@ class World:
     observe: Observe
     history: History | None = None
     run_in: list[str] | None = None  # argv prefix that runs a revert command where the fault is (a namespace)
+    run_dir: Path | None = None  # the run's folder, for faults that keep their files there (clock)
 
 
 def _cmdlines_with(text: str) -> list[str]:
@@ -143,6 +147,31 @@ def _checkpoints(tmp: Path, op_id: str, params: dict[str, Any]) -> Iterator[Worl
     yield World(LocalTransport(), {"path": str(directory), **params}, observe, history=history)
 
 
+@contextmanager
+def _preloaded(tmp: Path, op_id: str) -> Iterator[World]:
+    """A process with the clock shim preloaded as a run's job has it, writing its wall clock every 20 ms: the world
+    is how many minutes that clock is ahead of ours."""
+    if not shim.library().is_file():
+        pytest.skip(f"the clock shim is not built ({shim.library()}): run make setup")
+    clock = tmp / "their-clock"
+    code = (
+        "import os, sys, time\nwhile True:\n    open(sys.argv[1] + '.tmp', 'w').write(repr(time.time()))\n"
+        "    os.replace(sys.argv[1] + '.tmp', sys.argv[1]); time.sleep(0.02)"
+    )
+    env = {**os.environ, **shim.job_env(tmp)}
+    child = subprocess.Popen([sys.executable, "-c", code, str(clock), op_id], env=env)
+    try:
+        assert wait_for(clock.exists, 30), "the preloaded process never wrote its clock"
+
+        def observe() -> object:
+            return round((float(clock.read_text()) - time.time()) / 60)
+
+        yield World(LocalTransport(), {"jump": "+1h"}, observe, run_dir=tmp)
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+
+
 Setup = Callable[[Path, str], AbstractContextManager[World]]
 CASES: dict[str, Setup] = {
     "kill": lambda tmp, op: _victim(tmp, op, lambda pid: {"pid": pid, "signal": "SIGTERM"}),
@@ -160,6 +189,7 @@ CASES: dict[str, Setup] = {
     "jitter": lambda tmp, op: _netns(tmp, op, {"interface": "d0", "jitter": 0.01}),
     "storage": _storage,
     "gpu_xid": _xid_log,
+    "clock": _preloaded,
     "checkpoint_corrupt": lambda tmp, op: _checkpoints(tmp, op, {"files": "rank-1.pt", "bytes": 8}),
     "checkpoint_drop_shard": lambda tmp, op: _checkpoints(tmp, op, {"files": "*/rank-1.pt"}),
     "checkpoint_stale_pointer": lambda tmp, op: _checkpoints(tmp, op, {}),
@@ -189,7 +219,7 @@ def test_every_harness_side_injector_is_held_to_the_contract() -> None:
 
 def _started(name: str, world: World, op_id: str) -> tuple[Injector, InjectionContext, FaultOp]:
     inj = registry.injector(name)
-    ctx = InjectionContext(world.transport, history=world.history or History())
+    ctx = InjectionContext(world.transport, history=world.history or History(), run_dir=world.run_dir)
     op = FaultOp(op_id=op_id, fault=op_id[:-2], injector=name, params=inj.Params.model_validate(world.params),
                  duration_s=30)  # fmt: skip
     inj.check(ctx, op.params)

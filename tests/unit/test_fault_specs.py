@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from chaos.injob.fault_specs import BitFlipSpec, CrashSpec, GradCorruptSpec
+from chaos.injob.fault_specs import BitFlipSpec, CollectiveFaultSpec, CrashSpec, GradCorruptSpec
 from chaos.plan.agent_plan import InJobOp, InJobPlan, PlanFileError, load_plan, write_plan
+from injectors.collective import CollectiveFaultParams
 from injectors.crash import CrashParams
 from injectors.gradient import GradCorruptParams
 from injectors.tensor import BitFlipParams
@@ -21,10 +22,11 @@ PAIRS: list[tuple[type[BaseModel], Any]] = [
     (BitFlipParams, BitFlipSpec),
     (GradCorruptParams, GradCorruptSpec),
     (CrashParams, CrashSpec),
+    (CollectiveFaultParams, CollectiveFaultSpec),
 ]
 
 
-@pytest.mark.parametrize(("model", "spec"), PAIRS, ids=["bitflip", "grad_corrupt", "crash"])
+@pytest.mark.parametrize(("model", "spec"), PAIRS, ids=["bitflip", "grad_corrupt", "crash", "collective_fault"])
 def test_the_same_fields_with_the_same_defaults(model: type[BaseModel], spec: Any) -> None:
     fields = {f.name: f.default for f in dataclasses.fields(spec)}
     assert set(fields) == set(model.model_fields)
