@@ -38,6 +38,7 @@ import checksum_allreduce  # noqa: E402
 import load_generator  # noqa: E402
 import partition_hosts  # noqa: E402
 import serving_stack  # noqa: E402
+import stream_load  # noqa: E402
 
 
 def _per_op(fn, n: int) -> float:  # type: ignore[no-untyped-def]
@@ -156,6 +157,8 @@ def main(as_json: bool = False) -> dict[str, Any]:
     figures["load_generator"] = load_generator.main()
     print("\n== serving: the reference stack under load, and a failover (benchmarks/serving_stack.py)")
     figures["serving_stack"] = serving_stack.main()
+    print("\n== serving: streamed load, tokens and the generator's ceiling (benchmarks/stream_load.py)")
+    figures["stream_load"] = stream_load.main()
     if as_json:
         print(json.dumps(figures, sort_keys=True, default=str))
     return figures

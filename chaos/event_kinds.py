@@ -126,10 +126,13 @@ SERVING_STATS: Final = "serving.stats"  # gateway, periodic {in_flight, requests
 # -- load.*: the load generator (chaos.load.engine) -------------------------------------------------------
 # {url, method, rate, pattern, arrivals, duration_s, timeout_s, max_in_flight, seed, start_ns}
 LOAD_START: Final = "load.start"
-# one request {i, scheduled_ns, latency_s, status, backend, degraded, priority, send_lag_s, error?}
+# one request {i, scheduled_ns, latency_s, status, backend, degraded, priority, send_lag_s, error?, session?};
+# a streaming load (chaos.load.stream) adds {stream: true, ttft_s (from the scheduled time; null: no token),
+# gaps_s [s, 1 us], tokens, ended: complete | cut | error | timeout, backends [distinct, first-seen order],
+# resumed, session} (a stream not complete has status "error", "timeout" or "cancelled")
 LOAD_REQUEST: Final = "load.request"
 # totals {scheduled, sent, responded, ok, timeouts, errors, dropped_client, cancelled, retries, connections,
-# cpu_s, wall_s, max_send_lag_s, stopped_early}
+# cpu_s, wall_s, max_send_lag_s, stopped_early}; streaming also {complete, cut, resumed, tokens}
 LOAD_END: Final = "load.end"
 
 # -- slurm.*: a Slurm job and its nodes as the harness polls them (chaos.targets.slurm, slurm_watch) ----------

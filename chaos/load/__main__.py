@@ -31,6 +31,7 @@ from pydantic import JsonValue, ValidationError
 
 from chaos.history.timeline import Event, History
 from chaos.load.engine import LOAD_REQUEST, LoadEngine
+from chaos.load.stream_stats import stream_stats
 from chaos.load.summary import LoadStats, summarize, windows
 from chaos.spec.load import LoadSpec
 from chaos.spec.units import format_duration, parse_duration
@@ -60,6 +61,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--degraded-json", metavar="PATH[=VALUE]", help="JSON field marking degraded")
     p.add_argument("--max-in-flight", type=int)
     p.add_argument("--insecure", action="store_true", help="do not verify https certificates")
+    p.add_argument("--stream", choices=["sse", "chunked"], help="answers are streams: record tokens, TTFT, gaps")
+    p.add_argument("--sessions", type=int, help="request i sends session id s{i %% N} (header X-Session)")
     p.add_argument("--events", type=Path, help="also write every event to this JSONL file")
     p.add_argument("--window", help="also print stats per window of this length (e.g. 1s)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -96,6 +99,8 @@ def spec_from_args(args: argparse.Namespace) -> LoadSpec:
         "seed": args.seed,
         "timeout": args.timeout,
         "max_in_flight": args.max_in_flight,
+        "stream": args.stream,
+        "sessions": args.sessions,
     }
     raw.update({k: v for k, v in simple.items() if v is not None})
     if args.body_file is not None:
@@ -248,6 +253,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"stats": stats.model_dump(mode="json"), "totals": totals}, indent=2))
     else:
         print(format_stats(spec, stats, totals))
+        if spec.stream is not None:
+            s = stream_stats(history)
+            print(
+                f"streams: {', '.join(f'{k} {v}' for k, v in sorted(s.ended.items()))}  resumed {s.resumed}  "
+                f"tokens {s.tokens}  ttft p50 {_ms(s.ttft_p50_s)} p99 {_ms(s.ttft_p99_s)}  "
+                f"gap p50 {_ms(s.gap_p50_s)} p99 {_ms(s.gap_p99_s)} max {_ms(s.gap_max_s)}"
+            )
         for message, count in problems.most_common(3):
             print(f"error x{count}: {message}")
         if args.window:

@@ -1,9 +1,10 @@
 """What goes on the wire for each request, and what each response says about who served it.
 
 :class:`Codec` turns request ``i`` of a :class:`LoadSpec` into HTTP/1.1 request bytes (method, target, Host,
-the spec's headers, the priority header, the body template with ``{i}`` / ``{priority}`` replaced) and reads
-the ``served_by`` and ``degraded`` rules off a response's headers and JSON body. It knows nothing about
-sockets, so the rules work the same against any HTTP server.
+the spec's headers, the priority and session headers, the body template with ``{i}`` / ``{priority}`` /
+``{session}`` replaced; a streaming spec also asks for its stream format with ``Accept``) and reads the
+``served_by`` and ``degraded`` rules off a response's headers and JSON body, or off one streamed event. It
+knows nothing about sockets, so the rules work the same against any HTTP server.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from chaos.spec.load import BodyFile, HeaderField, HeaderMatch, JsonField, JsonMatch, LoadSpec
+from chaos.spec.load import BodyFile, HeaderField, HeaderMatch, JsonField, JsonMatch, LoadSpec, session_of
 
+ACCEPT = {"sse": "text/event-stream", "chunked": "application/x-ndjson"}  # what a streaming spec asks for
 _FALSY = frozenset({"", "0", "false", "no", "off"})
 MISSING: Any = object()  # a JSON path that leads nowhere (distinct from a JSON null)
 
@@ -69,13 +71,15 @@ class Codec:
         else:
             sample = spec.body or ""
         self._per_request = self._bodies is not None or "{i}" in sample
-        self._cache: dict[str | None, bytes] = {}
+        self._cache: dict[tuple[str | None, str | None], bytes] = {}
         names = {name.lower() for name in spec.headers}
         head = [f"{spec.method} {target} HTTP/1.1"]
         if "host" not in names:
             head.append(f"Host: {self.host}" + ("" if self.port == (443 if self.tls else 80) else f":{self.port}"))
         if "user-agent" not in names:
             head.append("User-Agent: mlchaos-load")
+        if spec.stream is not None and "accept" not in names:
+            head.append(f"Accept: {ACCEPT[spec.stream]}")
         if spec.body is not None and "content-type" not in names:
             looks_json = sample.lstrip()[:1] in ("{", "[")
             head.append(f"Content-Type: {'application/json' if looks_json else 'text/plain; charset=utf-8'}")
@@ -85,23 +89,27 @@ class Codec:
 
     def payload(self, i: int, priority: str | None) -> bytes:
         """The complete request ``i`` (head and body) as bytes."""
-        if not self._per_request and (cached := self._cache.get(priority)) is not None:
-            return cached
         spec = self.spec
+        session = session_of(spec, i)
+        if not self._per_request and (cached := self._cache.get((priority, session))) is not None:
+            return cached
         head = self._head
         if priority is not None and spec.priority_header is not None:
             head += f"{spec.priority_header}: {priority}\r\n"
+        if session is not None:
+            head += f"{spec.session_header}: {session}\r\n"
         if spec.body is None:
             body = b""
             if spec.method in ("POST", "PUT", "PATCH"):
                 head += "Content-Length: 0\r\n"
         else:
             text = self._bodies[i % len(self._bodies)] if self._bodies is not None else str(spec.body)
-            body = text.replace("{i}", str(i)).replace("{priority}", priority or "").encode()
+            text = text.replace("{i}", str(i)).replace("{priority}", priority or "")
+            body = text.replace("{session}", session or "").encode()
             head += f"Content-Length: {len(body)}\r\n"
         payload = (head + "\r\n").encode() + body
         if not self._per_request:
-            self._cache[priority] = payload
+            self._cache[(priority, session)] = payload
         return payload
 
     def read(self, headers: dict[str, str], body: bytes) -> tuple[str | None, bool | None]:
@@ -132,3 +140,24 @@ class Codec:
             else:
                 degraded = value is not MISSING and value == match.value
         return backend, degraded
+
+    def event_backend(self, doc: object) -> str | None:
+        """The backend one streamed event names by a ``{json: path}`` served_by rule (None otherwise, or when
+        the event does not name one)."""
+        rule = self.spec.served_by
+        if not isinstance(rule, JsonField):
+            return None
+        value = lookup(doc, rule.json_path)
+        if value is MISSING or value is None:
+            return None
+        return value if isinstance(value, str) else json.dumps(value)
+
+    def event_degraded(self, doc: object) -> bool:
+        """Whether one streamed event is marked degraded by a ``{json: path}`` degraded rule."""
+        match = self.spec.degraded
+        if not isinstance(match, JsonMatch):
+            return False
+        value = lookup(doc, match.json_path)
+        if match.value is None:
+            return value is not MISSING and truthy(value)
+        return value is not MISSING and value == match.value

@@ -8,6 +8,9 @@ Contract:
   as latency (and separately as ``send_lag_s``) instead of vanishing.
 - Every scheduled request becomes exactly one ``load.request`` event (see :mod:`chaos.load`), bracketed by
   one ``load.start`` and one ``load.end`` (totals and the generator's own CPU seconds).
+- With ``stream`` set, a 2xx body is read as it arrives by :class:`~chaos.load.stream.StreamRead` (token
+  times, backends); the request ends at the stream's end marker (``[DONE]`` for sse: the connection is reused
+  once its body ends) or when the connection does. A stream that was not complete is ``status: "error"``.
 
 HTTP/1.1 only (http and https), one request at a time per connection (no pipelining); idle connections are
 reused newest-first. A reused connection that the server closed while idle is retried once on a fresh one,
@@ -29,7 +32,8 @@ from pydantic import JsonValue
 from chaos.event_kinds import LOAD_END, LOAD_REQUEST, LOAD_START
 from chaos.history.timeline import Event
 from chaos.load.codec import Codec
-from chaos.spec.load import LoadSpec, priority_sequence, schedule
+from chaos.load.stream import StreamRead, count_stream, stream_fields, unfinished
+from chaos.spec.load import LoadSpec, priority_sequence, schedule, session_of
 
 __all__ = ["LOAD_END", "LOAD_REQUEST", "LOAD_START", "LoadEngine"]
 
@@ -44,7 +48,7 @@ class _BadResponse(Exception):
 
 
 class _Request:
-    __slots__ = ("i", "due", "due_ns", "priority", "payload", "conn", "done", "retried", "sent_at", "timer")
+    __slots__ = ("i", "due", "due_ns", "priority", "payload", "conn", "done", "retried", "sent_at", "timer", "stream")
 
     def __init__(self, i: int, due: float, due_ns: int, priority: str | None, payload: bytes) -> None:
         self.i = i
@@ -57,6 +61,7 @@ class _Request:
         self.retried = False
         self.sent_at: float | None = None
         self.timer: asyncio.TimerHandle | None = None
+        self.stream: StreamRead | None = None  # set once a streaming request's 2xx head arrived
 
 
 class _Conn(asyncio.Protocol):
@@ -101,6 +106,8 @@ class _Conn(asyncio.Protocol):
         if req is None:
             self.engine._forget(self)
         elif self.state == _UNTIL_CLOSE and exc is None:
+            if req.stream is not None:
+                req.stream.body_ended()
             self.engine._responded(self, req, self.status, self.headers, bytes(self.buf), False)
         else:
             self.engine._lost(self, req, exc)
@@ -111,6 +118,7 @@ class _Conn(asyncio.Protocol):
         self.req = req
         req.conn = self
         req.sent_at = self.engine.loop.time()
+        req.stream = None
         self.got_bytes = False
         self.state = _HEAD
         self.buf.clear()
@@ -124,8 +132,16 @@ class _Conn(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def _feed(self, stream: StreamRead, data: bytes | bytearray) -> None:
+        stream.feed(data, self.engine.loop.time())
+        req = self.req
+        if stream.done and req is not None and not req.done:
+            self.engine._answered(req, self.status)
+            self.engine._draining.add(self)  # the body's last bytes may follow: then the connection is reused
+
     def _parse(self) -> None:
         buf = self.buf
+        stream = self.req.stream if self.req is not None else None
         while True:
             if self.state == _HEAD:
                 end = buf.find(b"\r\n\r\n")
@@ -153,6 +169,8 @@ class _Conn(asyncio.Protocol):
                 if self.engine.head_only or status in (204, 304):
                     self._complete(b"")
                     return
+                if self.req is not None:
+                    stream = self.req.stream = self.engine._stream_for(status, headers)
                 if "chunked" in headers.get("transfer-encoding", "").lower():
                     self.state, self.body = _CHUNKED, bytearray()
                 elif "content-length" in headers:
@@ -160,6 +178,16 @@ class _Conn(asyncio.Protocol):
                 else:
                     self.state, self.keep_alive = _UNTIL_CLOSE, False
             if self.state == _LENGTH:
+                if stream is not None:
+                    part = buf[: self.need]
+                    self.need -= len(part)
+                    del buf[: len(part)]
+                    self._feed(stream, part)
+                    if self.need:
+                        return
+                    stream.body_ended()
+                    self._complete(b"")
+                    return
                 if len(buf) < self.need:
                     return
                 self._complete(bytes(buf[: self.need]))
@@ -173,13 +201,21 @@ class _Conn(asyncio.Protocol):
                     if size == 0:  # last chunk, then optional trailers and an empty line
                         if buf[eol + 2 : eol + 4] != b"\r\n" and buf.find(b"\r\n\r\n", eol) < 0:
                             return
+                        if stream is not None:
+                            stream.body_ended()
                         self._complete(bytes(self.body))
                         return
                     if len(buf) < eol + 2 + size + 2:
                         return
-                    self.body += buf[eol + 2 : eol + 2 + size]
+                    if stream is not None:
+                        self._feed(stream, buf[eol + 2 : eol + 2 + size])
+                    else:
+                        self.body += buf[eol + 2 : eol + 2 + size]
                     del buf[: eol + 2 + size + 2]
             if self.state == _UNTIL_CLOSE:
+                if stream is not None:
+                    self._feed(stream, buf)
+                    buf.clear()
                 return  # the body ends when the server closes (connection_lost)
 
     def _complete(self, body: bytes) -> None:
@@ -228,6 +264,7 @@ class LoadEngine:
         self._mono0 = 0.0
         self._wall0 = 0
         self._idle: list[_Conn] = []
+        self._draining: set[_Conn] = set()  # connections whose stream ended before their body did
         self._flight: set[_Request] = set()
         self._connecting: set[asyncio.Task[None]] = set()
         self._stopping = False
@@ -250,6 +287,8 @@ class LoadEngine:
             ),
             0,
         )
+        if spec.stream is not None:
+            self.totals.update(complete=0, cut=0, resumed=0, tokens=0)
         self.max_send_lag_s = 0.0
 
     # -- public
@@ -279,6 +318,8 @@ class LoadEngine:
         finally:
             for conn in self._idle:
                 conn.close()
+            for conn in self._draining:
+                conn.abort()
             for task in list(self._connecting):
                 task.cancel()
         wall = self.loop.time() - self._mono0
@@ -341,7 +382,8 @@ class LoadEngine:
         due_ns = self._wall0 + round((due - self._mono0) * 1e9)
         if len(self._flight) >= self.spec.max_in_flight:
             totals["dropped_client"] += 1
-            self._emit_request(i, due_ns, None, "dropped_client", priority, None, None, None, None)
+            extra = self._extra(None, due, "dropped_client", i)
+            self._emit_request(i, due_ns, None, "dropped_client", priority, None, None, None, None, extra)
             return
         assert self.codec is not None
         req = _Request(i, due, due_ns, priority, self.codec.payload(i, priority))
@@ -389,27 +431,44 @@ class LoadEngine:
             self._idle.append(conn)
 
     def _forget(self, conn: _Conn) -> None:
+        self._draining.discard(conn)
         if conn in self._idle:
             self._idle.remove(conn)
+
+    def _stream_for(self, status: int, headers: dict[str, str]) -> StreamRead | None:
+        """The reader of a response whose head just came: a streaming spec's 2xx answers only."""
+        if self.spec.stream is None or not 200 <= status < 300:
+            return None
+        assert self.codec is not None
+        backend, degraded = self.codec.read(headers, b"")
+        return StreamRead(self.codec, backend, degraded)
 
     # -- outcomes
     def _responded(
         self, conn: _Conn, req: _Request, status: int, headers: dict[str, str], body: bytes, keep_alive: bool
     ) -> None:
+        self._draining.discard(conn)
         if keep_alive:
             self._park(conn)
         else:
             conn.close()
         if req.done:
             return
+        if req.stream is not None and not req.stream.done:  # the body ended without the stream's end marker
+            self._finish(req, "error", error=unfinished(req.stream))
+            return
         assert self.codec is not None
-        backend, degraded = self.codec.read(headers, body)
+        backend, degraded = self.codec.read(headers, body) if req.stream is None else (None, None)
+        self._answered(req, status, backend, degraded)
+
+    def _answered(self, req: _Request, status: int, backend: str | None = None, degraded: bool | None = None) -> None:
         self.totals["responded"] += 1
         if 200 <= status < 400:
             self.totals["ok"] += 1
         self._finish(req, status, backend=backend, degraded=degraded)
 
     def _lost(self, conn: _Conn, req: _Request, exc: Exception | None) -> None:
+        self._draining.discard(conn)
         if req.done:
             return
         if conn.reused and not conn.got_bytes and not req.retried:
@@ -418,7 +477,9 @@ class LoadEngine:
             req.conn = None
             self._open(req)
             return
-        self._finish(req, "error", error=_describe(exc))
+        stream = req.stream
+        cut = stream is not None and stream.tokens > 0
+        self._finish(req, "error", error=unfinished(stream, _describe(exc)) if stream and cut else _describe(exc))
 
     def _failed(self, req: _Request, error: str) -> None:
         if not req.done:
@@ -458,8 +519,18 @@ class LoadEngine:
             lag = req.sent_at - req.due
             if lag > self.max_send_lag_s:
                 self.max_send_lag_s = lag
-        self._emit_request(req.i, req.due_ns, now - req.due, status, req.priority, backend, degraded, lag, error)
+        if req.stream is not None:  # who produced the tokens, whatever ended the stream
+            backend, degraded = req.stream.backend(), req.stream.degraded
+        extra = self._extra(req.stream, req.due, status, req.i)
+        self._emit_request(req.i, req.due_ns, now - req.due, status, req.priority, backend, degraded, lag, error, extra)
         self._maybe_done()
+
+    def _extra(self, stream: StreamRead | None, due: float, status: int | str, i: int) -> dict[str, JsonValue] | None:
+        """A request's fields beyond the plain ones: its stream's (counted in the totals), or its session."""
+        session = session_of(self.spec, i)
+        if self.spec.stream is not None:
+            return count_stream(self.totals, stream_fields(stream, due, status, session))
+        return None if session is None else {"session": session}
 
     def _emit_request(
         self,
@@ -472,6 +543,7 @@ class LoadEngine:
         degraded: bool | None,
         lag: float | None,
         error: str | None,
+        extra: dict[str, JsonValue] | None = None,
     ) -> None:
         data: dict[str, JsonValue] = {
             "i": i,
@@ -485,6 +557,8 @@ class LoadEngine:
         }
         if error is not None:
             data["error"] = error
+        if extra is not None:
+            data.update(extra)
         ts = due_ns if latency is None else due_ns + int(latency * 1e9)
         # Built without validation: every value above is already JSON-typed, and this is the hot path.
         self.emit(Event.model_construct(ts_ns=ts, kind=LOAD_REQUEST, source=self.source, rank=None, data=data))
@@ -517,4 +591,7 @@ class LoadEngine:
             "seed": spec.seed,
             "start_ns": self._wall0,
         }
+        if spec.stream is not None:
+            data["stream"] = spec.stream
+            data["sessions"] = spec.sessions
         return Event.model_construct(ts_ns=self._wall0, kind=LOAD_START, source=self.source, rank=None, data=data)

@@ -44,6 +44,8 @@ BUILTIN_CHECK_MODULES = (
     "chaos.checks.restarts",
     "chaos.checks.replicas",
     "chaos.checks.serving.verdicts",
+    "chaos.checks.serving.stream_verdicts",
+    "chaos.checks.serving.ladder_verdicts",
     "chaos.checks.slurm",
     "chaos.checks.checkpoint",
     "chaos.checks.hang",

@@ -7,6 +7,8 @@ evidence, so a time in the evidence can be found on the plot):
   per restart attempt, so a restart shows as a gap and a fresh line; checkpoints as ticks, resumes as circles;
 - **serving** (when there are ``load.request`` events): requests/s by scheduled send time, stacked by the
   backend that answered (ok) and by error status, with the p99 latency per bin on a second axis;
+- **ladder** (when requests are streamed): the rung of the fallback ladder that served each request over time
+  as a step line, the gateway's route changes dashed (:mod:`chaos.report.ladder`);
 - **events**: one row per event family (fault, detect, target, serving, load, runner), so a run with neither
   steps nor requests still shows its history.
 
@@ -45,6 +47,7 @@ from chaos.event_kinds import (
 from chaos.event_kinds import TARGET_ROLLBACK as ROLLBACK
 from chaos.history.timeline import Event
 from chaos.load.summary import is_ok, request_events, scheduled_ns
+from chaos.report.ladder import draw_ladder, ladder_series
 from chaos.report.serving import bin_requests
 
 if TYPE_CHECKING:
@@ -185,6 +188,9 @@ def plot_run_timeline(events: Sequence[Event], *, title: str = "", width_in: flo
         panels.append(("progress", 3.6))
     if reqs:
         panels.append(("serving", 3.0))
+    ladder = ladder_series(events, origin) if reqs else None
+    if ladder is not None:
+        panels.append(("ladder", 0.9 + 0.3 * len(ladder.rungs)))
     panels.append(("events", 0.45 + 0.32 * max(1, len(rows))))
     fig = Figure(figsize=(width_in, sum(h for _, h in panels) + 0.9), dpi=dpi)
     FigureCanvasAgg(fig)
@@ -210,6 +216,8 @@ def plot_run_timeline(events: Sequence[Event], *, title: str = "", width_in: flo
         _progress(by_name["progress"], events, steps, origin)
     if "serving" in by_name:
         _serving(by_name["serving"], reqs, origin)
+    if ladder is not None:
+        draw_ladder(by_name["ladder"], ladder)
     _rail(by_name["events"], rail, rows, origin)
     if not events:
         by_name["events"].text(

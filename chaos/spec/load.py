@@ -13,6 +13,8 @@ scenario later::
     priorities: {premium: 0.2, free: 0.8}
     served_by: {header: X-Backend}   # or {json: meta.backend}
     degraded: {json: degraded}       # or {header: X-Degraded, value: "1"}
+    stream: sse                      # optional: streamed answers (sse or chunked JSON lines)
+    sessions: 8                      # optional: request i sends X-Session: s{i % 8} ({session} in the body)
 
 The schedule is a pure function of the spec (and its seed): send times never depend on responses, which is
 what makes the generator open-loop.
@@ -188,7 +190,7 @@ class LoadSpec(_Model):
     )
     duration: Duration = Field(gt=0, description="how long to send for (e.g. 10s)")
     body: str | BodyFile | None = Field(
-        default=None, description="body template ({i} and {priority} are replaced) or {file: path}"
+        default=None, description="body template ({i}, {priority}, {session} are replaced) or {file: path}"
     )
     headers: dict[str, str] = Field(default_factory=dict, description="extra request headers")
     priorities: dict[str, float] | None = Field(
@@ -205,6 +207,15 @@ class LoadSpec(_Model):
         default=256, ge=1, description="requests beyond this many in flight are recorded as dropped_client"
     )
     verify_tls: bool = Field(default=True, description="verify the server certificate for https")
+    stream: Literal["sse", "chunked"] | None = Field(
+        default=None,
+        description="answers arrive as streams: sse (data: events, data: [DONE] ends) or chunked (JSON lines, "
+        "the last chunk ends); each request then records ttft_s, gaps_s, tokens and how it ended",
+    )
+    sessions: int | None = Field(
+        default=None, ge=1, description="request i carries session id s{i % sessions} in session_header"
+    )
+    session_header: str = Field(default="X-Session", description="request header carrying the session id")
 
     @field_validator("url")
     @classmethod
@@ -231,6 +242,11 @@ class LoadSpec(_Model):
     @classmethod
     def _priority_header(cls, name: str | None) -> str | None:
         return None if name is None else header_name(name)
+
+    @field_validator("session_header")
+    @classmethod
+    def _session_header(cls, name: str) -> str:
+        return header_name(name)
 
     @field_validator("priorities")
     @classmethod
@@ -299,6 +315,11 @@ def schedule(spec: LoadSpec) -> Iterator[float]:
             yield t
             target += rng.expovariate(1.0) if poisson else 1.0
         area = piece_end_area
+
+
+def session_of(spec: LoadSpec, i: int) -> str | None:
+    """The session id request ``i`` carries: ``s{i % sessions}``, or None without ``sessions``."""
+    return None if spec.sessions is None else f"s{i % spec.sessions}"
 
 
 def priority_sequence(spec: LoadSpec) -> Iterator[str | None]:

@@ -86,7 +86,9 @@ class ReplicaSettings(BaseModel):
     """One model server process."""
 
     model_config = _STRICT
-    model: Literal["primary", "small"] = Field(description="which reference model it serves")
+    model: Literal["primary", "small", "lm"] = Field(
+        description="which reference model it serves (lm: the token model behind /v1/chat/completions)"
+    )
     port: int = Field(
         default=0, ge=0, le=65535, description="its port on 127.0.0.1 (0: a free one; fix it to aim a partition at it)"
     )
@@ -94,6 +96,8 @@ class ReplicaSettings(BaseModel):
     workers: int = Field(default=4, ge=1, description="inferences served at once; more wait in line")
     restart: bool = Field(default=True, description="restart the process when it exits (as a pod would be)")
     restart_delay: Duration = Field(default=1.0, ge=0, description="wait before that restart")
+    token_delay: Duration = Field(default=0.0, ge=0, description="lm: pause before each streamed token")
+    max_tokens: int = Field(default=32, ge=1, description="lm: tokens per answer (and the most a request gets)")
 
 
 class ServingTarget(BaseModel):
@@ -115,12 +119,17 @@ class ServingTarget(BaseModel):
     failback_hold: Duration = Field(
         default=0.0, ge=0, description="extra time a recovered primary must stay up before traffic returns"
     )
+    resume_streams: bool = Field(
+        default=False,
+        description="a stream cut mid-way continues on the next rung (resume_from: k); off: the client's stream "
+        "is cut too",
+    )
     env: EnvVars = {}
 
     @model_validator(mode="after")
     def _models(self) -> ServingTarget:
-        if self.primary.model != "primary":
-            raise ValueError("primary must serve model: primary")
+        if self.primary.model not in ("primary", "lm"):
+            raise ValueError("primary must serve model: primary (or lm, the token model)")
         return self
 
     def failover_bound(self) -> float:
@@ -134,7 +143,7 @@ class ReplicaEndpoint(BaseModel):
     """Where one model server listens, and which model it serves (names its golden file)."""
 
     model_config = _STRICT
-    model: Literal["primary", "small"]
+    model: Literal["primary", "small", "lm"]
     port: int = Field(ge=1, le=65535)
     host: str = "127.0.0.1"
 

@@ -74,6 +74,8 @@ def _roles(spec: ServingTarget, ports: dict[str, int], gateway_port: int, run_di
             "--run-dir",
             str(run_dir),
         ]
+        if s.model == "lm":
+            command += ["--token-delay", repr(s.token_delay), "--max-tokens", str(s.max_tokens)]
         env = _env(dict(spec.env))
         env.update({"RANK": str(REPLICA_RANKS[name]), "WORLD_SIZE": str(len(REPLICA_RANKS))})
         policy = RestartPolicy(policy="always" if s.restart else "never", delay=s.restart_delay)

@@ -32,6 +32,7 @@ from rollback_histories import ROLLBACK
 from slurm_histories import FAULT as SFAULT
 from slurm_histories import SlurmRun, slurm_runs
 from storage_histories import STORAGE_RECOVERY
+from stream_histories import STREAMS
 from test_checks_properties import FAULT, Run, mutate_steps, runs
 from test_serving_checks import FLIP, KILL, RATE, SECOND, _events, bitflip, kill_events, load, scenario
 from test_serving_checks import ev as sev
@@ -1319,9 +1320,10 @@ TABLE: dict[str, Entry] = {
     "requeued_within": REQUEUED,
     "no_repeat_failure_on_bad_node": NO_REPEAT,
     **{  # restore stragglers and retries, torn and corrupt checkpoints, rollback after a late-detected SDC, hang
-        # culprit: the cases live in storage_histories, checkpoint_histories, rollback_histories, hang_histories
+        # culprit, streams and the fallback ladder: the cases live in storage_histories, checkpoint_histories,
+        # rollback_histories, hang_histories, stream_histories
         name: Entry(holds.map(lambda c: Case(*c)), tuple(Violation(w, v.map(lambda c: Case(*c)), e) for w, v, e in bad))
-        for cases in (STORAGE_RECOVERY, CHECKPOINT, ROLLBACK, HANG)
+        for cases in (STORAGE_RECOVERY, CHECKPOINT, ROLLBACK, HANG, STREAMS)
         for name, (holds, bad) in cases.items()
     },
     "link_named": LINK_NAMED,

@@ -18,6 +18,10 @@ Contracts:
   ``capacity * (1 - reserve)`` only the first of ``shedding.priorities`` is admitted. The priority comes from
   the ``shedding.header`` request header; a missing or unknown one counts as the lowest. A shed answer is
   503 ``{"error": "shed", "priority": P}`` with headers ``X-Shed: 1`` and ``X-Backend: gateway``.
+- ``POST /v1/chat/completions`` (replicas of ``model: lm``): admitted like a predict; ``stream: true`` is
+  relayed token by token down the ladder by :func:`~chaos.reference.serving.stream_proxy.relay`, which
+  resumes a stream cut mid-way on the next rung when ``resume_streams`` is on and otherwise cuts the
+  client's stream too; ``stream: false`` walks the ladder like a predict (no cache rung).
 - ``GET /healthz``: 200 with the gateway's view: ready, route, requests in flight, and per replica up,
   reason (why down) and breaker state.
 - Health: see :mod:`~chaos.reference.serving.health`; breakers: see :mod:`~chaos.reference.serving.breaker`.
@@ -58,8 +62,10 @@ from chaos.event_kinds import SERVING_READY as READY
 from chaos.event_kinds import SERVING_ROUTE as ROUTE
 from chaos.event_kinds import SERVING_STATS as STATS
 from chaos.reference.serving.breaker import CircuitBreaker, State
+from chaos.reference.serving.chat import CHAT_PATH, ClientGone, StreamWriter, stream_format
 from chaos.reference.serving.health import Reason, ReplicaHealth
 from chaos.reference.serving.pool import Pool, fetch_once
+from chaos.reference.serving.stream_proxy import relay
 from chaos.reference.serving.wire import (
     DEFAULT_OUTPUT,
     HEALTH_PATH,
@@ -216,15 +222,16 @@ class Gateway:
         names = self.spec.shedding.priorities
         return header_value if header_value in names else names[-1]
 
-    def predict(self, body: bytes) -> tuple[int, dict[str, Any] | bytes, str]:
-        """Walk the ladder for one admitted request: (status, answer, backend that gave it)."""
+    def predict(self, body: bytes, path: str = PREDICT_PATH) -> tuple[int, dict[str, Any] | bytes, str]:
+        """Walk the ladder for one admitted request: (status, answer, backend that gave it); the cache rung
+        answers predictions only."""
         self._update_route()
         timeout = self.spec.request_timeout
         for b in self.backends:
             if not b.health.up or not b.breaker.allow():
                 continue
             try:
-                status, data = b.pool.request("POST", PREDICT_PATH, body, timeout)
+                status, data = b.pool.request("POST", path, body, timeout)
                 answer = json.loads(data) if status == 200 else None
                 if status == 200 and not isinstance(answer, dict):
                     raise ValueError("answer is not a JSON object")
@@ -239,9 +246,10 @@ class Gateway:
                 return status, data, b.name
             answer["backend"] = b.name
             answer["degraded"] = False
-            self._remember(body, answer)
+            if path == PREDICT_PATH:
+                self._remember(body, answer)
             return 200, answer, b.name
-        if self.spec.cache_fallback:
+        if self.spec.cache_fallback and path == PREDICT_PATH:
             return 200, self._cached(body), CACHE
         return 502, {"error": "no backend could answer", "backends": [b.name for b in self.backends]}, GATEWAY
 
@@ -359,7 +367,7 @@ def _handler(gateway: Gateway) -> type[JsonHandler]:
             body = self.read_body()
             if body is None:
                 return
-            if self.path != PREDICT_PATH:
+            if self.path not in (PREDICT_PATH, CHAT_PATH):
                 self.send_json(404, {"error": f"no such path: {self.path}"}, {"X-Backend": GATEWAY})
                 return
             priority = gateway.priority_of(self.headers.get(header))
@@ -368,7 +376,17 @@ def _handler(gateway: Gateway) -> type[JsonHandler]:
                 return
             served_by = GATEWAY
             try:
-                status, answer, served_by = gateway.predict(body)
+                request = _stream_request(body) if self.path == CHAT_PATH else None
+                if request is not None:
+                    out = StreamWriter(self, stream_format(self.headers.get("Accept")))
+                    try:
+                        served_by = relay(
+                            gateway.backends, out, request, gateway.spec.request_timeout, gateway.spec.resume_streams
+                        )
+                    except ClientGone:
+                        self.close_connection = True
+                    return
+                status, answer, served_by = gateway.predict(body, self.path)
             finally:
                 gateway.done(served_by)
             if isinstance(answer, bytes):
@@ -377,6 +395,15 @@ def _handler(gateway: Gateway) -> type[JsonHandler]:
                 self.send_json(status, answer, {"X-Backend": served_by})
 
     return Handler
+
+
+def _stream_request(body: bytes) -> dict[str, Any] | None:
+    """A chat request body that asks for a stream, parsed; None for any other body."""
+    try:
+        request = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return request if isinstance(request, dict) and request.get("stream") is True else None
 
 
 def _parser() -> argparse.ArgumentParser:
