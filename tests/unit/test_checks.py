@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from chaos.checks.base import CheckResult
 from chaos.checks.detection import DetectedWithinParams
@@ -447,8 +447,12 @@ def test_exactly_once_lists_duplicates_numerically_and_first() -> None:
 
 def test_progress_fails_a_run_the_runner_ended_for_lack_of_progress() -> None:
     """The violating history: steps stop, the runner records no_progress and ends the run."""
-    stalled = [*start(), *steps(1, 5, t0=1.0), ev(36.0, "runner.no_progress", seconds=30.0, step=5),
-               ev(36.1, "runner.end", reason="no progress: no target.step for 30s")]
+    stalled = [
+        *start(),
+        *steps(1, 5, t0=1.0),
+        ev(36.0, "runner.no_progress", seconds=30.0, step=5),
+        ev(36.1, "runner.end", reason="no progress: no target.step for 30s"),
+    ]
     result = judge("progress", stalled)
     assert result.status == "fail"
     assert result.reason == "no progress: no target.step for 30s" and result.measured == 30.0
@@ -477,12 +481,28 @@ def test_progress_counts_a_restart_as_life_but_not_a_restart_that_hangs() -> Non
     assert failed.status == "fail" and "no target.step or rank start for" in failed.reason, failed.reason
 
 
+def _least(annotation: object, number: float = 1) -> object:
+    """The plainest value a required check param of this type accepts: a word, ``number``, or a list of two of those
+    (two models with every required field filled this way, e.g. a ladder's two rungs)."""
+    args = getattr(annotation, "__args__", ())
+    if getattr(annotation, "__origin__", None) is list and args:
+        item = args[0]
+        if isinstance(item, type) and issubclass(item, BaseModel):
+            fields = {k: _least(f.annotation, number) for k, f in item.model_fields.items() if f.is_required()}
+            return [{k: f"{v}{n}" if isinstance(v, str) else v for k, v in fields.items()} for n in (1, 2)]
+        return [_least(item, number), _least(item, number)]
+    return "f" if "str" in str(annotation) else number
+
+
 def test_every_unknown_verdict_says_what_to_add() -> None:
     # Each check on a history with nothing in it (no fault fired, no evidence): its reason ends with the fix.
     scenario_free = [Event(ts_ns=1, kind="runner.start", source="runner")]
     for name, spec in sorted(checks().items()):
         required = {k: f for k, f in spec.Params.model_fields.items() if f.is_required()}
-        params = {k: ("f" if "str" in str(f.annotation) else 1) for k, f in required.items()}
-        result = spec.evaluate(History.from_events(scenario_free), spec.Params.model_validate(params), cast(Any, None))
+        try:
+            made = spec.Params.model_validate({k: _least(f.annotation) for k, f in required.items()})
+        except ValidationError:  # a bound below 1 (a share): the same with 0.5 for the numbers
+            made = spec.Params.model_validate({k: _least(f.annotation, 0.5) for k, f in required.items()})
+        result = spec.evaluate(History.from_events(scenario_free), made, cast(Any, None))
         if result.status == "unknown":
             assert "to fix: " in result.reason or "give min, max or both" in result.reason, (name, result.reason)
