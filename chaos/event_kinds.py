@@ -61,6 +61,9 @@ TARGET_RESTART: Final = "target.restart"
 TARGET_WORKER: Final = "target.worker"
 # torchrun's log (chaos.history.torch_signatures) {line, detector, signature, state, attempts_left, max_restarts}
 TARGET_AGENT_RESTART: Final = "target.agent_restart"
+# torchrun's log (chaos.history.torch_signatures): an agent's rendezvous round completed {line, detector, signature,
+# host}; the multi-node agents log it at INFO (chaos.targets.torchrun_nodes)
+TARGET_RENDEZVOUS: Final = "target.rendezvous"
 TARGET_PORTS: Final = "target.ports"  # the ports a target serves on {ports: {name: port}, chosen}
 TARGET_READY: Final = "target.ready"  # http and roles targets: the job answers {url?}
 # chaos.history.torchft_signatures: a torchft replica group's manager is up {replica_id, detector}
@@ -85,6 +88,9 @@ DETECT_OOM: Final = "detect.oom"
 # failed {line, detector, signature, exitcode, pid}
 DETECT_WORKER_ERROR: Final = "detect.worker_error"
 DETECT_WORKER_EXIT: Final = "detect.worker_exit"
+# torchrun's log: an agent's rendezvous failed (its store unreachable, the round timed out or closed) {line,
+# detector, signature, error}
+DETECT_RENDEZVOUS_ERROR: Final = "detect.rendezvous_error"
 # chaos.detect.hang_watch: a collective nobody finishes {detector, culprit_rank, culprit_ranks, reason, seq, op,
 # nbytes, step, index, waiting_ranks, stalled_s, hung_since_ns, evidence}
 DETECT_HANG: Final = "detect.hang"

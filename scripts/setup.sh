@@ -27,6 +27,7 @@ if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
     command -v slurmd >/dev/null 2>&1 || [ -x /usr/sbin/slurmd ] || need+=(slurmd)
     command -v sbatch >/dev/null 2>&1 || need+=(slurm-client)
     command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ] || need+=(munge)
+    command -v etcd >/dev/null 2>&1 || need+=(etcd-server)   # `mlchaos testbed up --etcd`: the etcd-v2 store scenario
     if [ ${#need[@]} -gt 0 ]; then
         log "installing Debian packages: ${need[*]}"
         export DEBIAN_FRONTEND=noninteractive
@@ -67,6 +68,11 @@ if ! "$VENV/bin/python" -c "import lightning" 2>/dev/null; then
     log "installing the lightning extra for the Lightning callback's test (12 s here, torch untouched)"
     "$VENV/bin/pip" install -q -e ".[lightning]" "torch==$TORCH_VERSION" \
         || log "WARNING: lightning did not install; the Lightning test skips with the reason"
+fi
+if ! "$VENV/bin/python" -c "import etcd" 2>/dev/null; then
+    log "installing the etcd extra (python-etcd) for torch's etcd-v2 rendezvous (rdzv_backend: etcd-v2)"
+    "$VENV/bin/pip" install -q -e ".[etcd]" "torch==$TORCH_VERSION" \
+        || log "WARNING: python-etcd did not install; the etcd store test skips with the reason"
 fi
 # The clock fault's LD_PRELOAD shim, rebuilt when its source is newer (injectors/clock/shim.py finds it here).
 shim="$VENV/lib/mlchaos/clockshift.so"

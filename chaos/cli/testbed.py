@@ -90,8 +90,19 @@ def up(
         list[int] | None,  # noqa: UP007
         typer.Option("--requeue-exit", help="--slurm: a batch exit code that requeues the job (repeatable)"),
     ] = None,
+    etcd: Annotated[
+        bool,
+        typer.Option(
+            "--etcd",
+            help="also run etcd (v2 API, port 2379) on the last host, in inventory group etcd: the store of "
+            "rdzv_backend: etcd-v2 scenarios (Debian's etcd-server)",
+        ),
+    ] = False,
 ) -> None:
     """Build or repair an N-host testbed; print the inventory file's path."""
+    if etcd and (docker or slurm):
+        _err.print("[red]--etcd is not supported with --docker or --slurm[/red]")
+        raise typer.Exit(1)
     if docker:
         if slurm:
             _err.print("[red]--slurm is not supported with --docker[/red]")
@@ -119,7 +130,7 @@ def up(
         else:
             if slurm_testbed.present(state_dir):  # `up` makes the testbed asked for: this one has no Slurm
                 slurm_testbed.down(state_dir, log=_say)
-            testbed.up(hosts, state_dir, subnet=subnet, log=_say)
+            testbed.up(hosts, state_dir, subnet=subnet, etcd=etcd, log=_say)
     except testbed.TestbedError as exc:
         _err.print(f"[red]testbed up failed:[/red] {escape(str(exc))}")
         _err.print("run `mlchaos testbed down` to remove what was built")

@@ -14,9 +14,10 @@ from typing import Protocol, runtime_checkable
 from chaos.cluster.base import Transport
 from chaos.cluster.inventory import Inventory, draw, load_inventory, select
 from chaos.cluster.local import LocalTransport
-from chaos.spec.scenario import FaultSpec, HostSelector, Scenario
+from chaos.spec.scenario import FaultSpec, HostSelector, Scenario, TorchrunTarget
 
 LOCAL = "local"
+RDZV_STORE = "rdzv_store"  # the role of a multi-node torchrun job's rendezvous store (``hosts: {role: rdzv_store}``)
 SLURM_GROUP = "slurm"  # the inventory group of Slurm nodes (the Slurm testbed puts its hosts in it)
 NODE_LABEL = "slurm_node"  # the inventory label naming a host's Slurm node, when its name is not that
 
@@ -63,6 +64,7 @@ class HostSet:
         self.protected = set(protected)
         self.blast_radius = blast_radius
         self.slurm: SlurmPlacement | None = None  # the slurm target, which answers ``hosts: {slurm: ...}``
+        self.roles: dict[str, str] = {}  # ``hosts: {role: ...}``: the host of each part of the target (rdzv_store)
         self._transports: dict[str, Transport] = {LOCAL: LocalTransport()}
 
     @classmethod
@@ -80,7 +82,25 @@ class HostSet:
                     "(e.g. the one `mlchaos testbed up --hosts 3` prints) or set cluster.inventory"
                 )
             return cls(None, scenario.cluster.protected, scenario.safety.blast_radius)
-        return cls(load_inventory(path), scenario.cluster.protected, scenario.safety.blast_radius, path.resolve())
+        found = cls(load_inventory(path), scenario.cluster.protected, scenario.safety.blast_radius, path.resolve())
+        store = found._store_host(scenario)
+        if store is not None:  # the job's own placement replaces it when the target is built (same seed: same host)
+            found.roles[RDZV_STORE] = store
+        return found
+
+    def _store_host(self, scenario: Scenario) -> str | None:
+        """The host of a multi-node torchrun target's rendezvous store: its first node (c10d), or its
+        ``rdzv_host`` (etcd-v2); None for other targets or when the selection cannot be met (the target's own
+        build then says why)."""
+        target = scenario.target
+        if not isinstance(target, TorchrunTarget) or target.nodes is None:
+            return None
+        selector = target.rdzv_host if target.rdzv_backend == "etcd-v2" else target.nodes
+        try:
+            chosen = self.job_nodes(selector, scenario.seed) if selector is not None else []
+        except HostsError:
+            return None
+        return chosen[0][0] if chosen else None
 
     def resolve(self, fault: FaultSpec, op_id: str, seed: int) -> list[str]:
         """The host names ``fault`` hits for op ``op_id`` (``[local]`` without a selector)."""
@@ -89,6 +109,8 @@ class HostSet:
         if self.inventory is None:
             raise HostsError(f"fault {fault.name!r} selects hosts but there is no inventory")
         rng = random.Random(f"{seed}:{op_id}")
+        if fault.hosts.role is not None:
+            return [self._role_host(fault, fault.hosts.role)]
         if fault.hosts.slurm is not None:
             try:
                 return self._slurm_hosts(fault.hosts, rng)
@@ -99,6 +121,17 @@ class HostSet:
         except Exception as exc:  # SelectionError and friends: one clear message naming the fault
             raise HostsError(f"fault {fault.name!r}: {exc}") from exc
         return [h.name for h in hosts]
+
+    def _role_host(self, fault: FaultSpec, role: str) -> str:
+        """The host of ``role`` (:attr:`roles`), unless protected; HostsError when the target has no such part."""
+        host = self.roles.get(role)
+        if host is None:
+            raise HostsError(
+                f"fault {fault.name!r}: hosts: {{role: {role}}} is the host of a multi-node torchrun target's "
+                "rendezvous store, and this scenario's target has none on an inventory host"
+            )
+        self.refuse_protected(fault, [host])
+        return host
 
     def _slurm_hosts(self, selector: HostSelector, rng: random.Random) -> list[str]:
         """``hosts: {slurm: allocated|spare}``: the inventory hosts of those Slurm nodes now, less ``exclude``

@@ -28,9 +28,11 @@ from chaos.event_kinds import (
     DETECT_COLLECTIVE_TIMEOUT,
     DETECT_OOM,
     DETECT_PEER_LOST,
+    DETECT_RENDEZVOUS_ERROR,
     DETECT_WORKER_ERROR,
     DETECT_WORKER_EXIT,
     TARGET_AGENT_RESTART,
+    TARGET_RENDEZVOUS,
 )
 from chaos.history import torchft_signatures
 from chaos.history.timeline import Event, LineMatcher, LogMatcher
@@ -106,6 +108,23 @@ SIGNATURES: tuple[Signature, ...] = (
         DETECT_WORKER_EXIT,
         r"failed \(exitcode: (?P<exitcode>-?\d+)\) local_rank: (?P<rank>\d+) \(pid: (?P<pid>\d+)\)",
         "torchrun's elastic agent saw a worker exit with an error",
+        detector="torchrun",
+        source="torchrun",
+    ),
+    Signature(
+        "torchrun_rendezvous",
+        TARGET_RENDEZVOUS,
+        r"\] \[(?P<role>[\w-]+)\] Rendezvous complete for workers",
+        "torchrun's elastic agent completed a rendezvous round (logged at INFO)",
+        detector="torchrun",
+        source="torchrun",
+    ),
+    Signature(
+        "rendezvous_error",
+        DETECT_RENDEZVOUS_ERROR,
+        r"(?P<error>\b(?:[\w.]+\.)?(?:Rendezvous(?:Closed|Timeout|Connection|State)Error|EtcdRendezvousRetryableFailure)"
+        r"\b.*)$",
+        "an agent's rendezvous failed: its store unreachable, the round timed out or was closed",
         detector="torchrun",
         source="torchrun",
     ),

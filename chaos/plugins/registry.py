@@ -52,6 +52,7 @@ BUILTIN_CHECK_MODULES = (
     "chaos.checks.storage_recovery",
     "chaos.checks.link",
     "chaos.checks.rollback",
+    "chaos.checks.rendezvous",
 )
 INJECTOR_GROUP = "mlchaos.injectors"
 CHECK_GROUP = "mlchaos.checks"

@@ -91,7 +91,7 @@ class Trigger(BaseModel):
 
 class HostSelector(BaseModel):
     """Which hosts a fault hits: one ``host`` by name, the host running training ``rank`` (a multi-node
-    target, resolved when the fault fires), ``count`` hosts of a ``group`` (default: all), or of a slurm
+    target, resolved when the fault fires), the host of a ``role`` of the target (its rendezvous store), ``count`` hosts of a ``group`` (default: all), or of a slurm
     target's nodes (``slurm: allocated``: the job's allocation when the fault fires; ``slurm: spare``: the
     partition's nodes outside it), never those in ``exclude``. ``count`` None takes every candidate; fewer are
     drawn with the run's rng."""
@@ -105,15 +105,21 @@ class HostSelector(BaseModel):
         description="a slurm target's nodes, when the fault fires: allocated (the job's allocation) or spare "
         "(the partition's nodes the job does not hold)",
     )
+    role: Literal["rdzv_store"] | None = Field(
+        default=None,
+        description="the host of a part of the target: rdzv_store, a multi-node torchrun job's rendezvous store "
+        "(c10d: the first node, whose agent hosts it; etcd-v2: the target's rdzv_host)",
+    )
     count: int | None = Field(default=None, ge=1)
     exclude: list[Name] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _host_or_group(self) -> HostSelector:
-        given = [key for key in ("host", "rank", "group", "slurm") if getattr(self, key) is not None]
+        given = [key for key in ("host", "rank", "group", "slurm", "role") if getattr(self, key) is not None]
         if len(given) > 1:
-            raise ValueError(f"give one of host, rank, group or slurm, not {' and '.join(given)}")
-        if (self.host is not None or self.rank is not None) and self.count not in (None, 1):
+            raise ValueError(f"give one of host, rank, group, slurm or role, not {' and '.join(given)}")
+        single = self.host is not None or self.rank is not None or self.role is not None
+        if single and self.count not in (None, 1):
             raise ValueError("count makes no sense with a single host")
         return self
 

@@ -20,15 +20,16 @@ The rules, each one a fault that would otherwise fail when it fires, or never fi
   if given, is the same), or of a roles target's replica (``replica``; the trigger's ``rank`` is inside it),
   without ``hosts:``; a ``freeze`` with a phase needs a duration (a thaw the agent starts continues it) and a
   ``slow`` with a phase is refused (a duty cycle spans many steps);
-- ``hosts: {rank: R}`` needs a job spread over hosts (torchrun with ``nodes:``, or ``run --nodes``);
+- ``hosts: {rank: R}`` and ``hosts: {role: rdzv_store}`` need a job spread over hosts (torchrun with ``nodes:``, or
+  ``run --nodes``), as does a port named ``rdzv`` (a partition's ``ports``, a process fault's ``port``);
 - a host selection can be met: a named host is neither excluded nor protected, and ``count`` is within the
   blast radius;
 - a one-shot fault (``kill``, ``container_kill``, ``container_restart``: ``one_shot`` on the injector) has no
   ``duration``, and a serving or http target's faults wait for nothing it never reports (a checkpoint, a
   resume; on an http target, a step);
-- a fault ends within the run: its ``duration`` is at most ``safety.max_duration``, an ``every`` trigger's last
 - a fault that acts through a library preloaded into the job's processes (``clock``) has a target whose
   processes the harness starts on this machine (not http, slurm, or one on inventory hosts);
+- a fault ends within the run: its ``duration`` is at most ``safety.max_duration``, an ``every`` trigger's last
   firing comes before it, and ``safety.heal_grace`` is at most :data:`MAX_HEAL_GRACE_S` (a dead-man fires
   that long after a fault's end, so a harness that died leaves the fault that much longer).
 """
@@ -240,8 +241,9 @@ def _fault(scenario: Scenario, index: int, fault: FaultSpec) -> Iterator[Finding
                     "aim at the rank of a configured replica",
                 )
     yield from _replica(target, fault, at)
-    yield from _hosts(scenario, fault, at)
     yield from _through_the_job(scenario, fault, at)
+    yield from _hosts(scenario, fault, at)
+    yield from _rdzv_port(scenario, fault, at)
     yield from _phase(scenario, fault, at)
 
 
@@ -262,8 +264,6 @@ TRAINING_EVENTS = (TARGET_STEP, TARGET_DIGEST, TARGET_CHECKPOINT, TARGET_RESTORE
 
 # Hang faults (injectors.hang) fire in the agent of a training rank; culprit_named judges the hang watch's events.
 HANG_FAULTS = ("spin", "skip_collective")
-
-
 # So does a failed or aborted collective (injectors.collective): at a torch.distributed call of a training rank.
 RANK_COLLECTIVE_FAULTS = (*HANG_FAULTS, "collective_fault")
 
@@ -437,11 +437,6 @@ def _replica(target: object, fault: FaultSpec, at: Path_) -> Iterator[Finding]:
         )
 
 
-def _spread(scenario: Scenario) -> bool:
-    """True when the job runs on inventory hosts (a torchrun target with ``nodes:``)."""
-    return isinstance(scenario.target, TorchrunTarget) and scenario.target.nodes is not None
-
-
 def _through_the_job(scenario: Scenario, fault: FaultSpec, at: Path_) -> Iterator[Finding]:
     """A fault that acts through the job's own processes (an injector with ``job_env``: the clock shim, preloaded)
     needs a target whose processes the harness starts on this machine, where it gives them that environment."""
@@ -464,6 +459,24 @@ def _through_the_job(scenario: Scenario, fault: FaultSpec, at: Path_) -> Iterato
     )
 
 
+def _spread(scenario: Scenario) -> bool:
+    """True when the job runs on inventory hosts (a torchrun target with ``nodes:``)."""
+    return isinstance(scenario.target, TorchrunTarget) and scenario.target.nodes is not None
+
+
+def _rdzv_port(scenario: Scenario, fault: FaultSpec, at: Path_) -> Iterator[Finding]:
+    """A port named ``rdzv`` (``ports:`` of a network fault, ``port:`` of a process fault) is a multi-node
+    torchrun job's rendezvous store's: no other target has one."""
+    named = [*getattr(fault.params, "ports", []), getattr(fault.params, "port", None)]
+    if "rdzv" in named and not _spread(scenario):
+        key = "port" if getattr(fault.params, "port", None) == "rdzv" else "ports"
+        yield Finding(
+            (*at, "params", key),
+            f"port rdzv is a multi-node torchrun job's rendezvous store, but this {scenario.target.type} target has none",
+            "give the torchrun target nodes: (or run with --nodes), or give the port's number",
+        )
+
+
 def _hosts(scenario: Scenario, fault: FaultSpec, at: Path_) -> Iterator[Finding]:
     hosts = fault.hosts
     if hosts is None:
@@ -472,6 +485,13 @@ def _hosts(scenario: Scenario, fault: FaultSpec, at: Path_) -> Iterator[Finding]
         yield Finding(
             (*at, "hosts", "rank"),
             f"hosts: {{rank: {hosts.rank}}} means the host running that rank, but this job runs on one host",
+            "give the torchrun target nodes: (or run with --nodes), or select hosts by host, group or count",
+        )
+    if hosts.role is not None and not _spread(scenario):
+        yield Finding(
+            (*at, "hosts", "role"),
+            f"hosts: {{role: {hosts.role}}} is the host of a multi-node torchrun job's rendezvous store, but this "
+            f"{scenario.target.type} target has none on an inventory host",
             "give the torchrun target nodes: (or run with --nodes), or select hosts by host, group or count",
         )
     if hosts.slurm is not None and not isinstance(scenario.target, SlurmTarget):

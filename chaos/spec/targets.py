@@ -46,7 +46,8 @@ class TorchrunTarget(BaseModel):
 
     Without ``nodes`` it is one node on this host (``--standalone``). With ``nodes`` (a host selector over
     the inventory) every selected host runs one torchrun agent over SSH, joined by a c10d rendezvous on the
-    first selected host at ``rdzv_port``."""
+    first selected host at ``rdzv_port``, or (``rdzv_backend: etcd-v2``) by the etcd the user runs on
+    ``rdzv_host`` at ``rdzv_port``."""
 
     model_config = _STRICT
     type: Literal["torchrun"]
@@ -62,7 +63,16 @@ class TorchrunTarget(BaseModel):
     rdzv_port: Annotated[int, Field(ge=1, le=65535)] | Literal["auto"] = Field(
         default="auto",
         description="c10d rendezvous port on the first node: `auto` (a port free there, chosen when the run "
-        "starts, so runs side by side never share one) or a number to pin it",
+        "starts, so runs side by side never share one) or a number to pin it; etcd-v2: etcd's client port",
+    )
+    rdzv_backend: Literal["c10d", "etcd-v2"] = Field(
+        default="c10d",
+        description="with nodes: c10d (the first node's agent hosts the store) or etcd-v2 (an etcd the user runs "
+        "on rdzv_host, serving the v2 API: etcd --enable-v2; the hosts need python-etcd)",
+    )
+    rdzv_host: HostSelector | None = Field(
+        default=None,
+        description="etcd-v2: the inventory host running etcd (host: NAME, or a group of one, e.g. group: etcd)",
     )
     python: Name | None = Field(
         default=None,
@@ -87,10 +97,17 @@ class TorchrunTarget(BaseModel):
     def _module_or_script(self) -> TorchrunTarget:
         if (self.module is None) == (self.script is None):
             raise ValueError("a torchrun target needs exactly one of module or script")
-        if self.nodes is not None and (self.nodes.rank is not None or self.nodes.slurm is not None):
-            raise ValueError(
-                "nodes selects the hosts that run the job: use host, group, count or exclude, not rank or slurm"
-            )
+        for field, chosen in (("nodes", self.nodes), ("rdzv_host", self.rdzv_host)):
+            if chosen is not None and (chosen.rank, chosen.slurm, chosen.role) != (None, None, None):
+                raise ValueError(
+                    f"{field} selects inventory hosts: use host, group, count or exclude, not rank, slurm or role"
+                )
+        if self.rdzv_backend == "etcd-v2" and (self.nodes is None or self.rdzv_host is None):
+            raise ValueError("rdzv_backend etcd-v2 needs nodes: and rdzv_host: (the inventory host running etcd)")
+        if self.rdzv_backend == "etcd-v2" and self.rdzv_port == "auto":
+            raise ValueError("rdzv_backend etcd-v2: give etcd's client port as rdzv_port (etcd's default is 2379)")
+        if self.rdzv_backend == "c10d" and self.rdzv_host is not None:
+            raise ValueError("rdzv_host is for etcd-v2; with c10d the first node's agent hosts the store")
         return self
 
 

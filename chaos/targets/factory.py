@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from chaos.cluster.hosts import HostSet
+from chaos.cluster.hosts import RDZV_STORE, HostSet
 from chaos.cluster.local import LocalTransport
 from chaos.spec.roles import RolesTarget
 from chaos.spec.scenario import HostSelector, Scenario, TorchrunTarget
@@ -36,7 +36,13 @@ def make_target(
     spec = scenario.target
     if isinstance(spec, TorchrunTarget) and spec.nodes is not None:
         nodes = [Node(name, address, hosts.transport(name)) for name, address in hosts.job_nodes(spec.nodes, seed)]
-        return MultiNodeTorchrunJob(spec, nodes, run_dir, seed, extra_env)
+        store = None
+        if spec.rdzv_host is not None:  # etcd-v2: the user's etcd on its own inventory host
+            name, address = hosts.job_nodes(spec.rdzv_host, seed)[0]
+            store = Node(name, address, hosts.transport(name))
+        job = MultiNodeTorchrunJob(spec, nodes, run_dir, seed, extra_env, store)
+        hosts.roles[RDZV_STORE] = job.store.name  # hosts: {role: rdzv_store}
+        return job
     if isinstance(spec, TorchrunTarget):
         return TorchrunJob(spec, transport, run_dir, seed, extra_env)
     if isinstance(spec, ServingTarget):

@@ -1,6 +1,8 @@
 """A torchrun job across inventory hosts: one torchrun agent per host over SSH, joined by a c10d rendezvous.
 
-Node 0 (the first selected host) hosts the rendezvous store at ``address:rdzv_port`` (``is_host=1``); every
+Node 0 (the first selected host) hosts the rendezvous store at ``address:rdzv_port`` (``is_host=1``), or, with
+``rdzv_backend: etcd-v2``, the agents meet in the etcd the user runs on ``rdzv_host`` at ``rdzv_port``: that
+host is the store's (``hosts: {role: rdzv_store}``) and ``rdzv`` names its port (:meth:`port_named`). Every
 agent is told its own inventory address with ``--local-addr``, so nothing depends on the hosts' names
 resolving (testbed hosts' do not, and staging hosts' often resolve to the wrong interface). c10d orders
 nodes by that address, so on a fresh rendezvous the lowest address gets ranks ``0..nproc_per_node-1``.
@@ -8,7 +10,9 @@ nodes by that address, so on a fresh rendezvous the lowest address gets ranks ``
 ``GLOO_SOCKET_IFNAME`` is set per host to the interface that carries its inventory address (found with
 ``ip -o -4 addr show``) unless the scenario's ``env`` sets it. Ranks report with ``CHAOS_EVENTS=stdout``:
 events come back over each agent's SSH channel, moved onto the harness clock and tagged with the host, so
-the rank -> host mapping is in the history (``target.start`` events carry ``data.host``). Whatever the job
+the rank -> host mapping is in the history (``target.start`` events carry ``data.host``). The agents log at INFO
+(``LOGLEVEL=INFO`` unless ``env`` sets it), so their rendezvous rounds and restarts are read from their output
+(``target.rendezvous``, ``target.agent_restart``: :mod:`chaos.history.torch_signatures`). Whatever the job
 reports, each host's launcher tree is scanned (one command per scan per host,
 :mod:`chaos.targets.rank_discovery`): every worker's global rank, local rank, group rank and restart count
 become ``target.worker`` events {host, ...} and the rank table's entries, and a host's rising restart count a
@@ -34,6 +38,7 @@ from chaos.cluster.base import Transport, TransportError, host_python, kill_if_s
 from chaos.event_kinds import TARGET_EXIT, TARGET_START
 from chaos.event_kinds import TARGET_NODE_EXIT as NODE_EXIT
 from chaos.history.timeline import Event, now_ns
+from chaos.plugins.injector import RDZV_PORT
 from chaos.spec.scenario import TorchrunTarget
 from chaos.targets.base import SpawnedJob, TargetUnusable, port_for, ports_event
 from chaos.targets.interpreter import torchrun_launcher, torchrun_log_dir
@@ -102,8 +107,8 @@ class JobAttempts:
 
 
 class MultiNodeTorchrunJob(RankLookup):
-    """``torchrun --nnodes N --rdzv-backend c10d`` on each of ``nodes``; RankResolver with hosts, RankPlacement
-    and Preflight (every node must answer before the run starts)."""
+    """``torchrun --nnodes N --rdzv-backend c10d|etcd-v2`` on each of ``nodes``; RankResolver with hosts,
+    RankPlacement, NamedPorts (``rdzv``) and Preflight (every node must answer before the run starts)."""
 
     def __init__(
         self,
@@ -112,14 +117,18 @@ class MultiNodeTorchrunJob(RankLookup):
         run_dir: Path,
         seed: int,
         extra_env: dict[str, str] | None = None,
+        store: Node | None = None,
     ) -> None:
         if not nodes:
             raise ValueError("a multi-node torchrun target needs at least one node")
+        if (store is None) != (spec.rdzv_backend == "c10d"):
+            raise ValueError("the store's host is given for etcd-v2 (the user's etcd), and only then")
         self.spec = spec
         self.nodes = nodes
+        self.store = store or nodes[0]  # the host of the rendezvous store: node 0 hosts c10d's
         self.run_dir = run_dir
         self._values = {"run_dir": str(run_dir), "seed": str(seed)}
-        self._env = torchrun_env(spec, self._values, extra_env)
+        self._env = {"LOGLEVEL": "INFO", **torchrun_env(spec, self._values, extra_env)}
         self._jobs: dict[str, SpawnedJob] = {}
         self.table = RankTable()
         self.discovery = Discovery(self.table.observe_worker)
@@ -132,10 +141,14 @@ class MultiNodeTorchrunJob(RankLookup):
 
     @property
     def rdzv_endpoint(self) -> str:
-        """``address:port`` of the rendezvous store on node 0 (``rdzv_port: auto`` is chosen by :meth:`start`)."""
+        """``address:port`` of the rendezvous store (``rdzv_port: auto`` is chosen by :meth:`start`)."""
         if self._rdzv_port is None:
             raise RuntimeError("rdzv_port: auto is chosen when the job starts")
-        return f"{self.nodes[0].address}:{self._rdzv_port}"
+        return f"{self.store.address}:{self._rdzv_port}"
+
+    def port_named(self, name: str) -> int | None:
+        """``rdzv``: the rendezvous store's port (NamedPorts); None before ``rdzv_port: auto`` is chosen."""
+        return self._rdzv_port if name == RDZV_PORT else None
 
     def argv(self, index: int) -> list[str]:
         """The torchrun command line of node ``index``."""
@@ -150,13 +163,12 @@ class MultiNodeTorchrunJob(RankLookup):
             "--nproc-per-node",
             str(self.spec.nproc_per_node),
             "--rdzv-backend",
-            "c10d",
+            self.spec.rdzv_backend,
             "--rdzv-endpoint",
             self.rdzv_endpoint,
             "--rdzv-id",
             self.run_dir.name,
-            "--rdzv-conf",
-            f"is_host={1 if index == 0 else 0}",
+            *(["--rdzv-conf", f"is_host={1 if index == 0 else 0}"] if self.spec.rdzv_backend == "c10d" else []),
             "--local-addr",
             node.address,
             *torchrun_tail(self.spec, self._values, job_python),
@@ -250,7 +262,9 @@ class MultiNodeTorchrunJob(RankLookup):
 
     def describe(self) -> str:
         hosts = ", ".join(self.node_names())
-        return f"torchrun {len(self.nodes)} nodes x {self.spec.nproc_per_node} ranks on {hosts}: {job_what(self.spec)}"
+        store = f" (etcd-v2 rendezvous on {self.store.name})" if self.spec.rdzv_backend != "c10d" else ""
+        what = f"{self.spec.nproc_per_node} ranks on {hosts}{store}: {job_what(self.spec)}"
+        return f"torchrun {len(self.nodes)} nodes x {what}"
 
     def node_names(self) -> list[str]:
         """Every host a rank may run on (RankPlacement)."""
@@ -263,3 +277,18 @@ class MultiNodeTorchrunJob(RankLookup):
                 node.transport.run(["true"], timeout=30, check=True)
             except TransportError as exc:
                 raise TargetUnusable(f"target node {node.name!r} is not usable: {exc}") from None
+            if self.spec.rdzv_backend == "etcd-v2":
+                self._etcd_client(node)
+
+    def _etcd_client(self, node: Node) -> None:
+        """TargetUnusable unless the node's job interpreter imports python-etcd (torch's etcd-v2 rendezvous does)."""
+        python = self.spec.python or host_python(node.transport)
+        try:
+            done = node.transport.run([python, "-c", "import etcd"], timeout=60)
+        except TransportError as exc:
+            raise TargetUnusable(f"target node {node.name!r} is not usable: {exc}") from None
+        if not done.ok:
+            raise TargetUnusable(
+                f"{python} on {node.name!r} cannot import etcd: torch's etcd-v2 rendezvous needs python-etcd there "
+                "(pip install python-etcd, or mlchaos[etcd])"
+            )

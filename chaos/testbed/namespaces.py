@@ -33,6 +33,7 @@ from pathlib import Path
 
 from chaos.cluster.inventory import Host, Inventory, dump_inventory
 from chaos.testbed import base as tb
+from chaos.testbed import etcd as etcd_host
 from chaos.testbed import slurm_daemons
 from chaos.testbed.base import HOST_OFFSET as HOST_OFFSET  # re-exported: part of this module's surface
 from chaos.testbed.base import INVENTORY as _INVENTORY
@@ -219,9 +220,16 @@ def _sshd_pids(layout: Layout, index: int) -> list[int]:
 
 
 def up(
-    n: int, state_dir: Path | None = None, *, subnet: str | None = None, log: Callable[[str], None] = tb.ignore
+    n: int,
+    state_dir: Path | None = None,
+    *,
+    subnet: str | None = None,
+    etcd: bool = False,
+    log: Callable[[str], None] = tb.ignore,
 ) -> Inventory:
     """Build (or repair) an ``n``-host testbed and return its inventory, also written to ``inventory.yaml``.
+    With ``etcd``, host h``n`` also runs etcd (:mod:`chaos.testbed.etcd`) and is in inventory group ``etcd``;
+    without, an etcd an earlier ``up`` started is stopped.
 
     Idempotent: what exists and is right is kept (keys, namespaces, running sshds), what is missing or
     wrong is (re)made, hosts beyond ``n`` from an earlier, larger testbed are removed. The subnet is chosen
@@ -259,6 +267,11 @@ def up(
         _write_hosts_files(layout, net, n)
         for index in range(1, n + 1):
             _ensure_host(layout, index, net, sshd, log)
+        for index in range(1, n + 1):  # etcd on the last host when asked, nowhere else
+            if etcd and index == n:
+                etcd_host.start(layout.file("", index), layout.host_ns(index), tb.host_address(net, index), log=log)
+            elif etcd_host.stop(layout.file("", index), log=log):
+                log(f"removed h{index}'s etcd")
         known = []
         for index in range(1, n + 1):
             kind, blob = layout.file(_HOST_KEY + ".pub", index).read_text().split()[:2]
@@ -272,7 +285,7 @@ def up(
                     port=SSH_PORT,
                     user="root",
                     key_file=layout.file(_CLIENT_KEY),
-                    groups=["testbed"],
+                    groups=["testbed", *([etcd_host.GROUP] if etcd and index == n else [])],
                     labels={"netns": layout.host_ns(index), "testbed": layout.tag},
                     python=sys.executable,  # hosts share this filesystem, so this interpreter is theirs too
                 )
@@ -469,6 +482,7 @@ def _remove_privsep_dir() -> bool:
 
 def _remove_host_files(layout: Layout, index: int) -> int:
     count = tb.remove_files(layout.file(name, index) for name in _HOST_FILES)
+    count += etcd_host.remove(layout.file("", index))  # its process went with the namespace's
     tb.remove_dir_if_empty(layout.file("", index))  # someone's own files there are theirs to keep
     return count
 

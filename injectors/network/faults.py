@@ -34,6 +34,7 @@ from chaos.plugins.injector import (
     FaultOp,
     InjectionContext,
     InjectionError,
+    PortName,
     Unsupported,
     flag,
     optional_int,
@@ -97,10 +98,11 @@ class FilterParams(Peers):
         default="both", description="both ways, only what peers send here (in), or only what this host sends (out)"
     )
     protocol: Literal["all", "tcp", "udp", "icmp"] = Field(default="all", description="only this IP protocol")
-    ports: list[Port] = Field(
+    ports: list[Port | PortName] = Field(
         default_factory=list,
         max_length=15,
-        description="only these ports (source or destination); tcp and udp when protocol is all",
+        description="only these ports (source or destination); tcp and udp when protocol is all; rdzv: the "
+        "rendezvous store's port of a multi-node torchrun job",
     )
 
     @model_validator(mode="after")
@@ -157,6 +159,14 @@ def _selection(params: FilterParams) -> str:
         plural = "s" if len(params.ports) > 1 else ""
         return f", {protocol} port{plural} {','.join(str(port) for port in params.ports)}"
     return "" if params.protocol == "all" else f", {params.protocol} only"
+
+
+def _numbers(ports: Sequence[int | str]) -> list[int]:
+    """``ports`` as numbers: ``_plan`` has replaced every name (``rdzv``) by the target's port."""
+    named = [port for port in ports if not isinstance(port, int)]
+    if named:
+        raise InjectionError(f"port {named[0]!r} was not resolved to a number")
+    return [port for port in ports if isinstance(port, int)]
 
 
 # -- iptables faults --------------------------------------------------------------------------------------------
@@ -259,7 +269,7 @@ class _FilterFault:
         return self.name
 
     def _specs(self, host: Host, chains: dict[str, str], peers: Sequence[str], params: FilterParams) -> list[ChainSpec]:
-        return filter_specs(chains, peers, params.protocol, params.ports, self._extra(params))
+        return filter_specs(chains, peers, params.protocol, _numbers(params.ports), self._extra(params))
 
     def check(self, ctx: InjectionContext, params: BaseModel) -> None:
         """Unsupported unless iptables runs here with root (or sudo) and knows every match the fault uses."""
@@ -276,6 +286,7 @@ class _FilterFault:
     def _plan(self, ctx: InjectionContext, op: FaultOp) -> tuple[FilterState, str]:
         """The journal state and description of ``op`` (what :meth:`prepare` records)."""
         params = op.params_as(FilterParams)
+        params = params.model_copy(update={"ports": [ctx.port(port) for port in params.ports]})  # rdzv: a number
         host = Host.open(ctx.transport, refuse=InjectionError)
         peers = resolve_peers(ctx, params.peers)
         directions = ["in", "out"] if params.direction == "both" else [params.direction]
@@ -416,7 +427,13 @@ class DuplicateInjector(_FilterFault):
                 )
             target = ("-j", "TEE", "--gateway", hop)
             rules += netfilter.drop_rules(
-                "out", [peer], params.protocol, params.ports, self._extra(params), port_match="--dports", target=target
+                "out",
+                [peer],
+                params.protocol,
+                _numbers(params.ports),
+                self._extra(params),
+                port_match="--dports",
+                target=target,
             )
         return [ChainSpec(chains["out"], netfilter.HOOKS["out"], rules)]
 

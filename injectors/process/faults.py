@@ -1,8 +1,8 @@
 """Process faults: ``kill`` (a signal), ``freeze`` (SIGSTOP for a duration), ``slow`` (SIGSTOP/SIGCONT cycle).
 
-Targets are chosen by exactly one of ``rank`` (through the target's rank resolver), ``pid`` or ``name`` (a
-regex over the command line; confined to the target's own process tree when it knows one, see
-:func:`_matching_names`). Every op records each target's pid AND its kernel start time; apply and heal
+Targets are chosen by exactly one of ``rank`` (through the target's rank resolver), ``pid``, ``port`` (the
+process listening on it, :mod:`injectors.process.listeners`) or ``name`` (a regex over the command line; confined
+to the target's own process tree when it knows one, see :func:`_matching_names`). Every op records each target's pid AND its kernel start time; apply and heal
 signal only pids whose start time still matches, so a pid recycled by a stranger is never touched, even by a
 cleanup days later. The harness itself and its ancestors are never targets (freezing them would hang the
 run that is supposed to heal). All host access goes through the transport: ``/proc`` is read directly for
@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
@@ -27,6 +27,7 @@ from chaos.plugins.injector import (
     FaultOp,
     InjectionContext,
     InjectionError,
+    PortName,
     ProcessTreeResolver,
     Unsupported,
     optional_int,
@@ -34,7 +35,7 @@ from chaos.plugins.injector import (
 from chaos.safety import deadman, remote_deadman
 from chaos.spec.units import Duration
 from injectors import detached
-from injectors.process import dutycycle
+from injectors.process import dutycycle, listeners
 from injectors.process import holds as process_holds
 
 _HELPER_MODULES = (deadman.MODULE, dutycycle.MODULE)
@@ -47,7 +48,7 @@ _HELPER_MARKS = (remote_deadman.MARKER_PREFIX, process_holds.SCRIPT_NAME, WATCHE
 
 
 class ProcessSelector(BaseModel):
-    """Which processes a fault hits: exactly one of ``rank``, ``pid``, ``name`` or ``replica``."""
+    """Which processes a fault hits: exactly one of ``rank``, ``pid``, ``name``, ``replica`` or ``port``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -65,6 +66,11 @@ class ProcessSelector(BaseModel):
         pattern=r"^[A-Za-z0-9_.-]+$",
         description="a serving target's replica (primary, fallback): its model server process at that moment",
     )
+    port: Annotated[int, Field(ge=1, le=65535)] | PortName | None = Field(
+        default=None,
+        description="the process listening on this TCP port on the host: a number, or rdzv (a multi-node torchrun "
+        "job's rendezvous store: node 0's agent with c10d, etcd with etcd-v2)",
+    )
 
     @field_validator("name")
     @classmethod
@@ -78,10 +84,10 @@ class ProcessSelector(BaseModel):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ProcessSelector:
-        given = [key for key in ("rank", "pid", "name", "replica") if getattr(self, key) is not None]
+        given = [key for key in ("rank", "pid", "name", "replica", "port") if getattr(self, key) is not None]
         if len(given) != 1:
             found = f"got {', '.join(given)}" if given else "got none"
-            raise ValueError(f"select processes with exactly one of rank, pid, name or replica ({found})")
+            raise ValueError(f"select processes with exactly one of rank, pid, name, replica or port ({found})")
         return self
 
 
@@ -224,6 +230,9 @@ def resolve_processes(ctx: InjectionContext, selector: ProcessSelector) -> tuple
     elif selector.replica is not None:
         pids = ctx.replica_resolver().pids_for_replica(selector.replica)
         what = f"replica {selector.replica}"
+    elif selector.port is not None:
+        port = ctx.port(selector.port)
+        pids, what = listeners.listening_pids(ctx.transport, port), f"the process listening on port {port}"
     else:
         pids, what = _matching_names(ctx, host, selector.name or "", protected)
     refused = [pid for pid in pids if pid in protected]
@@ -376,6 +385,8 @@ def require_duration(name: str, op: FaultOp) -> float:
 
 
 def _check_kill(ctx: InjectionContext, params: BaseModel | None = None) -> None:
+    if getattr(params, "port", None) is not None:
+        listeners.check_ss(ctx.transport)
     replica = getattr(params, "replica", None)
     if replica is not None:
         try:

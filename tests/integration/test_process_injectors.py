@@ -263,8 +263,8 @@ def test_slow_needs_a_duration() -> None:
 @pytest.mark.parametrize(
     ("model", "fields", "message"),
     [
-        (KillParams, {}, "exactly one of rank, pid, name or replica (got none)"),
-        (FreezeParams, {"pid": 5, "rank": 1}, "exactly one of rank, pid, name or replica (got rank, pid)"),
+        (KillParams, {}, "exactly one of rank, pid, name, replica or port (got none)"),
+        (FreezeParams, {"pid": 5, "rank": 1}, "exactly one of rank, pid, name, replica or port (got rank, pid)"),
         (SlowParams, {"pid": 5, "name": "x", "rank": 0}, "got rank, pid, name"),
         (KillParams, {"name": "("}, "not a valid regex"),
         (KillParams, {"pid": 1}, "greater than or equal to 2"),

@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from link_histories import FAULT as LFAULT
 from link_histories import LinkRun, link_runs, wrong_pair
+from rendezvous_histories import RENDEZVOUS
 from replica_histories import FAULT as RFAULT
 from replica_histories import ReplicaRun
 from rollback_histories import ROLLBACK
@@ -1321,9 +1322,9 @@ TABLE: dict[str, Entry] = {
     "no_repeat_failure_on_bad_node": NO_REPEAT,
     **{  # restore stragglers and retries, torn and corrupt checkpoints, rollback after a late-detected SDC, hang
         # culprit, streams and the fallback ladder: the cases live in storage_histories, checkpoint_histories,
-        # rollback_histories, hang_histories, stream_histories
+        # rollback_histories, hang_histories, stream_histories; the rendezvous store's in rendezvous_histories
         name: Entry(holds.map(lambda c: Case(*c)), tuple(Violation(w, v.map(lambda c: Case(*c)), e) for w, v, e in bad))
-        for cases in (STORAGE_RECOVERY, CHECKPOINT, ROLLBACK, HANG, STREAMS)
+        for cases in (STORAGE_RECOVERY, CHECKPOINT, ROLLBACK, HANG, STREAMS, RENDEZVOUS)
         for name, (holds, bad) in cases.items()
     },
     "link_named": LINK_NAMED,

@@ -167,7 +167,7 @@ def test_within_blast_radius_passes() -> None:
 
 
 def test_selector_rejects_contradictions() -> None:
-    with pytest.raises(ValueError, match="one of host, rank, group or slurm, not host and group"):
+    with pytest.raises(ValueError, match="one of host, rank, group, slurm or role, not host and group"):
         HostSelector(host="n1", group="odd")
     with pytest.raises(ValueError, match="count makes no sense"):
         HostSelector(host="n1", count=2)

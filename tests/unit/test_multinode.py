@@ -91,7 +91,7 @@ def test_nodes_cannot_be_chosen_by_rank_and_host_selector_takes_one_kind() -> No
         parse_scenario(
             '{"name": "x", "target": {"type": "torchrun", "module": "m", "nodes": {"rank": 1}}, "faults": []}'
         )
-    with pytest.raises(ValidationError, match="one of host, rank, group or slurm"):
+    with pytest.raises(ValidationError, match="one of host, rank, group, slurm or role"):
         HostSelector(rank=1, group="workers")
     with pytest.raises(ValidationError, match="count makes no sense"):
         HostSelector(rank=1, count=2)
