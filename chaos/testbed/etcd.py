@@ -16,6 +16,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
+from chaos.kernel.procfs import read_stat
 from chaos.testbed.system import TestbedError, kill_all, pid_of, wait_listening
 
 GROUP = "etcd"  # the inventory group of the host that runs it (a scenario's rdzv_host: {group: etcd})
@@ -105,11 +106,8 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[:1]
-    except OSError:
-        return False
-    return state != ["Z"]
+    stat = read_stat(pid)
+    return stat is not None and not stat.zombie
 
 
 __all__ = ["CLIENT_PORT", "GROUP", "folder", "remove", "running", "start", "stop", "unsupported_reason"]

@@ -154,7 +154,7 @@ def test_a_bad_slurm_target_names_file_and_line() -> None:
 
 
 def test_slurm_selector_needs_a_slurm_target_and_is_exclusive() -> None:
-    with pytest.raises(ValidationError, match="one of host, rank, group or slurm"):
+    with pytest.raises(ValidationError, match="one of host, rank, group, slurm or role"):
         HostSelector(slurm="allocated", group="all")
     text = (
         "name: s\ntarget: {type: command, command: [sleep, x]}\nallow_no_checks: true\n"
