@@ -7,7 +7,8 @@ backends to them. A request's rung is the rung of the backend it was routed to a
 ``serving.route`` event's rung is that of the backend it names, at its own time. A signal spec is an event-kind
 glob, optionally ``:STATE`` (``data.state`` must equal it, e.g. ``serving.breaker:open``); the spec
 ``load.request:failed`` is a request on the rung that failed its user (cut, error, timeout, not ok) or was
-resumed off it, at the time its last token (or its answer) came. Every signal names a backend of its rung.
+resumed off it, at the time it ended (a stream resumed elsewhere: when its longest gap, the cut, began). Every
+signal names a backend of its rung.
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ def signals(history: History, ladder: Ladder, specs: Sequence[str], reqs: Sequen
                 backend = _first_backend(e)
                 if backend in ladder.rung_of and (st.failed(e) or st.resumed(e)):
                     text = f"{st.describe_stream(history, e)} failed on {backend}"
-                    found[ladder.rung_of[backend]].append(Signal(st.stream_end_ns(e), ladder.rung_of[backend], text))
+                    found[ladder.rung_of[backend]].append(Signal(st.failure_ns(e), ladder.rung_of[backend], text))
             continue
         for e in events_of(history, kind):
             if state and e.get_str("state") != state:

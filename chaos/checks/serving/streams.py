@@ -123,6 +123,16 @@ def gap_times_ns(event: Event) -> list[tuple[float, int]]:
     return found
 
 
+def failure_ns(event: Event) -> int:
+    """When the request failed on its first backend: for a stream resumed elsewhere, when the token before its
+    longest gap came (the gap is the cut and the resume; the event does not say more); else when it ended."""
+    gaps = gap_times_ns(event)
+    if resumed(event) and gaps:
+        gap, after_ns = max(gaps, key=lambda pair: pair[0])
+        return after_ns - round(gap * 1e9)
+    return stream_end_ns(event)
+
+
 def stream_end_ns(event: Event) -> int:
     """When the request ended: the later of its answer's end (scheduled + latency) and its last token."""
     answered = scheduled_ns(event) + round((latency_s(event) or 0.0) * 1e9)
