@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from chaos.guards.episodes import Episodes, check_settings
+
 DEFAULT_LINK_RATIO = 3.0
 DEFAULT_LINK_MIN_EXCESS_S = 0.005
 ROUNDS = 2
@@ -102,16 +104,10 @@ class LinkDetector:
         ratio: float = DEFAULT_LINK_RATIO,
         min_excess: float = DEFAULT_LINK_MIN_EXCESS_S,
     ) -> None:
-        if window < 1:
-            raise ValueError(f"window must be >= 1, got {window}")
-        if not ratio >= 1.0 or not math.isfinite(ratio):
-            raise ValueError(f"ratio must be a finite number >= 1, got {ratio}")
-        if not min_excess >= 0.0 or not math.isfinite(min_excess):
-            raise ValueError(f"min_excess must be a finite number >= 0, got {min_excess}")
+        check_settings(window, ratio, min_excess)
         self.world_size, self.window, self.ratio, self.min_excess = world_size, window, ratio, min_excess
         self._rows: deque[tuple[float, ...]] = deque(maxlen=window)
-        self._armed = [True] * world_size
-        self._calm = [0] * world_size
+        self._episodes = Episodes(world_size, window)
 
     def observe(self, step: int, rtt_per_link: Sequence[float]) -> list[LinkDetection]:
         """Add one step's round trips (``rtt_per_link[r]``: link r -> r+1); return the ranks named now."""
@@ -130,15 +126,8 @@ class LinkDetector:
             others = statistics.median(m for link, m in enumerate(medians) if link not in mine)
             slower = min(medians[link] for link in mine)
             slow = slower >= self.ratio * others and slower - others >= self.min_excess and slower > others
-            if not slow:
-                self._calm[rank] += 1
-                if self._calm[rank] >= self.window:
-                    self._armed[rank] = True
+            if not self._episodes.fires(rank, slow):
                 continue
-            self._calm[rank] = 0
-            if not self._armed[rank]:
-                continue
-            self._armed[rank] = False
             found.append(
                 LinkDetection(
                     rank=rank,

@@ -47,6 +47,7 @@ import torch.distributed as dist
 
 from chaos import events
 from chaos.event_kinds import DETECT_STRAGGLER
+from chaos.guards.episodes import Episodes, check_settings
 from chaos.guards.ring_links import (
     DEFAULT_LINK_MIN_EXCESS_S,
     DEFAULT_LINK_RATIO,
@@ -97,17 +98,11 @@ class StragglerDetector:
     ) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
-        if window < 1:
-            raise ValueError(f"window must be >= 1, got {window}")
-        if not ratio >= 1.0 or not math.isfinite(ratio):
-            raise ValueError(f"ratio must be a finite number >= 1, got {ratio}")
-        if not min_excess >= 0.0 or not math.isfinite(min_excess):
-            raise ValueError(f"min_excess must be a finite number >= 0, got {min_excess}")
+        check_settings(window, ratio, min_excess)
         self.world_size, self.window, self.ratio, self.min_excess = world_size, window, ratio, min_excess
         self._compute: deque[tuple[float, ...]] = deque(maxlen=window)
         self._wait: deque[tuple[float, ...]] = deque(maxlen=window)
-        self._armed = [True] * world_size
-        self._calm = [0] * world_size  # consecutive steps under the threshold since the rank last fired
+        self._episodes = Episodes(world_size, window)  # consecutive steps under the threshold since the rank last fired
 
     def _row(self, name: str, values: Sequence[float]) -> tuple[float, ...]:
         if len(values) != self.world_size:
@@ -134,15 +129,8 @@ class StragglerDetector:
             excess = sums[rank] - median
             # excess > 0 too: a rank merely level with its peers is never a straggler, whatever R and S.
             slow = sums[rank] >= self.ratio * median and excess >= self.min_excess and excess > 0
-            if not slow:
-                self._calm[rank] += 1
-                if self._calm[rank] >= self.window:
-                    self._armed[rank] = True
+            if not self._episodes.fires(rank, slow):
                 continue
-            self._calm[rank] = 0
-            if not self._armed[rank]:
-                continue
-            self._armed[rank] = False
             found.append(
                 Detection(
                     rank=rank,
