@@ -110,8 +110,18 @@ class ServingTarget(BaseModel):
     fallback: ReplicaSettings | None = Field(
         default=ReplicaSettings(model="small"), description="the smaller model (null: no fallback model)"
     )
-    cache_fallback: bool = Field(default=True, description="last rung: a default answer marked degraded")
+    cache_fallback: bool = Field(
+        default=True,
+        description="last rung: the last good answer to the same input or prompt (streams: replayed), else a "
+        "default answer, marked degraded",
+    )
     request_timeout: Duration = Field(default=1.0, gt=0, description="deadline of one attempt at one replica")
+    first_token_timeout: Duration | None = Field(
+        default=None,
+        gt=0,
+        description="streams: a replica whose first token has not come this long after the attempt began is "
+        "given up for the next rung (a breaker failure); null: only request_timeout",
+    )
     probes: ProbeSettings = ProbeSettings()
     correctness: CorrectnessSettings = CorrectnessSettings()
     breaker: BreakerSettings = BreakerSettings()

@@ -1,7 +1,8 @@
 """Streamed load: the open-loop generator reading SSE and chunked answers token by token over real sockets.
 
-Framing and outcomes against an in-process HTTP server that streams (fast); the reference streaming model
-server and the gateway's relay with real processes and real SIGKILLs (slow). Outcomes are asserted here;
+Framing and outcomes against an in-process HTTP server that streams (fast); the reference gateway in-process in
+front of fake streaming replicas: its cached rung and its first-token deadline (fast); the reference streaming
+model server and the gateway's relay with real processes and real SIGKILLs (slow). Outcomes are asserted here;
 the generator's speed and overhead are in benchmarks/stream_load.py.
 """
 
@@ -30,7 +31,10 @@ from chaos.cluster.ports import free_port
 from chaos.history.timeline import Event
 from chaos.load import LoadRun, LoadSpec
 from chaos.plan.agent_plan import ENV_PLAN, InJobOp, write_plan
-from chaos.spec.serving import ServingTarget
+from chaos.reference.serving.answer_cache import DEGRADED_TEXT
+from chaos.reference.serving.gateway import Gateway, _handler
+from chaos.reference.serving.wire import make_server
+from chaos.spec.serving import GatewayConfig, ReplicaEndpoint, ServingTarget
 from chaos.targets.serving_stack import ServingJob
 
 CHAT = '{"messages": [{"role": "user", "content": "question {i}"}], "stream": true}'
@@ -178,6 +182,176 @@ def test_cli_prints_stream_percentiles(streamer: str) -> None:
     assert done.returncode == 0, done.stderr
     line = next(x for x in done.stdout.splitlines() if x.startswith("streams:"))
     assert "complete 5" in line and "tokens 15" in line and "ttft p50" in line and "gap p50" in line
+
+
+# -- the reference gateway in-process, in front of fake streaming replicas ----------------------------------------
+
+
+class _FakeLm(ThreadingHTTPServer):
+    """A streaming replica without a model: ``tokens`` tokens ``"{prompt}.{k} "``; ``first_wait`` seconds before
+    the first; ``cut_after``: the connection closes after that many tokens of a stream (None: never)."""
+
+    daemon_threads = True
+
+    def __init__(self, name: str, tokens: int = 5, first_wait: float = 0.0) -> None:
+        super().__init__(("127.0.0.1", 0), _FakeLmHandler)
+        self.name, self.tokens, self.first_wait = name, tokens, first_wait
+        self.cut_after: int | None = None
+        threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        pass  # the gateway gave up on a stream: the broken pipe is expected
+
+    def kill(self) -> None:
+        """Stop listening: new connections are refused."""
+        self.shutdown()
+        self.server_close()
+
+
+class _FakeLmHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+    server: _FakeLm
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the base class's name
+        pass
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def _event(self, doc: dict[str, Any] | bytes) -> None:
+        data = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+        frame = b"data: " + data + b"\n\n"
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(frame), frame))
+
+    def do_POST(self) -> None:
+        request = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        prompt, start, me = request["messages"][0]["content"], request.get("resume_from", 0), self.server
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        if not start:
+            self._event({"backend": me.name, "choices": [{"index": 0, "delta": {"role": "assistant"}}]})
+        time.sleep(me.first_wait)
+        for k in range(start, me.tokens):
+            if me.cut_after is not None and k - start == me.cut_after:
+                self.close_connection = True
+                return
+            self._event(
+                {"backend": me.name, "token": k, "choices": [{"index": 0, "delta": {"content": f"{prompt}.{k} "}}]}
+            )
+        self._event({"backend": me.name, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]})
+        self._event(b"[DONE]")
+        self.wfile.write(b"0\r\n\r\n")
+
+
+@contextmanager
+def _gateway(tmp_path: Path, primary: _FakeLm, fallback: _FakeLm, **over: Any) -> Iterator[tuple[Gateway, str]]:
+    """The reference gateway (in this process) in front of two fake replicas; probes every 50 ms, one failed
+    probe marks a replica down, no correctness probe."""
+    settings = {
+        "type": "serving",
+        "primary": {"model": "lm"},
+        "fallback": {"model": "lm"},
+        "request_timeout": 2.0,
+        "probes": {"interval": 0.05, "timeout": 0.5, "failure_threshold": 1, "success_threshold": 1},
+        "correctness": {"enabled": False},
+        "resume_streams": True,
+    } | over
+    config = GatewayConfig(
+        target=ServingTarget.model_validate(settings),
+        port=0,
+        run_dir=tmp_path,
+        replicas={
+            "primary": ReplicaEndpoint(model="lm", port=primary.server_address[1]),
+            "fallback": ReplicaEndpoint(model="lm", port=fallback.server_address[1]),
+        },
+    )
+    gateway = Gateway(config, emit=lambda *args, **kwargs: None)
+    server = make_server(0, _handler(gateway))
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    gateway.start(url)
+    try:
+        assert wait_for(lambda: gateway.view()["ready"], 10)
+        yield gateway, url
+    finally:
+        gateway.stop()
+        server.shutdown()
+        server.server_close()
+        for replica in (primary, fallback):
+            if replica.socket.fileno() >= 0:
+                replica.kill()
+
+
+def _chat(url: str, prompt: str) -> tuple[str | None, list[dict[str, Any]], bool]:
+    """One streamed chat request: the head's X-Backend, the chunk objects, and whether the stream completed."""
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=10)
+    body = json.dumps({"messages": [{"role": "user", "content": prompt}], "stream": True})
+    conn.request("POST", "/v1/chat/completions", body=body, headers={"Accept": "text/event-stream"})
+    response = conn.getresponse()
+    try:
+        raw, whole = response.read(), True
+    except http.client.IncompleteRead as exc:
+        raw, whole = exc.partial, False
+    conn.close()
+    chunks = [json.loads(line[6:]) for line in raw.split(b"\n") if line.startswith(b"data: {")]
+    return response.getheader("X-Backend"), chunks, whole and b"data: [DONE]" in raw
+
+
+def _text(chunks: list[dict[str, Any]]) -> list[str]:
+    return [c["choices"][0]["delta"]["content"] for c in chunks if c["choices"][0]["delta"].get("content")]
+
+
+def test_the_cached_rung_replays_complete_answers_once_no_replica_can_answer(tmp_path: Path) -> None:
+    primary, fallback = _FakeLm("primary"), _FakeLm("fallback")
+    with _gateway(tmp_path, primary, fallback) as (gateway, url):
+        head, fresh, done = _chat(url, "q1")
+        assert head == "primary" and done and _text(fresh) == [f"q1.{k} " for k in range(5)]
+        primary.kill()
+        fallback.kill()
+        assert wait_for(lambda: gateway.view()["route"] == "cache", 10)
+        head, cached, done = _chat(url, "q1")
+        assert head == "cache" and done and _text(cached) == _text(fresh)
+        assert all(c["backend"] == "cache" and c["degraded"] is True and c["cached"] is True for c in cached)
+        assert [c["token"] for c in cached if "token" in c] == list(range(5))
+        head, missed, done = _chat(url, "never asked")
+        assert head == "cache" and done and tuple(_text(missed)) == DEGRADED_TEXT
+        assert all(c["degraded"] is True and c["cached"] is False for c in missed)
+
+
+def test_a_stream_cut_on_the_last_replica_resumes_from_the_cache_only_when_it_holds_that_answer(tmp_path: Path) -> None:
+    primary, fallback = _FakeLm("primary"), _FakeLm("fallback")
+    with _gateway(tmp_path, primary, fallback, breaker={"enabled": False}) as (_, url):
+        _, whole, _ = _chat(url, "q1")
+        fallback.kill()
+        primary.cut_after = 2
+        head, resumed, done = _chat(url, "q1")
+        assert head == "primary" and done and _text(resumed) == _text(whole)
+        assert [c["backend"] for c in resumed if "token" in c] == ["primary"] * 2 + ["cache"] * 3
+        head, cut, done = _chat(url, "q2")  # never answered whole: the cache cannot go on with it
+        assert head == "primary" and not done and _text(cut) == ["q2.0 ", "q2.1 "]
+
+
+def test_a_first_token_deadline_gives_up_a_slow_replica_before_the_client_sees_anything(tmp_path: Path) -> None:
+    slow, quick = _FakeLm("primary", first_wait=0.8), _FakeLm("fallback")
+    with _gateway(tmp_path, slow, quick, first_token_timeout=0.2, breaker={"enabled": False}) as (_, url):
+        started = time.monotonic()
+        head, chunks, done = _chat(url, "q1")
+        took = time.monotonic() - started
+    assert head == "fallback" and done and {c["backend"] for c in chunks} == {"fallback"}
+    assert sum("role" in c["choices"][0]["delta"] for c in chunks) == 1  # the slow replica's role chunk never went out
+    assert took < 0.8  # it did not wait for the slow replica's first token
+    slow, quick = _FakeLm("primary", first_wait=0.8), _FakeLm("fallback")
+    with _gateway(tmp_path, slow, quick) as (_, url):  # no deadline: the client waits it out
+        started = time.monotonic()
+        head, chunks, done = _chat(url, "q1")
+        assert head == "primary" and done and time.monotonic() - started >= 0.8
 
 
 # -- the reference streaming server and gateway (real processes) ----------------------------------------------

@@ -56,6 +56,11 @@ def parse_chat(body: bytes) -> ChatRequest:
         request = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(f"body is not JSON: {exc}") from exc
+    return chat_request(request)
+
+
+def chat_request(request: object) -> ChatRequest:
+    """The chat request in a parsed JSON body; raises :class:`RequestError` when it is not one."""
     if not isinstance(request, dict):
         raise RequestError("body must be a JSON object with 'messages' or 'prompt'")
     messages = request.get("messages")
@@ -121,14 +126,14 @@ def completion(answer_id: str, backend: str, text: str, prompt_tokens: int, toke
     }
 
 
-def is_token(payload: bytes) -> bool:
-    """Whether one relayed payload carries a token (a chunk with non-empty content)."""
+def token_text(payload: bytes) -> str | None:
+    """The token one relayed payload carries (a chunk's non-empty content), or None when it carries none."""
     try:
         doc = json.loads(payload)
         content = doc["choices"][0]["delta"].get("content")
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
-        return False
-    return isinstance(content, str) and content != ""
+        return None
+    return content if isinstance(content, str) and content != "" else None
 
 
 class ClientGone(Exception):

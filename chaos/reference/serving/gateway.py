@@ -20,8 +20,12 @@ Contracts:
   503 ``{"error": "shed", "priority": P}`` with headers ``X-Shed: 1`` and ``X-Backend: gateway``.
 - ``POST /v1/chat/completions`` (replicas of ``model: lm``): admitted like a predict; ``stream: true`` is
   relayed token by token down the ladder by :func:`~chaos.reference.serving.stream_proxy.relay`, which
-  resumes a stream cut mid-way on the next rung when ``resume_streams`` is on and otherwise cuts the
-  client's stream too; ``stream: false`` walks the ladder like a predict (no cache rung).
+  gives up a replica without a first token after ``first_token_timeout``, resumes a stream cut mid-way on
+  the next rung when ``resume_streams`` is on and otherwise cuts the client's stream too, and (with
+  ``cache_fallback``) answers from the cached rung when no replica can: the last complete answer to the
+  same prompt (an LRU of 1024, :mod:`~chaos.reference.serving.answer_cache`), else a fixed degraded text,
+  each event ``"backend": "cache", "degraded": true``; ``stream: false`` walks the ladder like a predict
+  (no cache rung).
 - ``GET /healthz``: 200 with the gateway's view: ready, route, requests in flight, and per replica up,
   reason (why down) and breaker state.
 - Health: see :mod:`~chaos.reference.serving.health`; breakers: see :mod:`~chaos.reference.serving.breaker`.
@@ -61,6 +65,7 @@ from chaos.event_kinds import SERVING_BREAKER as BREAKER
 from chaos.event_kinds import SERVING_READY as READY
 from chaos.event_kinds import SERVING_ROUTE as ROUTE
 from chaos.event_kinds import SERVING_STATS as STATS
+from chaos.reference.serving.answer_cache import AnswerCache
 from chaos.reference.serving.breaker import CircuitBreaker, State
 from chaos.reference.serving.chat import CHAT_PATH, ClientGone, StreamWriter, stream_format
 from chaos.reference.serving.health import Reason, ReplicaHealth
@@ -127,6 +132,7 @@ class Gateway:
         self._requests = 0
         self._shed = 0
         self._cache: OrderedDict[str, tuple[list[Any], Any]] = OrderedDict()
+        self.answers = AnswerCache(_CACHE_SIZE) if self.spec.cache_fallback else None  # streamed answers
         self._route: str | None = None  # None until ready
         self._route_lock = threading.Lock()
         self._ready = threading.Event()
@@ -252,6 +258,21 @@ class Gateway:
         if self.spec.cache_fallback and path == PREDICT_PATH:
             return 200, self._cached(body), CACHE
         return 502, {"error": "no backend could answer", "backends": [b.name for b in self.backends]}, GATEWAY
+
+    def stream(self, out: StreamWriter, request: dict[str, Any]) -> str:
+        """Relay one admitted streamed chat request down the ladder (the cached rung last); returns the backend
+        that gave the client its first token."""
+        self._update_route()
+        spec = self.spec
+        return relay(
+            self.backends,
+            out,
+            request,
+            spec.request_timeout,
+            spec.resume_streams,
+            first_token_timeout=spec.first_token_timeout,
+            cache=self.answers,
+        )
 
     def _remember(self, body: bytes, answer: dict[str, Any]) -> None:
         key = request_key(body)
@@ -380,9 +401,7 @@ def _handler(gateway: Gateway) -> type[JsonHandler]:
                 if request is not None:
                     out = StreamWriter(self, stream_format(self.headers.get("Accept")))
                     try:
-                        served_by = relay(
-                            gateway.backends, out, request, gateway.spec.request_timeout, gateway.spec.resume_streams
-                        )
+                        served_by = gateway.stream(out, request)
                     except ClientGone:
                         self.close_connection = True
                     return

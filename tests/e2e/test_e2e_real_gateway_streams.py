@@ -1,0 +1,132 @@
+"""A user's streaming fleet behind a real gateway: ``scenarios/serving-stream-haproxy-killed.yaml`` runs Debian's
+HAProxy with the configuration a user writes for token streams (``scenarios/haproxy/stream-fleet.cfg``: retries,
+redispatch, retry-on, a backup server) in front of two OpenAI-style streaming servers written like a user's
+(``tests/jobs/user_stream_server.py``, which imports nothing from chaos), and SIGKILLs the big-model primary
+mid-stream under streamed load.
+
+What a real gateway does, and what these tests hold the verdicts to:
+
+- the streams the primary was sending are cut mid-answer whatever the retry configuration (no real gateway
+  resumes a started response): ``streams_completed`` fails, naming each cut stream (i, primary, tokens);
+- the streams sent after the kill are retried onto the backup: no errors, the backup answers them, and after
+  the restarted primary is back the streams complete again: every other check passes;
+- with ``scenarios/haproxy/stream-no-retries.cfg`` (no retries) the new streams fail too: 503s until the health
+  checks mark the primary down, and the error rate check fails.
+
+Both runs happen once per module (about 17 s each, 35 s for the module). Skipped, with the reason, where haproxy
+is not installed.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from support import ROOT, pids_mentioning, verdicts_by_name
+
+from chaos.history.timeline import Event
+from chaos.load.summary import scheduled_ns
+from chaos.run.orchestrator import RunOptions, RunResult, execute
+from chaos.spec.roles import RolesTarget
+from chaos.spec.scenario import Scenario, load_scenario
+
+pytestmark = pytest.mark.slow
+if shutil.which("haproxy") is None:
+    pytest.skip(
+        "haproxy is not installed (apt-get install haproxy; scripts/setup.sh does as root)", allow_module_level=True
+    )
+
+SCENARIO = ROOT / "scenarios" / "serving-stream-haproxy-killed.yaml"
+NO_RETRIES = "scenarios/haproxy/stream-no-retries.cfg"
+CUT_CHECK = "streams_cut_by_kill"
+NEW_STREAMS = "new_streams_error_rate"
+
+
+def with_balancer_config(scenario: Scenario, config: str) -> Scenario:
+    """The scenario with the ``lb`` role's HAProxy config file replaced."""
+    target = scenario.target
+    assert isinstance(target, RolesTarget)
+    lb = target.roles["lb"]
+    assert lb.command is not None and lb.command[-1].endswith(".cfg")
+    roles = {**target.roles, "lb": lb.model_copy(update={"command": [*lb.command[:-1], config]})}
+    return scenario.model_copy(update={"target": target.model_copy(update={"roles": roles})})
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
+    scenario = load_scenario(SCENARIO)
+    out = {}
+    for name, spec in (("retries", scenario), ("no_retries", with_balancer_config(scenario, NO_RETRIES))):
+        out[name] = execute(spec, RunOptions(report_root=tmp_path_factory.mktemp(name), scenario_file=SCENARIO))
+    return out
+
+
+def streams(result: RunResult) -> list[Event]:
+    """The run's streamed requests, in the order they were scheduled."""
+    found = [e for e in result.history.of("load.request") if e.data.get("stream") is True]
+    return sorted(found, key=scheduled_ns)
+
+
+def kill_ns(result: RunResult) -> int:
+    applied = result.history.of("fault.applied")
+    assert applied, "the kill never applied"
+    return applied[0].ts_ns
+
+
+def test_the_streams_the_killed_primary_was_sending_are_cut_and_named(runs: dict[str, RunResult]) -> None:
+    result = runs["retries"]
+    got = verdicts_by_name(result)
+    killed = [e for e in result.history.of("target.role_exit") if e.get_str("replica") == "primary"]
+    assert killed and killed[0].get_int("code") == -9, killed  # the kill landed on the primary's process
+    cut = [e for e in streams(result) if e.get_str("ended") == "cut"]
+    assert cut, "no stream was open on the primary when it was killed"
+    assert all(e.data.get("backends") == ["primary"] for e in cut), [e.data for e in cut]
+    status, reason = got[CUT_CHECK]
+    assert status == "fail", got
+    assert f"{len(cut)} cut stream(s) (i, backend, tokens)" in reason, reason
+    for e in cut[:5]:  # the reason names the first five, the evidence every one
+        assert f"{e.get_int('i')} (primary, {e.get_int('tokens')} tokens)" in reason, reason
+    evidence = next(r.evidence for r in result.results if r.name == CUT_CHECK)
+    named = [line for line in evidence if "cut after" in line and "via primary" in line]
+    assert len(named) == len(cut), evidence
+    assert result.verdict == "fail", got
+    others = {name: s for name, (s, _) in got.items() if s not in ("pass", "info")}
+    assert others == {CUT_CHECK: "fail"}, got  # every other check passed
+
+
+def test_with_retries_the_new_streams_go_to_the_backup_and_back_to_the_restarted_primary(
+    runs: dict[str, RunResult],
+) -> None:
+    result = runs["retries"]
+    got = verdicts_by_name(result)
+    for name in (NEW_STREAMS, "ttft_within[kill-primary]", "inter_token_gap_within", "streams_after_failback"):
+        assert got[name][0] == "pass", (name, got[name])
+    assert got["fallback_ladder"][0] == "pass", got["fallback_ladder"]
+    down = [e for e in result.history.of("detect.backend_down") if e.get_str("backend") == "primary"]
+    up = [e for e in result.history.of("serving.backend_up") if e.get_str("backend") == "primary"]
+    assert down and down[0].source == "haproxy", down  # HAProxy's own log line is the detection
+    assert up and up[-1].ts_ns > down[0].ts_ns, up
+    during = [e for e in streams(result) if kill_ns(result) <= scheduled_ns(e) < up[-1].ts_ns]
+    assert during and all(e.get_str("ended") == "complete" for e in during), [e.data for e in during]
+    assert {e.get_str("backend") for e in during} >= {"fallback"}, [e.data for e in during]
+    last = streams(result)[-10:]  # the end of the load: the primary again, whole answers
+    assert all(e.get_str("ended") == "complete" and e.data.get("backends") == ["primary"] for e in last), last
+
+
+def test_without_retries_the_new_streams_fail_too(runs: dict[str, RunResult]) -> None:
+    result = runs["no_retries"]
+    got = verdicts_by_name(result)
+    assert got[CUT_CHECK][0] == "fail", got
+    assert got[NEW_STREAMS][0] == "fail", got
+    refused = [e for e in streams(result) if e.get_int("status") == 503]  # HAProxy: no server answered
+    assert refused and all(e.get_str("ended") == "error" for e in refused), refused
+    assert all(scheduled_ns(e) >= kill_ns(result) for e in refused), refused  # new streams, sent after the kill
+    evidence = next(r.evidence for r in result.results if r.name == NEW_STREAMS)
+    assert any(f"503 x{len(refused)}" in line for line in evidence), evidence
+    assert result.verdict == "fail", got
+
+
+def test_the_fleet_leaves_no_process_behind(runs: dict[str, RunResult]) -> None:
+    assert runs  # both runs are over
+    assert not pids_mentioning("user_stream_server.py"), "a model server outlived its run"
+    assert not pids_mentioning("stream-fleet.cfg") and not pids_mentioning("stream-no-retries.cfg"), "haproxy outlived"
