@@ -16,17 +16,14 @@ from chaos.cluster.inventory import Inventory
 
 pytestmark = pytest.mark.slow
 
-# (scenario, extra CLI args): the five multi-host scenarios, and the local kill-rank scenario file moved,
-# unchanged, onto one remote host with --nodes (rank 1's own agent there fires its kill; the history names the
-# host). kill-rank's golden run is shared with test_e2e_docker's kill-rank on the same host (the suite's report
-# root; one of them computes it).
+# (scenario, extra CLI args): the five multi-host scenarios. A local scenario file moved unchanged onto a remote
+# host (`--nodes`) is test_e2e_docker's kill-rank on a container.
 CASES = [
     ("partition-node", []),
     ("slow-node", []),
     ("checkpoint-storage-stall", []),
     ("lossy-link", []),
     ("slow-link", []),
-    ("kill-rank", ["--nodes", "host:h1"]),
 ]
 
 
@@ -55,9 +52,8 @@ def test_scenario_passes_on_the_testbed(
 ) -> None:
     inventory_file = write_inventory(testbed, tmp_path)
     # A RELATIVE report dir, as `mlchaos run` and `mlchaos suite run` default to: the job on the other hosts
-    # must still find its run dir (they do not start in the harness's working directory). kill-rank's is the
-    # folder of the suite's report root test_e2e_docker's kill-rank shares, for one golden run.
-    reports = str(e2e_report_root / "on-hosts") if name == "kill-rank" else "reports"
+    # must still find its run dir (they do not start in the harness's working directory).
+    reports = "reports"
     done = run_scenario_file(name, "--inventory", inventory_file, "--report-dir", reports, *extra, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     run_dir = reported_run_dir(done)
@@ -67,7 +63,7 @@ def test_scenario_passes_on_the_testbed(
     applied = [e for e in history if e["kind"] == "fault.applied"]
     healed = [e for e in history if e["kind"] == "fault.healed"]
     assert len(applied) == 1 and applied[0]["data"]["host"] in testbed.names()
-    assert len(healed) == (0 if name == "kill-rank" else 1)  # a kill is one-shot: nothing to heal
+    assert len(healed) == 1
     # The rank -> host mapping is in the history: every rank's start names the host it ran on.
     starts = [e for e in history if e["kind"] == "target.start"]
     expected = {"h1"} if extra else set(testbed.names())
