@@ -30,11 +30,13 @@ from chaos.cluster.base import Completed, TransportError
 from chaos.cluster.local import LocalTransport, process_state
 from chaos.history.timeline import Event
 from chaos.plugins.injector import Applied, FaultOp, InjectionContext, Unsupported
+from chaos.spec.roles import RolesTarget
 
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 
     from chaos.run.result import RunResult
+    from chaos.spec.scenario import Scenario
 
 # tests/support.py -> the repository root, whatever folder a test module sits in.
 ROOT = Path(__file__).resolve().parents[1]
@@ -558,3 +560,13 @@ COMMAND = TORCHRUN.replace(
     "  type: torchrun\n  module: chaos.reference.trainer\n  nproc_per_node: 2\n",
     "  type: command\n  command: [sleep, '30']\n  env: {}\n",
 )
+
+
+def with_balancer_config(scenario: Scenario, config: str) -> Scenario:
+    """The scenario with the ``lb`` role's HAProxy config file replaced."""
+    target = scenario.target
+    assert isinstance(target, RolesTarget)
+    lb = target.roles["lb"]
+    assert lb.command is not None and lb.command[-1].endswith(".cfg")
+    roles = {**target.roles, "lb": lb.model_copy(update={"command": [*lb.command[:-1], config]})}
+    return scenario.model_copy(update={"target": target.model_copy(update={"roles": roles})})

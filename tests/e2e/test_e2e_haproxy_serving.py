@@ -14,11 +14,10 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from support import ROOT, pids_mentioning, verdicts_by_name
+from support import ROOT, pids_mentioning, verdicts_by_name, with_balancer_config
 
 from chaos.run.orchestrator import RunOptions, RunResult, execute
-from chaos.spec.roles import RolesTarget
-from chaos.spec.scenario import Scenario, load_scenario
+from chaos.spec.scenario import load_scenario
 
 pytestmark = pytest.mark.slow
 if shutil.which("haproxy") is None:
@@ -26,16 +25,6 @@ if shutil.which("haproxy") is None:
 
 SCENARIO = ROOT / "scenarios" / "serving-haproxy-failover.yaml"
 NO_FALLBACK = "scenarios/haproxy/no-fallback.cfg"
-
-
-def with_balancer_config(scenario: Scenario, config: str) -> Scenario:
-    """The scenario with the ``lb`` role's HAProxy config file replaced."""
-    target = scenario.target
-    assert isinstance(target, RolesTarget)
-    lb = target.roles["lb"]
-    assert lb.command is not None and lb.command[-1].endswith(".cfg")
-    roles = {**target.roles, "lb": lb.model_copy(update={"command": [*lb.command[:-1], config]})}
-    return scenario.model_copy(update={"target": target.model_copy(update={"roles": roles})})
 
 
 @pytest.fixture(scope="module")
