@@ -35,6 +35,7 @@ from chaos.spec.roles import RolesTarget
 if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 
+    from chaos.cluster.inventory import Inventory
     from chaos.run.result import RunResult
     from chaos.spec.scenario import Scenario
 
@@ -570,3 +571,19 @@ def with_balancer_config(scenario: Scenario, config: str) -> Scenario:
     assert lb.command is not None and lb.command[-1].endswith(".cfg")
     roles = {**target.roles, "lb": lb.model_copy(update={"command": [*lb.command[:-1], config]})}
     return scenario.model_copy(update={"target": target.model_copy(update={"roles": roles})})
+
+
+def testbed_leftovers(inventory: Inventory, run_dir: Path) -> list[str]:
+    """What a run left on a namespace testbed: our iptables rules on any host, mounts and processes of its run dir."""
+    found = []
+    for host in inventory.hosts:
+        rules = subprocess.run(
+            ["ip", "netns", "exec", host.labels["netns"], "iptables-save"], capture_output=True, text=True
+        ).stdout
+        if "CHAOS" in rules or "mlchaos" in rules:
+            found.append(f"iptables rules left on {host.name}")
+    with open("/proc/self/mounts", encoding="utf-8") as mounts:
+        found += [f"mount left: {line.strip()}" for line in mounts if str(run_dir) in line]
+    ps = subprocess.run(["ps", "-eo", "pid=,stat=,args="], capture_output=True, text=True).stdout
+    found += [f"process left: {line.strip()}" for line in ps.splitlines() if str(run_dir) in line]
+    return found

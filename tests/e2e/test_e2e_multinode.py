@@ -6,11 +6,10 @@ afterwards no rule, mount or process of the run may be left on any host."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
-from support import read_jsonl, reported_run_dir, run_scenario_file, write_inventory
+from support import read_jsonl, reported_run_dir, run_scenario_file, testbed_leftovers, write_inventory
 
 from chaos.cluster.inventory import Inventory
 
@@ -25,21 +24,6 @@ CASES = [
     ("lossy-link", []),
     ("slow-link", []),
 ]
-
-
-def _leftovers(inventory: Inventory, run_dir: Path) -> list[str]:
-    found = []
-    for host in inventory.hosts:
-        rules = subprocess.run(
-            ["ip", "netns", "exec", host.labels["netns"], "iptables-save"], capture_output=True, text=True
-        ).stdout
-        if "CHAOS" in rules or "mlchaos" in rules:
-            found.append(f"iptables rules left on {host.name}")
-    with open("/proc/self/mounts", encoding="utf-8") as mounts:
-        found += [f"mount left: {line.strip()}" for line in mounts if str(run_dir) in line]
-    ps = subprocess.run(["ps", "-eo", "pid=,stat=,args="], capture_output=True, text=True).stdout
-    found += [f"process left: {line.strip()}" for line in ps.splitlines() if str(run_dir) in line]
-    return found
 
 
 @pytest.mark.parametrize(("name", "extra"), CASES, ids=[name for name, _ in CASES])
@@ -68,4 +52,4 @@ def test_scenario_passes_on_the_testbed(
     starts = [e for e in history if e["kind"] == "target.start"]
     expected = {"h1"} if extra else set(testbed.names())
     assert {e["data"]["host"] for e in starts} == expected
-    assert not _leftovers(testbed, run_dir)
+    assert not testbed_leftovers(testbed, run_dir)

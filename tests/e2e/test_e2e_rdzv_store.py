@@ -26,6 +26,7 @@ from support import (
     reported_run_dir,
     run_scenario_file,
     spawn_harness,
+    testbed_leftovers,
     write_inventory,
 )
 
@@ -66,17 +67,9 @@ def etcd_testbed(testbed: Inventory) -> Iterator[tuple[Inventory, Path]]:
 
 
 def _leftovers(inventory: Inventory, run_dir: Path) -> list[str]:
-    found = []
-    for host in inventory.hosts:
-        rules = subprocess.run(
-            ["ip", "netns", "exec", host.labels["netns"], "iptables-save"], capture_output=True, text=True
-        ).stdout
-        if "CHAOS" in rules or "mlchaos" in rules:
-            found.append(f"iptables rules left on {host.name}")
     ps = subprocess.run(["ps", "-eo", "pid=,stat=,args="], capture_output=True, text=True).stdout
-    found += [f"process left: {line.strip()}" for line in ps.splitlines() if str(run_dir) in line]
-    found += [f"stopped: {line.strip()}" for line in ps.splitlines() if " T" in line[:16] and "etcd" in line]
-    return found
+    stopped = [f"stopped: {line.strip()}" for line in ps.splitlines() if " T" in line[:16] and "etcd" in line]
+    return testbed_leftovers(inventory, run_dir) + stopped
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
