@@ -573,7 +573,7 @@ def with_balancer_config(scenario: Scenario, config: str) -> Scenario:
     return scenario.model_copy(update={"target": target.model_copy(update={"roles": roles})})
 
 
-def testbed_leftovers(inventory: Inventory, run_dir: Path) -> list[str]:
+def leftovers_on_testbed(inventory: Inventory, run_dir: Path) -> list[str]:
     """What a run left on a namespace testbed: our iptables rules on any host, mounts and processes of its run dir."""
     found = []
     for host in inventory.hosts:

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from support import read_jsonl, reported_run_dir, run_scenario_file, testbed_leftovers, write_inventory
+from support import leftovers_on_testbed, read_jsonl, reported_run_dir, run_scenario_file, write_inventory
 
 from chaos.cluster.inventory import Inventory
 
@@ -52,4 +52,4 @@ def test_scenario_passes_on_the_testbed(
     starts = [e for e in history if e["kind"] == "target.start"]
     expected = {"h1"} if extra else set(testbed.names())
     assert {e["data"]["host"] for e in starts} == expected
-    assert not testbed_leftovers(testbed, run_dir)
+    assert not leftovers_on_testbed(testbed, run_dir)

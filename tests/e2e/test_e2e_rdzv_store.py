@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from support import (
     ROOT,
+    leftovers_on_testbed,
     mlchaos,
     pids_mentioning,
     pids_where,
@@ -26,7 +27,6 @@ from support import (
     reported_run_dir,
     run_scenario_file,
     spawn_harness,
-    testbed_leftovers,
     write_inventory,
 )
 
@@ -69,7 +69,7 @@ def etcd_testbed(testbed: Inventory) -> Iterator[tuple[Inventory, Path]]:
 def _leftovers(inventory: Inventory, run_dir: Path) -> list[str]:
     ps = subprocess.run(["ps", "-eo", "pid=,stat=,args="], capture_output=True, text=True).stdout
     stopped = [f"stopped: {line.strip()}" for line in ps.splitlines() if " T" in line[:16] and "etcd" in line]
-    return testbed_leftovers(inventory, run_dir) + stopped
+    return leftovers_on_testbed(inventory, run_dir) + stopped
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
