@@ -29,6 +29,7 @@ from pydantic import BaseModel
 from chaos.cluster.base import Completed, TransportError
 from chaos.cluster.local import LocalTransport, process_state
 from chaos.history.timeline import Event
+from chaos.injob.fault_events import FiringRules
 from chaos.plugins.injector import Applied, FaultOp, InjectionContext, Unsupported
 from chaos.spec.roles import RolesTarget
 
@@ -587,3 +588,26 @@ def leftovers_on_testbed(inventory: Inventory, run_dir: Path) -> list[str]:
     ps = subprocess.run(["ps", "-eo", "pid=,stat=,args="], capture_output=True, text=True).stdout
     found += [f"process left: {line.strip()}" for line in ps.splitlines() if str(run_dir) in line]
     return found
+
+
+class AgentRank:
+    """One rank's agent-side view for the in-job fault families' tests: its step, the events it emitted, and
+    fire-once markers that outlive a 'restart' (pass the same set to the next AgentRank)."""
+
+    def __init__(self, rank: int = 1, markers: set[str] | None = None) -> None:
+        self.rank = rank
+        self.step = 0
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.markers = markers if markers is not None else set()
+
+    def rules(self, *, has_ddp: bool) -> FiringRules:
+        """The agent's FiringRules for this rank: its ops are those for its rank, events land in :attr:`events`."""
+        return FiringRules(
+            mine=lambda op: op.params.get("rank") == self.rank,
+            rank=self.rank,
+            step=lambda: self.step,
+            emit=lambda kind, **data: self.events.append((kind, data)),
+            already_fired=lambda op: op.op_id in self.markers,
+            mark_fired=lambda op: self.markers.add(op.op_id),
+            has_ddp=has_ddp,
+        )

@@ -23,10 +23,9 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 from pydantic import ValidationError
-from support import ROOT, TORCHRUN
+from support import ROOT, TORCHRUN, AgentRank
 
 from chaos.injob.collective_faults import COLLECTIVE_KINDS, CollectiveFaults
-from chaos.injob.fault_events import FiringRules
 from chaos.injob.fault_specs import CollectiveFaultSpec
 from chaos.injob.flight_recorder import Recorder, flight_path, read_state
 from chaos.injob.pg_abort import established_tcp, shut_down
@@ -45,28 +44,9 @@ def _op(kind: str = "error", index: int = 1, rank: int = 1, step: int = 4) -> In
     return InJobOp(op_id="cf#1", fault="cf", injector="collective_fault", params=params, at_step=step, rank=rank)
 
 
-class _Rank:
-    """One rank's agent-side view: its step, its events, and fire-once markers that outlive a 'restart'."""
-
-    def __init__(self, rank: int = 1, markers: set[str] | None = None) -> None:
-        self.rank = rank
-        self.step = 0
-        self.events: list[tuple[str, dict[str, Any]]] = []
-        self.markers = markers if markers is not None else set()
-
+class _Rank(AgentRank):
     def faults(self, *ops: InJobOp) -> CollectiveFaults:
-        return CollectiveFaults(
-            ops,
-            FiringRules(
-                mine=lambda op: op.params.get("rank") == self.rank,
-                rank=self.rank,
-                step=lambda: self.step,
-                emit=lambda kind, **data: self.events.append((kind, data)),
-                already_fired=lambda op: op.op_id in self.markers,
-                mark_fired=lambda op: self.markers.add(op.op_id),
-                has_ddp=False,
-            ),
-        )
+        return CollectiveFaults(ops, self.rules(has_ddp=False))
 
 
 # -- the params and the plan -----------------------------------------------------------------------------------

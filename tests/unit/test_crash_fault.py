@@ -20,10 +20,9 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from support import ROOT, TORCHRUN
+from support import ROOT, TORCHRUN, AgentRank
 
 from chaos.injob.crash_faults import CRASHES, CrashFaults, InjectedFault
-from chaos.injob.fault_events import FiringRules
 from chaos.injob.fault_specs import CrashSpec
 from chaos.injob.loop_hooks import collective_failure
 from chaos.plan.agent_plan import InJobOp, load_plan
@@ -41,28 +40,9 @@ def _op(kind: str = "exception", phase: str = "backward", rank: int = 1, step: i
     return InJobOp(op_id="boom#1", fault="boom", injector="crash", params=params, at_step=step, rank=rank)
 
 
-class _Rank:
-    """One rank's agent-side view: its step, its events, and fire-once markers that outlive a 'restart'."""
-
-    def __init__(self, rank: int = 1, markers: set[str] | None = None) -> None:
-        self.rank = rank
-        self.step = 0
-        self.events: list[tuple[str, dict[str, Any]]] = []
-        self.markers = markers if markers is not None else set()
-
+class _Rank(AgentRank):
     def faults(self, *ops: InJobOp, has_ddp: bool = True) -> CrashFaults:
-        return CrashFaults(
-            ops,
-            FiringRules(
-                mine=lambda op: op.params.get("rank") == self.rank,
-                rank=self.rank,
-                step=lambda: self.step,
-                emit=lambda kind, **data: self.events.append((kind, data)),
-                already_fired=lambda op: op.op_id in self.markers,
-                mark_fired=lambda op: self.markers.add(op.op_id),
-                has_ddp=has_ddp,
-            ),
-        )
+        return CrashFaults(ops, self.rules(has_ddp=has_ddp))
 
 
 # -- the params and the plan -----------------------------------------------------------------------------------
