@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Annotated, ClassVar, Protocol, TypeVar, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, JsonValue
+from pydantic import BaseModel, ConfigDict, JsonValue, StringConstraints
 
 if TYPE_CHECKING:
     from chaos.cluster.base import Transport
@@ -206,14 +206,16 @@ class ReplicaResolver(Protocol):
 
 
 RDZV_PORT = "rdzv"
-PortName = Literal["rdzv"]
-"""A port a fault names instead of giving its number: ``rdzv``, a multi-node torchrun job's rendezvous store's."""
+PortName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z][A-Za-z0-9_.-]*$")]
+"""A port a fault names instead of giving its number: ``rdzv``, a multi-node torchrun job's rendezvous store's, or
+a roles target's role (the port it serves on, pinned or chosen for ``port: auto``)."""
 
 
 @runtime_checkable
 class NamedPorts(Protocol):
     """A target that names the ports it serves on (``target.ports``): a fault may say ``rdzv`` for the port of
-    a multi-node torchrun job's rendezvous store instead of a number chosen when the run starts."""
+    a multi-node torchrun job's rendezvous store, or a role's name for that role's port, instead of a number
+    chosen when the run starts."""
 
     def port_named(self, name: str) -> int | None:
         """The port called ``name`` now; None when the target has no such port (or has not chosen it yet)."""
@@ -242,13 +244,14 @@ class InjectionContext:
         raise InjectionError("this target has no replicas; select processes by pid or name instead")
 
     def port(self, port: int | str) -> int:
-        """``port`` as a number: a name (``rdzv``) is asked of the target; InjectionError when it has none."""
+        """``port`` as a number: a name (``rdzv``, a role) is asked of the target; InjectionError when it has none."""
         if isinstance(port, int):
             return port
         found = self.target.port_named(port) if isinstance(self.target, NamedPorts) else None
         if found is None:
             raise InjectionError(
-                f"port {port!r} names no port of this target (rdzv: a multi-node torchrun job's store)"
+                f"port {port!r} names no port of this target (rdzv: a multi-node torchrun job's store; a roles "
+                "target's role: the port it serves on)"
             )
         return found
 

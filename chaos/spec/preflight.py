@@ -21,7 +21,8 @@ The rules, each one a fault that would otherwise fail when it fires, or never fi
   without ``hosts:``; a ``freeze`` with a phase needs a duration (a thaw the agent starts continues it) and a
   ``slow`` with a phase is refused (a duty cycle spans many steps);
 - ``hosts: {rank: R}`` and ``hosts: {role: rdzv_store}`` need a job spread over hosts (torchrun with ``nodes:``, or
-  ``run --nodes``), as does a port named ``rdzv`` (a partition's ``ports``, a process fault's ``port``);
+  ``run --nodes``), as does a port named ``rdzv`` (a partition's ``ports``, a process fault's ``port``); any other
+  port name is a roles target's role with a port;
 - a host selection can be met: a named host is neither excluded nor protected, and ``count`` is within the
   blast radius;
 - a one-shot fault (``kill``, ``container_kill``, ``container_restart``: ``one_shot`` on the injector) has no
@@ -50,6 +51,7 @@ from chaos.event_kinds import (
 )
 from chaos.plugins import registry
 from chaos.plugins.injector import (
+    RDZV_PORT,
     InjectionContext,
     InjectionError,
     JobEnv,
@@ -243,7 +245,7 @@ def _fault(scenario: Scenario, index: int, fault: FaultSpec) -> Iterator[Finding
     yield from _replica(target, fault, at)
     yield from _through_the_job(scenario, fault, at)
     yield from _hosts(scenario, fault, at)
-    yield from _rdzv_port(scenario, fault, at)
+    yield from _named_ports(scenario, fault, at)
     yield from _phase(scenario, fault, at)
 
 
@@ -464,17 +466,29 @@ def _spread(scenario: Scenario) -> bool:
     return isinstance(scenario.target, TorchrunTarget) and scenario.target.nodes is not None
 
 
-def _rdzv_port(scenario: Scenario, fault: FaultSpec, at: Path_) -> Iterator[Finding]:
-    """A port named ``rdzv`` (``ports:`` of a network fault, ``port:`` of a process fault) is a multi-node
-    torchrun job's rendezvous store's: no other target has one."""
-    named = [*getattr(fault.params, "ports", []), getattr(fault.params, "port", None)]
-    if "rdzv" in named and not _spread(scenario):
-        key = "port" if getattr(fault.params, "port", None) == "rdzv" else "ports"
-        yield Finding(
-            (*at, "params", key),
-            f"port rdzv is a multi-node torchrun job's rendezvous store, but this {scenario.target.type} target has none",
-            "give the torchrun target nodes: (or run with --nodes), or give the port's number",
-        )
+def _named_ports(scenario: Scenario, fault: FaultSpec, at: Path_) -> Iterator[Finding]:
+    """A port given by name (``ports:`` of a network fault, ``port:`` of a process fault): ``rdzv`` is a multi-node
+    torchrun job's rendezvous store's (no other target has one), any other name a roles target's role with a port."""
+    port = getattr(fault.params, "port", None)
+    target = scenario.target
+    roles = [r for r, spec in target.roles.items() if spec.port is not None] if isinstance(target, RolesTarget) else []
+    for name in [p for p in [*getattr(fault.params, "ports", []), port] if isinstance(p, str)]:
+        key = "port" if port == name else "ports"
+        if name in roles:
+            continue
+        if name == RDZV_PORT and not _spread(scenario):
+            yield Finding(
+                (*at, "params", key),
+                f"port rdzv is a multi-node torchrun job's rendezvous store, but this {target.type} target has none",
+                "give the torchrun target nodes: (or run with --nodes), or give the port's number",
+            )
+        elif name != RDZV_PORT:
+            yield Finding(
+                (*at, "params", key),
+                f"port {name!r} names no port of this {target.type} target (rdzv, or a roles target's role with a "
+                "port)",
+                f"name a role with a port ({', '.join(roles)})" if roles else "give the port's number",
+            )
 
 
 def _hosts(scenario: Scenario, fault: FaultSpec, at: Path_) -> Iterator[Finding]:

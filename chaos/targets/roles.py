@@ -150,6 +150,10 @@ class RolesJob:
     def exit_code(self) -> int | None:
         return self._exit
 
+    def port_named(self, name: str) -> int | None:
+        """The port role ``name`` serves on (NamedPorts): a fault's ``ports: [primary]``; None before it is chosen."""
+        return self._ports.get(name)
+
     def stop(self, grace: float = 10.0) -> None:
         with self._lock:
             self._stopping.set()  # from here on, nothing is started

@@ -55,6 +55,7 @@ from injectors.network.host import (
     Peers,
     Port,
     next_hop,
+    port_numbers,
     probe_address,
     remembered,
     resolve_peers,
@@ -102,7 +103,7 @@ class FilterParams(Peers):
         default_factory=list,
         max_length=15,
         description="only these ports (source or destination); tcp and udp when protocol is all; rdzv: the "
-        "rendezvous store's port of a multi-node torchrun job",
+        "rendezvous store's port of a multi-node torchrun job; a roles target's role: its port",
     )
 
     @model_validator(mode="after")
@@ -159,14 +160,6 @@ def _selection(params: FilterParams) -> str:
         plural = "s" if len(params.ports) > 1 else ""
         return f", {protocol} port{plural} {','.join(str(port) for port in params.ports)}"
     return "" if params.protocol == "all" else f", {params.protocol} only"
-
-
-def _numbers(ports: Sequence[int | str]) -> list[int]:
-    """``ports`` as numbers: ``_plan`` has replaced every name (``rdzv``) by the target's port."""
-    named = [port for port in ports if not isinstance(port, int)]
-    if named:
-        raise InjectionError(f"port {named[0]!r} was not resolved to a number")
-    return [port for port in ports if isinstance(port, int)]
 
 
 # -- iptables faults --------------------------------------------------------------------------------------------
@@ -269,7 +262,7 @@ class _FilterFault:
         return self.name
 
     def _specs(self, host: Host, chains: dict[str, str], peers: Sequence[str], params: FilterParams) -> list[ChainSpec]:
-        return filter_specs(chains, peers, params.protocol, _numbers(params.ports), self._extra(params))
+        return filter_specs(chains, peers, params.protocol, port_numbers(params.ports), self._extra(params))
 
     def check(self, ctx: InjectionContext, params: BaseModel) -> None:
         """Unsupported unless iptables runs here with root (or sudo) and knows every match the fault uses."""
@@ -430,7 +423,7 @@ class DuplicateInjector(_FilterFault):
                 "out",
                 [peer],
                 params.protocol,
-                _numbers(params.ports),
+                port_numbers(params.ports),
                 self._extra(params),
                 port_match="--dports",
                 target=target,

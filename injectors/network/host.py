@@ -74,6 +74,14 @@ def peer_address(value: str) -> str:
 Port = Annotated[int, Field(ge=1, le=65535)]
 
 
+def port_numbers(ports: Sequence[int | str]) -> list[int]:
+    """``ports`` as numbers: the injector's plan has replaced every name (``rdzv``, a role) by the target's port."""
+    named = [port for port in ports if not isinstance(port, int)]
+    if named:
+        raise InjectionError(f"port {named[0]!r} was not resolved to a number")
+    return [port for port in ports if isinstance(port, int)]
+
+
 class Peers(BaseModel):
     """Base of every network fault's params: ``peers`` as canonical, de-duplicated IPv4 addresses/CIDRs."""
 

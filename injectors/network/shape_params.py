@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
-from chaos.plugins.injector import InjectionError
+from chaos.plugins.injector import InjectionError, PortName
 from chaos.spec.units import Duration
 from injectors.network.host import Peers, Port
 
@@ -54,8 +54,11 @@ class ShapeParams(Peers):
         default="out",
         description="out: what this host sends; in (delay, jitter): what it receives, through the NFQUEUE holder",
     )
-    ports: list[Port] = Field(
-        default_factory=list, max_length=15, description="only what is sent to these destination ports (needs peers)"
+    ports: list[Port | PortName] = Field(
+        default_factory=list,
+        max_length=15,
+        description="only what is sent to these destination ports (needs peers): numbers, or a roles target's role "
+        "(its port)",
     )
     protocol: Literal["all", "tcp", "udp"] = Field(default="all", description="only this IP protocol")
 

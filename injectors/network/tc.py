@@ -32,7 +32,7 @@ from pydantic import BaseModel, JsonValue
 from chaos.cluster.base import Completed, TransportError
 from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported, flag, params_as
 from injectors.network import nfqueue
-from injectors.network.host import Host, ms, probe_address, remembered, resolve_peers
+from injectors.network.host import Host, ms, port_numbers, probe_address, remembered, resolve_peers
 from injectors.network.iptables import Run
 from injectors.network.shape_params import (
     BandwidthParams,
@@ -267,7 +267,7 @@ def shaping_plan(
     else:
         qdisc, kind = ["netem", *_netem_args(params)], "netem"
     return ("htb" if peers else kind), shaping_commands(
-        interface, root, leaf, peers, qdisc, params.ports, params.protocol
+        interface, root, leaf, peers, qdisc, port_numbers(params.ports), params.protocol
     )
 
 
@@ -389,10 +389,11 @@ class _ShapeFault:
         """Choose interface, handles and tc commands (or, for delay and jitter on a host without netem, the
         NFQUEUE chain and queue); changes nothing."""
         params = op.params_as(ShapeParams)
+        params = params.model_copy(update={"ports": [ctx.port(port) for port in params.ports]})  # a role: a number
         host = Host.open(ctx.transport, refuse=InjectionError)
         peers = resolve_peers(ctx, params.peers)
         if self.needs_netem and (params.direction == "in" or not self._netem_here(ctx, host)):
-            return self._prepare_holder(ctx, op, host, peers)
+            return self._prepare_holder(ctx, op, host, peers, params)
         interface = self._interface(ctx, host, params, InjectionError)
         root, leaf = handles(op.op_id, ctx.transport.host)
         kind, commands = shaping_plan(interface, root, leaf, peers, params)
@@ -403,15 +404,16 @@ class _ShapeFault:
             self.name, ctx.transport.host, state.to_json(), f"{self._what(params)} {where} on {interface} (outgoing)"
         )
 
-    def _prepare_holder(self, ctx: InjectionContext, op: FaultOp, host: Host, peers: list[str]) -> Applied:
-        params = op.params_as(ShapeParams)
+    def _prepare_holder(
+        self, ctx: InjectionContext, op: FaultOp, host: Host, peers: list[str], params: ShapeParams
+    ) -> Applied:
         delay, jitter = _delay_and_jitter(params)
         state = nfqueue.plan(
             op.op_id,
             host,
             peers,
             params.interface,
-            params.ports,
+            port_numbers(params.ports),
             params.protocol,
             delay,
             jitter,

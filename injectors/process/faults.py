@@ -68,8 +68,8 @@ class ProcessSelector(BaseModel):
     )
     port: Annotated[int, Field(ge=1, le=65535)] | PortName | None = Field(
         default=None,
-        description="the process listening on this TCP port on the host: a number, or rdzv (a multi-node torchrun "
-        "job's rendezvous store: node 0's agent with c10d, etcd with etcd-v2)",
+        description="the process listening on this TCP port on the host: a number, rdzv (a multi-node torchrun "
+        "job's rendezvous store: node 0's agent with c10d, etcd with etcd-v2), or a roles target's role (its port)",
     )
 
     @field_validator("name")

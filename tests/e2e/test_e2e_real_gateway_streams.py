@@ -13,8 +13,14 @@ What a real gateway does, and what these tests hold the verdicts to:
 - with ``scenarios/haproxy/stream-no-retries.cfg`` (no retries) the new streams fail too: 503s until the health
   checks mark the primary down, and the error rate check fails.
 
-Both runs happen once per module (about 17 s each, 35 s for the module). Skipped, with the reason, where haproxy
-is not installed.
+And ``scenarios/serving-stream-haproxy-slow.yaml``, the primary's traffic delayed by 400 ms (the ``delay`` fault
+on the port the roles target chose for it): with a connect deadline
+(``scenarios/haproxy/stream-connect-deadline.cfg``) HAProxy marks the primary down on the first failed connect
+and every check passes; with the textbook's health check (``stream-textbook-probes.cfg``: every 5 s, 2 s timeout)
+every probe passes, no error or cut stream or token gap shows the slow replica, and only ``ttft_within`` fails,
+naming the slow streams and the primary.
+
+The four runs happen once per module (about 15 s each). Skipped, with the reason, where haproxy is not installed.
 """
 
 from __future__ import annotations
@@ -37,16 +43,23 @@ if shutil.which("haproxy") is None:
 
 SCENARIO = ROOT / "scenarios" / "serving-stream-haproxy-killed.yaml"
 NO_RETRIES = "scenarios/haproxy/stream-no-retries.cfg"
+SLOW = ROOT / "scenarios" / "serving-stream-haproxy-slow.yaml"
+TEXTBOOK_PROBES = "scenarios/haproxy/stream-textbook-probes.cfg"
 CUT_CHECK = "streams_cut_by_kill"
 NEW_STREAMS = "new_streams_error_rate"
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
-    scenario = load_scenario(SCENARIO)
+    killed, slow = load_scenario(SCENARIO), load_scenario(SLOW)
     out = {}
-    for name, spec in (("retries", scenario), ("no_retries", with_balancer_config(scenario, NO_RETRIES))):
-        out[name] = execute(spec, RunOptions(report_root=tmp_path_factory.mktemp(name), scenario_file=SCENARIO))
+    for name, spec, path in (
+        ("retries", killed, SCENARIO),
+        ("no_retries", with_balancer_config(killed, NO_RETRIES), SCENARIO),
+        ("slow", slow, SLOW),
+        ("slow_textbook", with_balancer_config(slow, TEXTBOOK_PROBES), SLOW),
+    ):
+        out[name] = execute(spec, RunOptions(report_root=tmp_path_factory.mktemp(name), scenario_file=path))
     return out
 
 
@@ -115,7 +128,44 @@ def test_without_retries_the_new_streams_fail_too(runs: dict[str, RunResult]) ->
     assert result.verdict == "fail", got
 
 
+def test_a_connect_deadline_moves_the_streams_off_the_slow_primary(runs: dict[str, RunResult]) -> None:
+    result = runs["slow"]
+    got = verdicts_by_name(result)
+    assert {name: s for name, (s, _) in got.items() if s not in ("pass", "info")} == {}, got
+    applied, healed = kill_ns(result), result.history.of("fault.healed")[0].ts_ns
+    down = [e for e in result.history.of("detect.backend_down") if e.get_str("backend") == "primary"]
+    assert down and applied < down[0].ts_ns < healed, down  # HAProxy marked the slow primary down during the fault
+    during = [e for e in streams(result) if down[0].ts_ns <= scheduled_ns(e) < healed]
+    assert during and {e.get_str("backend") for e in during} == {"fallback"}, [e.data for e in during]
+    assert all(e.get_str("ended") == "complete" for e in streams(result)), "a stream was cut"
+
+
+def test_with_the_textbook_probes_only_time_to_first_token_shows_the_slow_primary(runs: dict[str, RunResult]) -> None:
+    result = runs["slow_textbook"]
+    got = verdicts_by_name(result)
+    failed = {name: s for name, (s, _) in got.items() if s not in ("pass", "info")}
+    # errors, cuts and gaps pass; nothing was detected, so there was no failover to come back from
+    assert failed == {
+        "ttft_during": "fail",
+        "detected_within[delay-primary]": "fail",
+        "failback_within[delay-primary]": "unknown",
+    }, got
+    assert not result.history.of("detect.backend_down"), "a probe saw the slow primary"
+    applied, healed = kill_ns(result), result.history.of("fault.healed")[0].ts_ns
+    slow = [
+        e for e in streams(result) if applied <= scheduled_ns(e) < healed and float(e.data.get("ttft_s") or 0) > 0.45
+    ]
+    assert slow and {e.get_str("backend") for e in slow} == {"primary"}, [e.data for e in slow]
+    evidence = next(r.evidence for r in result.results if r.name == "ttft_during")
+    worst = [line for line in evidence if "worst ttft" in line]  # the slow streams, named with who served them
+    assert worst and all("via primary" in line for line in worst), evidence
+
+
 def test_the_fleet_leaves_no_process_behind(runs: dict[str, RunResult]) -> None:
-    assert runs  # both runs are over
-    assert not pids_mentioning("user_stream_server.py"), "a model server outlived its run"
-    assert not pids_mentioning("stream-fleet.cfg") and not pids_mentioning("stream-no-retries.cfg"), "haproxy outlived"
+    # Each run's own processes (by pid and command line: other modules run fleets of the same files meanwhile).
+    for name, result in runs.items():
+        for start in result.history.of("target.role_start"):
+            pid, role = start.get_int("pid"), start.get_str("role")
+            assert pid is not None and role is not None, start
+            marker = "haproxy" if role == "lb" else "user_stream_server.py"
+            assert pid not in pids_mentioning(marker), f"{name}: {role} (pid {pid}) outlived its run"

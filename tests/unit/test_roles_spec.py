@@ -97,3 +97,25 @@ def test_a_scenario_with_roles_on_hosts_needs_an_inventory() -> None:
     )
     with pytest.raises(HostsError, match="no inventory was given"):
         HostSet.for_scenario(scenario, None, None)
+
+
+def _partition(ports: str) -> str:
+    """SCENARIO with a partition of ``ports`` instead of the kill."""
+    fault = f"type: partition\n    params: {{peers: [127.0.0.1], ports: {ports}}}\n    trigger: {{after: 1s}}\n    duration: 1s"
+    return (SCENARIO % "group.1").replace(
+        "type: kill\n    params: {replica: group.1}\n    trigger: {after: 10s}", fault
+    )
+
+
+def test_a_network_fault_may_name_a_roles_port_by_its_role() -> None:
+    scenario = parse_scenario(_partition("[lighthouse, 29400]"))
+    assert scenario.faults[0].params.ports == ["lighthouse", 29400]  # type: ignore[attr-defined]
+    assert preflight(scenario) == []
+
+
+@pytest.mark.parametrize(("ports", "fix"), [("[group]", "name a role with a port (lighthouse)"), ("[rdzv]", "nodes:")])
+def test_the_preflight_refuses_a_port_name_the_target_does_not_serve(ports: str, fix: str) -> None:
+    problems = preflight(parse_scenario(_partition(ports)))
+    assert len(problems) == 1, problems
+    assert "names no port" in problems[0].message or "rendezvous store" in problems[0].message, problems[0]
+    assert fix in problems[0].hint, problems[0]
