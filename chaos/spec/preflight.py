@@ -468,10 +468,15 @@ def _spread(scenario: Scenario) -> bool:
 
 def _named_ports(scenario: Scenario, fault: FaultSpec, at: Path_) -> Iterator[Finding]:
     """A port given by name (``ports:`` of a network fault, ``port:`` of a process fault): ``rdzv`` is a multi-node
-    torchrun job's rendezvous store's (no other target has one), any other name a roles target's role with a port."""
+    torchrun job's rendezvous store's (no other target has one), any other name a roles target's role with a port
+    (a serving target's: primary, fallback)."""
     port = getattr(fault.params, "port", None)
     target = scenario.target
-    roles = [r for r, spec in target.roles.items() if spec.port is not None] if isinstance(target, RolesTarget) else []
+    roles: list[str] = []
+    if isinstance(target, RolesTarget):
+        roles = [r for r, spec in target.roles.items() if spec.port is not None]
+    elif isinstance(target, ServingTarget):  # the reference stack: each model server on its own port
+        roles = [PRIMARY] + ([FALLBACK] if target.fallback is not None else [])
     for name in [p for p in [*getattr(fault.params, "ports", []), port] if isinstance(p, str)]:
         key = "port" if port == name else "ports"
         if name in roles:
