@@ -179,12 +179,12 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> Baseline:
 
 
 @pytest.mark.slow
-def test_same_seed_same_digest_different_seed_differs(baseline: Baseline, tmp_path: Path) -> None:
+def test_the_digest_is_the_replicas_and_another_seed_changes_it(baseline: Baseline, tmp_path: Path) -> None:
     assert len(baseline.digest) == 64
     # Both ranks hold the same replica, and the file rank 0 writes matches what the events say.
     assert _last_attempt_digests(baseline.events) == {0: baseline.digest, 1: baseline.digest}
-    _, _, again = run_to_completion(tmp_path / "again")
-    assert again == baseline.digest
+    # The same seed giving the same digest is what test_kill_rank_and_resume_is_bit_identical's resumed run shows
+    # (and every golden comparison of the e2e tests): one more fault-free run here would only repeat it.
     _, _, other = run_to_completion(tmp_path / "other-seed", seed=SEED + 1)
     assert other != baseline.digest
 
