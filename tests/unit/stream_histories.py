@@ -48,6 +48,7 @@ class StreamRun:
     routes: bool = False  # the gateway records serving.route at each move
     cache_from: float | None = None  # small dies too: the cache serves from here until the primary is back
     small_signal: bool = True  # with cache_from: small's kill and detect.backend_down
+    leak: float = 0.0  # with cache_from: for this long small (still up) and the cache alternate, then small dies
     skip_small: bool = False  # the kill sends traffic straight to the cache
     resume: bool = True  # the gateway resumes streams the kill cut; False: they end cut
     tokens: int = 20
@@ -79,6 +80,8 @@ class StreamRun:
     def backend_at(self, t: float, i: int) -> str:
         if t < self.fault_at or t >= self.back:
             return ("primary", "primary-b")[(i // (self.sessions or 1)) % 2] if self.spread else "primary"
+        if self.cache_from is not None and self.cache_from <= t < self.cache_from + self.leak:
+            return ("cache", "small")[i % 2]
         if self.skip_small or (self.cache_from is not None and t >= self.cache_from):
             return "cache"
         return "small"
@@ -117,9 +120,10 @@ class StreamRun:
             if self.breaker and self.with_fault:
                 out.append(ev(self.back_at, "serving.breaker", backend="primary", state="closed"))
         if self.cache_from is not None and self.small_signal:
-            out.append(ev(self.cache_from, "fault.applied", source="runner", fault=KILL_SMALL, op="op-2",
-                          injector="kill", host="local", replica="small"))  # fmt: skip
-            out.append(ev(self.cache_from + 0.2, "detect.backend_down", backend="small", reason="health"))
+            at = self.cache_from + self.leak
+            out.append(ev(at, "fault.applied", source="runner", fault=KILL_SMALL, op="op-2", injector="kill",
+                          host="local", replica="small"))  # fmt: skip
+            out.append(ev(at + 0.2, "detect.backend_down", backend="small", reason="health"))
         if self.routes:
             lower = "cache" if self.skip_small else "small"
             moves = [(t0 + 0.001, lower, "primary")]
@@ -366,6 +370,11 @@ STREAMS: dict[str, tuple[Any, list[tuple[str, Any, str]]]] = {
             (
                 "the ladder moved from small to the cache with no signal about small",
                 RUNS.filter(lambda r: r.cache_from is not None).map(lambda r: _ladder(r.but(small_signal=False))),
+                "fail",
+            ),
+            (
+                "the cache served while small went on serving, until small's signal within the grace",
+                RUNS.filter(lambda r: r.cache_from is not None).map(lambda r: _ladder(r.but(leak=1.0, routes=False))),
                 "fail",
             ),
             (

@@ -271,3 +271,13 @@ def test_the_timeline_draws_the_ladder_only_for_streams() -> None:
     with_ladder, without = plot_run_timeline(streamed.events()), plot_run_timeline(plain.events())
     assert with_ladder.startswith(PNG_SIGNATURE)
     assert png_size(with_ladder)[1] > png_size(without)[1]  # the ladder panel is there
+
+
+def test_a_later_signal_does_not_excuse_a_move_away_from_a_rung_that_went_on_serving() -> None:
+    # The cache and small alternate for 1 s (small healthy, answering), then small dies: its signal is within the
+    # grace of the first move to the cache, but small served after that move, so the move was not for it.
+    leaked = StreamRun(cache_from=7.0, leak=1.0)
+    result = judge("fallback_ladder", leaked.events(), rungs=RUNGS)
+    assert result.status == "fail", result
+    assert "moved down small -> cached at +7" in result.reason and "while small went on serving" in result.reason
+    assert judge("fallback_ladder", leaked.but(leak=0.0).events(), rungs=RUNGS).status == "pass"

@@ -108,13 +108,27 @@ def _since_up(ups: list[Signal], t: int) -> int | None:
     return max((s.ts_ns for s in ups if s.ts_ns <= t), default=None)
 
 
+def _still_served(points: list[RungPoint], rung: int, lo_ns: int, hi_ns: int) -> RungPoint | None:
+    """The first request sent in (lo, hi) that ``rung`` served to its user (None when there is none)."""
+    return next((pt for pt in points if pt.rung == rung and lo_ns < pt.ts_ns < hi_ns and not st.failed(pt.event)), None)
+
+
 def _judge_down(
-    history: History, p: LadderParams, ladder: Ladder, move: Move, stay: int | None, signals_of: _Signals
+    history: History,
+    p: LadderParams,
+    ladder: Ladder,
+    move: Move,
+    stay: int | None,
+    signals_of: _Signals,
+    points: list[RungPoint],
 ) -> tuple[str | None, str]:
     """(problem or None, evidence) of a move down: every rung left or skipped needs a down signal since it last
-    recovered (the rung left: since traffic moved onto it), by the move + grace."""
+    recovered (the rung left: since traffic moved onto it), by the move + grace. A signal after the move
+    justifies it only if the rung served no request sent between the move and the signal: a rung that went on
+    serving was not what the move was for."""
     t = move.at.ts_ns
     limit = t + round(p.grace * 1e9)
+    slack = round(p.slack * 1e9)
     found: list[str] = []
     downs, ups = signals_of
     for rung in range(move.before, move.after):
@@ -123,12 +137,19 @@ def _judge_down(
             floor = stay if floor is None else max(floor, stay)
         hit = next((s for s in downs[rung] if (floor is None or s.ts_ns > floor) and s.ts_ns <= limit), None)
         name = ladder.names[rung]
+        what = f"moved down {ladder.names[move.before]} -> {ladder.names[move.after]} at {fmt_offset(history, t)}"
         if hit is None:
             since = "" if floor is None else f" since {fmt_offset(history, floor)}"
             problem = (
-                f"moved down {ladder.names[move.before]} -> {ladder.names[move.after]} at "
-                f"{fmt_offset(history, t)} with no signal ({', '.join(p.down_on)}) about {name}"
+                f"{what} with no signal ({', '.join(p.down_on)}) about {name}"
                 f" ({', '.join(ladder.backends(rung))}){since} up to {fmt_seconds(p.grace)} after the move"
+            )
+            return problem, problem
+        served = _still_served(points, rung, t + slack, hit.ts_ns)
+        if served is not None:
+            problem = (
+                f"{what}, while {name} went on serving (request {served.event.get_int('i')} sent at "
+                f"{fmt_offset(history, served.ts_ns)}) until its signal at {fmt_offset(history, hit.ts_ns)}"
             )
             return problem, problem
         found.append(f"{name}: {hit.text}")
@@ -208,7 +229,7 @@ def fallback_ladder(history: History, params: BaseModel, scenario: Scenario) -> 
     stay: list[int | None] = [None] * len(ladder.names)  # when traffic last moved onto each rung
     for move in found:
         if move.down:
-            problem, line = _judge_down(history, p, ladder, move, stay[move.before], (downs, ups))
+            problem, line = _judge_down(history, p, ladder, move, stay[move.before], (downs, ups), points)
         else:
             problem, line = _judge_up(history, p, ladder, move, downs, ups)
         stay[move.after] = move.at.ts_ns
