@@ -13,6 +13,7 @@ import base64
 import json
 import os
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
+import pytest
 from pydantic import BaseModel
 
 from chaos.cluster.base import Completed, TransportError
@@ -349,8 +351,6 @@ _Bed = TypeVar("_Bed")
 def standing(reason: str | None, up: Callable[[], _Bed], down: Callable[[], object]) -> Iterator[_Bed]:
     """A testbed's whole life, for a fixture to ``yield from``: skip with ``reason`` when it cannot be built, else
     ``up`` and, whatever happened (a half-built one too), ``down``."""
-    import pytest
-
     if reason is not None:
         pytest.skip(reason)
     try:
@@ -562,6 +562,39 @@ COMMAND = TORCHRUN.replace(
     "  type: torchrun\n  module: chaos.reference.trainer\n  nproc_per_node: 2\n",
     "  type: command\n  command: [sleep, '30']\n  env: {}\n",
 )
+
+
+def skip_module_without_haproxy() -> None:
+    """Skip the calling test module, with the reason, where Debian's HAProxy is not installed."""
+    if shutil.which("haproxy") is None:
+        pytest.skip(
+            "haproxy is not installed (apt-get install haproxy; scripts/setup.sh does as root)",
+            allow_module_level=True,
+        )
+
+
+def balancer_runs(
+    scenario_file: Path, configs: dict[str, str | None], tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, RunResult]:
+    """Run ``scenario_file`` once per entry of ``configs`` (name -> the ``lb`` role's HAProxy config file, None:
+    as shipped), one after another, each with its own report folder: the results by name."""
+    from chaos.run.orchestrator import RunOptions, execute
+    from chaos.spec.scenario import load_scenario
+
+    scenario = load_scenario(scenario_file)
+    out = {}
+    for name, config in configs.items():
+        spec = scenario if config is None else with_balancer_config(scenario, config)
+        out[name] = execute(spec, RunOptions(report_root=tmp_path_factory.mktemp(name), scenario_file=scenario_file))
+    return out
+
+
+def streamed_requests(result: RunResult) -> list[Event]:
+    """A run's streamed requests (``load.request`` with ``stream: true``), in the order they were scheduled."""
+    from chaos.load.summary import scheduled_ns
+
+    found = [e for e in result.history.of("load.request") if e.data.get("stream") is True]
+    return sorted(found, key=scheduled_ns)
 
 
 def with_balancer_config(scenario: Scenario, config: str) -> Scenario:

@@ -11,17 +11,19 @@ Both runs happen once per module (about 20 s each). Skipped, with the reason, wh
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
-from support import ROOT, pids_mentioning, verdicts_by_name, with_balancer_config
+from support import (
+    ROOT,
+    balancer_runs,
+    pids_mentioning,
+    skip_module_without_haproxy,
+    verdicts_by_name,
+)
 
-from chaos.run.orchestrator import RunOptions, RunResult, execute
-from chaos.spec.scenario import load_scenario
+from chaos.run.orchestrator import RunResult
 
 pytestmark = pytest.mark.slow
-if shutil.which("haproxy") is None:
-    pytest.skip("haproxy is not installed (apt-get install haproxy; scripts/setup.sh does as root)", allow_module_level=True)
+skip_module_without_haproxy()
 
 SCENARIO = ROOT / "scenarios" / "serving-haproxy-failover.yaml"
 NO_FALLBACK = "scenarios/haproxy/no-fallback.cfg"
@@ -29,11 +31,7 @@ NO_FALLBACK = "scenarios/haproxy/no-fallback.cfg"
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
-    scenario = load_scenario(SCENARIO)
-    out = {}
-    for name, spec in (("shipped", scenario), ("no_fallback", with_balancer_config(scenario, NO_FALLBACK))):
-        out[name] = execute(spec, RunOptions(report_root=tmp_path_factory.mktemp(name), scenario_file=SCENARIO))
-    return out
+    return balancer_runs(SCENARIO, {"shipped": None, "no_fallback": NO_FALLBACK}, tmp_path_factory)
 
 
 def test_a_killed_primary_fails_over_to_the_backup_and_back_with_no_supervisor_script(

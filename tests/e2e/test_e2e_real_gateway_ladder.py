@@ -20,7 +20,6 @@ Both runs happen once per module (about 15 s each). Skipped, with the reason, wh
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import socket
 import subprocess
@@ -30,7 +29,15 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
-from support import ROOT, pids_mentioning, verdicts_by_name, wait_for, with_balancer_config
+from support import (
+    ROOT,
+    balancer_runs,
+    pids_mentioning,
+    skip_module_without_haproxy,
+    streamed_requests,
+    verdicts_by_name,
+    wait_for,
+)
 
 from chaos.checks.serving.ladder import Ladder, Rung
 from chaos.checks.serving.streams import stream_end_ns
@@ -38,15 +45,10 @@ from chaos.history.timeline import Event
 from chaos.load.summary import scheduled_ns
 from chaos.report.ladder import ladder_series
 from chaos.report.timeline import origin_of
-from chaos.run.orchestrator import RunOptions, execute
 from chaos.run.result import RunResult
-from chaos.spec.scenario import load_scenario
 
 pytestmark = pytest.mark.slow
-if shutil.which("haproxy") is None:
-    pytest.skip(
-        "haproxy is not installed (apt-get install haproxy; scripts/setup.sh does as root)", allow_module_level=True
-    )
+skip_module_without_haproxy()
 
 SCENARIO = ROOT / "scenarios" / "serving-stream-haproxy-ladder.yaml"
 ALLBACKUPS = "scenarios/haproxy/stream-ladder-allbackups.cfg"
@@ -62,17 +64,7 @@ RUNGS = [
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
-    scenario = load_scenario(SCENARIO)
-    out = {}
-    for name, spec in (("ladder", scenario), ("allbackups", with_balancer_config(scenario, ALLBACKUPS))):
-        out[name] = execute(spec, RunOptions(report_root=tmp_path_factory.mktemp(name), scenario_file=SCENARIO))
-    return out
-
-
-def streams(result: RunResult) -> list[Event]:
-    """The run's streamed requests, in the order they were scheduled."""
-    found = [e for e in result.history.of("load.request") if e.data.get("stream") is True]
-    return sorted(found, key=scheduled_ns)
+    return balancer_runs(SCENARIO, {"ladder": None, "allbackups": ALLBACKUPS}, tmp_path_factory)
 
 
 def applied_ns(result: RunResult, fault: str) -> int:
@@ -84,7 +76,7 @@ def applied_ns(result: RunResult, fault: str) -> int:
 def between_the_kills(result: RunResult) -> list[Event]:
     """The streams scheduled while the big model was down and the small one up (300 ms off either kill)."""
     lo, hi = applied_ns(result, "kill-big") + 300_000_000, applied_ns(result, "kill-small") - 300_000_000
-    return [e for e in streams(result) if lo < scheduled_ns(e) < hi]
+    return [e for e in streamed_requests(result) if lo < scheduled_ns(e) < hi]
 
 
 def check_timeline(result: RunResult) -> list[str]:
@@ -109,7 +101,7 @@ def test_the_ladder_goes_big_small_cached_and_climbs_back_with_every_check_passi
         assert exits and exits[0].get_int("code") == -9, exits
         down = [e for e in result.history.of("detect.backend_down") if e.get_str("backend") == replica]
         assert down and down[0].source == "haproxy", down
-    cached = [e for e in streams(result) if e.get_str("backend") == "cache"]
+    cached = [e for e in streamed_requests(result) if e.get_str("backend") == "cache"]
     assert cached and all(e.get_str("ended") == "complete" and e.get_int("tokens") == 24 for e in cached), cached
     assert {e.get_str("backend") for e in between_the_kills(result)} == {"fallback"}  # the cache waits its turn
     # The report's timeline draws the rung over time: the plot guesses the ladder from the backends.
@@ -126,7 +118,7 @@ def test_the_ladder_goes_big_small_cached_and_climbs_back_with_every_check_passi
 def test_only_the_streams_open_at_a_kill_are_cut(runs: dict[str, RunResult]) -> None:
     result = runs["ladder"]
     kills = {"primary": applied_ns(result, "kill-big"), "fallback": applied_ns(result, "kill-small")}
-    lost = [e for e in streams(result) if e.get_str("ended") != "complete"]
+    lost = [e for e in streamed_requests(result) if e.get_str("ended") != "complete"]
     assert lost, "no stream was open on a server when it was killed"
     for e in lost:
         backend = e.get_str("backend")

@@ -25,21 +25,21 @@ The four runs happen once per module (about 15 s each). Skipped, with the reason
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
-from support import ROOT, pids_mentioning, verdicts_by_name, with_balancer_config
+from support import (
+    ROOT,
+    balancer_runs,
+    pids_mentioning,
+    skip_module_without_haproxy,
+    streamed_requests,
+    verdicts_by_name,
+)
 
-from chaos.history.timeline import Event
 from chaos.load.summary import scheduled_ns
-from chaos.run.orchestrator import RunOptions, RunResult, execute
-from chaos.spec.scenario import load_scenario
+from chaos.run.orchestrator import RunResult
 
 pytestmark = pytest.mark.slow
-if shutil.which("haproxy") is None:
-    pytest.skip(
-        "haproxy is not installed (apt-get install haproxy; scripts/setup.sh does as root)", allow_module_level=True
-    )
+skip_module_without_haproxy()
 
 SCENARIO = ROOT / "scenarios" / "serving-stream-haproxy-killed.yaml"
 NO_RETRIES = "scenarios/haproxy/stream-no-retries.cfg"
@@ -51,22 +51,8 @@ NEW_STREAMS = "new_streams_error_rate"
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
-    killed, slow = load_scenario(SCENARIO), load_scenario(SLOW)
-    out = {}
-    for name, spec, path in (
-        ("retries", killed, SCENARIO),
-        ("no_retries", with_balancer_config(killed, NO_RETRIES), SCENARIO),
-        ("slow", slow, SLOW),
-        ("slow_textbook", with_balancer_config(slow, TEXTBOOK_PROBES), SLOW),
-    ):
-        out[name] = execute(spec, RunOptions(report_root=tmp_path_factory.mktemp(name), scenario_file=path))
-    return out
-
-
-def streams(result: RunResult) -> list[Event]:
-    """The run's streamed requests, in the order they were scheduled."""
-    found = [e for e in result.history.of("load.request") if e.data.get("stream") is True]
-    return sorted(found, key=scheduled_ns)
+    killed = balancer_runs(SCENARIO, {"retries": None, "no_retries": NO_RETRIES}, tmp_path_factory)
+    return killed | balancer_runs(SLOW, {"slow": None, "slow_textbook": TEXTBOOK_PROBES}, tmp_path_factory)
 
 
 def kill_ns(result: RunResult) -> int:
@@ -80,7 +66,7 @@ def test_the_streams_the_killed_primary_was_sending_are_cut_and_named(runs: dict
     got = verdicts_by_name(result)
     killed = [e for e in result.history.of("target.role_exit") if e.get_str("replica") == "primary"]
     assert killed and killed[0].get_int("code") == -9, killed  # the kill landed on the primary's process
-    cut = [e for e in streams(result) if e.get_str("ended") == "cut"]
+    cut = [e for e in streamed_requests(result) if e.get_str("ended") == "cut"]
     assert cut, "no stream was open on the primary when it was killed"
     assert all(e.data.get("backends") == ["primary"] for e in cut), [e.data for e in cut]
     status, reason = got[CUT_CHECK]
@@ -108,10 +94,10 @@ def test_with_retries_the_new_streams_go_to_the_backup_and_back_to_the_restarted
     up = [e for e in result.history.of("serving.backend_up") if e.get_str("backend") == "primary"]
     assert down and down[0].source == "haproxy", down  # HAProxy's own log line is the detection
     assert up and up[-1].ts_ns > down[0].ts_ns, up
-    during = [e for e in streams(result) if kill_ns(result) <= scheduled_ns(e) < up[-1].ts_ns]
+    during = [e for e in streamed_requests(result) if kill_ns(result) <= scheduled_ns(e) < up[-1].ts_ns]
     assert during and all(e.get_str("ended") == "complete" for e in during), [e.data for e in during]
     assert {e.get_str("backend") for e in during} >= {"fallback"}, [e.data for e in during]
-    last = streams(result)[-10:]  # the end of the load: the primary again, whole answers
+    last = streamed_requests(result)[-10:]  # the end of the load: the primary again, whole answers
     assert all(e.get_str("ended") == "complete" and e.data.get("backends") == ["primary"] for e in last), last
 
 
@@ -120,7 +106,7 @@ def test_without_retries_the_new_streams_fail_too(runs: dict[str, RunResult]) ->
     got = verdicts_by_name(result)
     assert got[CUT_CHECK][0] == "fail", got
     assert got[NEW_STREAMS][0] == "fail", got
-    refused = [e for e in streams(result) if e.get_int("status") == 503]  # HAProxy: no server answered
+    refused = [e for e in streamed_requests(result) if e.get_int("status") == 503]  # HAProxy: no server answered
     assert refused and all(e.get_str("ended") == "error" for e in refused), refused
     assert all(scheduled_ns(e) >= kill_ns(result) for e in refused), refused  # new streams, sent after the kill
     evidence = next(r.evidence for r in result.results if r.name == NEW_STREAMS)
@@ -135,9 +121,9 @@ def test_a_connect_deadline_moves_the_streams_off_the_slow_primary(runs: dict[st
     applied, healed = kill_ns(result), result.history.of("fault.healed")[0].ts_ns
     down = [e for e in result.history.of("detect.backend_down") if e.get_str("backend") == "primary"]
     assert down and applied < down[0].ts_ns < healed, down  # HAProxy marked the slow primary down during the fault
-    during = [e for e in streams(result) if down[0].ts_ns <= scheduled_ns(e) < healed]
+    during = [e for e in streamed_requests(result) if down[0].ts_ns <= scheduled_ns(e) < healed]
     assert during and {e.get_str("backend") for e in during} == {"fallback"}, [e.data for e in during]
-    assert all(e.get_str("ended") == "complete" for e in streams(result)), "a stream was cut"
+    assert all(e.get_str("ended") == "complete" for e in streamed_requests(result)), "a stream was cut"
 
 
 def test_with_the_textbook_probes_only_time_to_first_token_shows_the_slow_primary(runs: dict[str, RunResult]) -> None:
@@ -153,7 +139,9 @@ def test_with_the_textbook_probes_only_time_to_first_token_shows_the_slow_primar
     assert not result.history.of("detect.backend_down"), "a probe saw the slow primary"
     applied, healed = kill_ns(result), result.history.of("fault.healed")[0].ts_ns
     slow = [
-        e for e in streams(result) if applied <= scheduled_ns(e) < healed and float(e.data.get("ttft_s") or 0) > 0.45
+        e
+        for e in streamed_requests(result)
+        if applied <= scheduled_ns(e) < healed and float(e.data.get("ttft_s") or 0) > 0.45
     ]
     assert slow and {e.get_str("backend") for e in slow} == {"primary"}, [e.data for e in slow]
     evidence = next(r.evidence for r in result.results if r.name == "ttft_during")
