@@ -48,9 +48,8 @@ def test_kill_rank_detects_recovers_and_matches_golden(kill_rank_run: RunResult)
 # freeze-rank as shipped runs in tests/e2e/test_pytest_xdist.py, which asserts its heal and its detection.
 
 
-# A recovery that skips the optimizer's restore fails matches_golden: judged on user jobs (test_e2e_user_resume,
-# test_e2e_unmodified_script's resume mutant) and, with the reference trainer's sabotage switch, in
-# tests/integration/test_ddp_trainer.py.
+# A recovery that skips the optimizer's restore fails matches_golden: judged on a user job (test_e2e_user_resume)
+# and, with the reference trainer's sabotage switch, in tests/integration/test_ddp_trainer.py.
 
 
 def test_step_trigger_past_the_end_is_unknown_not_pass(report_root: Path) -> None:
