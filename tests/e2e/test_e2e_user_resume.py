@@ -5,8 +5,10 @@ mlchaos but the agent line and reports nothing itself. Through the whole harness
 - rank 1 killed at step 10 with one torchrun restart: ``recovered_within``, ``lost_work_at_most``,
   ``exactly_once`` and ``matches_golden`` all pass on evidence the agent reported (steps, sample ids, the
   checkpoints it saw saved, the restarted attempt's resume, every rank's digest), none of them unknown;
-- the same job with the classic resume bug (``--forget-optimizer``: the model restored, Adam's state not) fails
-  ``matches_golden``, while the progress checks still pass: only the final state is wrong.
+- the same job with the classic resume bug (``FORGET_OPTIMIZER=1``: the model restored, Adam's state not) fails
+  ``matches_golden``, while the progress checks still pass: only the final state is wrong. The bug is switched
+  on in the harness's environment, which the job inherits: a fault-free run never resumes, so its golden run is
+  the good job's, read from the cache (the target spec, and with it the golden key, is the same).
 """
 
 from __future__ import annotations
@@ -78,7 +80,9 @@ def test_a_killed_rank_of_a_users_resumable_job_is_judged_on_real_evidence(
 
 
 def test_a_resume_that_forgets_the_optimizer_fails_matches_golden(e2e_report_root: Path, tmp_path: Path) -> None:
-    result = run(e2e_report_root, tmp_path, "user-resume-forgets-optimizer", ["--forget-optimizer"])
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("FORGET_OPTIMIZER", "1")
+        result = run(e2e_report_root, tmp_path, "user-resume-forgets-optimizer", [])
     got = verdicts(result)
     status, reason = got["matches_golden"]
     assert status == "fail" and "differs from golden" in reason, got

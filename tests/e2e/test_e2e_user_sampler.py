@@ -2,11 +2,12 @@
 AdamW, a mid-epoch resume that skips the batches its checkpoint trained, gloo with a 10 s timeout), run
 unmodified and then with the one ``attach`` line.
 
-Unmodified, a kill and a freeze of rank 1 are detected (the freeze at the job's own timeout), recovered, and
-the job completes. With ``import chaos.agent`` and ``agent = chaos.agent.attach(model, optimizer, ddp=ddp,
-data=loader)`` added (the test writes that copy and checks those are the only edits), a kill in the middle of
-an epoch also passes ``exactly_once`` (every sample of the three epochs trained once, counting the resumed
-attempt from the batch the checkpoint ended at) and ``matches_golden`` on both ranks.
+Unmodified, a kill of rank 1 is detected, recovered, and the job completes (a freeze at the job's own timeout
+is judged on the other unmodified script, test_e2e_unmodified_script). With ``import chaos.agent`` and
+``agent = chaos.agent.attach(model, optimizer, ddp=ddp, data=loader)`` added (the test writes that copy and
+checks those are the only edits), a kill in the middle of an epoch also passes ``exactly_once`` (every sample of
+the three epochs trained once, counting the resumed attempt from the batch the checkpoint ended at) and
+``matches_golden`` on both ranks.
 """
 
 from __future__ import annotations
@@ -30,21 +31,16 @@ def run(root: Path, tmp: Path, name: str, job: Path, fault: dict[str, Any], chec
                            fault, checks)  # fmt: skip
 
 
-@pytest.mark.parametrize("fault_type", ["kill", "freeze"])
-def test_unmodified_a_lost_rank_is_detected_and_recovered(
-    fault_type: str, e2e_report_root: Path, tmp_path: Path
-) -> None:
-    fault: dict[str, Any] = {"name": "lose-rank1", "type": fault_type, "params": {"rank": 1},
-                             "trigger": {"at_step": 25, "rank": 1}}  # fmt: skip
-    if fault_type == "freeze":
-        fault["duration"] = "15s"
-    within = "5s" if fault_type == "kill" else f"{PG_TIMEOUT + 1:g}s"
+def test_unmodified_a_killed_rank_is_detected_and_recovered(e2e_report_root: Path, tmp_path: Path) -> None:
+    # A freeze detected at the job's own timeout is judged on the other unmodified script
+    # (test_e2e_unmodified_script): the same zero-line evidence, torch's own timeout error.
+    fault = {"name": "lose-rank1", "type": "kill", "params": {"rank": 1}, "trigger": {"at_step": 25, "rank": 1}}
     checks = [
-        *detected_and_recovered("lose-rank1", within, "90s"),
+        *detected_and_recovered("lose-rank1", "5s", "90s"),
         {"type": "restarts_at_most", "params": {"restarts": 1}},
         {"type": "completes"},
     ]
-    result = run(e2e_report_root, tmp_path, f"sampler-{fault_type}", JOB, fault, checks)
+    result = run(e2e_report_root, tmp_path, "sampler-kill", JOB, fault, checks)
     got = verdicts(result)
     assert all(status == "pass" for status, _ in got.values()), got
     assert all(e.data.get("source") == "optimizer" for e in result.history.of("target.step"))

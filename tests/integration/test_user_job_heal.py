@@ -1,9 +1,9 @@
-"""On a job we did not write: a 1-ULP one-step weight flip, healed, leaves every rank of
-``tests/jobs/user_ddp_adam.py`` (DDP, Adam, 2 gloo ranks, the one-line agent) bitwise equal to the golden run.
+"""On a job we did not write (``tests/jobs/user_ddp_adam.py``: DDP, Adam, 2 gloo ranks, the one-line agent), the
+digest sees a one-ulp fault at all: the same 1-ULP flip of one bias that, fired after backward and healed at the
+end of its step, leaves every rank golden (judged through the whole harness in
+tests/e2e/test_e2e_user_job.py), changes every rank's digest when fired before the forward, which reads it.
 
-Three real torchrun launches: golden (no plan), the flip fired after backward (healed at the end of its step,
-after the optimizer step), and the same flip fired before the forward as a control: the forward reads the
-corrupted bias, so that run must differ, which shows the digest comparison can see a one-ulp fault at all.
+Two real torchrun launches: golden (no plan) and the flip before the forward.
 """
 
 from __future__ import annotations
@@ -38,20 +38,14 @@ def digests(events: list[dict[str, Any]]) -> dict[int, str]:
 
 
 @pytest.mark.slow
-def test_one_ulp_weight_flip_healed_after_the_step_leaves_every_rank_golden(tmp_path: Path) -> None:
+def test_a_one_ulp_flip_the_forward_reads_changes_every_ranks_digest(tmp_path: Path) -> None:
     golden = run_job(tmp_path / "golden", None)
     assert len(set(digests(golden).values())) == 1 and set(digests(golden)) == {0, 1}
     assert [e["data"]["step"] for e in golden if e["kind"] == "target.step" and e["rank"] == 0] == list(
         range(1, STEPS + 1)
     )
-
-    healed = run_job(tmp_path / "healed", "backward")
-    applied = [e for e in healed if e["kind"] == "fault.applied"]
+    control = run_job(tmp_path / "control", "forward")
+    applied = [e for e in control if e["kind"] == "fault.applied"]
     assert [(e["rank"], e["data"]["step"]) for e in applied] == [(1, FAULT_STEP)]
     assert "4.bias" in applied[0]["data"]["description"] and "[1] bit 0" in applied[0]["data"]["description"]
-    assert [(e["rank"], e["data"]["step"]) for e in healed if e["kind"] == "fault.healed"] == [(1, FAULT_STEP)]
-    assert digests(healed) == digests(golden)
-
-    control = run_job(tmp_path / "control", "forward")
-    assert any(e["kind"] == "fault.applied" for e in control)
-    assert set(digests(control).values()).isdisjoint(digests(golden).values())
+    assert set(digests(control)) == {0, 1} and set(digests(control).values()).isdisjoint(digests(golden).values())

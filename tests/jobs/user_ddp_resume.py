@@ -8,8 +8,9 @@ checkpoints it saves with ``torch.save``, the resume and the final digest. Run i
 
     torchrun --nproc_per_node 2 tests/jobs/user_ddp_resume.py --checkpoint-dir /tmp/ckpt --steps 16
 
-``--forget-optimizer`` is the classic resume bug: the model is restored, the optimizer (Adam's moments and
-step count) is not, so the run ends with different weights than an uninterrupted one.
+``--forget-optimizer`` (or ``FORGET_OPTIMIZER=1`` in the environment) is the classic resume bug: the model is
+restored, the optimizer (Adam's moments and step count) is not, so the run ends with different weights than an
+uninterrupted one.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def main() -> None:
     if latest is not None:
         state = torch.load(latest)
         model.load_state_dict(state["model"])
-        if not args.forget_optimizer:
+        if not (args.forget_optimizer or os.environ.get("FORGET_OPTIMIZER") == "1"):
             optimizer.load_state_dict(state["optimizer"])
         start = state["step"] + 1
         print(f"rank {rank} resuming from {latest} at step {start}", flush=True)
