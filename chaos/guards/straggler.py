@@ -102,7 +102,7 @@ class StragglerDetector:
         self.world_size, self.window, self.ratio, self.min_excess = world_size, window, ratio, min_excess
         self._compute: deque[tuple[float, ...]] = deque(maxlen=window)
         self._wait: deque[tuple[float, ...]] = deque(maxlen=window)
-        self._episodes = Episodes(world_size, window)  # consecutive steps under the threshold since the rank last fired
+        self._episodes = Episodes(world_size, window)  # one detection per slow episode of a rank
 
     def _row(self, name: str, values: Sequence[float]) -> tuple[float, ...]:
         if len(values) != self.world_size:

@@ -118,8 +118,9 @@ def _attempt(
     body = json.dumps({**request, "stream": True, **({"resume_from": len(texts)} if resuming else {})}).encode()
     deadline = None if resuming or first_token_timeout is None else time.monotonic() + first_token_timeout
     try:
-        limit = timeout if deadline is None or first_token_timeout is None else min(timeout, first_token_timeout)
-        conn, sock, response = _open(rung, body, out.fmt, limit)
+        conn, sock, response = _open(
+            rung, body, out.fmt, timeout if deadline is None else min(timeout, _left(deadline))
+        )
     except Exception:  # noqa: BLE001 - refused, reset, timed out: the next rung
         rung.breaker.failure()
         return "failed"
@@ -128,14 +129,13 @@ def _attempt(
         nonlocal deadline
         if deadline is None:
             return
-        left = deadline - time.monotonic()
         if out.started:  # the first token came: from now on only the idle timeout
             deadline = None
             sock.settimeout(timeout)
-        elif left <= 0:
+        elif _left(deadline) <= 0:
             raise TimeoutError(f"no first token from {rung.name} within {first_token_timeout}s")
         else:
-            sock.settimeout(min(timeout, left))
+            sock.settimeout(min(timeout, _left(deadline)))
 
     try:
         if response.status != 200:
@@ -153,9 +153,7 @@ def _attempt(
                     held.append(payload)
                     continue
                 if not out.started:
-                    out.start(rung.name)
-                    for early in held:
-                        out.payload(early)
+                    _start(out, rung, held)
                 out.payload(payload)
                 if text is not None:
                     texts.append(text)
@@ -166,13 +164,23 @@ def _attempt(
             return "failed"
         rung.breaker.success()
         if not out.started:  # a clean answer without a token
-            out.start(rung.name)
-            for early in held:
-                out.payload(early)
+            _start(out, rung, held)
         out.finish()
         return "done"
     finally:
         conn.close()
+
+
+def _left(deadline: float) -> float:
+    """Seconds from now until ``deadline`` (a ``time.monotonic()`` value); negative once it has passed."""
+    return deadline - time.monotonic()
+
+
+def _start(out: StreamWriter, rung: Rung, held: list[bytes]) -> None:
+    """Open the client's answer as ``rung``'s: the head, then the chunks held back until its first token."""
+    out.start(rung.name)
+    for early in held:
+        out.payload(early)
 
 
 def _asked(request: dict[str, Any]) -> ChatRequest | None:
@@ -195,6 +203,7 @@ def relay(
     """Relay one streamed answer to ``out`` (see the module docstring); returns the backend that gave the client
     its first token (``cache`` for the cached rung, ``gateway`` when none did)."""
     texts: list[str] = []  # the tokens the client has received
+    asked = _asked(request) if cache is not None else None  # what the cached rung answers and remembers
     first = GATEWAY
     for rung in rungs:
         if out.started and not resume:
@@ -208,11 +217,9 @@ def relay(
         if outcome == "passed":
             return rung.name
         if outcome == "done":
-            asked = _asked(request)
             if cache is not None and asked is not None:
                 cache.remember(asked.prompt, texts)
             return first
-    asked = _asked(request)
     if cache is not None and asked is not None and (resume or not out.started):
         started = out.started
         if stream_cached(out, cache, asked.prompt, asked.max_tokens, len(texts)):
