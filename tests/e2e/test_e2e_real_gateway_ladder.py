@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -41,6 +40,7 @@ from support import (
 
 from chaos.checks.serving.ladder import Ladder, Rung
 from chaos.checks.serving.streams import stream_end_ns
+from chaos.cluster.ports import free_port
 from chaos.history.timeline import Event
 from chaos.load.summary import scheduled_ns
 from chaos.report.ladder import ladder_series
@@ -144,15 +144,9 @@ def test_allbackups_serves_cached_answers_while_the_small_model_is_up_and_fails_
     assert served == {"fallback", "cache"}, served  # was up
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def answer_cache() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    port = _free_port()
+    port = free_port()
     args = [sys.executable, str(CACHE_SERVER), "--port", str(port), "--answers", str(ANSWERS)]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
@@ -195,7 +189,7 @@ def test_the_cache_replays_the_big_models_answers_and_misses_honestly(
     proc, url = answer_cache
     answers = json.loads(ANSWERS.read_text())
     assert sorted(answers) == [f"question s{k}" for k in range(8)]  # the scenario's 8 sessions
-    port = _free_port()
+    port = free_port()
     model = subprocess.Popen(
         [
             sys.executable,
