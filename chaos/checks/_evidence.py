@@ -1,5 +1,6 @@
 """Helpers shared by the built-in checks: finding fault ops, ordering events, citing them as evidence, and the
-check's result with its fixed fields (:func:`verdict_of`).
+check's result with its fixed fields (:func:`verdict_of`) and, for a value held to a maximum, its pass or fail
+(:func:`at_most`).
 
 Everything here is a pure function of a :class:`~chaos.history.timeline.History` (or of events), so checks stay
 testable offline. Evidence strings follow one shape, ``"<kind> <what> at +<seconds since start>s"``, for
@@ -12,7 +13,6 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TypeVar
 
 from pydantic import BaseModel
 
@@ -21,17 +21,8 @@ from chaos.event_kinds import FAULT_APPLIED, FAULT_FAILED, FAULT_HEALED, FAULT_N
 from chaos.history.timeline import Event, History
 from chaos.spec.serving import REPLICA_RANKS, ServingTarget
 
-P = TypeVar("P", bound=BaseModel)
-
 MAX_EVIDENCE = 20
 """Evidence lists are cut to this many lines (plus a "... N more" line) so reports stay readable."""
-
-
-def narrow(params: BaseModel, model: type[P]) -> P:
-    """``params`` as ``model``; a TypeError (not an assert, which ``-O`` strips) when the runner mixed them up."""
-    if not isinstance(params, model):
-        raise TypeError(f"expected {model.__name__} params, got {type(params).__name__}")
-    return params
 
 
 def _content_key(event: Event) -> tuple[int, str, int, int, str, str]:
@@ -143,6 +134,18 @@ def verdict_of(check: str, fault: str | None = None, *, bound: str | None = None
     """``CheckResult`` bound to the check ``check`` (of ``fault``): its name (:func:`label`), ``bound`` and
     ``unit``; the check adds status, reason, measured and evidence when it judges (and may override the rest)."""
     return partial(CheckResult, check=check, name=label(check, fault), bound=bound, unit=unit)
+
+
+def at_most(verdict: Verdict, measured: float, most: float, reason: str, over: str, evidence: list[str]) -> CheckResult:
+    """``pass`` when ``measured`` <= ``most``, else ``fail``: ``reason``, followed on a fail by ``", over the
+    <over>"`` (e.g. ``0.05 bound``); ``evidence`` as given (the caller caps it)."""
+    ok = measured <= most
+    return verdict(
+        status="pass" if ok else "fail",
+        measured=measured,
+        evidence=evidence,
+        reason=reason + ("" if ok else f", over the {over}"),
+    )
 
 
 def applied_ops(history: History, fault: str) -> list[Event]:

@@ -19,9 +19,9 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from chaos.checks._evidence import capped, cite, events_of, narrow, step_events, step_of, verdict_of
+from chaos.checks._evidence import capped, cite, events_of, step_events, step_of, verdict_of
 from chaos.checks.base import CheckParams, CheckResult, register_check
 from chaos.event_kinds import FAULT_CHECKPOINT, TARGET_CHECKPOINT, TARGET_RESUME, TARGET_START
 from chaos.history.timeline import Event, History
@@ -96,17 +96,13 @@ class VerifiedParams(CheckParams):
     fault: str | None = Field(default=None, description="the checkpoint fault's name (default: all of them)")
 
 
-@register_check(
-    CHECK_VERIFIED,
-    VerifiedParams,
-    to_add=NEEDS_DAMAGE,
-    summary="every resume after a checkpoint fault loaded a checkpoint the job verified, never the damaged one",
-)
-def resumed_from_verified_checkpoint(history: History, params: BaseModel, scenario: Scenario | None) -> CheckResult:
-    """``fail`` when a resume after the damage did not report ``verified: true`` or loaded the damaged
+@register_check(CHECK_VERIFIED, VerifiedParams, to_add=NEEDS_DAMAGE)
+def resumed_from_verified_checkpoint(history: History, p: VerifiedParams, scenario: Scenario | None) -> CheckResult:
+    """every resume after a checkpoint fault loaded a checkpoint the job verified, never the damaged one
+
+    ``fail`` when a resume after the damage did not report ``verified: true`` or loaded the damaged
     checkpoint; ``pass`` when every such resume (at least one) verified and avoided it; ``unknown`` when no
     checkpoint was damaged or the job never resumed after the damage."""
-    p = narrow(params, VerifiedParams)
     verdict = verdict_of(CHECK_VERIFIED, p.fault, bound="verified, not damaged")
     hits = damages(history, p.fault)
     if not hits:
@@ -172,20 +168,16 @@ def newest_intact(history: History, hits: list[Damage], before_ns: int) -> tuple
     return (max(intact) if intact else None), damaged
 
 
-@register_check(
-    CHECK_FELL_BACK,
-    FellBackParams,
-    to_add=NEEDS_DAMAGE,
-    summary="after a checkpoint fault the job resumed from the expected step (default: the newest intact one)",
-)
-def fell_back_to(history: History, params: BaseModel, scenario: Scenario | None) -> CheckResult:
-    """``measured`` is the step the job resumed from at its first restart after the damage (every rank that
+@register_check(CHECK_FELL_BACK, FellBackParams, to_add=NEEDS_DAMAGE)
+def fell_back_to(history: History, p: FellBackParams, scenario: Scenario | None) -> CheckResult:
+    """after a checkpoint fault the job resumed from the expected step (default: the newest intact one)
+
+    ``measured`` is the step the job resumed from at its first restart after the damage (every rank that
     reported it). ``pass`` when every rank resumed from the expected step; ``fail`` when any resumed elsewhere
     (the damaged checkpoint, an older one: work lost for nothing) or the ranks disagree; ``unknown`` without a
     damaged checkpoint, without a resume after it, when a rank that started or stepped in that attempt (after the
     damage) reported no resume (where it resumed from is unknown), or (``newest_intact``) without a committed
     checkpoint to expect."""
-    p = narrow(params, FellBackParams)
     verdict = verdict_of(CHECK_FELL_BACK, p.fault)
     hits = damages(history, p.fault)
     if not hits:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from chaos.checks._evidence import (
     capped,
@@ -24,7 +24,6 @@ from chaos.checks._evidence import (
     fault_ops,
     first_step_hit,
     missing_fault_reason,
-    narrow,
     step_of,
     verdict_of,
 )
@@ -91,10 +90,11 @@ def _nonfinite_problem(event: Event) -> tuple[str, set[int]]:
         "add agent = chaos.agent.attach(model, optimizer, ddp=ddp) on every rank (each reports its digest at "
         "exit), or its consistency guard (guard=Guards(consistency_every=N))"
     ),
-    summary="the data-parallel ranks held identical, finite parameters (consistency guard, final digests)",
 )
-def ranks_agree(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
-    """measured = how many ranks were found wrong: diverged, non-finite, or a final digest off the majority
+def ranks_agree(history: History, p: RanksAgreeParams, scenario: Scenario) -> CheckResult:
+    """the data-parallel ranks held identical, finite parameters (consistency guard, final digests)
+
+    measured = how many ranks were found wrong: diverged, non-finite, or a final digest off the majority
     (every rank of a split without a majority, since none of them is confirmed by the others).
 
     ``fail`` when any ``detect.divergence`` or ``detect.nonfinite`` was recorded, any guard check disagreed, or
@@ -104,7 +104,6 @@ def ranks_agree(history: History, params: BaseModel, scenario: Scenario) -> Chec
     least two ranks that are equal. ``unknown`` without such evidence (one rank, guard off and no digests, or the
     named fault never applied).
     """
-    p = narrow(params, RanksAgreeParams)
     verdict = verdict_of(CHECK_RANKS_AGREE, p.fault, bound="== 0 ranks", unit=" rank(s)")
     ops = fault_ops(history, p.fault)
     if p.fault is not None and not ops:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field, model_validator
 
 from chaos.checks import _evidence as ev
 from chaos.checks.base import CheckResult, register_check
@@ -161,13 +161,11 @@ def relation(
     return "unrelated", f"names {', '.join(said) or 'nothing the fault hit'}, not {target.describe()}"
 
 
-@register_check(
-    CHECK_DETECTED_WITHIN,
-    DetectedWithinParams,
-    summary="every applied op of a fault is followed, within a time bound, by a detection naming what it hit",
-)
-def detected_within(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
-    """Worst detection latency over the fault's applied ops, in seconds.
+@register_check(CHECK_DETECTED_WITHIN, DetectedWithinParams)
+def detected_within(history: History, p: DetectedWithinParams, scenario: Scenario) -> CheckResult:
+    """every applied op of a fault is followed, within a time bound, by a detection naming what it hit
+
+    Worst detection latency over the fault's applied ops, in seconds.
 
     For each ``fault.applied`` of ``fault``: latency = the first detection that counts as evidence about it
     (module docstring; with ``rank``: the first matching detection reported on that rank) minus the applied
@@ -176,7 +174,6 @@ def detected_within(history: History, params: BaseModel, scenario: Scenario) -> 
     detection after an op localized it to nobody or the wrong rank, or ``exclusive``/``within_steps`` fail;
     ``unknown`` when the fault was never applied (a fault that silently failed to fire cannot pass).
     """
-    p = ev.narrow(params, DetectedWithinParams)
     found = fault_latencies(history, CHECK_DETECTED_WITHIN, p.fault, p.within)
     ops = found.ops
     matching = ev.events_of(history, p.kinds)

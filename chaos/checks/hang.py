@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from chaos.checks import _evidence as ev
-from chaos.checks.base import CheckParams, CheckResult, Status, register_check
-from chaos.checks.latency import latency_verdict
+from chaos.checks.base import CheckParams, CheckResult, register_check
+from chaos.checks.latency import latency_result
 from chaos.event_kinds import DETECT_HANG
 from chaos.history.timeline import Event, History
 from chaos.spec.units import Duration
@@ -56,19 +56,12 @@ def _began(detection: Event) -> int:
     return since if since is not None else detection.ts_ns
 
 
-@register_check(
-    CHECK_CULPRIT_NAMED,
-    CulpritNamedParams,
-    summary="every hang a fault caused is pinned (detect.hang) on exactly the rank the fault hit",
-)
-def culprit_named(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
-    """See the module docstring."""
-    p = ev.narrow(params, CulpritNamedParams)
-    verdict = latency_verdict(CHECK_CULPRIT_NAMED, p.fault, p.within)
+@register_check(CHECK_CULPRIT_NAMED, CulpritNamedParams)
+def culprit_named(history: History, p: CulpritNamedParams, scenario: Scenario) -> CheckResult:
+    """every hang a fault caused is pinned (detect.hang) on exactly the rank the fault hit
 
-    def result(status: Status, reason: str, evidence: list[str], measured: float | None = None) -> CheckResult:
-        return verdict(status=status, reason=reason, evidence=ev.capped(evidence), measured=measured)
-
+    See the module docstring."""
+    result = latency_result(CHECK_CULPRIT_NAMED, p.fault, p.within)
     ops = ev.applied_ops(history, p.fault)
     if not ops:
         return result("unknown", ev.missing_fault_reason(history, p.fault), [])

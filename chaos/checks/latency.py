@@ -12,6 +12,8 @@ classified), in one fixed order so the checks cannot drift apart:
 4. ``pass`` otherwise.
 
 A definite failure outranks "cannot tell", and nothing passes without a measured latency for every op.
+A latency check that judges its ops in its own order (``culprit_named``, ``rerendezvous_within``) builds its
+verdicts with :func:`latency_result` instead.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from chaos.checks._evidence import (
     missing_fault_reason,
     verdict_of,
 )
-from chaos.checks.base import CheckParams, CheckResult
+from chaos.checks.base import CheckParams, CheckResult, Status
 from chaos.history.timeline import Event, History
 from chaos.spec.units import Duration
 
@@ -51,6 +53,26 @@ def latency_verdict(check: str, fault: str, within: float | None) -> Verdict:
     """``CheckResult`` bound to a latency check of ``fault``: name ``check[fault]``, unit seconds, bound
     ``<= <within>`` (``-`` when no bound is known, which the check must then judge ``unknown``)."""
     return verdict_of(check, fault, bound="-" if within is None else f"<= {fmt_seconds(within)}", unit="s")
+
+
+class LatencyResult(Protocol):
+    """A latency check's verdict maker (:func:`latency_result`): status, reason, the evidence (capped) and the
+    measured seconds."""
+
+    def __call__(
+        self, status: Status, reason: str, evidence: list[str], measured: float | None = None
+    ) -> CheckResult: ...
+
+
+def latency_result(check: str, fault: str, within: float | None) -> LatencyResult:
+    """:func:`latency_verdict` of ``check``, taking its fields positionally and capping the evidence, for a
+    check that judges each op itself rather than through :class:`Latencies`."""
+    verdict = latency_verdict(check, fault, within)
+
+    def result(status: Status, reason: str, evidence: list[str], measured: float | None = None) -> CheckResult:
+        return verdict(status=status, reason=reason, evidence=capped(evidence), measured=measured)
+
+    return result
 
 
 @dataclass

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, JsonValue
+from pydantic import JsonValue
 
 from chaos.checks._evidence import (
     attempt_of,
@@ -20,7 +20,6 @@ from chaos.checks._evidence import (
     cite,
     describe,
     events_of,
-    narrow,
     step_events,
     step_of,
     verdict_of,
@@ -163,11 +162,12 @@ class MatchesGoldenParams(CheckParams):
         "add agent = chaos.agent.attach(model, optimizer) (it reports the digest at exit), or emit target.digest "
         "at the end"
     ),
-    summary="every rank's final model digest equals the golden (fault-free) run's digest of that rank",
     needs_golden=True,
 )
-def matches_golden(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
-    """Compare every rank's final ``target.digest`` with the golden run's digest of the same rank (full strings).
+def matches_golden(history: History, p: MatchesGoldenParams, scenario: Scenario) -> CheckResult:
+    """every rank's final model digest equals the golden (fault-free) run's digest of that rank
+
+    Compare every rank's final ``target.digest`` with the golden run's digest of the same rank (full strings).
 
     A rank's final digest is its highest attempt's, latest on ties; the golden digests are the last
     ``runner.golden`` event's ``digests`` (rank key -> digest). A history whose ``runner.golden`` carries
@@ -179,7 +179,6 @@ def matches_golden(history: History, params: BaseModel, scenario: Scenario) -> C
     measured = the judged rank's digest, first 12 characters (the first differing rank on a failure, else
     the lowest rank); bound = ``== golden <12 chars>`` of that rank.
     """
-    narrow(params, MatchesGoldenParams)
     verdict = verdict_of(CHECK_MATCHES_GOLDEN)
     digests = [e for e in events_of(history, TARGET_DIGEST) if e.get_str("digest")]
     comparison = compare_with_golden(history)
@@ -393,17 +392,17 @@ def committed_lineage(history: History, steps: list[Event]) -> dict[int | None, 
         "pass the loader to the agent: attach(model, optimizer, ddp=ddp, data=loader) (or agent.track(sampler)), "
         "or emit target.step with samples"
     ),
-    summary="along the committed lineage every sample id is trained exactly once and no step is skipped",
 )
-def exactly_once(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
-    """Unique sample ids along the committed lineage (see :func:`committed_lineage`).
+def exactly_once(history: History, p: ExactlyOnceParams, scenario: Scenario) -> CheckResult:
+    """along the committed lineage every sample id is trained exactly once and no step is skipped
+
+    Unique sample ids along the committed lineage (see :func:`committed_lineage`).
 
     ``fail`` when a sample id appears more than once across all ranks' committed steps, or a rank's
     committed steps are not contiguous from 1 (or from the step a run-initial resume started at) to its
     final step; up to 10 duplicate ids and missing steps are listed. ``unknown`` when no ``target.step``
     carries ``samples``, or (absent a failure) some committed step lacks them.
     """
-    narrow(params, ExactlyOnceParams)
     verdict = verdict_of(CHECK_EXACTLY_ONCE, bound="each sample once", unit=" samples")
     steps = step_events(history)
     if not any(isinstance(e.data.get("samples"), list) for e in steps):

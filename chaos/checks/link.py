@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from chaos.checks import _evidence as ev
 from chaos.checks.base import CheckParams, CheckResult, register_check
@@ -173,14 +173,11 @@ class _Findings:
         return verdict(status="pass", reason=passed, evidence=evidence, measured=measured)
 
 
-@register_check(
-    CHECK_LINK_NAMED,
-    LinkNamedParams,
-    summary="each op of a link fault is named by a detect.link probed during it, for a host pair the op hit",
-)
-def link_named(history: History, params: BaseModel, scenario: Scenario | None) -> CheckResult:
-    """Worst time from each op to its naming detect.link, in seconds (rules in the module docstring)."""
-    p = ev.narrow(params, LinkNamedParams)
+@register_check(CHECK_LINK_NAMED, LinkNamedParams)
+def link_named(history: History, p: LinkNamedParams, scenario: Scenario | None) -> CheckResult:
+    """each op of a link fault is named by a detect.link probed during it, for a host pair the op hit
+
+    Worst time from each op to its naming detect.link, in seconds (rules in the module docstring)."""
     bound = "named" if p.within is None else f"<= {ev.fmt_seconds(p.within)}"
     verdict = ev.verdict_of(CHECK_LINK_NAMED, p.fault, bound=bound, unit="s")
     ops = ev.applied_ops(history, p.fault)
@@ -256,14 +253,11 @@ def link_named(history: History, params: BaseModel, scenario: Scenario | None) -
     return found.judge(verdict, named, worst, failed_measured=worst or None)
 
 
-@register_check(
-    CHECK_STALLED,
-    StalledParams,
-    summary="the job reported no training step (and did not exit or restart) while each op of a fault was in force",
-)
-def stalled_during(history: History, params: BaseModel, scenario: Scenario | None) -> CheckResult:
-    """Longest stalled window judged, in seconds (rules in the module docstring)."""
-    p = ev.narrow(params, StalledParams)
+@register_check(CHECK_STALLED, StalledParams)
+def stalled_during(history: History, p: StalledParams, scenario: Scenario | None) -> CheckResult:
+    """the job reported no training step (and did not exit or restart) while each op of a fault was in force
+
+    Longest stalled window judged, in seconds (rules in the module docstring)."""
     verdict = ev.verdict_of(CHECK_STALLED, p.fault, bound="0 steps", unit="s")
     ops = ev.applied_ops(history, p.fault)
     if not ops:

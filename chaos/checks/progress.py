@@ -21,9 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel
-
-from chaos.checks._evidence import cite, events_of, fmt_offset, fmt_seconds, narrow, seconds, step_events, verdict_of
+from chaos.checks._evidence import cite, events_of, fmt_offset, fmt_seconds, seconds, step_events, verdict_of
 from chaos.checks.base import CheckParams, CheckResult, register_check
 from chaos.event_kinds import RUNNER_END, RUNNER_NO_PROGRESS, TARGET_EXIT, TARGET_START, TARGET_WORKER
 from chaos.history.timeline import Event, History
@@ -48,18 +46,15 @@ class ProgressParams(CheckParams):
     """``progress`` takes no parameters: its bound is the scenario's ``safety.no_progress_timeout``."""
 
 
-@register_check(
-    CHECK_PROGRESS,
-    ProgressParams,
-    summary="the runner never ended the run for lack of progress (safety.no_progress_timeout)",
-)
-def progress(history: History, params: BaseModel, scenario: Scenario | None) -> CheckResult:
-    """``fail`` when the history holds a ``runner.no_progress`` event (reason: the ``runner.end`` reason that
+@register_check(CHECK_PROGRESS, ProgressParams)
+def progress(history: History, p: ProgressParams, scenario: Scenario | None) -> CheckResult:
+    """the runner never ended the run for lack of progress (safety.no_progress_timeout)
+
+    ``fail`` when the history holds a ``runner.no_progress`` event (reason: the ``runner.end`` reason that
     follows it, which says what was awaited), or two consecutive ``target.step`` events (or the last one and
     the ``target.exit`` after it) lie more than the timeout plus :data:`GAP_SLACK_S` apart; ``unknown`` when
     the scenario switched the watch off (``no_progress_timeout: null``), since then nothing could have been
     seen; ``pass`` otherwise."""
-    narrow(params, ProgressParams)
     verdict = verdict_of(CHECK_PROGRESS)
     stalls = events_of(history, RUNNER_NO_PROGRESS)
     if stalls:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import signal
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from chaos.checks._evidence import (
     attempt_of,
@@ -21,7 +21,6 @@ from chaos.checks._evidence import (
     events_of,
     fmt_offset,
     fmt_seconds,
-    narrow,
     seconds,
     step_events,
     step_of,
@@ -49,13 +48,11 @@ class RecoveredWithinParams(FaultBound):
     beyond the pre-fault high-water mark."""
 
 
-@register_check(
-    CHECK_RECOVERED_WITHIN,
-    RecoveredWithinParams,
-    summary="after each applied op of a fault, training passes its pre-fault highest step within a time bound",
-)
-def recovered_within(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
-    """Worst time to progress, in seconds, over the fault's applied ops.
+@register_check(CHECK_RECOVERED_WITHIN, RecoveredWithinParams)
+def recovered_within(history: History, p: RecoveredWithinParams, scenario: Scenario) -> CheckResult:
+    """after each applied op of a fault, training passes its pre-fault highest step within a time bound
+
+    Worst time to progress, in seconds, over the fault's applied ops.
 
     For an op applied at T: S = highest ``target.step`` step (any rank) at or before T, or the op's own ``step``
     when it names a later one (a fault fired inside step N by the job's agent, ``trigger.phase``: the step it
@@ -64,7 +61,6 @@ def recovered_within(history: History, params: BaseModel, scenario: Scenario) ->
     ``fail`` when some op is never followed by progress past S or the worst time exceeds ``within``;
     ``unknown`` when the fault never applied, or an op came before any step (no S to pass).
     """
-    p = narrow(params, RecoveredWithinParams)
     found = fault_latencies(history, CHECK_RECOVERED_WITHIN, p.fault, p.within)
     steps = step_events(history)
     stuck: list[tuple[Event, int]] = []
@@ -136,13 +132,11 @@ def _lowest_rank_first(event: Event) -> tuple[int, int, int]:
     return (1, 0, event.ts_ns) if event.rank is None else (0, event.rank, event.ts_ns)
 
 
-@register_check(
-    CHECK_LOST_WORK,
-    LostWorkParams,
-    summary="every restart resumes close enough to where training had got that it recomputes at most N steps",
-)
-def lost_work_at_most(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
-    """Most steps recomputed by any restart.
+@register_check(CHECK_LOST_WORK, LostWorkParams)
+def lost_work_at_most(history: History, p: LostWorkParams, scenario: Scenario) -> CheckResult:
+    """every restart resumes close enough to where training had got that it recomputes at most N steps
+
+    Most steps recomputed by any restart.
 
     Restarts are the attempts newer than the first one seen on ``target.start``/``step``/``resume``/
     ``restart`` events. For restarted attempt A resuming from step R (its rank-0, else lowest-rank,
@@ -153,7 +147,6 @@ def lost_work_at_most(history: History, params: BaseModel, scenario: Scenario) -
     ``pass`` with 0 when faults fired but nothing restarted; ``unknown`` when no fault was applied at all
     (nothing could lose work) or no step was recorded.
     """
-    p = narrow(params, LostWorkParams)
     verdict = verdict_of(CHECK_LOST_WORK, bound=f"<= {p.steps} steps", unit=" steps")
     applied = events_of(history, FAULT_APPLIED)
     if not applied:
@@ -234,10 +227,11 @@ class CompletesParams(CheckParams):
     CHECK_COMPLETES,
     CompletesParams,
     to_add="let the job end by itself within safety.max_duration (the target records its exit code)",
-    summary="the job ended by itself with code 0 (not stopped by the harness at a limit)",
 )
-def completes(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
-    """Whether the job finished on its own, judged on the last ``target.exit``.
+def completes(history: History, p: CompletesParams, scenario: Scenario) -> CheckResult:
+    """the job ended by itself with code 0 (not stopped by the harness at a limit)
+
+    Whether the job finished on its own, judged on the last ``target.exit``.
 
     ``pass`` when its code is 0 and the harness did not stop the job. ``fail`` when the harness stopped it
     (a ``runner.stop`` before that exit: the run hit max_duration, no progress, an abort or an interrupt; the
@@ -247,7 +241,6 @@ def completes(history: History, params: BaseModel, scenario: Scenario) -> CheckR
     one that failed with no fault in play). ``unknown`` when no ``target.exit`` was recorded or the last one
     carries no integer code.
     """
-    narrow(params, CompletesParams)
     verdict = verdict_of(CHECK_COMPLETES, bound="== 0")
     exits = events_of(history, TARGET_EXIT)
     stops = events_of(history, RUNNER_STOP)

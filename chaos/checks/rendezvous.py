@@ -19,14 +19,13 @@ below INFO in the target's ``env``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from chaos.checks import _evidence as ev
-from chaos.checks.base import CheckParams, CheckResult, Status, register_check
-from chaos.checks.latency import latency_verdict
+from chaos.checks.base import CheckParams, CheckResult, register_check
+from chaos.checks.latency import LatencyResult, latency_result
 from chaos.event_kinds import DETECT_RENDEZVOUS_ERROR, TARGET_EXIT, TARGET_NODE_EXIT, TARGET_RENDEZVOUS
 from chaos.history.timeline import Event, History
 from chaos.spec.units import Duration
@@ -35,7 +34,6 @@ if TYPE_CHECKING:
     from chaos.spec.scenario import Scenario
 
 CHECK_RERENDEZVOUS = "rerendezvous_within"
-ResultFn = Callable[..., CheckResult]
 _NO_ROUNDS = (
     "no rendezvous round completed before the fault, so the re-rendezvous cannot be timed: the agents' INFO lines "
     "(target.rendezvous) were not read (a multi-node torchrun target logs them unless its env sets LOGLEVEL, or "
@@ -64,24 +62,15 @@ def _firsts(events: list[Event], after_ns: int) -> dict[str, Event]:
     return found
 
 
-@register_check(
-    CHECK_RERENDEZVOUS,
-    RerendezvousParams,
-    summary="after a fault the agents met again in a new rendezvous round within a bound and resumed (or all gave "
-    "up cleanly)",
-)
-def rerendezvous_within(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
-    """See the module docstring."""
-    p = ev.narrow(params, RerendezvousParams)
-    verdict = latency_verdict(CHECK_RERENDEZVOUS, p.fault, p.within)
+@register_check(CHECK_RERENDEZVOUS, RerendezvousParams)
+def rerendezvous_within(history: History, p: RerendezvousParams, scenario: Scenario) -> CheckResult:
+    """after a fault the agents met again in a new rendezvous round within a bound and resumed (or all gave up cleanly)
 
-    def result(status: Status, reason: str, evidence: list[str], measured: float | None = None) -> CheckResult:
-        return verdict(status=status, reason=reason, evidence=ev.capped(evidence), measured=measured)
-
-    ops = ev.applied_ops(history, p.fault)
-    if not ops:
+    See the module docstring."""
+    result = latency_result(CHECK_RERENDEZVOUS, p.fault, p.within)
+    op = next(iter(ev.applied_ops(history, p.fault)), None)  # the first op starts the clock
+    if op is None:
         return result("unknown", ev.missing_fault_reason(history, p.fault), [])
-    op = ops[0]
     rounds = ev.events_of(history, TARGET_RENDEZVOUS)
     nodes = sorted({ev.host_of(r) for r in rounds if r.ts_ns <= op.ts_ns})
     if not nodes:
@@ -122,7 +111,7 @@ def _gave_up(
     nodes: list[str],
     missing: list[str],
     evidence: list[str],
-    result: ResultFn,
+    result: LatencyResult,
 ) -> CheckResult:
     """``outcome: gave_up``: no new round on every node; every node's agent exited non-zero within the bound; an
     agent named a rendezvous error."""

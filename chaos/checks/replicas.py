@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from chaos.checks._evidence import (
     applied_ops,
@@ -35,7 +35,6 @@ from chaos.checks._evidence import (
     fmt_offset,
     fmt_seconds,
     missing_fault_reason,
-    narrow,
     seconds,
     step_of,
     verdict_of,
@@ -111,13 +110,11 @@ class SurvivorsProgressParams(CheckParams):
     max_stall: Duration = Field(gt=0, description="longest gap between a survivor's committed steps (e.g. 10s)")
 
 
-@register_check(
-    CHECK_SURVIVORS_PROGRESS,
-    SurvivorsProgressParams,
-    summary="while a faulted replica is down, every other replica keeps committing steps (no stall over a bound)",
-)
-def survivors_progress(history: History, params: BaseModel, scenario: Scenario | None) -> CheckResult:
-    """Worst stall of a survivor, in seconds, over the fault's applied ops.
+@register_check(CHECK_SURVIVORS_PROGRESS, SurvivorsProgressParams)
+def survivors_progress(history: History, p: SurvivorsProgressParams, scenario: Scenario | None) -> CheckResult:
+    """while a faulted replica is down, every other replica keeps committing steps (no stall over a bound)
+
+    Worst stall of a survivor, in seconds, over the fault's applied ops.
 
     For an op applied at T hitting replicas V: the down window runs from T to the last of V's first committed
     step after T (see :func:`_ops`), or to the end of the history when one never came back. The survivors are
@@ -126,7 +123,6 @@ def survivors_progress(history: History, params: BaseModel, scenario: Scenario |
     that ended cleanly, code 0 or stopped by the harness, is judged up to that exit). ``fail`` when a survivor
     died with another code inside the window, or a stall exceeds ``max_stall``; ``unknown`` when the fault
     never applied, names no replica, or no other replica was committing steps before it."""
-    p = narrow(params, SurvivorsProgressParams)
     found = fault_latencies(history, CHECK_SURVIVORS_PROGRESS, p.fault, p.max_stall)
     done = commits(history)
     exits = events_of(history, ROLE_EXIT)
@@ -184,20 +180,17 @@ class RejoinedWithinParams(FaultBound):
     above the highest step committed before the fault."""
 
 
-@register_check(
-    CHECK_REJOINED_WITHIN,
-    RejoinedWithinParams,
-    summary="after each applied op of a fault, the replica it hit is back committing (healed) steps within a bound",
-)
-def rejoined_within(history: History, params: BaseModel, scenario: Scenario | None) -> CheckResult:
-    """Worst rejoin time, in seconds, over the fault's applied ops and the replicas each hit.
+@register_check(CHECK_REJOINED_WITHIN, RejoinedWithinParams)
+def rejoined_within(history: History, p: RejoinedWithinParams, scenario: Scenario | None) -> CheckResult:
+    """after each applied op of a fault, the replica it hit is back committing (healed) steps within a bound
+
+    Worst rejoin time, in seconds, over the fault's applied ops and the replicas each hit.
 
     ``fail`` when a hit replica never commits a step at or above the pre-fault high-water mark although the
     history runs past the bound (its commits below the mark are cited: it trained from scratch instead of
     healing), or the worst time exceeds ``within``; ``unknown`` when the fault never applied, names no
     replica, came before any commit or before the hit replica's first commit (a first join is no rejoin), or the
     history ends before the bound elapsed without a rejoin."""
-    p = narrow(params, RejoinedWithinParams)
     found = fault_latencies(history, CHECK_REJOINED_WITHIN, p.fault, p.within)
     done = commits(history)
     missed: list[str] = []
@@ -272,17 +265,17 @@ class ReplicasAgreeParams(CheckParams):
         "add agent = chaos.agent.attach(model, optimizer, manager=manager, ddp=ddp) and every: k here (a digest "
         "every k-th committed step), or emit target.digest {step, digest} per committed step"
     ),
-    summary="replicas hold identical parameters (target.digest) at every step after the rejoin",
 )
-def replicas_agree(history: History, params: BaseModel, scenario: Scenario | None) -> CheckResult:
-    """Steps compared, over the ``target.digest`` events that name a replica and a step.
+def replicas_agree(history: History, p: ReplicasAgreeParams, scenario: Scenario | None) -> CheckResult:
+    """replicas hold identical parameters (target.digest) at every step after the rejoin
+
+    Steps compared, over the ``target.digest`` events that name a replica and a step.
 
     Digests are compared per step within a round: a replica whose step goes back (a job restarted from scratch)
     begins a new round, so step N of a lost run is never compared with step N of its successor.
     ``fail`` at the first step whose replicas' digests differ (the odd replicas named); ``unknown`` when the
     fault never applied or its replica never rejoined, or no step has digests from two replicas (with a fault:
     two replicas, the rejoined one among them, after its rejoin)."""
-    p = narrow(params, ReplicasAgreeParams)
     verdict = verdict_of(CHECK_REPLICAS_AGREE, p.fault, unit=" steps")
     digests = [
         e

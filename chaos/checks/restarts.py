@@ -24,9 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from chaos.checks._evidence import capped, cite, events_of, host_of, narrow, verdict_of
+from chaos.checks._evidence import capped, cite, events_of, host_of, verdict_of
 from chaos.checks.base import CheckParams, CheckResult, register_check
 from chaos.event_kinds import TARGET_AGENT_RESTART, TARGET_RESTART, TARGET_START, TARGET_WORKER
 from chaos.event_kinds import TARGET_ROLE_START as ROLE_START
@@ -118,14 +118,14 @@ class RestartsParams(CheckParams):
         "launch the job with torchrun (its process tree shows the restarts) or as a roles target, or emit "
         "target.start with attempt"
     ),
-    summary="the torchrun launcher used at most N restarts (counted from the launcher and its workers)",
 )
-def restarts_at_most(history: History, params: BaseModel, scenario: Scenario | None) -> CheckResult:
-    """``fail`` when a launcher used more than ``restarts`` restarts (evidence: each restart with its cause,
+def restarts_at_most(history: History, p: RestartsParams, scenario: Scenario | None) -> CheckResult:
+    """the torchrun launcher used at most N restarts (counted from the launcher and its workers)
+
+    ``fail`` when a launcher used more than ``restarts`` restarts (evidence: each restart with its cause,
     or the event showing the highest count); ``pass`` otherwise, citing what showed the count (0 when every
     worker seen ran in the launcher's first round); ``unknown`` when no event shows the launchers' restart
     count at all (nothing observed is no evidence of "no restart")."""
-    p = narrow(params, RestartsParams)
     verdict = verdict_of(CHECK_RESTARTS, bound=f"<= {p.restarts} restarts", unit=" restarts")
     found = restarts_used(history)
     if found is None:

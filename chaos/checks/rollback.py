@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from chaos.checks._evidence import (
     capped,
@@ -30,7 +30,6 @@ from chaos.checks._evidence import (
     fault_ops,
     first_step_hit,
     missing_fault_reason,
-    narrow,
     step_events,
     step_of,
     verdict_of,
@@ -117,13 +116,11 @@ def _judge_one(history: History, rb: _Rollback, corrupted: int) -> None:
         )
 
 
-@register_check(
-    CHECK,
-    RolledBackParams,
-    summary="after a late detection the job rolled back to a checkpoint older than the corruption and ran past it",
-)
-def rolled_back_before_corruption(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
-    """measured = the newest step any rank rolled back to; bound = ``< S``, S the corruption's step.
+@register_check(CHECK, RolledBackParams)
+def rolled_back_before_corruption(history: History, p: RolledBackParams, scenario: Scenario) -> CheckResult:
+    """after a late detection the job rolled back to a checkpoint older than the corruption and ran past it
+
+    measured = the newest step any rank rolled back to; bound = ``< S``, S the corruption's step.
 
     ``unknown`` when the fault never applied, or no detection (``event``) follows it (nothing to roll back from;
     ``sdc_detected`` judges detection), or a rollback names no step. ``fail`` when no rank rolled back after the
@@ -133,7 +130,6 @@ def rolled_back_before_corruption(history: History, params: BaseModel, scenario:
     rolling back. ``pass`` otherwise: every rollback after the detection went strictly before S, resumed there,
     and training went on past the detection.
     """
-    p = narrow(params, RolledBackParams)
     verdict = verdict_of(CHECK, p.fault)
     ops = fault_ops(history, p.fault)
     if not ops:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import fnmatch
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from chaos.checks._evidence import (
     applied_ops,
@@ -22,7 +22,6 @@ from chaos.checks._evidence import (
     events_of,
     label,
     missing_fault_reason,
-    narrow,
     step_of,
     verdict_of,
 )
@@ -96,14 +95,11 @@ def _masking(history: History) -> tuple[bool, str]:
     return True, f"every rank's final digest equals the golden run's (rank(s) {ranks})"
 
 
-@register_check(
-    CHECK_SDC_DETECTED,
-    SdcDetectedParams,
-    summary="each firing of an SDC fault is detected within N steps, naming the corrupted rank; masked ones said so",
-    needs_golden=True,
-)
-def sdc_detected(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
-    """measured = worst steps from injection to detection; fail on a miss, a late detection or a wrong culprit.
+@register_check(CHECK_SDC_DETECTED, SdcDetectedParams, needs_golden=True)
+def sdc_detected(history: History, p: SdcDetectedParams, scenario: Scenario) -> CheckResult:
+    """each firing of an SDC fault is detected within N steps, naming the corrupted rank; masked ones said so
+
+    measured = worst steps from injection to detection; fail on a miss, a late detection or a wrong culprit.
 
     A firing with no detection is *masked*, not missed, when no ``event`` detection follows it at all (before
     the fault's next firing; a late one is a late detection) and every rank's final digest equals the golden
@@ -113,7 +109,6 @@ def sdc_detected(history: History, params: BaseModel, scenario: Scenario) -> Che
     a miss. When masked firings are the only problems the verdict is ``if_masked`` (``unknown`` by default),
     the reason says "masked", and measured is "masked" when no firing was detected at all.
     """
-    p = narrow(params, SdcDetectedParams)
     verdict = verdict_of(CHECK_SDC_DETECTED, p.fault, bound=f"<= {p.within_steps} steps", unit=" steps")
     ops = applied_ops(history, p.fault)
     if not ops:
@@ -204,18 +199,14 @@ class StepBlockedParams(CheckParams):
     fault: str
 
 
-@register_check(
-    CHECK_STEP_BLOCKED,
-    StepBlockedParams,
-    summary="the corruption never reached the optimizer: final digest == golden although the fault fired",
-    needs_golden=True,
-)
-def step_blocked(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
-    """``matches_golden``'s verdict, measure and bound, judged only once the fault fired: ``unknown`` when it
+@register_check(CHECK_STEP_BLOCKED, StepBlockedParams, needs_golden=True)
+def step_blocked(history: History, p: StepBlockedParams, scenario: Scenario) -> CheckResult:
+    """the corruption never reached the optimizer: final digest == golden although the fault fired
+
+    ``matches_golden``'s verdict, measure and bound, judged only once the fault fired: ``unknown`` when it
     never applied (a clean final model proves nothing then), else pass/fail/unknown as ``matches_golden``,
     which compares every rank with the golden run; a failure's reason names the ranks that differ.
     Evidence adds the first applied op and every detection that took an action (``data.action`` set, e.g. a retry)."""
-    p = narrow(params, StepBlockedParams)
     verdict = verdict_of(CHECK_STEP_BLOCKED, p.fault)
     ops = applied_ops(history, p.fault)
     if not ops:
@@ -250,14 +241,14 @@ class NoFalsePositivesParams(CheckParams):
         "let the golden run happen (a scenario whose checks need it runs it; see runner.golden in the history for"
         " why it failed)"
     ),
-    summary="no detection fired in the golden run, nor in this run before the first fault",
     needs_golden=True,
 )
-def no_false_positives(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
-    """measured = alarms without a fault: detections matching ``event`` recorded by the golden run
+def no_false_positives(history: History, p: NoFalsePositivesParams, scenario: Scenario) -> CheckResult:
+    """no detection fired in the golden run, nor in this run before the first fault
+
+    measured = alarms without a fault: detections matching ``event`` recorded by the golden run
     (``runner.golden``'s ``detections``) plus those of this run before its first ``fault.applied`` (all of
     them when none applied); ``fail`` when any, ``unknown`` when the golden run's detections were not recorded."""
-    p = narrow(params, NoFalsePositivesParams)
     verdict = verdict_of(CHECK_NO_FALSE_POSITIVES, bound="== 0")
     goldens = events_of(history, RUNNER_GOLDEN)
     if not goldens or not isinstance(goldens[-1].data.get("detections"), list):

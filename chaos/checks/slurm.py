@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from chaos.checks._evidence import (
     LOCAL_HOST,
@@ -38,7 +38,6 @@ from chaos.checks._evidence import (
     fmt_seconds,
     host_of,
     missing_fault_reason,
-    narrow,
     seconds,
     verdict_of,
 )
@@ -174,14 +173,11 @@ class NodeDrainedParams(FaultBound):
     )
 
 
-@register_check(
-    CHECK_DRAINED,
-    NodeDrainedParams,
-    summary="after each applied op of a fault, Slurm shows the node it hit DRAIN within a time bound",
-)
-def node_drained_within(history: History, params: BaseModel, scenario: Scenario | None) -> CheckResult:
-    """Worst time from an op to its node's DRAIN (see the module docstring)."""
-    p = narrow(params, NodeDrainedParams)
+@register_check(CHECK_DRAINED, NodeDrainedParams)
+def node_drained_within(history: History, p: NodeDrainedParams, scenario: Scenario | None) -> CheckResult:
+    """after each applied op of a fault, Slurm shows the node it hit DRAIN within a time bound
+
+    Worst time from an op to its node's DRAIN (see the module docstring)."""
     found = fault_latencies(history, CHECK_DRAINED, p.fault, p.within)
     for op in found.ops:
         host = _op_host(op)
@@ -233,14 +229,11 @@ class RequeuedParams(FaultBound):
     """``within`` bounds the time from each fault.applied to its job RUNNING again under the same job id."""
 
 
-@register_check(
-    CHECK_REQUEUED,
-    RequeuedParams,
-    summary="the job a fault hit is requeued and RUNNING again under the same job id within a time bound",
-)
-def requeued_within(history: History, params: BaseModel, scenario: Scenario | None) -> CheckResult:
-    """Worst time from an op to its job's next attempt RUNNING (see the module docstring)."""
-    p = narrow(params, RequeuedParams)
+@register_check(CHECK_REQUEUED, RequeuedParams)
+def requeued_within(history: History, p: RequeuedParams, scenario: Scenario | None) -> CheckResult:
+    """the job a fault hit is requeued and RUNNING again under the same job id within a time bound
+
+    Worst time from an op to its job's next attempt RUNNING (see the module docstring)."""
     found = fault_latencies(history, CHECK_REQUEUED, p.fault, p.within)
     bound_ns = round(p.within * 1e9)
     for op in found.ops:
@@ -314,15 +307,12 @@ def bad_windows(history: History, op: Event, host: str) -> list[tuple[int, int, 
     return windows
 
 
-@register_check(
-    CHECK_NO_REPEAT,
-    NoRepeatParams,
-    summary="no later attempt of the job a fault hit runs on the node it hit while that node is bad",
-)
-def no_repeat_failure_on_bad_node(history: History, params: BaseModel, scenario: Scenario | None) -> CheckResult:
-    """``fail`` when a later attempt lands on a bad node; ``unknown`` when no op, no job hit, or no later
+@register_check(CHECK_NO_REPEAT, NoRepeatParams)
+def no_repeat_failure_on_bad_node(history: History, p: NoRepeatParams, scenario: Scenario | None) -> CheckResult:
+    """no later attempt of the job a fault hit runs on the node it hit while that node is bad
+
+    ``fail`` when a later attempt lands on a bad node; ``unknown`` when no op, no job hit, or no later
     attempt can be judged; ``pass`` with every later attempt's nodes as evidence."""
-    p = narrow(params, NoRepeatParams)
     verdict = verdict_of(CHECK_NO_REPEAT, p.fault, bound="0 repeats")
     ops = fault_ops(history, p.fault)
     if not ops:

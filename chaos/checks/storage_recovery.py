@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, NamedTuple
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from chaos.checks._evidence import (
     Verdict,
@@ -36,7 +36,6 @@ from chaos.checks._evidence import (
     fmt_offset,
     fmt_seconds,
     missing_fault_reason,
-    narrow,
     seconds,
     step_of,
     verdict_of,
@@ -149,20 +148,17 @@ def _aimed_rank(delayed: list[Event]) -> set[int]:
     return {int(m.group(1)) for hit in delayed if (m := _RANK_IN_PATH.search(hit.get_str("path") or ""))}
 
 
-@register_check(
-    CHECK_STRAGGLER,
-    StragglerParams,
-    summary="after a read-latency fault on one rank's checkpoint files, that rank is the slowest restore (named)",
-)
-def restore_straggler_named(history: History, params: BaseModel, scenario: Scenario | None) -> CheckResult:
-    """``pass`` when the slowest ``target.restore`` of the first attempt restored after the fault is the rank
+@register_check(CHECK_STRAGGLER, StragglerParams)
+def restore_straggler_named(history: History, p: StragglerParams, scenario: Scenario | None) -> CheckResult:
+    """after a read-latency fault on one rank's checkpoint files, that rank is the slowest restore (named)
+
+    ``pass`` when the slowest ``target.restore`` of the first attempt restored after the fault is the rank
     whose files the layer delayed (by ``min_excess`` over the next slowest) and the job resumed (within
     ``resume_within`` when set); ``fail`` when another rank was slowest, the aimed rank never reported a
     restore while others did, or the job never stepped after it; ``unknown`` when the fault never applied,
     the layer delayed no read (no ``storage.hit``), the delayed paths name no single rank (and ``rank`` is
     not given), fewer than two ranks reported a restore, or the delays fall outside the aimed rank's restore.
     ``measured``: the straggler's excess over the next slowest restore, in seconds."""
-    p = narrow(params, StragglerParams)
     bound = f"slowest restore is the delayed rank's, by > {fmt_seconds(p.min_excess)}"
     verdict = verdict_of(CHECK_STRAGGLER, p.fault, bound=bound, unit="s")
     none = f"the layer of {p.fault!r} delayed no read (no storage.hit of a read): it never hit a restore"
@@ -317,17 +313,14 @@ def _job_attempts(history: History, after_ns: int, first_err: int, last_err: int
     ]
 
 
-@register_check(
-    CHECK_RETRIED,
-    RetryParams,
-    summary="saves failing in a storage error window are retried with growing gaps, then succeed (no crash, no spin)",
-)
-def retried_with_backoff(history: History, params: BaseModel, scenario: Scenario | None) -> CheckResult:
-    """See the module docstring. ``unknown`` when the fault never applied, the layer returned no error (no
+@register_check(CHECK_RETRIED, RetryParams)
+def retried_with_backoff(history: History, p: RetryParams, scenario: Scenario | None) -> CheckResult:
+    """saves failing in a storage error window are retried with growing gaps, then succeed (no crash, no spin)
+
+    See the module docstring. ``unknown`` when the fault never applied, the layer returned no error (no
     ``storage.hit`` with an errno: no save ran in the window) or fewer than ``min_attempts`` failures were seen;
     ``fail`` on a give-up, a crash or restart, a tight loop, gaps that do not grow, or no committed save after
     the last failure. ``measured``: the failed attempts and their gaps."""
-    p = narrow(params, RetryParams)
     bound = f"{p.min_attempts}..{p.max_attempts} attempts, gaps x{p.growth:g}, then a committed save"
     verdict = verdict_of(CHECK_RETRIED, p.fault, bound=bound)
     none = f"the layer of {p.fault!r} returned no error (no storage.hit with an errno): no save met it"

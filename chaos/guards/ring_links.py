@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from chaos.guards.episodes import Episodes, check_settings
+from chaos.guards.episodes import Episode, PeerDetector
 
 DEFAULT_LINK_RATIO = 3.0
 DEFAULT_LINK_MIN_EXCESS_S = 0.005
@@ -75,14 +75,10 @@ def _wait(work: dist.Work | None) -> None:
 
 
 @dataclass(frozen=True)
-class LinkDetection:
-    """Rank ``rank``'s two ring links were slow over the ``window`` steps ending at ``step``."""
+class LinkDetection(Episode):
+    """Rank ``rank``'s two ring links were slow over the ``window`` steps ending at ``step``; ``observed_ratio``:
+    the faster of its two links' medians over ``median_s``, the median of the other links' medians."""
 
-    rank: int
-    step: int
-    window: int
-    observed_ratio: float  # the faster of its two links' medians over the median of the other links
-    median_s: float  # the median of the other links' medians
     rtt_s: tuple[float, ...]  # per link r -> r+1, its median round trip over the window
 
     def __str__(self) -> str:
@@ -93,7 +89,7 @@ class LinkDetection:
         )
 
 
-class LinkDetector:
+class LinkDetector(PeerDetector):
     """Windowed comparison of the ring links' round trips (see the module docstring). Pure: feed one row per step."""
 
     def __init__(
@@ -104,10 +100,8 @@ class LinkDetector:
         ratio: float = DEFAULT_LINK_RATIO,
         min_excess: float = DEFAULT_LINK_MIN_EXCESS_S,
     ) -> None:
-        check_settings(window, ratio, min_excess)
-        self.world_size, self.window, self.ratio, self.min_excess = world_size, window, ratio, min_excess
+        super().__init__(world_size, window, ratio, min_excess)
         self._rows: deque[tuple[float, ...]] = deque(maxlen=window)
-        self._episodes = Episodes(world_size, window)
 
     def observe(self, step: int, rtt_per_link: Sequence[float]) -> list[LinkDetection]:
         """Add one step's round trips (``rtt_per_link[r]``: link r -> r+1); return the ranks named now."""
@@ -120,24 +114,15 @@ class LinkDetector:
         if len(self._rows) < self.window or self.world_size < 3:
             return []
         medians = [statistics.median(r[link] for r in self._rows) for link in range(self.world_size)]
+        rtt_s = tuple(round(m, 6) for m in medians)
         found: list[LinkDetection] = []
         for rank in range(self.world_size):
             mine = {(rank - 1) % self.world_size, rank}
             others = statistics.median(m for link, m in enumerate(medians) if link not in mine)
-            slower = min(medians[link] for link in mine)
-            slow = slower >= self.ratio * others and slower - others >= self.min_excess and slower > others
-            if not self._episodes.fires(rank, slow):
-                continue
-            found.append(
-                LinkDetection(
-                    rank=rank,
-                    step=step,
-                    window=self.window,
-                    observed_ratio=slower / others if others > 0 else math.inf,
-                    median_s=others,
-                    rtt_s=tuple(round(m, 6) for m in medians),
-                )
-            )
+            slower = min(medians[link] for link in mine)  # both links are slow when the faster one is
+            detection = self._episode(LinkDetection, rank, step, slower, others, rtt_s=rtt_s)
+            if detection is not None:
+                found.append(detection)
         return found
 
 

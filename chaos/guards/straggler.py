@@ -47,7 +47,7 @@ import torch.distributed as dist
 
 from chaos import events
 from chaos.event_kinds import DETECT_STRAGGLER
-from chaos.guards.episodes import Episodes, check_settings
+from chaos.guards.episodes import Episode, PeerDetector
 from chaos.guards.ring_links import (
     DEFAULT_LINK_MIN_EXCESS_S,
     DEFAULT_LINK_RATIO,
@@ -62,14 +62,10 @@ DEFAULT_MIN_EXCESS_S = 0.2
 
 
 @dataclass(frozen=True)
-class Detection:
-    """One straggler episode: ``rank`` was slow over the ``window`` steps ending at ``step``."""
+class Detection(Episode):
+    """One straggler episode: ``rank`` was slow over the ``window`` steps ending at ``step``; ``observed_ratio``:
+    its windowed compute over ``median_s``, the median of the other ranks' windowed compute."""
 
-    rank: int
-    step: int
-    window: int
-    observed_ratio: float  # this rank's windowed compute over the median of the other ranks' (inf when 0)
-    median_s: float  # the median of the other ranks' windowed compute
     compute_s: tuple[float, ...]  # per-rank windowed sums of compute_s
     wait_s: tuple[float, ...]  # per-rank windowed sums of wait_s
 
@@ -84,7 +80,7 @@ def _rounded(values: Sequence[float]) -> tuple[float, ...]:
     return tuple(round(v, 6) for v in values)
 
 
-class StragglerDetector:
+class StragglerDetector(PeerDetector):
     """Windowed peer comparison of per-rank local step time (see the module docstring). Pure: no clocks, no
     collectives; feed it one row per step in step order."""
 
@@ -98,11 +94,9 @@ class StragglerDetector:
     ) -> None:
         if world_size < 1:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
-        check_settings(window, ratio, min_excess)
-        self.world_size, self.window, self.ratio, self.min_excess = world_size, window, ratio, min_excess
+        super().__init__(world_size, window, ratio, min_excess)
         self._compute: deque[tuple[float, ...]] = deque(maxlen=window)
         self._wait: deque[tuple[float, ...]] = deque(maxlen=window)
-        self._episodes = Episodes(world_size, window)  # one detection per slow episode of a rank
 
     def _row(self, name: str, values: Sequence[float]) -> tuple[float, ...]:
         if len(values) != self.world_size:
@@ -123,25 +117,13 @@ class StragglerDetector:
             return []
         sums = [math.fsum(row[r] for row in self._compute) for r in range(self.world_size)]
         waits = [math.fsum(row[r] for row in self._wait) for r in range(self.world_size)]
+        evidence = {"compute_s": _rounded(sums), "wait_s": _rounded(waits)}
         found: list[Detection] = []
         for rank in range(self.world_size):
             median = statistics.median(s for r, s in enumerate(sums) if r != rank)
-            excess = sums[rank] - median
-            # excess > 0 too: a rank merely level with its peers is never a straggler, whatever R and S.
-            slow = sums[rank] >= self.ratio * median and excess >= self.min_excess and excess > 0
-            if not self._episodes.fires(rank, slow):
-                continue
-            found.append(
-                Detection(
-                    rank=rank,
-                    step=step,
-                    window=self.window,
-                    observed_ratio=sums[rank] / median if median > 0 else math.inf,
-                    median_s=median,
-                    compute_s=_rounded(sums),
-                    wait_s=_rounded(waits),
-                )
-            )
+            detection = self._episode(Detection, rank, step, sums[rank], median, **evidence)
+            if detection is not None:
+                found.append(detection)
         return found
 
 
@@ -232,17 +214,9 @@ class StragglerGuard:
             return []
         found = self.detector.observe(step, [float(r[0]) for r in rows], [float(r[1]) for r in rows])
         for detection in found:
-            observed = detection.observed_ratio
-            (self.emit or events.emit)(
-                DETECT_STRAGGLER,
-                rank=detection.rank,  # the STRAGGLER, not the reporter
-                detector="straggler",
-                reporter=self.rank,
-                step=step,
-                window=detection.window,
-                ratio=self.detector.ratio,
-                min_excess=self.detector.min_excess,
-                observed_ratio=round(observed, 4) if math.isfinite(observed) else None,
+            self._emit(
+                detection,
+                self.detector,
                 compute_s=list(detection.compute_s),
                 wait_s=list(detection.wait_s),
                 cause="compute",
@@ -255,20 +229,26 @@ class StragglerGuard:
     def _judge_links(self, step: int, rtt_per_link: list[float]) -> None:
         assert self.links is not None
         for found in self.links.observe(step, rtt_per_link):
-            (self.emit or events.emit)(
-                DETECT_STRAGGLER,
-                rank=found.rank,  # the rank both of whose ring links are slow
-                detector="straggler",
-                cause="link",
-                reporter=self.rank,
-                step=step,
-                window=found.window,
-                ratio=self.links.ratio,
-                min_excess=self.links.min_excess,
-                observed_ratio=round(found.observed_ratio, 4) if math.isfinite(found.observed_ratio) else None,
-                rtt_ms=[round(v * 1e3, 3) for v in found.rtt_s],
-            )
+            # rank: the one both of whose ring links are slow
+            self._emit(found, self.links, cause="link", rtt_ms=[round(v * 1e3, 3) for v in found.rtt_s])
             self.link_detections.append(found)
+
+    def _emit(self, episode: Episode, by: PeerDetector, **evidence: object) -> None:
+        """``detect.straggler`` naming ``episode.rank`` (the STRAGGLER, not the reporter), with ``by``'s settings
+        and the detector's ``evidence``."""
+        observed = episode.observed_ratio
+        (self.emit or events.emit)(
+            DETECT_STRAGGLER,
+            rank=episode.rank,
+            detector="straggler",
+            reporter=self.rank,
+            step=episode.step,
+            window=episode.window,
+            ratio=by.ratio,
+            min_excess=by.min_excess,
+            observed_ratio=round(observed, 4) if math.isfinite(observed) else None,
+            **evidence,
+        )
 
 
 __all__ = [

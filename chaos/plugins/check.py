@@ -11,10 +11,11 @@ Rule: a check never passes vacuously. If its fault never fired or its evidence i
 from __future__ import annotations
 
 import functools
+import inspect
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -54,6 +55,8 @@ class CheckResult(BaseModel):
 
 
 CheckFn = Callable[[History, Any, Any], CheckResult]  # (history, params model, Scenario)
+P = TypeVar("P", bound=BaseModel)
+TypedCheckFn = Callable[[History, P, Any], CheckResult]  # a check as written: it gets its own params model
 
 
 @dataclass(frozen=True)
@@ -101,25 +104,42 @@ def raised(name: str, exc: BaseException) -> CheckResult:
     )
 
 
-def register_check(
-    name: str, params: type[BaseModel], *, summary: str, needs_golden: bool = False, to_add: str = ""
-) -> Callable[[CheckFn], CheckFn]:
-    """Decorator registering a check under ``name``; a second check of the same name is an error. ``to_add``:
-    what gives the check its evidence, appended to its ``unknown`` reasons (:func:`with_fix`)."""
+def narrow(params: BaseModel, model: type[P]) -> P:
+    """``params`` as ``model``; a TypeError (not an assert, which ``-O`` strips) when the runner mixed them up."""
+    if not isinstance(params, model):
+        raise TypeError(f"expected {model.__name__} params, got {type(params).__name__}")
+    return params
 
-    def wrap(fn: CheckFn) -> CheckFn:
+
+def summary_of(fn: Callable[..., Any]) -> str:
+    """The first paragraph of ``fn``'s docstring on one line ("" without a docstring)."""
+    return " ".join(inspect.cleandoc(fn.__doc__ or "").split("\n\n", 1)[0].split())
+
+
+def register_check(
+    name: str, params: type[P], *, summary: str | None = None, needs_golden: bool = False, to_add: str = ""
+) -> Callable[[TypedCheckFn[P]], TypedCheckFn[P]]:
+    """Decorator registering a check under ``name``; a second check of the same name is an error. The check gets
+    its params as ``params`` (a registered check handed another model is ``unknown``, :func:`narrow`).
+    ``summary``: one line on what it asserts, by default the first paragraph of the check's docstring.
+    ``to_add``: what gives the check its evidence, appended to its ``unknown`` reasons (:func:`with_fix`)."""
+
+    def wrap(fn: TypedCheckFn[P]) -> TypedCheckFn[P]:
         if name in CHECKS:
             raise ValueError(f"check {name!r} registered twice ({CHECKS[name].evaluate.__module__})")
+        said = summary if summary is not None else summary_of(fn)
+        if not said:
+            raise ValueError(f"check {name!r} has no summary: give it a docstring (its first line) or summary=")
 
         @functools.wraps(fn)
-        def evaluate(history: History, params: Any, scenario: Any) -> CheckResult:
+        def evaluate(history: History, given: BaseModel, scenario: Any) -> CheckResult:
             try:
-                result = fn(history, params, scenario)
+                result = fn(history, narrow(given, params), scenario)
             except Exception as exc:  # a check's bug must not cost the run its reports, nor pass it
                 return raised(name, exc)
             return with_fix(result, to_add)
 
-        CHECKS[name] = CheckSpec(name, params, evaluate, summary, needs_golden, to_add)
+        CHECKS[name] = CheckSpec(name, params, evaluate, said, needs_golden, to_add)
         return fn
 
     return wrap

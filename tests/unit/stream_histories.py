@@ -15,6 +15,7 @@ cases, [(what, strategy of violating cases, verdict)]), each case a tuple (event
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Any
@@ -253,56 +254,61 @@ def _alert(run: StreamRun, slack: float, **extra: Any) -> tuple[list[Event], dic
 RUNS = stream_runs()
 DURING = {"fault": KILL, "window": "during", "until": "serving.backend_up", "until_backend": "primary"}
 
-STREAMS: dict[str, tuple[Any, list[tuple[str, Any, str]]]] = {
-    "ttft_within": (
-        RUNS.map(lambda r: case(r, **_quantile_bound(r))),
+Cases = tuple[Any, list[tuple[str, Any, str]]]
+
+
+def _quantile_cases(
+    bound: Callable[[StreamRun], dict[str, Any]],
+    slower: tuple[str, float],
+    times_out: tuple[str, dict[str, Any]],
+    unmeasured: list[tuple[str, Any, str]],
+) -> Cases:
+    """A quantile-bound stream check: it passes at ``bound``; it fails when the lower rung is ``slower[1]`` s
+    slower (``slower[0]`` names the case) and when its streams time out (``times_out``: the name, the run's
+    changes); it is unknown in the ``unmeasured`` cases and when the fault never applied."""
+    (slow_name, slow_by), (out_name, out_changes) = slower, times_out
+    return (
+        RUNS.map(lambda r: case(r, **bound(r))),
         [
+            (slow_name, RUNS.map(lambda r: case(r.but(slow=r.slow + slow_by), **bound(r))), "fail"),
+            (out_name, RUNS.map(lambda r: case(r.but(**out_changes), **bound(r))), "fail"),
+            *unmeasured,
             (
-                "the lower rung answers slower than the bound",
-                RUNS.map(lambda r: case(r.but(slow=r.slow + 10.0), **_quantile_bound(r))),
-                "fail",
+                "the fault never applied",
+                RUNS.map(lambda r: case(r.but(with_fault=False), **DURING, q=0.5, max=1.0)),
+                "unknown",
             ),
-            (
-                "the lower rung never sends a first token: streams time out (counted at the timeout)",
-                RUNS.map(lambda r: case(r.but(no_first_token=True), **_quantile_bound(r))),
-                "fail",
-            ),
+        ],
+    )
+
+
+STREAMS: dict[str, Cases] = {
+    "ttft_within": _quantile_cases(
+        _quantile_bound,
+        ("the lower rung answers slower than the bound", 10.0),
+        (
+            "the lower rung never sends a first token: streams time out (counted at the timeout)",
+            {"no_first_token": True},
+        ),
+        [
             (
                 "no stream got a first token in the window (every one failed before it)",
                 RUNS.map(lambda r: case(r.but(errors=30.0, resume=False), **DURING, q=0.5, max=1.0)),
                 "unknown",
             ),
             ("the requests are not streams", RUNS.map(lambda r: case(r.but(stream=False), q=0.5, max=1.0)), "unknown"),
-            (
-                "the fault never applied",
-                RUNS.map(lambda r: case(r.but(with_fault=False), **DURING, q=0.5, max=1.0)),
-                "unknown",
-            ),  # fmt: skip
         ],
     ),
-    "inter_token_gap_within": (
-        RUNS.map(lambda r: case(r, **_gap_bound(r))),
+    "inter_token_gap_within": _quantile_cases(
+        _gap_bound,
+        ("the lower rung streams tokens slower than the bound", 8.0),
+        ("streams on the lower rung stall after 3 tokens and time out (the wait counts as a gap)", {"stall": True}),
         [
-            (
-                "the lower rung streams tokens slower than the bound",
-                RUNS.map(lambda r: case(r.but(slow=r.slow + 8.0), **_gap_bound(r))),
-                "fail",
-            ),
-            (
-                "streams on the lower rung stall after 3 tokens and time out (the wait counts as a gap)",
-                RUNS.map(lambda r: case(r.but(stall=True), **_gap_bound(r))),
-                "fail",
-            ),
             (
                 "every stream has one token: no gap to measure",
                 RUNS.map(lambda r: case(r.but(tokens=1), q=0.5, max=1.0)),
                 "unknown",
-            ),
-            (
-                "the fault never applied",
-                RUNS.map(lambda r: case(r.but(with_fault=False), **DURING, q=0.5, max=1.0)),
-                "unknown",
-            ),  # fmt: skip
+            )
         ],
     ),
     "streams_completed": (

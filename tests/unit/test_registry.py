@@ -118,3 +118,27 @@ def test_the_scanners_find_a_planted_unregistered_injector_and_an_unlisted_check
     assert unlisted_check_modules("planted", ("planted.verdicts",)) == []
     for name in [m for m in sys.modules if m == "planted" or m.startswith("planted.")]:
         monkeypatch.delitem(sys.modules, name)
+
+
+def test_a_check_is_summarized_by_its_docstring_unless_it_says_summary(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The summary is the docstring's first paragraph on one line; ``summary=`` overrides it; neither is an error."""
+    Params = registry.checks()["completes"].Params  # (first: the built-ins register into the real table)
+    monkeypatch.setattr(check_module, "CHECKS", {})
+
+    @check_module.register_check("documented", Params)
+    def documented(history: object, p: object, scenario: object) -> check_module.CheckResult:
+        """what it asserts, said
+        over two lines
+
+        How it judges (not the summary)."""
+        return check_module.CheckResult(check="documented", name="documented", status="pass")
+
+    check_module.register_check("said", Params, summary="said here")(documented)
+    assert check_module.CHECKS["documented"].summary == "what it asserts, said over two lines"
+    assert check_module.CHECKS["said"].summary == "said here"
+
+    def bare(history: object, p: object, scenario: object) -> check_module.CheckResult:
+        return check_module.CheckResult(check="bare", name="bare", status="pass")
+
+    with pytest.raises(ValueError, match="'bare' has no summary"):
+        check_module.register_check("bare", Params)(bare)

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
-from chaos.checks._evidence import capped, fmt_offset, fmt_seconds, narrow, seconds, verdict_of
+from chaos.checks._evidence import capped, fmt_offset, fmt_seconds, seconds, verdict_of
 from chaos.checks.base import CheckParams, CheckResult, register_check
 from chaos.checks.serving import streams as st
 from chaos.checks.serving.events import load_span
@@ -182,21 +182,17 @@ def _judge_up(
     return None, line
 
 
-@register_check(
-    CHECK_LADDER,
-    LadderParams,
-    to_add=NEEDS_LOAD,
-    summary="the fallback ladder moves down only on a configured signal and back up only after the hysteresis",
-)
-def fallback_ladder(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
-    """The rung timeline: the gateway's ``serving.route`` events naming a ladder backend when there are any (its
+@register_check(CHECK_LADDER, LadderParams, to_add=NEEDS_LOAD)
+def fallback_ladder(history: History, p: LadderParams, scenario: Scenario) -> CheckResult:
+    """the fallback ladder moves down only on a configured signal and back up only after the hysteresis
+
+    The rung timeline: the gateway's ``serving.route`` events naming a ladder backend when there are any (its
     own record of where new requests go), else the served requests' rungs by sent time with runs under
     ``min_run`` dropped as noise. Each move down must have, for the rung it leaves (since traffic moved onto it)
     and every rung it skips (since it last recovered), a ``down_on`` signal at or before the move + ``grace``;
     each move up must come at least ``up_after`` after the first ``up_on`` signal of the rung it returns to
     that follows that rung's last down signal. Fails naming the offending moves; ``unknown`` when no request
     was served by a ladder backend, or (``require_move``) the ladder never moved."""
-    p = narrow(params, LadderParams)
     verdict = verdict_of(CHECK_LADDER, bound=f"down on signal, up >= {fmt_seconds(p.up_after)} after recovery")
     ladder = Ladder.of(p.rungs)
     reqs = request_events(history.events)
@@ -292,20 +288,16 @@ def _stretches(times: list[int], below: list[bool], over: int, bound: float) -> 
     return found
 
 
-@register_check(
-    CHECK_ALERT,
-    AlertParams,
-    to_add=NEEDS_LOAD,
-    summary="the share served below the top rung stays above max_share for `for` (the alert fires) or not",
-)
-def fallback_share_alert(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
-    """At each served request (scheduled time t), the share of the served requests in ``(t - over, t]`` that a
+@register_check(CHECK_ALERT, AlertParams, to_add=NEEDS_LOAD)
+def fallback_share_alert(history: History, p: AlertParams, scenario: Scenario) -> CheckResult:
+    """the share served below the top rung stays above max_share for `for` (the alert fires) or not
+
+    At each served request (scheduled time t), the share of the served requests in ``(t - over, t]`` that a
     backend other than ``top`` served; a stretch is a run of requests at which that share was above
     ``max_share`` (a gap in traffic longer than ``over`` ends it) and lasts from its first request to its last.
     The alert fires when a stretch lasts ``for`` or longer. ``expect: quiet`` fails when it would fire,
     ``expect: fire`` when it would not. ``unknown`` when no request was served, or the served requests span
     less than ``for`` (the alert could not have fired)."""
-    p = narrow(params, AlertParams)
     rule = f"share > {p.max_share:g} for {fmt_seconds(p.for_)}"
     verdict = verdict_of(CHECK_ALERT, bound=f"{rule}: {p.expect}", unit="s")
     served = sorted(

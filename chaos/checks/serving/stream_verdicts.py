@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from math import ceil
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from chaos.checks._evidence import Verdict, capped, fault_target, fmt_offset, fmt_seconds, narrow, verdict_of
+from chaos.checks._evidence import Verdict, at_most, capped, fault_target, fmt_offset, fmt_seconds, verdict_of
 from chaos.checks.base import CheckParams, CheckResult, register_check
 from chaos.checks.serving import events as ev
 from chaos.checks.serving import streams as st
@@ -108,32 +108,22 @@ def _judge_quantile(
         st.worst_line(history, at, value, f"at the quantile, {what}"),
         *(st.worst_line(history, e, seconds, f"worst {what}") for seconds, e in worst.values()),
     ]
-    ok = value <= p.max
-    return verdict(
-        status="pass" if ok else "fail",
-        measured=value,
-        evidence=capped(evidence),
-        reason=f"p{p.q * 100:g} {what} {fmt_seconds(value)} over {len(values)} value(s) in {window.text}"
-        + ("" if ok else f", over the {fmt_seconds(p.max)} bound"),
-    )
+    reason = f"p{p.q * 100:g} {what} {fmt_seconds(value)} over {len(values)} value(s) in {window.text}"
+    return at_most(verdict, value, p.max, reason, f"{fmt_seconds(p.max)} bound", capped(evidence))
 
 
 # ---------------------------------------------------------------------------------------------------------
 # ttft_within
 
 
-@register_check(
-    CHECK_TTFT,
-    StreamQuantileParams,
-    to_add=NEEDS_STREAMS,
-    summary="a quantile of time to first token of the streams in a window is at most max",
-)
-def ttft_within(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
-    """Nearest-rank ``q`` quantile of time to first token (``ttft_s``: from the scheduled send) over the
+@register_check(CHECK_TTFT, StreamQuantileParams, to_add=NEEDS_STREAMS)
+def ttft_within(history: History, p: StreamQuantileParams, scenario: Scenario) -> CheckResult:
+    """a quantile of time to first token of the streams in a window is at most max
+
+    Nearest-rank ``q`` quantile of time to first token (``ttft_s``: from the scheduled send) over the
     window's streams that got a token or timed out before one; a timeout counts at its recorded latency, the
     timeout, a lower bound. A stream that failed before its first token has no TTFT and is left out
     (``streams_completed`` judges it). ``unknown`` when no stream in the window has a TTFT."""
-    p = narrow(params, StreamQuantileParams)
     verdict = verdict_of(CHECK_TTFT, p.fault, bound=f"p{p.q * 100:g} <= {fmt_seconds(p.max)}", unit="s")
     got = _streams_in(history, scenario, p, verdict)
     if isinstance(got, CheckResult):
@@ -176,18 +166,14 @@ def trailing_wait(event: Event) -> float | None:
     return rest if rest > 0 else None
 
 
-@register_check(
-    CHECK_GAP,
-    StreamQuantileParams,
-    to_add=NEEDS_STREAMS,
-    summary="a quantile of the gaps between tokens of the streams in a window is at most max",
-)
-def inter_token_gap_within(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
-    """Nearest-rank ``q`` quantile over every inter-token gap (``gaps_s``) that ended in the window (the token
+@register_check(CHECK_GAP, StreamQuantileParams, to_add=NEEDS_STREAMS)
+def inter_token_gap_within(history: History, p: StreamQuantileParams, scenario: Scenario) -> CheckResult:
+    """a quantile of the gaps between tokens of the streams in a window is at most max
+
+    Nearest-rank ``q`` quantile over every inter-token gap (``gaps_s``) that ended in the window (the token
     after it came there), all streams' gaps together; a stream that timed out after its first token adds the wait from its last token to the
     timeout (a lower bound), so a stream that stalls for good cannot look smooth. ``unknown`` when the window's
     streams have no gap (none got two tokens)."""
-    p = narrow(params, StreamQuantileParams)
     verdict = verdict_of(CHECK_GAP, p.fault, bound=f"p{p.q * 100:g} <= {fmt_seconds(p.max)}", unit="s")
     got = _streams_in(history, scenario, p, verdict, open_in=True)
     if isinstance(got, CheckResult):
@@ -240,20 +226,16 @@ def _cut_text(e: Event) -> str:
     )
 
 
-@register_check(
-    CHECK_COMPLETED,
-    CompletedParams,
-    to_add=NEEDS_STREAMS,
-    summary="the share of streams in a window that ended complete is at least min_share; cut streams named",
-)
-def streams_completed(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
-    """Share of the streams open in the window (sent before its end, ended after its start, so the streams a
+@register_check(CHECK_COMPLETED, CompletedParams, to_add=NEEDS_STREAMS)
+def streams_completed(history: History, p: CompletedParams, scenario: Scenario) -> CheckResult:
+    """the share of streams in a window that ended complete is at least min_share; cut streams named
+
+    Share of the streams open in the window (sent before its end, ended after its start, so the streams a
     fault cut are in its ``during`` window) that recorded how they ended and ended ``complete``: whole answers. A stream ``resumed`` by the gateway on another backend counts as complete with
     ``cut_ok_if_resumed`` (default), else as cut. ``cut`` (half an answer), ``error`` (nothing) and
     ``timeout`` streams count against it. The evidence counts how many streams were cut on a backend and of
     those how many the gateway resumed; a failure names every cut stream (i, backend, tokens at the cut).
     ``unknown`` when the window holds no stream that recorded its end."""
-    p = narrow(params, CompletedParams)
     verdict = verdict_of(CHECK_COMPLETED, p.fault, bound=f">= {p.min_share:g}")
     got = _streams_in(history, scenario, p, verdict, open_in=True)
     if isinstance(got, CheckResult):
@@ -355,14 +337,11 @@ class _Failures:
         return any(lo < e.ts_ns <= hi and ev.names_backend(e, backend) for e in self.ups)
 
 
-@register_check(
-    CHECK_AFFINITY,
-    AffinityParams,
-    to_add=NEEDS_SESSIONS,
-    summary="the requests of a session stay on one backend unless that backend failed between them",
-)
-def session_affinity(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
-    """For each session (``data.session``), its served requests in scheduled order (the backend each was routed
+@register_check(CHECK_AFFINITY, AffinityParams, to_add=NEEDS_SESSIONS)
+def session_affinity(history: History, p: AffinityParams, scenario: Scenario) -> CheckResult:
+    """the requests of a session stay on one backend unless that backend failed between them
+
+    For each session (``data.session``), its served requests in scheduled order (the backend each was routed
     to: a stream's first backend). A move to another backend has a cause when, between the send of the last
     request on the old backend and the first token of the moved one (the gateway may retry a request on another
     backend before it answers; ``slack`` after), a request of the session failed or was resumed
@@ -370,7 +349,6 @@ def session_affinity(history: History, params: BaseModel, scenario: Scenario) ->
     force; with ``failback_ok``, returning to the session's first backend after it was reported back is no
     move. Fails when more than ``max_moves`` moves had no cause, naming the sessions. ``unknown`` when no
     request names a session, or no session has two served requests."""
-    p = narrow(params, AffinityParams)
     verdict = verdict_of(CHECK_AFFINITY, bound=f"<= {p.max_moves} moves without cause", unit=" moves")
     reqs = request_events(history.events)
     sessions: dict[str, list[Event]] = {}
@@ -415,14 +393,8 @@ def session_affinity(history: History, params: BaseModel, scenario: Scenario) ->
         *(line for _, line in uncaused),
         *caused,
     ]
-    ok = len(uncaused) <= p.max_moves
     names = sorted({name for name, _ in uncaused})
     reason = f"{len(uncaused)} move(s) without cause in {len(names)} session(s)"
     if names:
         reason += f": {', '.join(names[:SHOWN])}" + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
-    return verdict(
-        status="pass" if ok else "fail",
-        measured=float(len(uncaused)),
-        evidence=capped(evidence),
-        reason=reason + ("" if ok else f", over the {p.max_moves} allowed"),
-    )
+    return at_most(verdict, float(len(uncaused)), p.max_moves, reason, f"{p.max_moves} allowed", capped(evidence))

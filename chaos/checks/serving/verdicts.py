@@ -22,15 +22,15 @@ from functools import partial
 from math import ceil
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field, model_validator
 
 from chaos.checks._evidence import (
     Verdict,
+    at_most,
     capped,
     fmt_offset,
     fmt_seconds,
     missing_fault_reason,
-    narrow,
     seconds,
     verdict_of,
 )
@@ -117,17 +117,13 @@ class ErrorRateParams(WindowParams):
     priority: str | None = Field(default=None, description="count only requests of this priority (null: all)")
 
 
-@register_check(
-    CHECK_ERROR_RATE,
-    ErrorRateParams,
-    to_add=NEEDS_LOAD,
-    summary="share of non-ok requests in a window is at most max",
-)
-def error_rate(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
-    """Share of the window's requests that were not ok: any 4xx/5xx, ``timeout``, ``error``, ``dropped_client``
+@register_check(CHECK_ERROR_RATE, ErrorRateParams, to_add=NEEDS_LOAD)
+def error_rate(history: History, p: ErrorRateParams, scenario: Scenario) -> CheckResult:
+    """share of non-ok requests in a window is at most max
+
+    Share of the window's requests that were not ok: any 4xx/5xx, ``timeout``, ``error``, ``dropped_client``
     (the generator had too many in flight) or ``cancelled``, over all requests scheduled in the window.
     ``unknown`` when the fault never applied or the window holds no requests."""
-    p = narrow(params, ErrorRateParams)
     verdict = verdict_of(CHECK_ERROR_RATE, p.fault, bound=f"<= {p.max:g}")
     got = _in_window(history, scenario, p, verdict, p.priority)
     if isinstance(got, CheckResult):
@@ -140,14 +136,8 @@ def error_rate(history: History, params: BaseModel, scenario: Scenario) -> Check
         f"{len(reqs)} request(s) in {window.text}, {len(bad)} not ok; outcomes: {ev.status_counts(reqs)}",
         *(ev.describe_request(history, e) for e in bad[:SHOWN]),
     ]
-    ok = rate <= p.max
-    return verdict(
-        status="pass" if ok else "fail",
-        measured=rate,
-        evidence=capped(evidence),
-        reason=f"error rate {_ratio(rate)} ({len(bad)}/{len(reqs)}) in {window.text}"
-        + ("" if ok else f", over the {p.max:g} bound"),
-    )
+    reason = f"error rate {_ratio(rate)} ({len(bad)}/{len(reqs)}) in {window.text}"
+    return at_most(verdict, rate, p.max, reason, f"{p.max:g} bound", capped(evidence))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -162,18 +152,14 @@ class LatencyParams(WindowParams):
     priority: str | None = Field(default=None, description="count only requests of this priority (null: all)")
 
 
-@register_check(
-    CHECK_LATENCY,
-    LatencyParams,
-    to_add=NEEDS_LOAD,
-    summary="a latency quantile of the requests in a window is at most max",
-)
-def latency(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
-    """Nearest-rank ``q`` quantile of latency (seconds from the scheduled send) over the window's requests that
+@register_check(CHECK_LATENCY, LatencyParams, to_add=NEEDS_LOAD)
+def latency(history: History, p: LatencyParams, scenario: Scenario) -> CheckResult:
+    """a latency quantile of the requests in a window is at most max
+
+    Nearest-rank ``q`` quantile of latency (seconds from the scheduled send) over the window's requests that
     got an HTTP answer (any status) or timed out; a timeout counts at its recorded latency, the timeout, so a
     stack that stops answering cannot look fast. Connection errors, client drops and cancellations have no
     latency and are left out (``error_rate`` judges them). ``unknown`` when no request has a latency."""
-    p = narrow(params, LatencyParams)
     bound = f"p{p.q * 100:g} <= {fmt_seconds(p.max)}"
     verdict = verdict_of(CHECK_LATENCY, p.fault, bound=bound, unit="s")
     got = _in_window(history, scenario, p, verdict, p.priority)
@@ -203,14 +189,8 @@ def latency(history: History, params: BaseModel, scenario: Scenario) -> CheckRes
         f"at the quantile: {ev.describe_request(history, at)}, {fmt_seconds(value)}",
         f"slowest: {ev.describe_request(history, timed[-1][1])}, {fmt_seconds(timed[-1][0])}",
     ]
-    ok = value <= p.max
-    return verdict(
-        status="pass" if ok else "fail",
-        measured=value,
-        evidence=evidence,
-        reason=f"p{p.q * 100:g} latency {fmt_seconds(value)} over {len(timed)} request(s) in {window.text}"
-        + ("" if ok else f", over the {fmt_seconds(p.max)} bound"),
-    )
+    reason = f"p{p.q * 100:g} latency {fmt_seconds(value)} over {len(timed)} request(s) in {window.text}"
+    return at_most(verdict, value, p.max, reason, f"{fmt_seconds(p.max)} bound", evidence)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -232,20 +212,17 @@ class FailoverParams(CheckParams):
     )
 
 
-@register_check(
-    CHECK_FAILOVER,
-    FailoverParams,
-    summary="after each apply of a fault, an ok request is served by a non-primary backend within a time bound",
-)
-def failover_within(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
-    """Worst failover time over the fault's applied ops: for an op applied at T, the scheduled time of the
+@register_check(CHECK_FAILOVER, FailoverParams)
+def failover_within(history: History, p: FailoverParams, scenario: Scenario) -> CheckResult:
+    """after each apply of a fault, an ok request is served by a non-primary backend within a time bound
+
+    Worst failover time over the fault's applied ops: for an op applied at T, the scheduled time of the
     first ok request scheduled at or after T that a backend other than ``primary`` (one of ``to`` when set)
     served, minus T. ``fail`` when some op has requests after it but no such answer (the evidence says what
     the clients got instead) or the worst time is over ``within``; ``unknown`` when the fault never applied,
     no requests were sent after it, no bound is known, or the primary did not serve the traffic just before
     an apply (under 90% of the last 20 ok requests answered 1 s or more before it,
     :func:`~chaos.checks.serving.measures.primary_before`)."""
-    p = narrow(params, FailoverParams)
     target = measures.reference_target(scenario)
     within = p.within if p.within is not None else (None if target is None else target.failover_bound())
     verdict = latency_verdict(CHECK_FAILOVER, p.fault, within)
@@ -279,17 +256,14 @@ class FallbackShareParams(WindowParams):
         return self
 
 
-@register_check(
-    CHECK_FALLBACK_SHARE,
-    FallbackShareParams,
-    summary="the share of ok requests served by fallback backends in a window lies within [min, max]",
-)
-def fallback_share(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
-    """Share of the window's ok requests that name their backend which a fallback served (any backend but
+@register_check(CHECK_FALLBACK_SHARE, FallbackShareParams)
+def fallback_share(history: History, p: FallbackShareParams, scenario: Scenario) -> CheckResult:
+    """the share of ok requests served by fallback backends in a window lies within [min, max]
+
+    Share of the window's ok requests that name their backend which a fallback served (any backend but
     ``primary``, or one of ``to``). Failed requests and answers without a backend are left out, so this
     measures where answers came from, not whether they came. ``unknown`` when there is no such request, or
     neither ``min`` nor ``max`` is given."""
-    p = narrow(params, FallbackShareParams)
     bound = " and ".join(
         part
         for part in (None if p.min is None else f">= {p.min:g}", None if p.max is None else f"<= {p.max:g}")
@@ -342,18 +316,15 @@ class FailbackParams(CheckParams):
     min_share: float = Field(default=0.9, gt=0, le=1, description="share of those confirm requests served by primary")
 
 
-@register_check(
-    CHECK_FAILBACK,
-    FailbackParams,
-    summary="after a fault ends, traffic is back on the primary backend within a time bound",
-)
-def failback_within(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
-    """Worst failback time over the fault's applied ops: from the reference point R (``since``) to the first
+@register_check(CHECK_FAILBACK, FailbackParams)
+def failback_within(history: History, p: FailbackParams, scenario: Scenario) -> CheckResult:
+    """after a fault ends, traffic is back on the primary backend within a time bound
+
+    Worst failback time over the fault's applied ops: from the reference point R (``since``) to the first
     ok primary-served request scheduled at or after R from which at least ``min_share`` of the next ``confirm``
     ok requests were served by the primary (a stray answer amid fallbacks is not a failback). ``fail`` when
     traffic never comes back or is too slow; ``unknown`` when the fault never applied, R is missing (no heal,
     no replica_start ...), no requests came after R, or traffic never left the primary (nothing to fail back)."""
-    p = narrow(params, FailbackParams)
     verdict = latency_verdict(CHECK_FAILBACK, p.fault, p.within)
     bound = _bound_or_unknown(history, p.fault, ev.applied_ops(history, p.fault), p.within, verdict)
     if isinstance(bound, CheckResult):
@@ -384,21 +355,17 @@ class NoFlappingParams(WindowParams):
     slack: Duration = Field(default=0.05, description="clock tolerance between the gateway's and the client's events")
 
 
-@register_check(
-    CHECK_NO_FLAPPING,
-    NoFlappingParams,
-    to_add=NEEDS_LOAD,
-    summary="traffic switches backends at most max_switches times, and fails back only after the hysteresis",
-)
-def no_flapping(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
-    """Backend switches in the window: the backends of its ok requests in scheduled order, runs shorter than
+@register_check(CHECK_NO_FLAPPING, NoFlappingParams, to_add=NEEDS_LOAD)
+def no_flapping(history: History, p: NoFlappingParams, scenario: Scenario) -> CheckResult:
+    """traffic switches backends at most max_switches times, and fails back only after the hysteresis
+
+    Backend switches in the window: the backends of its ok requests in scheduled order, runs shorter than
     ``min_run`` dropped (concurrent requests interleave at a transition) unless more than ``min_run`` such
     runs come in a row (alternating request by request is flapping), counted where the backend changes.
     On the reference stack, every ``serving.backend_up`` of the primary that follows its ``detect.backend_down``
     and a ``serving.replica_start`` is also held to the hysteresis: no ok primary answer sent (scheduled +
     send lag) between the down and replica_start + (success_threshold - 1) x probe interval + failback_hold.
     ``unknown`` when the window holds fewer than two ok requests naming their backend."""
-    p = narrow(params, NoFlappingParams)
     applied = ev.events_of(history, FAULT_APPLIED)
     limit = 2 * len(applied) if p.max_switches is None else p.max_switches
     verdict = verdict_of(CHECK_NO_FLAPPING, p.fault, bound=f"<= {limit} switches", unit=" switches")
@@ -449,18 +416,15 @@ class WrongAnswersParams(CheckParams):
     )
 
 
-@register_check(
-    CHECK_WRONG_ANSWERS,
-    WrongAnswersParams,
-    summary="a corrupted replica is caught by the correctness probe in time; answers exposed before are counted",
-)
-def wrong_answers_detected(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
-    """For each apply of the fault: the first ``detect.wrong_answer`` (or ``detect.backend_down`` with reason
+@register_check(CHECK_WRONG_ANSWERS, WrongAnswersParams)
+def wrong_answers_detected(history: History, p: WrongAnswersParams, scenario: Scenario) -> CheckResult:
+    """a corrupted replica is caught by the correctness probe in time; answers exposed before are counted
+
+    For each apply of the fault: the first ``detect.wrong_answer`` (or ``detect.backend_down`` with reason
     ``correctness``) naming ``backend`` strictly after it must come within ``within``. Measured: the most ok
     answers ``backend`` served between an apply and its detection (scheduled in that interval), i.e. clients
     exposed to possibly wrong numbers; held to ``max_wrong`` when set. ``unknown`` when the fault never fired,
     no bound is known, or (with ``max_wrong``) no requests were recorded."""
-    p = narrow(params, WrongAnswersParams)
     target = measures.reference_target(scenario)
     within = p.within
     if within is None and target is not None:
@@ -529,14 +493,14 @@ class PriorityParams(WindowParams):
     CHECK_PRIORITY,
     PriorityParams,
     to_add="add a load: section with priorities (load.priorities) to the scenario",
-    summary="while other priorities are shed, a priority's error rate in a window stays at most max_error_rate",
 )
-def priority_preserved(history: History, params: BaseModel, scenario: Scenario) -> CheckResult:
-    """Error rate (as in ``error_rate``) of the window's ``priority`` requests. With ``require_shedding``
+def priority_preserved(history: History, p: PriorityParams, scenario: Scenario) -> CheckResult:
+    """while other priorities are shed, a priority's error rate in a window stays at most max_error_rate
+
+    Error rate (as in ``error_rate``) of the window's ``priority`` requests. With ``require_shedding``
     (default) the verdict is ``unknown`` unless some request of another priority was shed in the window (a
     ``shed_statuses`` status or an answer from ``gateway``): without shedding, preserving a priority was never
     put to the test. ``unknown`` also when the window holds no request of ``priority``."""
-    p = narrow(params, PriorityParams)
     verdict = verdict_of(CHECK_PRIORITY, p.fault, bound=f"<= {p.max_error_rate:g}")
     got = _in_window(history, scenario, p, verdict)
     if isinstance(got, CheckResult):
