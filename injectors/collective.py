@@ -35,16 +35,13 @@ class CollectiveFaultParams(BaseModel):
     )
 
 
-class CollectiveFaultInjector(InJobInjector):
-    """``collective_fault``: the rank's agent reports ``fault.applied`` {step, index, collective, collective_kind,
+class CollectiveFaultInjector(InJobInjector, name="collective_fault", params=CollectiveFaultParams):
+    """one rank's collective fails at a step (DistBackendError, the process lives on) or its process groups are
+    aborted (in-job; once per run)
+
+    ``collective_fault``: the rank's agent reports ``fault.applied`` {step, index, collective, collective_kind,
     pid}, then fails that collective or aborts its process groups, once per run (a restart does not again)."""
 
-    name: ClassVar[str] = "collective_fault"
-    Params: ClassVar[type[BaseModel]] = CollectiveFaultParams
-    summary: ClassVar[str] = (
-        "one rank's collective fails at a step (DistBackendError, the process lives on) or its process groups "
-        "are aborted (in-job; once per run)"
-    )
     one_shot: ClassVar[bool] = True
 
 

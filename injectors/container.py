@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, ClassVar, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
@@ -51,7 +51,7 @@ from chaos.plugins.injector import (
     state_text,
 )
 from chaos.spec.units import Duration
-from injectors.process.faults import require_duration
+from injectors.base import HeldFault, OneShot
 
 if TYPE_CHECKING:
     from docker.models.containers import Container
@@ -332,7 +332,7 @@ def _seconds(value: float) -> str:
 # -- injectors ----------------------------------------------------------------------------------------------------
 
 
-class _ContainerFault:
+class _ContainerFault(HeldFault):
     """The life every container fault shares; a subclass says what it records, does and undoes.
 
     ``prepare`` needs a running container (and a duration unless ``one_shot``), ``apply`` acts only on the
@@ -341,19 +341,15 @@ class _ContainerFault:
     restart) cannot be taken back: they are journaled as irreversible and have neither heal nor revert.
     """
 
-    name: ClassVar[str]
-    Params: ClassVar[type[BaseModel]]
-    summary: ClassVar[str]
     revert_on_harness: ClassVar[bool] = True
-    one_shot: ClassVar[bool] = False
-    needs_duration: ClassVar[bool] = True  # a held fault ends at its deadline; one-shot faults set False
+    one_shot: ClassVar[bool] = False  # a held fault ends at its deadline; one-shot faults derive from OneShot
     done: ClassVar[str]  # what apply does, as in "container X is paused since prepare; not <done>"
 
     def check(self, ctx: InjectionContext, params: BaseModel) -> None:
         check_running(ctx)
 
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
-        duration = None if self.one_shot else require_duration(self.name, op)
+        duration = None if self.one_shot else self.duration(op)
         params = op.params_as(self.Params)
         transport = docker_transport(ctx)
         state, what = self._plan(*_record(transport), params)
@@ -374,9 +370,8 @@ class _ContainerFault:
         raise NotImplementedError
 
     def heal(self, ctx: InjectionContext, applied: Applied) -> None:
-        """Undo on the recorded container, if it still exists; nothing for a one-shot fault or a skipped apply."""
-        if self.one_shot:
-            return
+        """Undo on the recorded container, if it still exists; nothing after a skipped apply (a one-shot fault's
+        heal is :class:`OneShot`'s: nothing)."""
         state = ContainerState.from_json(applied.state)
         if state.skipped:
             return
@@ -392,14 +387,11 @@ class _ContainerFault:
         return None
 
 
-class ContainerKillInjector(_ContainerFault):
-    """Signal the container's main process once via the daemon (SIGKILL by default). Irreversible."""
+class ContainerKillInjector(OneShot, _ContainerFault, name="container_kill", params=ContainerKillParams):
+    """send a signal (default SIGKILL) to a container's main process through the Docker API
 
-    name: ClassVar[str] = "container_kill"
-    Params: ClassVar[type[BaseModel]] = ContainerKillParams
-    summary: ClassVar[str] = "send a signal (default SIGKILL) to a container's main process through the Docker API"
-    one_shot: ClassVar[bool] = True
-    needs_duration: ClassVar[bool] = False
+    Signal the container's main process once via the daemon (SIGKILL by default). Irreversible."""
+
     done: ClassVar[str] = "killed"
 
     def _plan(self, state: ContainerState, container: Container, params: BaseModel) -> tuple[ContainerState, str]:
@@ -411,31 +403,40 @@ class ContainerKillInjector(_ContainerFault):
         _call(f"sending {signal} to", transport.container_name, lambda: container.kill(signal=signal))
 
 
+class Verbs(NamedTuple):
+    """A grace fault's words: ``verb``, the docker-py Container method and the word in the description; ``acting``,
+    the step as a daemon error names it ("stopping X failed: ..."); ``done``, what apply does ("not stopped")."""
+
+    verb: str
+    acting: str
+    done: str
+
+
 class _GraceFault(_ContainerFault):
     """stop and restart: one daemon call (``container.<verb>``) with the params' ``timeout`` grace before SIGKILL,
     recorded as whole seconds at prepare so the dead-man revert and the heal see the same value."""
 
-    verb: ClassVar[str]  # the docker-py Container method, and the word in the description
-    acting: ClassVar[str]  # the verb as a daemon error names the step: "stopping X failed: ..."
+    verbs: ClassVar[Verbs]
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        cls.done = cls.verbs.done
 
     def _plan(self, state: ContainerState, container: Container, params: BaseModel) -> tuple[ContainerState, str]:
         grace = params_as(cast("type[ContainerStopParams]", self.Params), params)  # restart's Params subclass it
-        return replace(state, timeout_s=_whole_seconds(grace.timeout)), f"{self.verb} container {state.container}"
+        return replace(state, timeout_s=_whole_seconds(grace.timeout)), f"{self.verbs.verb} container {state.container}"
 
     def _act(self, transport: DockerTransport, container: Container, state: ContainerState) -> None:
         timeout = state.need(state.timeout_s, "timeout_s")
-        _call(self.acting, transport.container_name, lambda: getattr(container, self.verb)(timeout=timeout))
+        _call(self.verbs.acting, transport.container_name, lambda: getattr(container, self.verbs.verb)(timeout=timeout))
 
 
-class ContainerStopInjector(_GraceFault):
-    """``docker stop`` for the fault's duration; heal starts the recorded container again if it is still down."""
+class ContainerStopInjector(_GraceFault, name="container_stop", params=ContainerStopParams):
+    """stop a container for the fault's duration, then start it again
 
-    name: ClassVar[str] = "container_stop"
-    Params: ClassVar[type[BaseModel]] = ContainerStopParams
-    summary: ClassVar[str] = "stop a container for the fault's duration, then start it again"
-    done: ClassVar[str] = "stopped"
-    verb: ClassVar[str] = "stop"
-    acting: ClassVar[str] = "stopping"
+    ``docker stop`` for the fault's duration; heal starts the recorded container again if it is still down."""
+
+    verbs = Verbs("stop", "stopping", "stopped")
 
     def _undo(self, transport: DockerTransport, container: Container, state: ContainerState) -> None:
         """Start the recorded container unless it runs already (or is on its way)."""
@@ -446,25 +447,19 @@ class ContainerStopInjector(_GraceFault):
         return docker_cli(applied, "start")
 
 
-class ContainerRestartInjector(_GraceFault):
-    """``docker restart`` once (stop with ``timeout`` grace, then start). Irreversible: nothing to heal."""
+class ContainerRestartInjector(OneShot, _GraceFault, name="container_restart", params=ContainerRestartParams):
+    """restart a container once (stop with a grace timeout, then start)
 
-    name: ClassVar[str] = "container_restart"
-    Params: ClassVar[type[BaseModel]] = ContainerRestartParams
-    summary: ClassVar[str] = "restart a container once (stop with a grace timeout, then start)"
-    one_shot: ClassVar[bool] = True
-    needs_duration: ClassVar[bool] = False
-    done: ClassVar[str] = "restarted"
-    verb: ClassVar[str] = "restart"
-    acting: ClassVar[str] = "restarting"
+    ``docker restart`` once (stop with ``timeout`` grace, then start). Irreversible: nothing to heal."""
+
+    verbs = Verbs("restart", "restarting", "restarted")
 
 
-class ContainerPauseInjector(_ContainerFault):
-    """Freeze the container (cgroup freezer) for the fault's duration; heal unpauses it if it is still paused."""
+class ContainerPauseInjector(_ContainerFault, name="container_pause", params=ContainerPauseParams):
+    """freeze every process of a container (docker pause) for the fault's duration
 
-    name: ClassVar[str] = "container_pause"
-    Params: ClassVar[type[BaseModel]] = ContainerPauseParams
-    summary: ClassVar[str] = "freeze every process of a container (docker pause) for the fault's duration"
+    Freeze the container (cgroup freezer) for the fault's duration; heal unpauses it if it is still paused."""
+
     done: ClassVar[str] = "paused"
 
     def _plan(self, state: ContainerState, container: Container, params: BaseModel) -> tuple[ContainerState, str]:
@@ -488,8 +483,10 @@ class ContainerPauseInjector(_ContainerFault):
         return docker_cli(applied, "unpause")
 
 
-class ContainerCpuInjector(_ContainerFault):
-    """Cap the container's CPU for the fault's duration; heal restores exactly the recorded limits.
+class ContainerCpuInjector(_ContainerFault, name="container_cpu", params=ContainerCpuParams):
+    """cap a container at a number of CPUs (its CFS quota via docker update)
+
+    Cap the container's CPU for the fault's duration; heal restores exactly the recorded limits.
 
     A container limited with ``NanoCpus`` (``docker run --cpus``, compose ``cpus:``) is capped through
     ``NanoCpus`` (docker refuses a quota next to it); any other through ``CpuQuota`` at its own period
@@ -498,9 +495,6 @@ class ContainerCpuInjector(_ContainerFault):
     fault's value is still in place, so a limit someone changed meanwhile, or a recreated container, is kept.
     """
 
-    name: ClassVar[str] = "container_cpu"
-    Params: ClassVar[type[BaseModel]] = ContainerCpuParams
-    summary: ClassVar[str] = "cap a container at a number of CPUs (its CFS quota via docker update)"
     done: ClassVar[str] = "throttled"
 
     def check(self, ctx: InjectionContext, params: BaseModel) -> None:

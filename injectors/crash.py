@@ -36,15 +36,12 @@ class CrashParams(BaseModel):
     )
 
 
-class CrashInjector(InJobInjector):
-    """``crash``: the rank's agent reports ``fault.applied`` {step, phase, crash_kind, pid}, then raises, segfaults or
+class CrashInjector(InJobInjector, name="crash", params=CrashParams):
+    """one rank crashes at a step and phase: Python exception, SIGSEGV or SIGABRT (in-job; once per run)
+
+    ``crash``: the rank's agent reports ``fault.applied`` {step, phase, crash_kind, pid}, then raises, segfaults or
     aborts, once per run (a torchrun restart recomputing the step does not crash again)."""
 
-    name: ClassVar[str] = "crash"
-    Params: ClassVar[type[BaseModel]] = CrashParams
-    summary: ClassVar[str] = (
-        "one rank crashes at a step and phase: Python exception, SIGSEGV or SIGABRT (in-job; once per run)"
-    )
     one_shot: ClassVar[bool] = True
 
 

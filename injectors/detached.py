@@ -34,6 +34,11 @@ def helper_argv(transport: Transport, module: str, op_id: str, **options: object
     return argv
 
 
+def import_argv(transport: Transport, module: str) -> list[str]:
+    """``python -c "import module"`` with the host's python: a probe that a helper can run there."""
+    return [host_python(transport), "-c", f"import {module}"]
+
+
 def launch(transport: Transport, argv: list[str], *, what: str, log: str | None, timeout: float = 30.0) -> int:
     """Start the self-detaching helper ``argv`` on the transport's host and return its pid.
 

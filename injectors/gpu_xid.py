@@ -24,22 +24,22 @@ import re
 import socket
 import time
 from dataclasses import dataclass
-from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
-from chaos.cluster.base import TransportError, read_host_file
+from chaos.cluster.base import read_host_file
 from chaos.cluster.local import LocalTransport
 from chaos.plugins.injector import (
     Applied,
     FaultOp,
     InjectionContext,
     InjectionError,
-    Unsupported,
+    InjectorBase,
     state_text,
     state_texts,
 )
 from chaos.slurm.healthcheck_xid import XIDS, xid_line
+from injectors.base import probe
 from injectors.hostfiles import HostFiles
 
 DEFAULT_LOG = "/var/lib/mlchaos/xid/{host}.log"
@@ -122,21 +122,14 @@ def kernel_line(message: str, *, host: str, uptime: float, when: float) -> str:
     return f"{stamp} {host} kernel: [{micro // 1_000_000:5d}.{micro % 1_000_000:06d}] {message}"
 
 
-class GpuXidInjector:
-    """Append a real-format XID line to the host's health-check kernel log; heal removes exactly it."""
+class GpuXidInjector(InjectorBase, name="gpu_xid", params=GpuXidParams):
+    """append an NVIDIA XID line (emulated GPU driver) to the kernel log the health check reads
 
-    name: ClassVar[str] = "gpu_xid"
-    needs_duration: ClassVar[bool] = False
-    Params: ClassVar[type[BaseModel]] = GpuXidParams
-    summary: ClassVar[str] = "append an NVIDIA XID line (emulated GPU driver) to the kernel log the health check reads"
+    Append a real-format XID line to the host's health-check kernel log; heal removes exactly it."""
 
     def check(self, ctx: InjectionContext, params: BaseModel) -> None:
-        try:
-            done = ctx.transport.run(["sh", "-c", "command -v awk && command -v mktemp"], timeout=15)
-        except TransportError as exc:
-            raise Unsupported(f"cannot reach {ctx.transport.host}: {exc}") from None
-        if not done.ok:
-            raise Unsupported(f"awk or mktemp missing on {ctx.transport.host}")
+        argv = ["sh", "-c", "command -v awk && command -v mktemp"]
+        probe(ctx.transport, argv, "cannot reach", "awk or mktemp missing on {host}", timeout=15)
 
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
         params = op.params_as(GpuXidParams)

@@ -14,8 +14,6 @@ The fault is applied inside the job by :mod:`chaos.agent` through the guard's co
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from pydantic import BaseModel, ConfigDict, Field
 
 from chaos.event_kinds import Site
@@ -52,12 +50,10 @@ class GradCorruptParams(BaseModel):
     factor: float = Field(default=1e7, description="kind=scale: the factor")
 
 
-class GradCorruptInjector(InJobInjector):
-    """``grad_corrupt``: corrupt one rank's gradient bucket locally, in transit or after the reduction."""
+class GradCorruptInjector(InJobInjector, name="grad_corrupt", params=GradCorruptParams):
+    """corrupt one rank's gradient bucket: local | in_transit | post_reduce (in-job)
 
-    name: ClassVar[str] = "grad_corrupt"
-    Params: ClassVar[type[BaseModel]] = GradCorruptParams
-    summary: ClassVar[str] = "corrupt one rank's gradient bucket: local | in_transit | post_reduce (in-job)"
+    ``grad_corrupt``: corrupt one rank's gradient bucket locally, in transit or after the reduction."""
 
 
 INJECTORS = (GradCorruptInjector,)

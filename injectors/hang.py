@@ -40,21 +40,18 @@ class SkipCollectiveParams(BaseModel):
     index: int = Field(default=0, ge=0, description="which collective of the step (0: the step's first)")
 
 
-class SpinInjector(InJobInjector):
-    """``spin``: the rank loops in Python (GIL held, CPU busy) for the fault's duration, then goes on."""
+class SpinInjector(InJobInjector, name="spin", params=SpinParams):
+    """one rank stuck in a Python loop for the duration (in-job; heals by itself)
 
-    name: ClassVar[str] = "spin"
-    Params: ClassVar[type[BaseModel]] = SpinParams
-    summary: ClassVar[str] = "one rank stuck in a Python loop for the duration (in-job; heals by itself)"
+    ``spin``: the rank loops in Python (GIL held, CPU busy) for the fault's duration, then goes on."""
+
     needs_duration: ClassVar[bool] = True
 
 
-class SkipCollectiveInjector(InJobInjector):
-    """``skip_collective``: the rank's collective at (step, index) returns without running."""
+class SkipCollectiveInjector(InJobInjector, name="skip_collective", params=SkipCollectiveParams):
+    """one rank skips one collective (in-job; its peers wait in it: restart to heal)
 
-    name: ClassVar[str] = "skip_collective"
-    Params: ClassVar[type[BaseModel]] = SkipCollectiveParams
-    summary: ClassVar[str] = "one rank skips one collective (in-job; its peers wait in it: restart to heal)"
+    ``skip_collective``: the rank's collective at (step, index) returns without running."""
 
 
 INJECTORS = (SpinInjector, SkipCollectiveInjector)

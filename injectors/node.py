@@ -35,13 +35,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 import injectors.storage.fuselayer as fuselayer
-from chaos.cluster.base import TransportError, host_python
+from chaos.cluster.base import TransportError
 from chaos.cluster.local import LocalTransport
+from chaos.kernel.mounts import CpuCgroup, cpu_cgroup
 from chaos.plugins.injector import (
     Applied,
     FaultOp,
@@ -54,9 +54,9 @@ from chaos.plugins.injector import (
 from chaos.safety import deadman
 from chaos.spec.units import Duration
 from injectors import detached
+from injectors.base import HeldFault
 from injectors.hostfiles import HostFiles
-from injectors.process.faults import ProcessHost, ProcessSelector, Targets, require_duration, resolve_processes
-from injectors.storage.mounts import unescape
+from injectors.process.faults import ProcessHost, ProcessSelector, Targets, resolve_processes
 
 MODULE = "injectors.node"
 _OUR_HELPERS = (MODULE, fuselayer.MODULE)  # never throttle our own daemons when a name regex matches them
@@ -109,13 +109,8 @@ class MemoryPressureParams(BaseModel):
 # -- cgroup hierarchy --------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Hierarchy:
-    """Where the cpu controller is mounted: ``version`` 1 or 2, its mount point and the mount's root."""
-
-    version: int
-    mount: str
-    root: str
+class Hierarchy(CpuCgroup):
+    """The cpu controller's hierarchy as the throttle uses it: which file limits a cgroup, and where one lives."""
 
     @property
     def limit_file(self) -> str:
@@ -174,25 +169,9 @@ class _HostFs(HostFiles):
 
 
 def find_hierarchy(mountinfo: str, read: Callable[[str], str | None] | None = None) -> Hierarchy | None:
-    """The cpu controller's hierarchy in a /proc/self/mountinfo text: v1 ``cpu`` first, else unified v2.
-
-    ``read`` (path -> text | None) reads ``cgroup.controllers`` to confirm v2 offers cpu; without it a v2
-    mount is assumed to.
-    """
-    v2: Hierarchy | None = None
-    for line in mountinfo.splitlines():
-        left, sep, right = line.partition(" - ")
-        fields, tail = left.split(), right.split()
-        if not sep or len(fields) < 5 or len(tail) < 3:
-            continue
-        root, mount = unescape(fields[3]), unescape(fields[4])
-        if tail[0] == "cgroup" and "cpu" in tail[2].split(","):
-            return Hierarchy(1, mount, root)
-        if tail[0] == "cgroup2" and v2 is None:
-            controllers = read(f"{mount}/cgroup.controllers") if read is not None else "cpu"
-            if isinstance(controllers, str) and "cpu" in controllers.split():
-                v2 = Hierarchy(2, mount, root)
-    return v2
+    """The cpu controller's hierarchy in a /proc/self/mountinfo text (:func:`chaos.kernel.mounts.cpu_cgroup`)."""
+    found = cpu_cgroup(mountinfo, read)
+    return None if found is None else Hierarchy(found.version, found.mount, found.root)
 
 
 def _hierarchy(fs: _HostFs) -> Hierarchy:
@@ -277,13 +256,10 @@ class ThrottleState:
 # -- cpu_throttle ------------------------------------------------------------------------------------------------
 
 
-class CpuThrottleInjector:
-    """Throttle processes with a CFS quota in a cgroup of our own; see the module docstring."""
+class CpuThrottleInjector(HeldFault, name="cpu_throttle", params=CpuThrottleParams):
+    """cap a rank, pid or command-line match at a fraction of a CPU (cgroup cpu quota)
 
-    name: ClassVar[str] = "cpu_throttle"
-    needs_duration: ClassVar[bool] = True
-    Params: ClassVar[type[BaseModel]] = CpuThrottleParams
-    summary: ClassVar[str] = "cap a rank, pid or command-line match at a fraction of a CPU (cgroup cpu quota)"
+    Throttle processes with a CFS quota in a cgroup of our own; see the module docstring."""
 
     def check(self, ctx: InjectionContext, params: BaseModel) -> None:
         """Unsupported unless a cgroup with the cpu controller can be created here (probed: mkdir + rmdir)."""
@@ -308,7 +284,7 @@ class CpuThrottleInjector:
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
         """Resolve targets and their current cgroups; InjectionError without a duration or for a pid whose
         cgroup lies outside the mounted hierarchy (it could not be moved back)."""
-        duration = require_duration(self.name, op)
+        duration = self.duration(op)
         params = op.params_as(CpuThrottleParams)
         host, fs = ProcessHost(ctx.transport), _HostFs(ctx.transport)
         pids, starts, label = resolve_processes(ctx, params)
@@ -437,23 +413,20 @@ def _available_mb(fs: _HostFs) -> int | None:
     return None
 
 
-class MemoryPressureInjector:
-    """A detached helper that holds ``megabytes`` of touched memory until heal or its deadline."""
+class MemoryPressureInjector(HeldFault, name="memory_pressure", params=MemoryPressureParams):
+    """hold N MiB of resident memory on the host (the hog is the OOM killer's first pick)
 
-    name: ClassVar[str] = "memory_pressure"
-    needs_duration: ClassVar[bool] = True
-    Params: ClassVar[type[BaseModel]] = MemoryPressureParams
-    summary: ClassVar[str] = "hold N MiB of resident memory on the host (the hog is the OOM killer's first pick)"
+    A detached helper that holds ``megabytes`` of touched memory until heal or its deadline."""
 
     def check(self, ctx: InjectionContext, params: BaseModel) -> None:
         if not isinstance(ctx.transport, LocalTransport):
-            done = ctx.transport.run([host_python(ctx.transport), "-c", f"import {MODULE}"], timeout=30)
+            done = ctx.transport.run(detached.import_argv(ctx.transport, MODULE), timeout=30)
             if not done.ok:
                 raise Unsupported(f"mlchaos is not importable by the host's python on {ctx.transport.host}")
 
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
         """InjectionError without a duration or when more than MemAvailable is asked for."""
-        duration = require_duration(self.name, op)
+        duration = self.duration(op)
         params = op.params_as(MemoryPressureParams)
         available = _available_mb(_HostFs(ctx.transport))
         if available is not None and params.megabytes > available:

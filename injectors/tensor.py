@@ -10,7 +10,7 @@ docs/design/tensor-faults.md.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -133,14 +133,10 @@ class BitFlipParams(BaseModel):
         return self
 
 
-class BitFlipInjector(InJobInjector):
-    """``bitflip``: IEEE-754 flips, NaN/Inf or block scaling in weights, activations, gradients, optimizer state."""
+class BitFlipInjector(InJobInjector, name="bitflip", params=BitFlipParams):
+    """flip bits / NaN / Inf / scale in weights, activations, gradients or optimizer state (in-job)
 
-    name: ClassVar[str] = "bitflip"
-    Params: ClassVar[type[BaseModel]] = BitFlipParams
-    summary: ClassVar[str] = (
-        "flip bits / NaN / Inf / scale in weights, activations, gradients or optimizer state (in-job)"
-    )
+    ``bitflip``: IEEE-754 flips, NaN/Inf or block scaling in weights, activations, gradients, optimizer state."""
 
 
 INJECTORS = (BitFlipInjector,)  # what chaos.plugins.registry collects from a built-in injector module

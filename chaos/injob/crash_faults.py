@@ -19,6 +19,7 @@ at most once per run.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -30,6 +31,7 @@ from chaos import events
 from chaos.injob.fault_events import FaultEvents, FiringRules
 from chaos.injob.fault_specs import CrashKind, CrashSpec
 from chaos.injob.phase_faults import IN_FLIGHT, PHASES, in_this_replica
+from chaos.kernel.durable import fsync_path
 from chaos.plan.agent_plan import InJobOp, JsonValue
 
 CRASH = "crash"
@@ -111,17 +113,8 @@ def settle() -> None:
     reached the kernel, one ``os.write``; this puts it on disk) and flush Python's stdout and stderr."""
     path = os.environ.get(events.ENV_EVENTS)
     if path and path != events.STDOUT_SINK:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            pass
-        else:
-            try:
-                os.fsync(fd)
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
+        with contextlib.suppress(OSError):
+            fsync_path(path)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

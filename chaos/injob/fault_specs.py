@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, Protocol, TypeVar
+from typing import ClassVar, Literal, Protocol, Self, runtime_checkable
 
 from chaos.event_kinds import Site, TensorPhase, TriggerPhase
 
@@ -39,19 +39,43 @@ DEFAULT_PHASE: dict[str, TensorPhase] = {
     "optimizer_state": "optimizer_step",
 }
 
-S = TypeVar("S")
+
+@runtime_checkable
+class Validated(Protocol):
+    """The harness's validated params of a fault (its pydantic model), read through ``model_dump`` so that nothing
+    here imports pydantic."""
+
+    def model_dump(self) -> dict[str, object]: ...
 
 
-def _read(cls: type[S], params: Mapping[str, object], name: str) -> S:
-    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(params) - known)
-    if unknown:
-        raise ValueError(f"{name} params: unknown field(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
-    return cls(**params)
+class _Spec:
+    """A fault's spec (a frozen dataclass below), named by its injector's ``fault`` type in its class line."""
+
+    fault: ClassVar[str]
+
+    def __init_subclass__(cls, *, fault: str, **kw: object) -> None:
+        super().__init_subclass__(**kw)
+        cls.fault = fault
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, object]) -> Self:
+        """The spec of validated params (a plan op's ``params``); ValueError for an unknown field."""
+        known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(params) - known)
+        if unknown:
+            listed = f"{', '.join(unknown)} (known: {', '.join(sorted(known))})"
+            raise ValueError(f"{cls.fault} params: unknown field(s) {listed}")
+        return cls(**params)
+
+    @classmethod
+    def of(cls, params: Self | Validated) -> Self:
+        """``params`` as this spec: itself, or the spec of the harness's validated params (tests and the pytest
+        plugin hand those over directly)."""
+        return cls.from_params(params.model_dump()) if isinstance(params, Validated) else params
 
 
 @dataclass(frozen=True)
-class BitFlipSpec:
+class BitFlipSpec(_Spec, fault="bitflip"):
     """A ``bitflip`` fault (see ``injectors.tensor`` for what each field means)."""
 
     where: Where = "weights"
@@ -71,16 +95,16 @@ class BitFlipSpec:
     seed: int | None = None
 
     @classmethod
-    def from_params(cls, params: Mapping[str, object]) -> BitFlipSpec:
+    def from_params(cls, params: Mapping[str, object]) -> Self:
         """The spec of validated params (a plan op's ``params``); ``phase`` defaults by ``where``."""
         if params.get("phase") is None:
             where = params.get("where", "weights")
             params = {**params, "phase": DEFAULT_PHASE.get(str(where), "forward")}
-        return _read(cls, params, "bitflip")
+        return super().from_params(params)
 
 
 @dataclass(frozen=True)
-class GradCorruptSpec:
+class GradCorruptSpec(_Spec, fault="grad_corrupt"):
     """A ``grad_corrupt`` fault (see ``injectors.gradient`` for what each field means)."""
 
     site: Site = "in_transit"
@@ -95,71 +119,20 @@ class GradCorruptSpec:
     block: int = 32
     factor: float = 1e7
 
-    @classmethod
-    def from_params(cls, params: Mapping[str, object]) -> GradCorruptSpec:
-        """The spec of validated params (a plan op's ``params``)."""
-        return _read(cls, params, "grad_corrupt")
-
 
 @dataclass(frozen=True)
-class CrashSpec:
+class CrashSpec(_Spec, fault="crash"):
     """A ``crash`` fault (see ``injectors.crash`` for what each field means)."""
 
     kind: CrashKind = "exception"
     phase: TriggerPhase = "forward"
     rank: int | None = None
 
-    @classmethod
-    def from_params(cls, params: Mapping[str, object]) -> CrashSpec:
-        """The spec of validated params (a plan op's ``params``)."""
-        return _read(cls, params, "crash")
-
 
 @dataclass(frozen=True)
-class CollectiveFaultSpec:
+class CollectiveFaultSpec(_Spec, fault="collective_fault"):
     """A ``collective_fault`` fault (see ``injectors.collective`` for what each field means)."""
 
     kind: CollectiveKind = "error"
     index: int = 0
     rank: int | None = None
-
-    @classmethod
-    def from_params(cls, params: Mapping[str, object]) -> CollectiveFaultSpec:
-        """The spec of validated params (a plan op's ``params``)."""
-        return _read(cls, params, "collective_fault")
-
-
-class BitFlipFields(Protocol):
-    """What the tensor fault engine reads of a ``bitflip`` fault: a :class:`BitFlipSpec`, or the harness's
-    validated ``BitFlipParams`` (tests and the pytest plugin hand that one over directly)."""
-
-    @property
-    def where(self) -> Where: ...
-    @property
-    def layer(self) -> str | None: ...
-    @property
-    def kind(self) -> Kind: ...
-    @property
-    def element(self) -> int | None: ...
-    @property
-    def bit(self) -> int | BitClass | None: ...
-    @property
-    def count(self) -> int: ...
-    @property
-    def block(self) -> int: ...
-    @property
-    def factor(self) -> float: ...
-    @property
-    def persistence(self) -> Persistence: ...
-    @property
-    def probability(self) -> float: ...
-    @property
-    def steps(self) -> int | None: ...
-    @property
-    def phase(self) -> TensorPhase: ...
-    @property
-    def state(self) -> str | None: ...
-    @property
-    def rank(self) -> int | None: ...
-    @property
-    def seed(self) -> int | None: ...

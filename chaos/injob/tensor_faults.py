@@ -28,7 +28,7 @@ from chaos.injob.bitflip import (
     set_values,
     undo_change,
 )
-from chaos.injob.fault_specs import BitFlipFields, Kind
+from chaos.injob.fault_specs import BitFlipSpec, Kind, Validated
 
 Emit = Callable[..., None]
 ONCE = ("transient", "latent")  # the persistences that fire exactly once
@@ -60,7 +60,7 @@ class ArmedFault:
         self,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer | None,
-        params: BitFlipFields,
+        params: BitFlipSpec | Validated,
         rng: random.Random,
         *,
         emit: Emit | None = None,
@@ -72,8 +72,8 @@ class ArmedFault:
         ``fault.tensor`` event per application; nothing is emitted without it. Raises :class:`TensorFaultError`
         when nothing matches ``params.layer`` or an optimizer is needed and missing.
         """
+        self.params = params = BitFlipSpec.of(params)
         rng = random.Random(params.seed) if params.seed is not None else rng
-        self.params = params
         self.records: list[TensorChange] = []
         self._rng = rng
         self._emit = emit
@@ -361,7 +361,7 @@ class _Choice:
     factor: float = 1.0
 
     @staticmethod
-    def draw(p: BitFlipFields, numel: int, dtype: torch.dtype, rng: random.Random) -> _Choice:
+    def draw(p: BitFlipSpec, numel: int, dtype: torch.dtype, rng: random.Random) -> _Choice:
         try:
             if p.kind == "scale":
                 # A block longer than the tensor (or than what follows `element`) is cut at the tensor's end.
@@ -400,7 +400,7 @@ arm = ArmedFault
 
 
 def _pick_param(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, p: BitFlipFields, rng: random.Random
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, p: BitFlipSpec, rng: random.Random
 ) -> tuple[str, torch.nn.Parameter]:
     owned = None
     if p.where == "optimizer_state" and optimizer is not None:

@@ -17,9 +17,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, ClassVar, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, JsonValue, StringConstraints
+
+from chaos.plugins.check import summary_of
 
 if TYPE_CHECKING:
     from chaos.cluster.base import Transport
@@ -285,7 +287,31 @@ class Injector(Protocol):
         ...
 
 
-class InJobInjector:
+class InjectorBase:
+    """A base that lets an injector class say each thing once, as a toxiproxy toxic is registered in one line:
+    ``class KillInjector(InjectorBase, name="kill", params=KillParams):`` and a docstring whose first paragraph
+    is the summary (``mlchaos list`` shows it), the paragraphs after it the details.
+
+    ``name=`` and ``params=`` set the ``name`` and ``Params`` class attributes the registry reads; a class that
+    has a name of its own but no ``summary`` takes its docstring's first paragraph, on one line. Plain class
+    attributes (``name: ClassVar[str] = "kill"``, ``Params``, ``summary``) work too, with or without this base.
+    """
+
+    name: ClassVar[str]
+    Params: ClassVar[type[BaseModel]]
+    summary: ClassVar[str]
+
+    def __init_subclass__(cls, *, name: str | None = None, params: type[BaseModel] | None = None, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        if name is not None:
+            cls.name = name
+        if params is not None:
+            cls.Params = params
+        if "name" in vars(cls) and "summary" not in vars(cls) and cls.__doc__:
+            cls.summary = summary_of(cls)
+
+
+class InJobInjector(InjectorBase):
     """Base for faults applied INSIDE the target process by the in-job agent (:mod:`chaos.agent`).
 
     The harness never applies these itself: the runner hands their ops to the job in the plan file named by
@@ -295,9 +321,6 @@ class InJobInjector:
     """
 
     in_job: ClassVar[bool] = True
-    name: ClassVar[str]
-    Params: ClassVar[type[BaseModel]]
-    summary: ClassVar[str]
 
     def check(self, ctx: InjectionContext, params: BaseModel) -> None:
         """In-job faults need nothing from the host; the runner checks their triggers."""

@@ -60,6 +60,7 @@ from chaos.event_kinds import (
     TARGET_RESUME,
 )
 from chaos.events import emit
+from chaos.kernel.durable import fsync_path
 
 STORE_FORMAT = 2
 KEEP = 3  # committed checkpoints kept: fallback needs somewhere to go when the newest is damaged
@@ -100,15 +101,6 @@ def committed_steps(directory: Path) -> list[int]:
     return [step for step in list_steps(directory) if (step_dir(directory, step) / MANIFEST).is_file()]
 
 
-def fsync_dir(directory: Path) -> None:
-    """Make a rename in ``directory`` durable: the entry itself must reach the disk."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_atomic(final: Path, data: bytes, *, chunk: int | None = None) -> None:
     """Temp file next to ``final`` (same filesystem), streamed writes, fsync, rename, fsync the directory."""
     tmp = final.with_name(f".{final.name}.tmp.{os.getpid()}")
@@ -119,7 +111,7 @@ def _write_atomic(final: Path, data: bytes, *, chunk: int | None = None) -> None
             handle.flush()  # each chunk reaches the OS as its own write, as a streaming writer's would
         os.fsync(handle.fileno())
     os.replace(tmp, final)
-    fsync_dir(final.parent)
+    fsync_path(final.parent)  # the rename itself must reach the disk
 
 
 @dataclass(frozen=True)

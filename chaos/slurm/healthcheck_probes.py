@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from chaos.kernel.mounts import cpu_cgroup
 from chaos.kernel.procfs import read_stat
 from chaos.slurm.client import expand_hostlist, parse_fields
 from chaos.slurm.healthcheck_xid import scan
@@ -205,18 +206,8 @@ class CpuMount:
 
 def cpu_mount(mountinfo: str) -> CpuMount | None:
     """The cpu controller's mount (v1 ``cpu`` first, else the unified v2 hierarchy) from a mountinfo text."""
-    v2: CpuMount | None = None
-    for line in mountinfo.splitlines():
-        left, sep, right = line.partition(" - ")
-        fields, tail = left.split(), right.split()
-        if not sep or len(fields) < 5 or len(tail) < 3:
-            continue
-        root, mount = fields[3].replace("\\040", " "), Path(fields[4].replace("\\040", " "))
-        if tail[0] == "cgroup" and "cpu" in tail[2].split(","):
-            return CpuMount(1, mount, root)
-        if tail[0] == "cgroup2" and v2 is None:
-            v2 = CpuMount(2, mount, root)
-    return v2
+    found = cpu_cgroup(mountinfo)
+    return None if found is None else CpuMount(found.version, Path(found.mount), found.root)
 
 
 def cgroup_dir(mount: CpuMount, proc_cgroup: str) -> Path | None:

@@ -16,6 +16,8 @@ import os
 import subprocess
 from pathlib import Path
 
+from chaos.kernel.mounts import mountinfo as entries
+
 OWNED = Path("/run/mlchaos-self-binds.json")
 """The self-binds mlchaos made on this machine, whichever testbed made them: the last testbed down releases
 each one no container binds any more (the one that made it may go down while another still uses it). In /run:
@@ -40,32 +42,12 @@ def remember(path: Path, record: Path = OWNED, *, keep: bool = True) -> None:
     os.replace(tmp, record)
 
 
-def _unescape(field: str) -> str:
-    # /proc/self/mountinfo escapes space, tab, newline and backslash as \\ooo octal.
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and field[i + 1 : i + 4].isdigit():
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
-
-
 def mount_points(mountinfo: str | None = None) -> dict[str, bool]:
     """Every mount point of this mount namespace -> whether it is shared (``shared:N`` optional field)."""
     if mountinfo is None:
         with open("/proc/self/mountinfo", encoding="utf-8") as handle:
             mountinfo = handle.read()
-    points: dict[str, bool] = {}
-    for line in mountinfo.splitlines():
-        fields = line.split()
-        if len(fields) < 7 or "-" not in fields[6:]:
-            continue
-        optional = fields[6 : fields.index("-", 6)]
-        points[_unescape(fields[4])] = any(tag.startswith("shared:") for tag in optional)
-    return points
+    return {entry.point: any(tag.startswith("shared:") for tag in entry.optional) for entry in entries(mountinfo)}
 
 
 def ensure_shared(path: Path) -> bool:

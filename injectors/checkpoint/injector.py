@@ -29,7 +29,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
@@ -42,16 +42,17 @@ from chaos.plugins.injector import (
     FaultOp,
     InjectionContext,
     InjectionError,
-    Unsupported,
+    InjectorBase,
     optional_int,
     state_text,
 )
 from chaos.safety.state import state_dir
 from chaos.spec.units import Duration, check_host_directory
 from injectors import detached
+from injectors.base import HeldFault, probe
 from injectors.checkpoint import ops, tear
 from injectors.hostfiles import HostFiles
-from injectors.process.faults import ProcessHost, require_duration
+from injectors.process.faults import ProcessHost
 
 _OPS_MODULE = "injectors.checkpoint.ops"
 
@@ -247,9 +248,7 @@ class CheckpointState:
         )
 
 
-class _Base:
-    needs_duration: ClassVar[bool] = False
-
+class _Base(InjectorBase):
     def check(self, ctx: InjectionContext, params: BaseModel) -> None:
         """Nothing to probe up front: the directory exists only once the job saved, so ``prepare`` checks it."""
 
@@ -258,10 +257,8 @@ class _Base:
         return None
 
 
-class CorruptInjector(_Base):
-    name: ClassVar[str] = "checkpoint_corrupt"
-    Params: ClassVar[type[BaseModel]] = CorruptParams
-    summary: ClassVar[str] = "flip bytes of the newest finished checkpoint file (seeded), in place"
+class CorruptInjector(_Base, name="checkpoint_corrupt", params=CorruptParams):
+    """flip bytes of the newest finished checkpoint file (seeded), in place"""
 
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
         params = op.params_as(CorruptParams)
@@ -300,10 +297,8 @@ class CorruptInjector(_Base):
             )
 
 
-class DropShardInjector(_Base):
-    name: ClassVar[str] = "checkpoint_drop_shard"
-    Params: ClassVar[type[BaseModel]] = DropShardParams
-    summary: ClassVar[str] = "remove one rank's file of a committed checkpoint"
+class DropShardInjector(_Base, name="checkpoint_drop_shard", params=DropShardParams):
+    """remove one rank's file of a committed checkpoint"""
 
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
         state, size = _newest_backed_up(ctx, op, op.params_as(DropShardParams))
@@ -322,10 +317,8 @@ class DropShardInjector(_Base):
             host_op(ctx.transport, {"op": "put_back", "path": state.path, "backup": state.backup, "expect_sha": None})
 
 
-class StalePointerInjector(_Base):
-    name: ClassVar[str] = "checkpoint_stale_pointer"
-    Params: ClassVar[type[BaseModel]] = StalePointerParams
-    summary: ClassVar[str] = "point the latest pointer at a checkpoint that never completed"
+class StalePointerInjector(_Base, name="checkpoint_stale_pointer", params=StalePointerParams):
+    """point the latest pointer at a checkpoint that never completed"""
 
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
         params = op.params_as(StalePointerParams)
@@ -386,23 +379,17 @@ class StalePointerInjector(_Base):
         state.detail.pop("done", None)  # healed: a second heal does nothing
 
 
-class TornWriteInjector(_Base):
-    name: ClassVar[str] = "checkpoint_torn_write"
-    needs_duration: ClassVar[bool] = True
-    Params: ClassVar[type[BaseModel]] = TornWriteParams
-    summary: ClassVar[str] = "kill the checkpoint writer mid-file (strace-slowed writes, SIGKILL at N bytes)"
+class TornWriteInjector(HeldFault, _Base, name="checkpoint_torn_write", params=TornWriteParams):
+    """kill the checkpoint writer mid-file (strace-slowed writes, SIGKILL at N bytes)"""
 
     def check(self, ctx: InjectionContext, params: BaseModel) -> None:
         """Unsupported without strace on the fault's host (the write hold) or without /proc."""
-        try:
-            done = ctx.transport.run(["strace", "-V"], timeout=30)
-        except TransportError as exc:
-            raise Unsupported(f"cannot reach {ctx.transport.host}: {exc}") from exc
-        if not done.ok:
-            raise Unsupported(f"strace is not installed on {ctx.transport.host} (Debian package strace)")
+        probe(
+            ctx.transport, ["strace", "-V"], "cannot reach", "strace is not installed on {host} (Debian package strace)"
+        )
 
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
-        duration = require_duration(self.name, op)
+        duration = self.duration(op)
         params = op.params_as(TornWriteParams)
         directory = _resolve_dir(ctx, params.path)
         resolver = ctx.rank_resolver()

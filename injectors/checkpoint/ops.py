@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from chaos.kernel.durable import fsync_path
+
 _SCAN_DEPTH = 2  # the directory and one level below it (ckpt-<step>/rank-<r>.pt)
 
 
@@ -28,15 +30,6 @@ class OpError(Exception):
 
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def _fsync(path: Path) -> None:
-    """Make ``path`` durable: a file's content, or a directory's entries (a rename or unlink in it)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def matching(directory: str, pattern: str, *, temp: bool = False) -> list[dict[str, Any]]:
@@ -102,7 +95,7 @@ def drop(path: str, backup: str) -> dict[str, Any]:
     Path(backup).parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(path, backup)
     os.unlink(path)
-    _fsync(Path(path).parent)
+    fsync_path(Path(path).parent)
     return {"size": len(original), "sha_before": _sha(original)}
 
 
@@ -119,9 +112,9 @@ def put_back(path: str, backup: str, expect_sha: str | None) -> dict[str, Any]:
     if fit:
         tmp = target.with_name(f".{target.name}.chaos-heal")
         shutil.copyfile(saved, tmp)
-        _fsync(tmp)
+        fsync_path(tmp)
         os.replace(tmp, target)
-        _fsync(target.parent)
+        fsync_path(target.parent)
     saved.unlink(missing_ok=True)
     return {"restored": fit, "why": "" if fit else "the job changed or removed the file since"}
 
@@ -180,9 +173,9 @@ def stale_pointer(directory: str, pointer: str, name: str | None, ahead: int) ->
         os.symlink(stale, tmp)
     else:
         tmp.write_text(stale + "\n", encoding="utf-8")
-        _fsync(tmp)
+        fsync_path(tmp)
     os.replace(tmp, link)
-    _fsync(root)
+    fsync_path(root)
     return {
         "kind": kind,
         "current": current,
@@ -213,7 +206,7 @@ def restore_pointer(
         else:
             tmp.write_text(current + "\n", encoding="utf-8")
         os.replace(tmp, link)
-        _fsync(root)
+        fsync_path(root)
         restored = True
     removed = []
     for entry in reversed(created):

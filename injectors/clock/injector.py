@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, ClassVar
+from typing import Annotated
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, WithJsonSchema, model_validator
 
@@ -25,6 +25,7 @@ from chaos.plugins.injector import (
     FaultOp,
     InjectionContext,
     InjectionError,
+    InjectorBase,
     Unsupported,
     state_int,
     state_text,
@@ -102,14 +103,11 @@ def _signed(seconds: float) -> str:
     return f"{seconds:+g}s"
 
 
-class ClockInjector:
-    """``clock``: an offset file for the preloaded shim, written at apply and removed at heal."""
+class ClockInjector(InjectorBase, name="clock", params=ClockParams):
+    """the wall clock of a rank, a replica or the whole job jumps forward or back (preloaded shim; monotonic
+    untouched)
 
-    name: ClassVar[str] = "clock"
-    Params: ClassVar[type[BaseModel]] = ClockParams
-    summary: ClassVar[str] = (
-        "the wall clock of a rank, a replica or the whole job jumps forward or back (preloaded shim; monotonic untouched)"
-    )
+    ``clock``: an offset file for the preloaded shim, written at apply and removed at heal."""
 
     def check(self, ctx: InjectionContext, params: BaseModel) -> None:
         if not isinstance(ctx.transport, LocalTransport):

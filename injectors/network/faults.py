@@ -28,12 +28,12 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, Field, JsonValue, model_validator
 
-from chaos.cluster.base import TransportError, host_python
 from chaos.plugins.injector import (
     Applied,
     FaultOp,
     InjectionContext,
     InjectionError,
+    InjectorBase,
     PortName,
     Unsupported,
     flag,
@@ -46,6 +46,7 @@ from chaos.plugins.injector import (
 from chaos.safety.remote_deadman import HostCommand
 from chaos.spec.units import Duration
 from injectors import detached
+from injectors.base import HeldFault, probe
 from injectors.network import flap_helper as netflap
 from injectors.network import iptables as netfilter
 from injectors.network.helpers import start_helper, stop_helper
@@ -248,12 +249,8 @@ class FlapState:
         )
 
 
-class _FilterFault:
+class _FilterFault(InjectorBase):
     """Shared life of the iptables faults; subclasses say which extra matches their DROP rules carry."""
-
-    name: ClassVar[str]
-    Params: ClassVar[type[BaseModel]]
-    summary: ClassVar[str]
 
     def _extra(self, params: FilterParams) -> list[str]:
         return []
@@ -348,35 +345,38 @@ def _batch(state: FilterState, text: Callable[[str], str]) -> HostCommand | None
     return command if command.fits() else None
 
 
-class PartitionInjector(_FilterFault):
-    """Drop traffic between this host and its peers (both ways, or one way) until healed."""
+class PartitionInjector(_FilterFault, name="partition", params=PartitionParams):
+    """cut this host off from peer addresses (iptables DROP, both ways or one way)
 
-    name: ClassVar[str] = "partition"
-    Params: ClassVar[type[BaseModel]] = PartitionParams
-    summary: ClassVar[str] = "cut this host off from peer addresses (iptables DROP, both ways or one way)"
+    Drop traffic between this host and its peers (both ways, or one way) until healed."""
 
 
-class PacketLossInjector(_FilterFault):
-    """Drop each matching packet with a fixed probability (iptables statistic match)."""
+class _RandomShareFault(_FilterFault):
+    """A filter fault on a random share of the packets (iptables statistic match): each chosen one is ``verb``-ed."""
 
-    name: ClassVar[str] = "packet_loss"
-    Params: ClassVar[type[BaseModel]] = PacketLossParams
-    summary: ClassVar[str] = "drop a random share of the packets to/from peer addresses (iptables statistic)"
+    Params: ClassVar[type[PacketLossParams] | type[DuplicateParams]]
+    verb: ClassVar[str]  # as in "drop 5% of packets"
 
     def _extra(self, params: FilterParams) -> list[str]:
-        probability = params_as(PacketLossParams, params).probability
+        probability = params_as(self.Params, params).probability
         return ["-m", "statistic", "--mode", "random", "--probability", f"{probability:.6f}"]
 
     def _what(self, params: FilterParams) -> str:
-        return f"drop {params_as(PacketLossParams, params).probability:.0%} of packets"
+        return f"{self.verb} {params_as(self.Params, params).probability:.0%} of packets"
 
 
-class DropLargePacketsInjector(_FilterFault):
-    """Drop packets at or above a size: the silent >1 KB loss that 64-byte health probes never notice."""
+class PacketLossInjector(_RandomShareFault, name="packet_loss", params=PacketLossParams):
+    """drop a random share of the packets to/from peer addresses (iptables statistic)
 
-    name: ClassVar[str] = "drop_large_packets"
-    Params: ClassVar[type[BaseModel]] = DropLargeParams
-    summary: ClassVar[str] = "drop packets of at least N bytes to/from peers (small probes pass, bulk stalls)"
+    Drop each matching packet with a fixed probability (iptables statistic match)."""
+
+    verb: ClassVar[str] = "drop"
+
+
+class DropLargePacketsInjector(_FilterFault, name="drop_large_packets", params=DropLargeParams):
+    """drop packets of at least N bytes to/from peers (small probes pass, bulk stalls)
+
+    Drop packets at or above a size: the silent >1 KB loss that 64-byte health probes never notice."""
 
     def _extra(self, params: FilterParams) -> list[str]:
         return ["-m", "length", "--length", f"{params_as(DropLargeParams, params).min_size}:65535"]
@@ -385,21 +385,14 @@ class DropLargePacketsInjector(_FilterFault):
         return f"drop packets >= {params_as(DropLargeParams, params).min_size} bytes"
 
 
-class DuplicateInjector(_FilterFault):
-    """Duplicate a random share of what this host sends to its peers: the kernel's TEE target clones each chosen
+class DuplicateInjector(_RandomShareFault, name="duplicate", params=DuplicateParams):
+    """send a random share of the packets to peers twice (iptables statistic + TEE)
+
+    Duplicate a random share of what this host sends to its peers: the kernel's TEE target clones each chosen
     packet and hands the copy to the peer's next hop (the peer itself on-link), so the peer receives it twice.
     The same on a kernel with or without tc netem."""
 
-    name: ClassVar[str] = "duplicate"
-    Params: ClassVar[type[BaseModel]] = DuplicateParams
-    summary: ClassVar[str] = "send a random share of the packets to peers twice (iptables statistic + TEE)"
-
-    def _extra(self, params: FilterParams) -> list[str]:
-        probability = params_as(DuplicateParams, params).probability
-        return ["-m", "statistic", "--mode", "random", "--probability", f"{probability:.6f}"]
-
-    def _what(self, params: FilterParams) -> str:
-        return f"duplicate {params_as(DuplicateParams, params).probability:.0%} of packets"
+    verb: ClassVar[str] = "duplicate"
 
     def check(self, ctx: InjectionContext, params: BaseModel) -> None:
         """Unsupported unless iptables here has the statistic match and the TEE target."""
@@ -431,8 +424,10 @@ class DuplicateInjector(_FilterFault):
         return [ChainSpec(chains["out"], netfilter.HOOKS["out"], rules)]
 
 
-class FlapInjector(_FilterFault):
-    """A partition switched down and up by a detached helper on the host (:mod:`injectors.network.flap_helper`).
+class FlapInjector(HeldFault, _FilterFault, name="flap", params=FlapParams):
+    """partition from peers for part of every period (down/up cycle), healed at the end
+
+    A partition switched down and up by a detached helper on the host (:mod:`injectors.network.flap_helper`).
 
     The chains are installed with a RETURN bypass (not yet in force); the helper toggles it every period and
     removes everything at the op's deadline or on SIGTERM. ``apply`` records ``helper_pid`` in the state;
@@ -441,32 +436,22 @@ class FlapInjector(_FilterFault):
     harmlessly once the chains are gone, but it would outlive the revert until its own deadline).
     """
 
-    name: ClassVar[str] = "flap"
-    needs_duration: ClassVar[bool] = True
-    Params: ClassVar[type[BaseModel]] = FlapParams
-    summary: ClassVar[str] = "partition from peers for part of every period (down/up cycle), healed at the end"
-
     def check(self, ctx: InjectionContext, params: BaseModel) -> None:
         super().check(ctx, params)
-        if shares_machine(ctx.transport):
-            return
-        try:
-            done = ctx.transport.run([host_python(ctx.transport), "-c", f"import {netflap.MODULE}"], timeout=TIMEOUT_S)
-        except TransportError as exc:
-            raise Unsupported(f"cannot run the host's python on {ctx.transport.host}: {exc}") from exc
-        if not done.ok:
-            raise Unsupported(f"mlchaos is not importable by python3 on {ctx.transport.host} (needed for flap)")
+        if not shares_machine(ctx.transport):
+            argv = detached.import_argv(ctx.transport, netflap.MODULE)
+            fails = "mlchaos is not importable by python3 on {host} (needed for flap)"
+            probe(ctx.transport, argv, "cannot run the host's python on", fails, timeout=TIMEOUT_S)
 
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
         """As partition, plus the cycle; InjectionError without a duration (the helper needs a deadline)."""
-        if op.duration_s is None or op.duration_s <= 0:
-            raise InjectionError("flap needs a duration (e.g. `duration: 30s`) so that it always ends")
+        duration = self.duration(op)
         partition, description = self._plan(ctx, op)
         params = op.params_as(FlapParams)
         state = FlapState(partition, params.period, params.down_fraction)
         description = (
             f"flap {description.removeprefix(self.name + ' ')}: down {params.down_fraction:.0%} of every "
-            f"{params.period:g}s for {op.duration_s:g}s"
+            f"{params.period:g}s for {duration:g}s"
         )
         return op.record(self.name, ctx.transport.host, state.to_json(), description)
 

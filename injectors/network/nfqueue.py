@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from pydantic import JsonValue
 
-from chaos.cluster.base import TransportError, host_python
+from chaos.cluster.base import TransportError
 from chaos.plugins.injector import (
     Applied,
     InjectionContext,
@@ -84,7 +84,7 @@ def holder_missing(ctx: InjectionContext) -> str | None:
     if shares_machine(ctx.transport):
         return None
     try:
-        done = ctx.transport.run([host_python(ctx.transport), "-c", f"import {MODULE}"], timeout=TIMEOUT_S)
+        done = ctx.transport.run(detached.import_argv(ctx.transport, MODULE), timeout=TIMEOUT_S)
     except TransportError as exc:
         return f"cannot run the host's python on {ctx.transport.host}: {exc}"
     return None if done.ok else f"mlchaos is not importable by python3 on {ctx.transport.host} (the packet holder)"

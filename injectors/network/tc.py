@@ -30,7 +30,16 @@ from typing import ClassVar
 from pydantic import BaseModel, JsonValue
 
 from chaos.cluster.base import Completed, TransportError
-from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported, flag, params_as
+from chaos.plugins.injector import (
+    Applied,
+    FaultOp,
+    InjectionContext,
+    InjectionError,
+    InjectorBase,
+    Unsupported,
+    flag,
+    params_as,
+)
 from injectors.network import nfqueue
 from injectors.network.host import Host, ms, port_numbers, probe_address, remembered, resolve_peers
 from injectors.network.iptables import Run
@@ -327,12 +336,9 @@ class ShapeState:
         return cls(interface, handle, str(state.get("kind")), commands, flag(state, "sudo"))
 
 
-class _ShapeFault:
+class _ShapeFault(InjectorBase):
     """Shared life of the tc faults: one root qdisc with an op-derived handle on one interface."""
 
-    name: ClassVar[str]
-    Params: ClassVar[type[BaseModel]]
-    summary: ClassVar[str]
     needs_netem: ClassVar[bool] = False
 
     def _interface(self, ctx: InjectionContext, host: Host, params: ShapeParams, refuse: type[Exception]) -> str:
@@ -459,23 +465,20 @@ class _ShapeFault:
         return revert_argv(state.interface, state.handle, sudo=state.sudo)
 
 
-class BandwidthInjector(_ShapeFault):
-    """Limit what this host sends (to peers, or everything on an interface) with tbf / htb."""
+class BandwidthInjector(_ShapeFault, name="bandwidth", params=BandwidthParams):
+    """limit the send rate towards peers or on an interface (tc tbf/htb)
 
-    name: ClassVar[str] = "bandwidth"
-    Params: ClassVar[type[BaseModel]] = BandwidthParams
-    summary: ClassVar[str] = "limit the send rate towards peers or on an interface (tc tbf/htb)"
+    Limit what this host sends (to peers, or everything on an interface) with tbf / htb."""
 
     def _what(self, params: ShapeParams) -> str:
         return f"limit to {_rate_text(params_as(BandwidthParams, params).rate)}:"
 
 
-class DelayInjector(_ShapeFault):
-    """Add latency (optionally with jitter) to what this host sends: tc netem, or the NFQUEUE packet holder."""
+class DelayInjector(_ShapeFault, name="delay", params=DelayParams):
+    """add latency to what this host sends to peers (tc netem, else an NFQUEUE packet holder)
 
-    name: ClassVar[str] = "delay"
-    Params: ClassVar[type[BaseModel]] = DelayParams
-    summary: ClassVar[str] = "add latency to what this host sends to peers (tc netem, else an NFQUEUE packet holder)"
+    Add latency (optionally with jitter) to what this host sends: tc netem, or the NFQUEUE packet holder."""
+
     needs_netem: ClassVar[bool] = True
 
     def _what(self, params: ShapeParams) -> str:
@@ -484,12 +487,11 @@ class DelayInjector(_ShapeFault):
         return f"delay by {ms(delay.delay)}{spread}:"
 
 
-class JitterInjector(_ShapeFault):
-    """Randomly vary the latency of what this host sends: tc netem, or the NFQUEUE packet holder."""
+class JitterInjector(_ShapeFault, name="jitter", params=JitterParams):
+    """vary the latency of what this host sends to peers (tc netem, else an NFQUEUE holder)
 
-    name: ClassVar[str] = "jitter"
-    Params: ClassVar[type[BaseModel]] = JitterParams
-    summary: ClassVar[str] = "vary the latency of what this host sends to peers (tc netem, else an NFQUEUE holder)"
+    Randomly vary the latency of what this host sends: tc netem, or the NFQUEUE packet holder."""
+
     needs_netem: ClassVar[bool] = True
 
     def _what(self, params: ShapeParams) -> str:

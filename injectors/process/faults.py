@@ -14,11 +14,11 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import Annotated, ClassVar
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
-from chaos.cluster.base import Transport, TransportError, host_python
+from chaos.cluster.base import Transport, TransportError
 from chaos.cluster.local import LocalTransport, process_start_time, signal_number
 from chaos.cluster.remote_process import WATCHER_MARK
 from chaos.kernel.procfs import lineage, parse_stat
@@ -27,14 +27,17 @@ from chaos.plugins.injector import (
     FaultOp,
     InjectionContext,
     InjectionError,
+    InjectorBase,
     PortName,
     ProcessTreeResolver,
     Unsupported,
     optional_int,
+    state_number,
 )
 from chaos.safety import deadman, remote_deadman
 from chaos.spec.units import Duration
 from injectors import detached
+from injectors.base import HeldFault, OneShot, probe
 from injectors.process import dutycycle, listeners
 from injectors.process import holds as process_holds
 
@@ -283,13 +286,6 @@ def _ints(state: dict[str, JsonValue], key: str) -> list[int]:
     return [item for item in value if isinstance(item, int)]
 
 
-def _number(state: dict[str, JsonValue], key: str) -> float:
-    value = state.get(key)
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        raise InjectionError(f"journal state {key!r} is not a number: {value!r}")
-    return float(value)
-
-
 # -- journal state ---------------------------------------------------------------------------------------------
 
 
@@ -372,16 +368,10 @@ class SlowState:
     def from_json(cls, state: dict[str, JsonValue]) -> SlowState:
         return cls(
             Targets.from_json(state),
-            _number(state, "stopped_fraction"),
-            _number(state, "period_s"),
+            state_number(state, "stopped_fraction"),
+            state_number(state, "period_s"),
             optional_int(state, "helper_pid"),
         )
-
-
-def require_duration(name: str, op: FaultOp) -> float:
-    if op.duration_s is None or op.duration_s <= 0:
-        raise InjectionError(f"{name} needs a duration (e.g. `duration: 20s`) so that it always ends")
-    return op.duration_s
 
 
 def _check_kill(ctx: InjectionContext, params: BaseModel | None = None) -> None:
@@ -401,12 +391,7 @@ def _check_kill(ctx: InjectionContext, params: BaseModel | None = None) -> None:
         if shutil.which("kill") is None:
             raise Unsupported("the `kill` command is not installed on this host")
         return
-    try:
-        done = ctx.transport.run(["kill", "-l"], timeout=15)
-    except TransportError as exc:
-        raise Unsupported(f"cannot run `kill` on {ctx.transport.host}: {exc}") from exc
-    if not done.ok:
-        raise Unsupported(f"`kill -l` fails on {ctx.transport.host}: {done.stderr.strip()[:200]}")
+    probe(ctx.transport, ["kill", "-l"], "cannot run `kill` on", "`kill -l` fails on {host}", timeout=15, stderr=True)
 
 
 def _release(ctx: InjectionContext, host: ProcessHost, targets: Targets, applied: Applied) -> None:
@@ -429,13 +414,9 @@ def _continue_command(applied: Applied) -> list[str] | None:
 # -- injectors ----------------------------------------------------------------------------------------------------
 
 
-class _ProcessFault:
+class _ProcessFault(InjectorBase):
     """What the process faults share: ``kill`` on the host (and the replica, when one is named) is checked
     first, and the selected processes are resolved and journaled with their start times."""
-
-    name: ClassVar[str]
-    Params: ClassVar[type[BaseModel]]
-    summary: ClassVar[str]
 
     def check(self, ctx: InjectionContext, params: BaseModel) -> None:
         _check_kill(ctx, params)
@@ -447,13 +428,10 @@ class _ProcessFault:
         return Targets(tuple(pids), tuple(starts), label)
 
 
-class KillInjector(_ProcessFault):
-    """Signal the selected processes once (SIGKILL by default). Irreversible: heal has nothing to undo."""
+class KillInjector(OneShot, _ProcessFault, name="kill", params=KillParams):
+    """send a signal (default SIGKILL) to a rank, pid or command-line match
 
-    name: ClassVar[str] = "kill"
-    Params: ClassVar[type[BaseModel]] = KillParams
-    summary: ClassVar[str] = "send a signal (default SIGKILL) to a rank, pid or command-line match"
-    one_shot: ClassVar[bool] = True  # a duration means nothing to it: refused at validate
+    Signal the selected processes once (SIGKILL by default). Irreversible: heal has nothing to undo."""
 
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
         params = op.params_as(KillParams)
@@ -467,24 +445,15 @@ class KillInjector(_ProcessFault):
         host = ProcessHost(ctx.transport)
         host.signal(state.signal, state.targets.same(host))
 
-    def heal(self, ctx: InjectionContext, applied: Applied) -> None:
-        """Nothing to undo: a signal cannot be taken back (the target's own restart logic is under test)."""
 
-    def revert_command(self, applied: Applied) -> list[str] | None:
-        return None
+class FreezeInjector(HeldFault, _ProcessFault, name="freeze", params=FreezeParams):
+    """SIGSTOP a rank, pid or command-line match for the fault's duration
 
-
-class FreezeInjector(_ProcessFault):
-    """SIGSTOP the selected processes for the op's duration; heal sends SIGCONT to the same processes."""
-
-    name: ClassVar[str] = "freeze"
-    needs_duration: ClassVar[bool] = True
-    Params: ClassVar[type[BaseModel]] = FreezeParams
-    summary: ClassVar[str] = "SIGSTOP a rank, pid or command-line match for the fault's duration"
+    SIGSTOP the selected processes for the op's duration; heal sends SIGCONT to the same processes."""
 
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
         """Resolve targets; InjectionError without a duration (a freeze must always end)."""
-        duration = require_duration(self.name, op)
+        duration = self.duration(op)
         targets = self._targets(ctx, op.params_as(FreezeParams))
         description = f"SIGSTOP {targets.selector} for {_seconds(duration)}"
         return op.record(self.name, ctx.transport.host, targets.to_json(), description)
@@ -508,8 +477,10 @@ class FreezeInjector(_ProcessFault):
         return _continue_command(applied)
 
 
-class SlowInjector(_ProcessFault):
-    """A SIGSTOP/SIGCONT duty cycle run by a detached helper on the host, so it survives the harness.
+class SlowInjector(HeldFault, _ProcessFault, name="slow", params=SlowParams):
+    """make a rank, pid or command-line match slow with a SIGSTOP/SIGCONT duty cycle
+
+    A SIGSTOP/SIGCONT duty cycle run by a detached helper on the host, so it survives the harness.
 
     The helper (:mod:`injectors.process.dutycycle`) ends by itself at the op's deadline and always continues the
     targets. ``apply`` adds ``helper_pid``/``helper_start_time`` to ``applied.state`` (journal it with
@@ -517,27 +488,16 @@ class SlowInjector(_ProcessFault):
     crash came before that record, so an unjournaled helper is still stopped.
     """
 
-    name: ClassVar[str] = "slow"
-    needs_duration: ClassVar[bool] = True
-    Params: ClassVar[type[BaseModel]] = SlowParams
-    summary: ClassVar[str] = "make a rank, pid or command-line match slow with a SIGSTOP/SIGCONT duty cycle"
-
     def check(self, ctx: InjectionContext, params: BaseModel) -> None:
         super().check(ctx, params)
-        if isinstance(ctx.transport, LocalTransport):
-            return
-        try:
-            done = ctx.transport.run([host_python(ctx.transport), "-c", f"import {dutycycle.MODULE}"], timeout=30)
-        except TransportError as exc:
-            raise Unsupported(f"cannot run python3 on {ctx.transport.host}: {exc}") from exc
-        if not done.ok:
-            raise Unsupported(
-                f"mlchaos is not importable by the host's python on {ctx.transport.host} (needed for slow)"
-            )
+        if not isinstance(ctx.transport, LocalTransport):
+            argv = detached.import_argv(ctx.transport, dutycycle.MODULE)
+            fails = "mlchaos is not importable by the host's python on {host} (needed for slow)"
+            probe(ctx.transport, argv, "cannot run python3 on", fails)
 
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
         """Resolve targets; InjectionError without a duration (the helper must have a deadline)."""
-        duration = require_duration(self.name, op)
+        duration = self.duration(op)
         params = op.params_as(SlowParams)
         state = SlowState(self._targets(ctx, params), params.stopped_fraction, params.period)
         return op.record(

@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 
 from chaos.cluster.base import Transport, TransportError
-from chaos.plugins.injector import InjectionError, Unsupported
+from chaos.plugins.injector import InjectionError
+from injectors.base import probe
 
 _PID = re.compile(r"\bpid=(\d+)")
 TIMEOUT_S = 15.0
@@ -31,9 +32,5 @@ def listening_pids(transport: Transport, port: int) -> list[int]:
 
 def check_ss(transport: Transport) -> None:
     """Unsupported when ``ss`` (iproute2) does not run on the host: a ``port:`` selector could find nothing."""
-    try:
-        done = transport.run(["ss", "-V"], timeout=TIMEOUT_S)
-    except TransportError as exc:
-        raise Unsupported(f"cannot run ss on {transport.host}: {exc}") from exc
-    if not done.ok:
-        raise Unsupported(f"ss (iproute2) does not run on {transport.host}; a port: selector needs it")
+    fails = "ss (iproute2) does not run on {host}; a port: selector needs it"
+    probe(transport, ["ss", "-V"], "cannot run ss on", fails, timeout=TIMEOUT_S)

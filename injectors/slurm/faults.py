@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from chaos.cluster.hosts import node_of_host
 from chaos.cluster.inventory import Inventory
-from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, Unsupported
+from chaos.plugins.injector import Applied, FaultOp, InjectionContext, InjectionError, InjectorBase, Unsupported
 from chaos.slurm.client import SlurmError
 from chaos.slurm.locate import ClusterNotFound, SlurmCluster
 from injectors.slurm import nodes as slurm_nodes
@@ -91,12 +91,9 @@ def _signal_slurmd(applied: Applied, signum: int) -> NodeFault:
     return fault
 
 
-class _SlurmFault:
+class _SlurmFault(InjectorBase):
     """What the three share: find the node and its cluster (check), journal them (prepare), heal."""
 
-    name: ClassVar[str]
-    Params: ClassVar[type[BaseModel]]
-    summary: ClassVar[str]
     revert_on_harness: ClassVar[bool] = True  # heal acts through the cluster's commands / the testbed here
     testbed_only: ClassVar[bool] = True
 
@@ -132,12 +129,10 @@ class _SlurmFault:
         return slurm_nodes.revert_argv(applied.state)
 
 
-class NodeFailInjector(_SlurmFault):
-    """SIGKILL the node's slurmd and its jobs' processes: the controller sees the node fail."""
+class NodeFailInjector(_SlurmFault, name="node_fail", params=NodeFailParams):
+    """a Slurm node fails: SIGKILL its slurmd and its jobs' processes (DOWN, job requeued)
 
-    name: ClassVar[str] = "node_fail"
-    Params: ClassVar[type[BaseModel]] = NodeFailParams
-    summary: ClassVar[str] = "a Slurm node fails: SIGKILL its slurmd and its jobs' processes (DOWN, job requeued)"
+    SIGKILL the node's slurmd and its jobs' processes: the controller sees the node fail."""
 
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
         fault = self._node(ctx, f"mlchaos {op.fault}")
@@ -149,12 +144,10 @@ class NodeFailInjector(_SlurmFault):
         applied.state["killed"] = slurm_nodes.kill(slurm_nodes.job_pids(fault), signal.SIGKILL)
 
 
-class SlurmdStopInjector(_SlurmFault):
-    """SIGTERM the node's slurmd; its jobs' processes keep running."""
+class SlurmdStopInjector(_SlurmFault, name="slurmd_stop", params=SlurmdStopParams):
+    """stop a Slurm node's slurmd (its jobs' processes keep running)
 
-    name: ClassVar[str] = "slurmd_stop"
-    Params: ClassVar[type[BaseModel]] = SlurmdStopParams
-    summary: ClassVar[str] = "stop a Slurm node's slurmd (its jobs' processes keep running)"
+    SIGTERM the node's slurmd; its jobs' processes keep running."""
 
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
         fault = self._node(ctx, f"mlchaos {op.fault}")
@@ -164,12 +157,11 @@ class SlurmdStopInjector(_SlurmFault):
         _signal_slurmd(applied, signal.SIGTERM)
 
 
-class DrainInjector(_SlurmFault):
-    """``scontrol update state=drain reason=...`` on the node."""
+class DrainInjector(_SlurmFault, name="drain", params=DrainParams):
+    """drain a Slurm node with a reason (scontrol update state=drain), as an operator does
 
-    name: ClassVar[str] = "drain"
-    Params: ClassVar[type[BaseModel]] = DrainParams
-    summary: ClassVar[str] = "drain a Slurm node with a reason (scontrol update state=drain), as an operator does"
+    ``scontrol update state=drain reason=...`` on the node."""
+
     testbed_only: ClassVar[bool] = False
 
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:

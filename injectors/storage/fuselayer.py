@@ -52,7 +52,6 @@ from injectors.storage.mounts import Mount as Mount
 from injectors.storage.mounts import chaos_mounts as chaos_mounts
 from injectors.storage.mounts import is_mounted as is_mounted
 from injectors.storage.mounts import parse_mounts as parse_mounts
-from injectors.storage.mounts import unescape as unescape
 from injectors.storage.mounts import unmount_argv as unmount_argv
 from injectors.storage.passthrough import Layer, binding
 from injectors.storage.passthrough import binding_problem as binding_problem

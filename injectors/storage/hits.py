@@ -16,7 +16,7 @@ import fnmatch
 import json
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 from chaos.event_kinds import STORAGE_HIT  # stdlib only, like this module
@@ -67,16 +67,7 @@ class Hit:
     times_ns: list[int] = field(default_factory=list)
 
     def to_json(self) -> dict[str, JsonValue]:
-        return {
-            "op": self.op,
-            "path": self.path,
-            "errno_name": self.errno_name,
-            "count": self.count,
-            "first_ns": self.first_ns,
-            "last_ns": self.last_ns,
-            "latency_s": round(self.latency_s, 6),
-            "times_ns": list(self.times_ns),
-        }
+        return {**asdict(self), "latency_s": round(self.latency_s, 6)}  # asdict copies times_ns
 
     @classmethod
     def from_json(cls, raw: object) -> Hit | None:

@@ -17,8 +17,8 @@ import re
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Any, ClassVar, Literal
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
@@ -41,8 +41,9 @@ from chaos.safety import deadman
 from chaos.safety.state import state_dir
 from chaos.spec.units import Duration, check_host_directory
 from injectors import detached
+from injectors.base import HeldFault
 from injectors.hostfiles import HostFiles
-from injectors.process.faults import ProcessHost, require_duration
+from injectors.process.faults import ProcessHost
 from injectors.storage.hits import hits_path, record_hits
 
 Mode = Literal["latency", "hang", "eio", "enospc", "fsync_stall", "readonly"]
@@ -156,24 +157,13 @@ class StorageState:
     files: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, JsonValue]:
-        state: dict[str, JsonValue] = {
-            "path": self.path,
-            "fsname": self.fsname,
-            "control": self.control,
-            "status": self.status,
-            "log": self.log,
-            "mode": self.mode,
-            "ops": list(self.ops),
-            "latency_s": self.latency_s,
-            "probability": self.probability,
-            "drain_s": self.drain_s,
-        }
-        if self.via is not None:
-            state.update(via=self.via, container=self.container, container_path=self.container_path)
-        if self.helper_pid is not None:
-            state.update(helper_pid=self.helper_pid, helper_start_time=self.helper_start_time)
-        if self.files:
-            state["files"] = list(self.files)
+        """Each field under its own name (a tuple as a list); a group of optional ones only when its first is set:
+        the container's three for ``via``, the daemon's two once applied, ``files`` when there are any."""
+        state = {key: list(value) if isinstance(value, tuple) else value for key, value in asdict(self).items()}
+        for group in (("via", "container", "container_path"), ("helper_pid", "helper_start_time"), ("files",)):
+            if state[group[0]] in (None, []):
+                for key in group:
+                    del state[key]
         return state
 
     @classmethod
@@ -324,13 +314,10 @@ def host_path_of(mounts: list[dict[str, Any]], container_path: str) -> tuple[str
 # -- the injector ------------------------------------------------------------------------------------------------
 
 
-class StorageInjector:
-    """A FUSE fault layer over a directory, served by a detached daemon; see the module docstring."""
+class StorageInjector(HeldFault, name="storage", params=StorageParams):
+    """FUSE layer over a directory: latency, hang, EIO, ENOSPC, fsync stall or read-only
 
-    name: ClassVar[str] = "storage"
-    needs_duration: ClassVar[bool] = True
-    Params: ClassVar[type[BaseModel]] = StorageParams
-    summary: ClassVar[str] = "FUSE layer over a directory: latency, hang, EIO, ENOSPC, fsync stall or read-only"
+    A FUSE fault layer over a directory, served by a detached daemon; see the module docstring."""
 
     def check(self, ctx: InjectionContext, params: BaseModel) -> None:
         """Unsupported unless /dev/fuse is usable, fusermount3 is installed and mfusepy loads libfuse (on the
@@ -370,7 +357,7 @@ class StorageInjector:
     def prepare(self, ctx: InjectionContext, op: FaultOp) -> Applied:
         """Resolve the directory and name the mount; InjectionError without a duration, for a missing
         directory, or when a fault layer is already on (or still draining from) that path."""
-        duration = require_duration(self.name, op)
+        duration = self.duration(op)
         params = op.params_as(StorageParams)
         if (container := _docker(ctx.transport)) is not None:
             return self._prepare_in_container(ctx, op, container, params)

@@ -1,13 +1,15 @@
 """The mount table as the ``storage`` fault reads it: /proc/mounts parsing and the fusermount3 argv.
 
 Shared by the FUSE daemon (:mod:`injectors.storage.fuselayer`, which watches its own mount), the injector
-(:mod:`injectors.storage.injector`, which checks and unmounts it) and :mod:`injectors.node` (which reads
-mountinfo fields with the same escaping). Pure functions of the text they are given: no host access here.
+(:mod:`injectors.storage.injector`, which checks and unmounts it); fields are decoded by
+:func:`chaos.kernel.mounts.unescape`. Pure functions of the text they are given: no host access here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from chaos.kernel.mounts import unescape
 
 FSNAME_PREFIX = "chaos-fuse"
 SUBTYPE = "chaos-fuse"  # the mount's type reads ``fuse.chaos-fuse`` in /proc/mounts
@@ -20,20 +22,6 @@ class Mount:
     source: str
     target: str
     fstype: str
-
-
-def unescape(text: str) -> str:
-    """A /proc/mounts or mountinfo field, decoded (space, tab, newline, backslash come as \\040 ...)."""
-    out, index = [], 0
-    while index < len(text):
-        chunk = text[index : index + 4]
-        if len(chunk) == 4 and chunk[0] == "\\" and chunk[1:].isdigit():
-            out.append(chr(int(chunk[1:], 8)))
-            index += 4
-        else:
-            out.append(text[index])
-            index += 1
-    return "".join(out)
 
 
 def parse_mounts(text: str) -> list[Mount]:
