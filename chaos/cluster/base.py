@@ -1,5 +1,6 @@
-"""The Transport protocol every host access goes through, the small value types it returns, and the one way a
-child this machine starts is tied to its parent's life (:func:`die_with_parent`)."""
+"""The Transport protocol every host access goes through, the small value types it returns, the one way a
+child this machine starts is tied to its parent's life (:func:`die_with_parent`), and :class:`Closing`, the
+``with`` block of what holds a connection or a file (transports, the journal, the run store)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import ctypes
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Generic, Protocol, TypeVar, runtime_checkable
+from typing import IO, Generic, Protocol, Self, TypeVar, runtime_checkable
 
 from chaos.kernel.procfs import parse_stat
 
@@ -19,6 +20,20 @@ def die_with_parent(signum: int = signal.SIGTERM) -> None:
     child, between fork and exec (``Popen(preexec_fn=...)``). The parent is the THREAD that forked: a child
     started from a thread that ends before it is signalled then."""
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
+
+
+class Closing:
+    """``with thing:`` returns ``thing`` and calls its :meth:`close` when the block ends, however it ends
+    (an exception still propagates). A subclass says what closing releases."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class TransportError(RuntimeError):

@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Protocol, Self, TypeVar
+from typing import IO, Protocol, TypeVar
 
-from chaos.cluster.base import Completed, Spawner, TransportError, signal_name
+from chaos.cluster.base import Closing, Completed, Spawner, TransportError, signal_name
 from chaos.cluster.inventory import Host
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -128,7 +128,7 @@ def estimate_clock(host: str, samples: int, ask: Callable[[], str]) -> ClockEsti
 P = TypeVar("P", bound="RemoteProcess")
 
 
-class RemoteTransport(Spawner[P]):
+class RemoteTransport(Closing, Spawner[P]):
     """What the SSH and Docker transports share around their own connection code: the inventory host,
     its interpreter, the shell text of a spawn, the cached clock offset, the ``with`` block and the shape of
     a finished command. Subclasses provide ``run``, ``put``, ``close``, :meth:`_start` and
@@ -145,15 +145,6 @@ class RemoteTransport(Spawner[P]):
     def python(self) -> str:
         """The interpreter for mlchaos helpers on this host (the inventory's ``python``, else ``python3``)."""
         return self.spec.python or "python3"
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def run(self, argv: list[str], *, timeout: float = 30.0, check: bool = False) -> Completed:
         raise NotImplementedError

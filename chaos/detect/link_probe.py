@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Literal
 
@@ -307,6 +307,7 @@ class Round:
     events: list[Event]
 
 
+@dataclass(eq=False)
 class LinkProbe:
     """Probes the links between the job's hosts for each ``all_waiting`` hang and returns what it found.
 
@@ -316,21 +317,13 @@ class LinkProbe:
     host's transport.
     """
 
-    def __init__(
-        self,
-        history: History,
-        transport_of: Callable[[str], Transport],
-        address_of: Callable[[str], str | None],
-        groups_of: Callable[[str], Sequence[str]] = lambda _host: (),
-        log: Callable[[str], None] = lambda _line: None,
-    ) -> None:
-        self.history = history
-        self.transport_of = transport_of
-        self.address_of = address_of
-        self.groups_of = groups_of
-        self.log = log
-        self._seen: set[tuple[object, ...]] = set()
-        self._lock = threading.Lock()
+    history: History
+    transport_of: Callable[[str], Transport]
+    address_of: Callable[[str], str | None]
+    groups_of: Callable[[str], Sequence[str]] = lambda _host: ()
+    log: Callable[[str], None] = lambda _line: None
+    _seen: set[tuple[object, ...]] = field(init=False, default_factory=set)
+    _lock: threading.Lock = field(init=False, default_factory=threading.Lock)
 
     def listen(self, event: Event) -> list[Event]:
         """The events of a round when ``event`` is an ``all_waiting`` ``detect.hang`` not probed before (one

@@ -22,6 +22,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Literal
@@ -36,6 +37,7 @@ from chaos.spec.load import LoadSpec
 _ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding the chaos package
 
 
+@dataclass(eq=False)
 class LoadRun:
     """One background load run: ``start()``, then ``poll_events()`` as often as you like, then ``stop()``
     (or ``wait()`` for the spec's duration to pass). Usable as a context manager (stops without draining).
@@ -44,33 +46,28 @@ class LoadRun:
     history does not also keep a second copy of every event for a poller that never comes.
     """
 
-    def __init__(
-        self,
-        spec: LoadSpec,
-        *,
-        history: History | None = None,
-        on_event: Callable[[Event], None] | None = None,
-        source: str = "load",
-        isolation: Literal["thread", "process"] = "process",
-        buffer: bool | None = None,
-    ) -> None:
-        self.spec = spec
-        self.history = history
-        self.on_event = on_event
-        self.source = source
-        self.isolation = isolation
-        self.buffer = (history is None and on_event is None) if buffer is None else buffer
-        self.totals: dict[str, JsonValue] | None = None  # the load.end event's data, once it came
-        self.start_ns: int | None = None
-        self._events: deque[Event] = deque()
-        self._started = threading.Event()
-        self._finished = threading.Event()
-        self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
-        self._engine: LoadEngine | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._pump_cpu = 0.0
-        self._stop_requested = False
+    spec: LoadSpec
+    _: KW_ONLY
+    history: History | None = None
+    on_event: Callable[[Event], None] | None = None
+    source: str = "load"
+    isolation: Literal["thread", "process"] = "process"
+    buffer: bool | None = None  # None: resolved in __post_init__
+    totals: dict[str, JsonValue] | None = field(init=False, default=None)  # the load.end event's data, once it came
+    start_ns: int | None = field(init=False, default=None)
+    _events: deque[Event] = field(init=False, default_factory=deque)
+    _started: threading.Event = field(init=False, default_factory=threading.Event)
+    _finished: threading.Event = field(init=False, default_factory=threading.Event)
+    _error: BaseException | None = field(init=False, default=None)
+    _thread: threading.Thread | None = field(init=False, default=None)
+    _engine: LoadEngine | None = field(init=False, default=None)
+    _proc: subprocess.Popen[bytes] | None = field(init=False, default=None)
+    _pump_cpu: float = field(init=False, default=0.0)
+    _stop_requested: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        if self.buffer is None:
+            self.buffer = self.history is None and self.on_event is None
 
     # -- lifecycle
     def start(self, timeout: float = 30.0) -> LoadRun:

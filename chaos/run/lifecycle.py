@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from chaos import event_kinds as kinds
@@ -96,6 +96,7 @@ def quiet(_: object) -> None:
     """A listener that says nothing (the default log)."""
 
 
+@dataclass(eq=False)
 class FaultSession:
     """The faults one harness process applies, from intent to heal.
 
@@ -105,25 +106,18 @@ class FaultSession:
     fault clock starts): every switch fires by then + ``heal_grace``. Thread-safe: hosts fire and heal in threads.
     """
 
-    def __init__(
-        self,
-        journal: Journal,
-        safety: SafetySpec,
-        contexts: Callable[[str], InjectionContext],
-        *,
-        history: History | None = None,
-        log: Callable[[str], None] = quiet,
-    ) -> None:
-        self.journal = journal
-        self.safety = safety
-        self.contexts = contexts
-        self.history = history
-        self.log = log
-        self.ends_at = float("inf")
-        self._active: list[ActiveFault] = []
-        self._lock = threading.RLock()  # the active list; a renewal and a heal of the same fault never overlap
-        self._renewer: threading.Thread | None = None
-        self._stop_renewing = threading.Event()
+    journal: Journal
+    safety: SafetySpec
+    contexts: Callable[[str], InjectionContext]
+    _: KW_ONLY
+    history: History | None = None
+    log: Callable[[str], None] = quiet
+    ends_at: float = field(init=False, default=float("inf"))
+    _active: list[ActiveFault] = field(init=False, default_factory=list)
+    # the active list; a renewal and a heal of the same fault never overlap
+    _lock: threading.RLock = field(init=False, default_factory=threading.RLock)
+    _renewer: threading.Thread | None = field(init=False, default=None)
+    _stop_renewing: threading.Event = field(init=False, default_factory=threading.Event)
 
     @property
     def active(self) -> list[ActiveFault]:

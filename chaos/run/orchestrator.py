@@ -89,40 +89,34 @@ Listener = Callable[[str], None]
 StatusListener = Callable[[RunStatus], None]
 
 
+@dataclass(eq=False)
 class Execution:
     """One run in progress (a target, a journal, a history); public for tests and benchmarks: use :func:`execute`."""
 
-    def __init__(
-        self,
-        scenario: Scenario,
-        plan: Plan,
-        run_dir: Path,
-        history: History,
-        log: Listener,
-        status: StatusListener,
-        hosts: HostSet,
-        control: RunControl | None = None,
-    ) -> None:
-        self.scenario = scenario
-        self.hosts = hosts
-        self.control = control
-        self.plan = plan
-        self.run_dir = run_dir
-        self.history = history
-        self.log = log
-        self.status = status
+    scenario: Scenario
+    plan: Plan
+    run_dir: Path
+    history: History
+    log: Listener
+    status: StatusListener
+    hosts: HostSet
+    control: RunControl | None = None
+
+    def __post_init__(self) -> None:
+        scenario, run_dir = self.scenario, self.run_dir
         self.transport = LocalTransport()
         self.journal = Journal.for_run(run_dir.name)
         claims, every = scenario.target.type == "torchrun", digest_interval(scenario)
-        self.in_job, plan_file = in_job_plan(plan, run_dir, claims=claims, digest_every=every)
+        self.in_job, plan_file = in_job_plan(self.plan, run_dir, claims=claims, digest_every=every)
         # detect.hang when the target asks for it; an all_waiting one (no rank is odd) has the links probed
-        self.hang_watch = link_probe.attach(hang_watch.for_scenario(scenario, run_dir), history, hosts, log)
+        watch = hang_watch.for_scenario(scenario, run_dir)
+        self.hang_watch = link_probe.attach(watch, self.history, self.hosts, self.log)
         env = {ENV_PLAN: str(plan_file), **hang_watch.job_env(self.hang_watch), **fault_env(scenario, run_dir)}
-        self.target = make_target(scenario, self.transport, run_dir, plan.seed, env, hosts)
-        self.ctx = InjectionContext(self.transport, history=history, target=self.target, run_dir=run_dir)
-        self.load = LoadDriver(scenario.load, history, plan.seed) if scenario.load is not None else None
-        self.pending: list[PlannedOp] = [op for op in plan.ops if op not in self.in_job]
-        self.faults = FaultSession(self.journal, scenario.safety, self._ctx, history=history, log=log)
+        self.target = make_target(scenario, self.transport, run_dir, self.plan.seed, env, self.hosts)
+        self.ctx = InjectionContext(self.transport, history=self.history, target=self.target, run_dir=run_dir)
+        self.load = LoadDriver(scenario.load, self.history, self.plan.seed) if scenario.load is not None else None
+        self.pending: list[PlannedOp] = [op for op in self.plan.ops if op not in self.in_job]
+        self.faults = FaultSession(self.journal, scenario.safety, self._ctx, history=self.history, log=self.log)
         self.fired, self.ended_by = 0, ""
         self.step: int | None = None
         self.triggers = Triggers()

@@ -25,11 +25,11 @@ import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
-from typing import Literal, Self
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
 
+from chaos.cluster.base import Closing
 from chaos.plugins.injector import Applied
 from chaos.safety.state import state_dir
 
@@ -70,7 +70,7 @@ class _OpView:
         self.errors: list[str] = []
 
 
-class Journal:
+class Journal(Closing):
     """The journal file of one run. Appends are durable when they return; reads fold the whole file.
 
     ``owner=True`` (the run itself) holds a shared lock for the object's lifetime, marking the run live;
@@ -114,14 +114,6 @@ class Journal:
         os.replace(self.path, done / self.path.name)
         self.path = done / self.path.name
         return True
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def __del__(self) -> None:
         self.close()

@@ -238,15 +238,10 @@ class LoadSpec(_Model):
                 raise ValueError(f"header {name!r} has a line break in its value")
         return headers
 
-    @field_validator("priority_header")
+    @field_validator("priority_header", "session_header")
     @classmethod
-    def _priority_header(cls, name: str | None) -> str | None:
+    def _header_name(cls, name: str | None) -> str | None:
         return None if name is None else header_name(name)
-
-    @field_validator("session_header")
-    @classmethod
-    def _session_header(cls, name: str) -> str:
-        return header_name(name)
 
     @field_validator("priorities")
     @classmethod

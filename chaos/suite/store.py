@@ -26,10 +26,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING
 
 from chaos.checks.base import CheckResult
+from chaos.cluster.base import Closing
 from chaos.event_kinds import RUNNER_START, RUNNER_VERDICT
 
 if TYPE_CHECKING:
@@ -258,7 +258,7 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-class RunStore:
+class RunStore(Closing):
     """A connection to one history file. Open with :meth:`open`; usable as a context manager."""
 
     def __init__(self, connection: sqlite3.Connection, path: Path) -> None:
@@ -328,14 +328,6 @@ class RunStore:
 
     def close(self) -> None:
         self._db.close()
-
-    def __enter__(self) -> RunStore:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
-    ) -> None:
-        self.close()
 
     @property
     def schema_version(self) -> int:

@@ -28,6 +28,17 @@ SLURM_DIR = "chaos-tb-slurm"
 DAEMONS = ("munged", "slurmctld", "slurmd")
 
 
+class _InRoot:
+    """A file in a :class:`SlurmLayout`'s folder, named once: ``conf = _InRoot("slurm.conf")`` makes
+    ``layout.conf`` read ``layout.root / "slurm.conf"``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, layout: SlurmLayout, owner: type[SlurmLayout] | None = None) -> Path:
+        return layout.root / self.name
+
+
 @dataclass(frozen=True)
 class SlurmLayout:
     """Every path and name of the Slurm cluster of one testbed (``of(state dir, tag, name prefix)``)."""
@@ -49,29 +60,12 @@ class SlurmLayout:
         """The controller's hostname (its own UTS namespace): SlurmctldHost must name the host it runs on."""
         return f"{self.prefix}-{self.tag}-ctld"
 
-    @property
-    def conf(self) -> Path:
-        return self.root / "slurm.conf"
-
-    @property
-    def record(self) -> Path:
-        return self.root / "slurm.json"
-
-    @property
-    def munge_key(self) -> Path:
-        return self.root / "munge.key"
-
-    @property
-    def munge_socket(self) -> Path:
-        return self.root / "munge.socket"
-
-    @property
-    def munged_pid(self) -> Path:
-        return self.root / "munged.pid"
-
-    @property
-    def munged_log(self) -> Path:
-        return self.root / "munged.log"
+    conf = _InRoot("slurm.conf")
+    record = _InRoot("slurm.json")
+    munge_key = _InRoot("munge.key")
+    munge_socket = _InRoot("munge.socket")
+    munged_pid = _InRoot("munged.pid")
+    munged_log = _InRoot("munged.log")
 
     @property
     def paths(self) -> ConfPaths:

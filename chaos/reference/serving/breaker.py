@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Literal
 
 from chaos.spec.serving import BreakerSettings
@@ -25,23 +26,18 @@ from chaos.spec.serving import BreakerSettings
 State = Literal["closed", "open", "half_open"]
 
 
+@dataclass(eq=False)
 class CircuitBreaker:
-    def __init__(
-        self,
-        settings: BreakerSettings,
-        *,
-        on_change: Callable[[State], None] | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.settings = settings
-        self._on_change = on_change
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._state: State = "closed"
-        self._failures = 0  # consecutive, while closed
-        self._opened_at = 0.0
-        self._trials_started = 0  # half_open: trials let through
-        self._trials_ok = 0
+    settings: BreakerSettings
+    _: KW_ONLY
+    on_change: Callable[[State], None] | None = None
+    clock: Callable[[], float] = time.monotonic
+    _lock: threading.Lock = field(init=False, default_factory=threading.Lock)
+    _state: State = field(init=False, default="closed")
+    _failures: int = field(init=False, default=0)  # consecutive, while closed
+    _opened_at: float = field(init=False, default=0.0)
+    _trials_started: int = field(init=False, default=0)  # half_open: trials let through
+    _trials_ok: int = field(init=False, default=0)
 
     @property
     def state(self) -> State:
@@ -51,7 +47,7 @@ class CircuitBreaker:
         """The state :meth:`allow` would act on now, without changing anything (open past its time reads
         as half_open): what routing decisions look at."""
         with self._lock:
-            if self._state == "open" and self._clock() - self._opened_at >= self.settings.open_for:
+            if self._state == "open" and self.clock() - self._opened_at >= self.settings.open_for:
                 return "half_open"
             return self._state
 
@@ -62,7 +58,7 @@ class CircuitBreaker:
         changed: State | None = None
         with self._lock:
             if self._state == "open":
-                if self._clock() - self._opened_at < self.settings.open_for:
+                if self.clock() - self._opened_at < self.settings.open_for:
                     return False
                 changed = self._enter("half_open")
             if self._state == "half_open":
@@ -75,29 +71,27 @@ class CircuitBreaker:
         return allowed
 
     def success(self) -> None:
+        self._report(ok=True)
+
+    def failure(self) -> None:
+        self._report(ok=False)
+
+    def _report(self, *, ok: bool) -> None:
+        """One outcome of a request :meth:`allow` let through."""
         if not self.settings.enabled:
             return
         changed: State | None = None
         with self._lock:
             if self._state == "closed":
-                self._failures = 0
+                self._failures = 0 if ok else self._failures + 1
+                if self._failures >= self.settings.failure_threshold:
+                    changed = self._enter("open")
+            elif self._state == "half_open" and not ok:
+                changed = self._enter("open")
             elif self._state == "half_open":
                 self._trials_ok += 1
                 if self._trials_ok >= self.settings.half_open_trials:
                     changed = self._enter("closed")
-        self._notify(changed)
-
-    def failure(self) -> None:
-        if not self.settings.enabled:
-            return
-        changed: State | None = None
-        with self._lock:
-            if self._state == "closed":
-                self._failures += 1
-                if self._failures >= self.settings.failure_threshold:
-                    changed = self._enter("open")
-            elif self._state == "half_open":
-                changed = self._enter("open")
             # open: a late answer to a request let through before it opened changes nothing.
         self._notify(changed)
 
@@ -107,9 +101,9 @@ class CircuitBreaker:
         self._trials_started = 0
         self._trials_ok = 0
         if state == "open":
-            self._opened_at = self._clock()
+            self._opened_at = self.clock()
         return state
 
     def _notify(self, state: State | None) -> None:
-        if state is not None and self._on_change is not None:
-            self._on_change(state)
+        if state is not None and self.on_change is not None:
+            self.on_change(state)

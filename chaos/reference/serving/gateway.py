@@ -77,7 +77,6 @@ from chaos.reference.serving.wire import (
     PREDICT_PATH,
     PROBE_INPUT,
     JsonHandler,
-    make_server,
     max_abs_error,
     read_golden,
     request_key,
@@ -440,14 +439,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Gateway events carry no rank; events.emit would otherwise take one from an inherited RANK.
     os.environ.pop("RANK", None)
     gateway = Gateway(config)
-    server = make_server(config.port, _handler(gateway))
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-
-    def announce() -> None:
-        gateway.start(url)
-        print(f"gateway listening on {url}", flush=True)
-
-    serve_until_signalled(server, announce)
+    serve_until_signalled(
+        config.port, _handler(gateway), "gateway", lambda port: gateway.start(f"http://127.0.0.1:{port}")
+    )
     gateway.stop()
     return 0
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Literal
 
 from chaos.spec.serving import ProbeSettings
@@ -29,28 +30,21 @@ from chaos.spec.serving import ProbeSettings
 Reason = Literal["startup", "health", "correctness"]
 
 
+@dataclass(eq=False)
 class ReplicaHealth:
-    def __init__(
-        self,
-        probes: ProbeSettings,
-        *,
-        failback_hold: float = 0.0,
-        on_down: Callable[[Reason, int], None] | None = None,
-        on_up: Callable[[int], None] | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.probes = probes
-        self.failback_hold = failback_hold
-        self._on_down = on_down
-        self._on_up = on_up
-        self._clock = clock
-        self._lock = threading.Lock()
-        self.up = False
-        self.reason: Reason = "startup"  # why it is down (meaningless while up)
-        self._fails = 0  # consecutive failed liveness probes
-        self._oks = 0  # consecutive liveness successes
-        self._correct = 0  # consecutive correct answers while down for correctness
-        self._eligible_since: float | None = None
+    probes: ProbeSettings
+    _: KW_ONLY
+    failback_hold: float = 0.0
+    on_down: Callable[[Reason, int], None] | None = None
+    on_up: Callable[[int], None] | None = None
+    clock: Callable[[], float] = time.monotonic
+    _lock: threading.Lock = field(init=False, default_factory=threading.Lock)
+    up: bool = field(init=False, default=False)
+    reason: Reason = field(init=False, default="startup")  # why it is down (meaningless while up)
+    _fails: int = field(init=False, default=0)  # consecutive failed liveness probes
+    _oks: int = field(init=False, default=0)  # consecutive liveness successes
+    _correct: int = field(init=False, default=0)  # consecutive correct answers while down for correctness
+    _eligible_since: float | None = field(init=False, default=None)
 
     def wants_correctness_probe(self) -> bool:
         """Probe correctness while up, and while down for correctness (that is how it comes back)."""
@@ -77,8 +71,8 @@ class ReplicaHealth:
             self._eligible_since = None
             if self.up and self._fails >= self.probes.failure_threshold:
                 down = self._go_down("health", self._fails)
-        if down and self._on_down is not None:
-            self._on_down("health", down)
+        if down and self.on_down is not None:
+            self.on_down("health", down)
 
     def answer_wrong(self) -> bool:
         """One wrong answer: down at once. True when this starts a new episode (it was not already down for
@@ -89,8 +83,8 @@ class ReplicaHealth:
                 self._eligible_since = None
                 return False
             self._go_down("correctness", 1)
-        if self._on_down is not None:
-            self._on_down("correctness", 1)
+        if self.on_down is not None:
+            self.on_down("correctness", 1)
         return True
 
     def answer_correct(self) -> None:
@@ -112,7 +106,7 @@ class ReplicaHealth:
     # -- internals (called with the lock held)
     def _eligible(self, successes: int) -> int:
         """Up now if eligible for ``failback_hold`` already; returns the success count when it came up."""
-        now = self._clock()
+        now = self.clock()
         if self._eligible_since is None:
             self._eligible_since = now
         if now - self._eligible_since >= self.failback_hold:
@@ -134,5 +128,5 @@ class ReplicaHealth:
         return failures
 
     def _notify_up(self, successes: int) -> None:
-        if successes and self._on_up is not None:
-            self._on_up(successes)
+        if successes and self.on_up is not None:
+            self.on_up(successes)

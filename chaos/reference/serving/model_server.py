@@ -38,6 +38,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 from pathlib import Path
 
 import torch
@@ -64,9 +65,7 @@ from chaos.reference.serving.wire import (
     PROBE_INPUT,
     JsonHandler,
     RequestError,
-    Server,
     finite_or_none,
-    make_server,
     parse_predict,
     prompt_features,
     serve_until_signalled,
@@ -74,32 +73,26 @@ from chaos.reference.serving.wire import (
 )
 
 
+@dataclass(eq=False)
 class Replica:
     """The model, its agent and the compute limits; :meth:`infer` is safe to call from many threads."""
 
-    def __init__(
-        self,
-        name: str,
-        model: nn.Module,
-        agent: Agent,
-        *,
-        delay: float,
-        workers: int,
-        token_delay: float = 0.0,
-        max_tokens: int = 32,
-        seed: int = 0,
-    ) -> None:
-        self.name = name
-        self.model = model
-        self.agent = agent
-        self.delay = delay
-        self.token_delay = token_delay
-        self.max_tokens = max_tokens
-        self.seed = seed
+    name: str
+    model: nn.Module
+    agent: Agent
+    _: KW_ONLY
+    delay: float
+    workers: InitVar[int]  # inferences at once
+    token_delay: float = 0.0
+    max_tokens: int = 32
+    seed: int = 0
+    # one forward at a time: the agent's step counter is global
+    _forward: threading.Lock = field(init=False, default_factory=threading.Lock)
+    _steps: int = field(init=False, default=0)
+    _answers: Iterator[int] = field(init=False, default_factory=itertools.count)
+
+    def __post_init__(self, workers: int) -> None:
         self._slots = threading.Semaphore(workers)
-        self._forward = threading.Lock()  # one forward at a time: the agent's step counter is global
-        self._steps = 0
-        self._answers = itertools.count()
 
     @property
     def chat(self) -> bool:
@@ -248,14 +241,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=args.seed,
     )
 
-    server: Server = make_server(args.port, _handler(replica))
-    port = server.server_address[1]
-
-    def announce() -> None:
+    def announce(port: int) -> None:
         events.emit(REPLICA_START, replica=args.replica, pid=os.getpid(), port=port, model=model_name)
-        print(f"model server {args.replica} ({model_name}) listening on 127.0.0.1:{port}", flush=True)
 
-    serve_until_signalled(server, announce)
+    serve_until_signalled(args.port, _handler(replica), f"model server {args.replica} ({model_name})", announce)
     replica.close()
     return 0
 

@@ -202,10 +202,15 @@ def make_server(port: int, handler: type[BaseHTTPRequestHandler]) -> Server:
     return Server(("127.0.0.1", port), handler)
 
 
-def serve_until_signalled(server: Server, on_serving: Callable[[], None]) -> None:
-    """Serve on a thread until SIGTERM or SIGINT, then shut the server down and close it. ``on_serving`` runs
-    once the server accepts requests. The calling (main) thread only waits: signal handlers run there, and
-    ``shutdown()`` must not be called from the thread that runs ``serve_forever`` (it would wait for itself)."""
+def serve_until_signalled(
+    port: int, handler: type[BaseHTTPRequestHandler], name: str, on_serving: Callable[[int], None]
+) -> None:
+    """Serve ``handler`` on 127.0.0.1:``port`` (0: a free one) on a thread until SIGTERM or SIGINT, then shut the
+    server down and close it. Once the server accepts requests, ``on_serving(port)`` runs with the port it got
+    and ``<name> listening on <url>`` is printed. The calling (main) thread only waits: signal handlers run
+    there, and ``shutdown()`` must not be called from the thread that runs ``serve_forever`` (it would wait for
+    itself)."""
+    server = make_server(port, handler)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -214,7 +219,9 @@ def serve_until_signalled(server: Server, on_serving: Callable[[], None]) -> Non
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
-    on_serving()
+    bound = server.server_address[1]
+    on_serving(bound)
+    print(f"{name} listening on http://127.0.0.1:{bound}", flush=True)
     while not stop.wait(1.0):
         pass
     server.shutdown()
