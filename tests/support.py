@@ -3,8 +3,9 @@ CLI as a user runs it, scenarios written and run through the harness, testbeds' 
 small test doubles, hand-made histories, and readers of a written HTML report. Importable as ``support`` from
 every test folder: tests/conftest.py sits in tests/ without an ``__init__.py``, so pytest puts tests/ on sys.path.
 
-Helpers return what they saw and the tests decide, except the HTML-report readers at the end, which fail a
-test whose page does not parse.
+Helpers return what they saw and the tests decide, except where a test cannot go on: the HTML-report readers at
+the end fail a test whose page does not parse, :func:`frozen_child` one whose child did not stop, and
+:func:`dead_man_heal_seconds` one whose fault was never applied or never healed.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -23,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeAlias, TypeVar
 
 import pytest
 from pydantic import BaseModel
@@ -83,6 +85,20 @@ def sleeper(marker: str = "") -> Iterator[subprocess.Popen[bytes]]:
     finally:
         proc.kill()  # SIGKILL also ends a stopped process
         proc.wait()
+
+
+@contextmanager
+def frozen_child() -> Iterator[subprocess.Popen[bytes]]:
+    """A :func:`sleeper` stopped by SIGSTOP (its /proc state ``T`` before it is yielded); killed on exit."""
+    with sleeper() as proc:
+        os.kill(proc.pid, signal.SIGSTOP)
+        assert wait_for(lambda: process_state(proc.pid) == "T", 5)
+        yield proc
+
+
+def cont(pid: int) -> list[str]:
+    """The revert command that continues a stopped ``pid`` (what a dead-man switch of a freeze runs)."""
+    return ["kill", "-s", "CONT", str(pid)]
 
 
 def sampled_states(pid: int, seconds: float) -> list[str | None]:
@@ -187,11 +203,47 @@ def spawn_harness(*args: str | Path, env: dict[str, str]) -> subprocess.Popen[by
     )
 
 
+def dead_man_heal_seconds(
+    scenario: Path, inventory: Inventory, folder: Path, faulted: Callable[[], bool], *, heal_within: float
+) -> float:
+    """``mlchaos run SCENARIO --inventory`` ``inventory`` started in the background (its inventory file, reports
+    and state dir under ``folder``) and SIGKILLed as soon as ``faulted()`` holds: the seconds from the kill until
+    ``faulted()`` no longer holds, a heal nobody but a dead-man switch can have done. Fails the test where the
+    harness dies first or the fault is not applied within 90 s, or not healed within ``heal_within`` s of the
+    kill. Whatever happens, the harness is killed and ``mlchaos cleanup`` heals what the journal holds."""
+    inventory_file = write_inventory(inventory, folder)
+    env = {"MLCHAOS_STATE_DIR": str(folder / "state"), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "COLUMNS": "200"}
+    harness = spawn_harness("run", scenario, "--inventory", inventory_file, "--report-dir", folder / "reports", env=env)
+    try:
+        deadline = time.monotonic() + 90
+        while not faulted():
+            assert harness.poll() is None and time.monotonic() < deadline, "the fault was never applied"
+            time.sleep(0.1)
+        killed = time.monotonic()
+        harness.send_signal(signal.SIGKILL)
+        harness.wait(timeout=10)
+        while faulted():
+            assert time.monotonic() - killed < heal_within, "the fault outlived the harness: no dead-man healed it"
+            time.sleep(0.2)
+        return time.monotonic() - killed
+    finally:
+        if harness.poll() is None:
+            harness.kill()
+        mlchaos("cleanup", "--inventory", inventory_file, env=env, timeout=60)
+
+
 def reported_run_dir(done: subprocess.CompletedProcess[str]) -> Path:
     """The run folder ``mlchaos run`` named on its last ``reports:`` line (one report root may hold many)."""
     found = re.findall(r"reports: (\S+)", done.stdout)
     assert found, done.stdout[-2000:]
     return Path(found[-1])
+
+
+def written_run(done: subprocess.CompletedProcess[str]) -> tuple[Path, dict[str, Any], list[dict[str, Any]]]:
+    """What a finished ``mlchaos run`` wrote: its run folder (:func:`reported_run_dir`), ``run.json`` and the
+    history's events."""
+    run_dir = reported_run_dir(done)
+    return run_dir, json.loads((run_dir / "run.json").read_text()), read_jsonl(run_dir / "history.jsonl")
 
 
 def write_inventory(inventory: Any, folder: Path) -> Path:
@@ -562,20 +614,29 @@ COMMAND = TORCHRUN.replace(
     "  type: torchrun\n  module: chaos.reference.trainer\n  nproc_per_node: 2\n",
     "  type: command\n  command: [sleep, '30']\n  env: {}\n",
 )
+# TORCHRUN's fault list for the in-job one-shot faults: each fires on rank 1 at step 7.
+CRASH_FAULT = (
+    "  - {name: boom, type: crash, params: {rank: 1, kind: segfault, phase: allreduce}, trigger: {at_step: 7, rank: 1}}"
+)
+COLLECTIVE_FAULT = (
+    "  - {name: cf, type: collective_fault, params: {rank: 1, kind: abort, index: 1}, trigger: {at_step: 7, rank: 1}}"
+)
 
 
-def skip_module_without_haproxy() -> None:
-    """Skip the calling test module, with the reason, where Debian's HAProxy is not installed."""
-    if shutil.which("haproxy") is None:
-        pytest.skip(
-            "haproxy is not installed (apt-get install haproxy; scripts/setup.sh does as root)",
-            allow_module_level=True,
-        )
+# A mark for the tests of a fleet behind Debian's HAProxy: skipped, with the reason, where haproxy is not installed.
+NEEDS_HAPROXY = pytest.mark.skipif(
+    shutil.which("haproxy") is None,
+    reason="haproxy is not installed (apt-get install haproxy; scripts/setup.sh does as root)",
+)
+
+
+# A test module's runs of one scenario, by name (what its module-scoped ``runs`` fixture gives every test).
+Runs: TypeAlias = "dict[str, RunResult]"
 
 
 def balancer_runs(
     scenario_file: Path, configs: dict[str, str | None], tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, RunResult]:
+) -> Runs:
     """Run ``scenario_file`` once per entry of ``configs`` (name -> the ``lb`` role's HAProxy config file, None:
     as shipped), one after another, each with its own report folder: the results by name."""
     from chaos.run.orchestrator import RunOptions, execute

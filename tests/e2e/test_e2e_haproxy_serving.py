@@ -12,31 +12,20 @@ Both runs happen once per module (about 20 s each). Skipped, with the reason, wh
 from __future__ import annotations
 
 import pytest
-from support import (
-    ROOT,
-    balancer_runs,
-    pids_mentioning,
-    skip_module_without_haproxy,
-    verdicts_by_name,
-)
+from support import NEEDS_HAPROXY, SCENARIOS, Runs, balancer_runs, pids_mentioning, verdicts_by_name
 
-from chaos.run.orchestrator import RunResult
+pytestmark = [pytest.mark.slow, NEEDS_HAPROXY]
 
-pytestmark = pytest.mark.slow
-skip_module_without_haproxy()
-
-SCENARIO = ROOT / "scenarios" / "serving-haproxy-failover.yaml"
+SCENARIO = SCENARIOS / "serving-haproxy-failover.yaml"
 NO_FALLBACK = "scenarios/haproxy/no-fallback.cfg"
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     return balancer_runs(SCENARIO, {"shipped": None, "no_fallback": NO_FALLBACK}, tmp_path_factory)
 
 
-def test_a_killed_primary_fails_over_to_the_backup_and_back_with_no_supervisor_script(
-    runs: dict[str, RunResult],
-) -> None:
+def test_a_killed_primary_fails_over_to_the_backup_and_back_with_no_supervisor_script(runs: Runs) -> None:
     result = runs["shipped"]
     got = verdicts_by_name(result)
     history = result.history
@@ -55,7 +44,7 @@ def test_a_killed_primary_fails_over_to_the_backup_and_back_with_no_supervisor_s
     assert result.verdict == "pass", got
 
 
-def test_a_balancer_without_a_fallback_fails_the_scenario(runs: dict[str, RunResult]) -> None:
+def test_a_balancer_without_a_fallback_fails_the_scenario(runs: Runs) -> None:
     result = runs["no_fallback"]
     got = verdicts_by_name(result)
     assert got["failover_within[kill-primary]"][0] == "fail", got
@@ -63,7 +52,7 @@ def test_a_balancer_without_a_fallback_fails_the_scenario(runs: dict[str, RunRes
     assert result.verdict == "fail", got
 
 
-def test_the_fleet_leaves_no_process_behind(runs: dict[str, RunResult]) -> None:
+def test_the_fleet_leaves_no_process_behind(runs: Runs) -> None:
     assert runs  # both runs are over
     assert not pids_mentioning("user_model_server.py"), "a model server outlived its run"
     assert not pids_mentioning("model-fleet.cfg") and not pids_mentioning("no-fallback.cfg"), "haproxy outlived its run"

@@ -5,11 +5,10 @@ afterwards no rule, mount or process of the run may be left on any host."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from support import leftovers_on_testbed, read_jsonl, reported_run_dir, run_scenario_file, write_inventory
+from support import leftovers_on_testbed, run_scenario_file, write_inventory, written_run
 
 from chaos.cluster.inventory import Inventory
 
@@ -40,10 +39,8 @@ def test_scenario_passes_on_the_testbed(
     reports = "reports"
     done = run_scenario_file(name, "--inventory", inventory_file, "--report-dir", reports, *extra, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    run_dir = reported_run_dir(done)
-    run = json.loads((run_dir / "run.json").read_text())
+    run_dir, run, history = written_run(done)
     assert run["verdict"] == "pass"
-    history = read_jsonl(run_dir / "history.jsonl")
     applied = [e for e in history if e["kind"] == "fault.applied"]
     healed = [e for e in history if e["kind"] == "fault.healed"]
     assert len(applied) == 1 and applied[0]["data"]["host"] in testbed.names()

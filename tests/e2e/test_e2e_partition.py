@@ -4,14 +4,12 @@ the host's own dead-man switch."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from support import REACH_SSHD, cut_off, mlchaos, scenario_yaml, spawn_harness, write_inventory
+from support import REACH_SSHD, cut_off, dead_man_heal_seconds, scenario_yaml, write_inventory
 
 from chaos.cluster.inventory import Inventory
 from chaos.history.timeline import FAULT_APPLIED, FAULT_HEALED
@@ -79,29 +77,12 @@ def test_sigkilled_harness_mid_partition_is_healed_by_the_hosts_dead_man(
     testbed: Inventory,
     tmp_path: Path,
 ) -> None:
-    inventory_file = write_inventory(testbed, tmp_path)
     scenario_file = tmp_path / "s.yaml"
     duration, grace = 4.0, 2.0
     scenario_file.write_text(_scenario_text(testbed, duration=duration, rounds=200))
-    env = {"MLCHAOS_STATE_DIR": str(tmp_path / "state"), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-    harness = spawn_harness(
-        "run", scenario_file, "--inventory", inventory_file, "--report-dir", tmp_path / "reports", env=env
+    # Whatever happens, h2 is left clean: `mlchaos cleanup` heals from the journal over SSH.
+    healed_after = dead_man_heal_seconds(
+        scenario_file, testbed, tmp_path, lambda: _h2_has_our_rules(testbed), heal_within=duration + grace + 10
     )
-    try:
-        deadline = time.monotonic() + 60
-        while not _h2_has_our_rules(testbed):
-            assert time.monotonic() < deadline, "the partition was never applied"
-            time.sleep(0.1)
-        applied_seen = time.monotonic()
-        harness.send_signal(signal.SIGKILL)
-        harness.wait(timeout=10)
-        while _h2_has_our_rules(testbed):
-            assert time.monotonic() - applied_seen < duration + grace + 10, "h2 did not heal itself"
-            time.sleep(0.2)
-        assert time.monotonic() - applied_seen >= duration * 0.5, "healed too early: not the dead-man"
-    finally:
-        if harness.poll() is None:
-            harness.kill()
-        # Whatever happened, leave h2 clean: cleanup heals from the journal over SSH.
-        mlchaos("cleanup", "--inventory", inventory_file, env=env, timeout=60)
+    assert healed_after >= duration * 0.5, "healed too early: not the dead-man"
     assert not _h2_has_our_rules(testbed)

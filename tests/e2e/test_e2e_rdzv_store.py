@@ -8,26 +8,22 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import json
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support import (
     ROOT,
+    dead_man_heal_seconds,
     leftovers_on_testbed,
-    mlchaos,
     pids_mentioning,
     pids_where,
-    read_jsonl,
-    reported_run_dir,
     run_scenario_file,
-    spawn_harness,
     write_inventory,
+    written_run,
 )
 
 from chaos.cluster.inventory import Inventory
@@ -80,10 +76,8 @@ def test_store_scenario_recovers_on_the_testbed(
     fault, store_host = CASES[name]
     done = run_scenario_file(name, "--inventory", write_inventory(inventory, tmp_path), "--report-dir", tmp_path)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    run_dir = reported_run_dir(done)
-    run = json.loads((run_dir / "run.json").read_text())
+    run_dir, run, history = written_run(done)
     assert run["verdict"] == "pass"
-    history = read_jsonl(run_dir / "history.jsonl")
     applied = [e for e in history if e["kind"] == "fault.applied"]
     healed = [e for e in history if e["kind"] == "fault.healed"]
     assert [e["data"]["host"] for e in applied if e["data"]["fault"] == fault] == [store_host]
@@ -103,27 +97,14 @@ def test_sigkilled_harness_while_etcd_is_frozen_is_thawed_by_the_dead_man(
 ) -> None:
     inventory, state = etcd_testbed
     [etcd] = _etcd_pids(state)
-    inventory_file = write_inventory(inventory, tmp_path)
-    env = {"MLCHAOS_STATE_DIR": str(tmp_path / "state"), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "COLUMNS": "200"}
     scenario = ROOT / "scenarios" / "rdzv-etcd-freeze.yaml"
-    harness = spawn_harness("run", scenario, "--inventory", inventory_file, "--report-dir", tmp_path, env=env)
     duration, grace = 10.0, 5.0  # the scenario's freeze, and the default heal_grace
     try:
-        deadline = time.monotonic() + 90
-        while not _stopped(etcd):
-            assert harness.poll() is None and time.monotonic() < deadline, "etcd was never frozen"
-            time.sleep(0.1)
-        frozen = time.monotonic()
-        harness.send_signal(signal.SIGKILL)
-        harness.wait(timeout=10)
-        while _stopped(etcd):
-            assert time.monotonic() - frozen < duration + grace + 15, "etcd stayed frozen: no dead-man thawed it"
-            time.sleep(0.2)
-        assert time.monotonic() - frozen >= duration * 0.5, "thawed too early: not the dead-man"
+        thawed_after = dead_man_heal_seconds(
+            scenario, inventory, tmp_path, lambda: _stopped(etcd), heal_within=duration + grace + 15
+        )
+        assert thawed_after >= duration * 0.5, "thawed too early: not the dead-man"
     finally:
-        if harness.poll() is None:
-            harness.kill()
-        mlchaos("cleanup", "--inventory", inventory_file, env=env, timeout=60)  # what the journal holds
         for pid in pids_mentioning(str(tmp_path)):  # the job the dead harness left (its run dir is under tmp_path)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

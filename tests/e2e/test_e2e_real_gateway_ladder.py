@@ -29,10 +29,12 @@ from collections.abc import Iterator
 
 import pytest
 from support import (
+    NEEDS_HAPROXY,
     ROOT,
+    SCENARIOS,
+    Runs,
     balancer_runs,
     pids_mentioning,
-    skip_module_without_haproxy,
     streamed_requests,
     verdicts_by_name,
     wait_for,
@@ -47,12 +49,11 @@ from chaos.report.ladder import ladder_series
 from chaos.report.timeline import origin_of
 from chaos.run.result import RunResult
 
-pytestmark = pytest.mark.slow
-skip_module_without_haproxy()
+pytestmark = [pytest.mark.slow, NEEDS_HAPROXY]
 
-SCENARIO = ROOT / "scenarios" / "serving-stream-haproxy-ladder.yaml"
+SCENARIO = SCENARIOS / "serving-stream-haproxy-ladder.yaml"
 ALLBACKUPS = "scenarios/haproxy/stream-ladder-allbackups.cfg"
-ANSWERS = ROOT / "scenarios" / "haproxy" / "cached-answers.json"
+ANSWERS = SCENARIOS / "haproxy" / "cached-answers.json"
 CACHE_SERVER = ROOT / "tests" / "jobs" / "user_answer_cache.py"
 MODEL_SERVER = ROOT / "tests" / "jobs" / "user_stream_server.py"
 RUNGS = [
@@ -63,7 +64,7 @@ RUNGS = [
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     return balancer_runs(SCENARIO, {"ladder": None, "allbackups": ALLBACKUPS}, tmp_path_factory)
 
 
@@ -85,9 +86,7 @@ def check_timeline(result: RunResult) -> list[str]:
     return [item.split()[-1] for item in line.split(": ", 1)[1].split(", ")]
 
 
-def test_the_ladder_goes_big_small_cached_and_climbs_back_with_every_check_passing(
-    runs: dict[str, RunResult],
-) -> None:
+def test_the_ladder_goes_big_small_cached_and_climbs_back_with_every_check_passing(runs: Runs) -> None:
     result = runs["ladder"]
     got = verdicts_by_name(result)
     assert result.verdict == "pass", got
@@ -115,7 +114,7 @@ def test_the_ladder_goes_big_small_cached_and_climbs_back_with_every_check_passi
     assert 'id="timeline"' in (result.run_dir / "report.html").read_text()
 
 
-def test_only_the_streams_open_at_a_kill_are_cut(runs: dict[str, RunResult]) -> None:
+def test_only_the_streams_open_at_a_kill_are_cut(runs: Runs) -> None:
     result = runs["ladder"]
     kills = {"primary": applied_ns(result, "kill-big"), "fallback": applied_ns(result, "kill-small")}
     lost = [e for e in streamed_requests(result) if e.get_str("ended") != "complete"]
@@ -129,9 +128,7 @@ def test_only_the_streams_open_at_a_kill_are_cut(runs: dict[str, RunResult]) -> 
     )
 
 
-def test_allbackups_serves_cached_answers_while_the_small_model_is_up_and_fails_the_ladder(
-    runs: dict[str, RunResult],
-) -> None:
+def test_allbackups_serves_cached_answers_while_the_small_model_is_up_and_fails_the_ladder(runs: Runs) -> None:
     result = runs["allbackups"]
     got = verdicts_by_name(result)
     status, reason = got["fallback_ladder"]
@@ -222,7 +219,7 @@ def test_the_cache_replays_the_big_models_answers_and_misses_honestly(
     assert proc.wait(timeout=10) == 0
 
 
-def test_the_fleet_leaves_no_process_behind(runs: dict[str, RunResult]) -> None:
+def test_the_fleet_leaves_no_process_behind(runs: Runs) -> None:
     assert runs  # both runs are over
     started = [e.get_int("pid") for r in runs.values() for e in r.history.of("target.role_start")]
     assert started and all(pid is not None for pid in started)

@@ -26,31 +26,23 @@ The four runs happen once per module (about 15 s each). Skipped, with the reason
 from __future__ import annotations
 
 import pytest
-from support import (
-    ROOT,
-    balancer_runs,
-    pids_mentioning,
-    skip_module_without_haproxy,
-    streamed_requests,
-    verdicts_by_name,
-)
+from support import NEEDS_HAPROXY, SCENARIOS, Runs, balancer_runs, pids_mentioning, streamed_requests, verdicts_by_name
 
 from chaos.load.summary import scheduled_ns
 from chaos.run.orchestrator import RunResult
 
-pytestmark = pytest.mark.slow
-skip_module_without_haproxy()
+pytestmark = [pytest.mark.slow, NEEDS_HAPROXY]
 
-SCENARIO = ROOT / "scenarios" / "serving-stream-haproxy-killed.yaml"
+SCENARIO = SCENARIOS / "serving-stream-haproxy-killed.yaml"
 NO_RETRIES = "scenarios/haproxy/stream-no-retries.cfg"
-SLOW = ROOT / "scenarios" / "serving-stream-haproxy-slow.yaml"
+SLOW = SCENARIOS / "serving-stream-haproxy-slow.yaml"
 TEXTBOOK_PROBES = "scenarios/haproxy/stream-textbook-probes.cfg"
 CUT_CHECK = "streams_cut_by_kill"
 NEW_STREAMS = "new_streams_error_rate"
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     killed = balancer_runs(SCENARIO, {"retries": None, "no_retries": NO_RETRIES}, tmp_path_factory)
     return killed | balancer_runs(SLOW, {"slow": None, "slow_textbook": TEXTBOOK_PROBES}, tmp_path_factory)
 
@@ -61,7 +53,7 @@ def kill_ns(result: RunResult) -> int:
     return applied[0].ts_ns
 
 
-def test_the_streams_the_killed_primary_was_sending_are_cut_and_named(runs: dict[str, RunResult]) -> None:
+def test_the_streams_the_killed_primary_was_sending_are_cut_and_named(runs: Runs) -> None:
     result = runs["retries"]
     got = verdicts_by_name(result)
     killed = [e for e in result.history.of("target.role_exit") if e.get_str("replica") == "primary"]
@@ -82,9 +74,7 @@ def test_the_streams_the_killed_primary_was_sending_are_cut_and_named(runs: dict
     assert others == {CUT_CHECK: "fail"}, got  # every other check passed
 
 
-def test_with_retries_the_new_streams_go_to_the_backup_and_back_to_the_restarted_primary(
-    runs: dict[str, RunResult],
-) -> None:
+def test_with_retries_the_new_streams_go_to_the_backup_and_back_to_the_restarted_primary(runs: Runs) -> None:
     result = runs["retries"]
     got = verdicts_by_name(result)
     for name in (NEW_STREAMS, "ttft_within[kill-primary]", "inter_token_gap_within", "streams_after_failback"):
@@ -101,7 +91,7 @@ def test_with_retries_the_new_streams_go_to_the_backup_and_back_to_the_restarted
     assert all(e.get_str("ended") == "complete" and e.data.get("backends") == ["primary"] for e in last), last
 
 
-def test_without_retries_the_new_streams_fail_too(runs: dict[str, RunResult]) -> None:
+def test_without_retries_the_new_streams_fail_too(runs: Runs) -> None:
     result = runs["no_retries"]
     got = verdicts_by_name(result)
     assert got[CUT_CHECK][0] == "fail", got
@@ -114,7 +104,7 @@ def test_without_retries_the_new_streams_fail_too(runs: dict[str, RunResult]) ->
     assert result.verdict == "fail", got
 
 
-def test_a_connect_deadline_moves_the_streams_off_the_slow_primary(runs: dict[str, RunResult]) -> None:
+def test_a_connect_deadline_moves_the_streams_off_the_slow_primary(runs: Runs) -> None:
     result = runs["slow"]
     got = verdicts_by_name(result)
     assert {name: s for name, (s, _) in got.items() if s not in ("pass", "info")} == {}, got
@@ -130,7 +120,7 @@ def test_a_connect_deadline_moves_the_streams_off_the_slow_primary(runs: dict[st
     assert all(e.get_str("ended") == "complete" for e in streamed_requests(result)), "a stream was cut"
 
 
-def test_with_the_textbook_probes_only_time_to_first_token_shows_the_slow_primary(runs: dict[str, RunResult]) -> None:
+def test_with_the_textbook_probes_only_time_to_first_token_shows_the_slow_primary(runs: Runs) -> None:
     result = runs["slow_textbook"]
     got = verdicts_by_name(result)
     failed = {name: s for name, (s, _) in got.items() if s not in ("pass", "info")}
@@ -153,7 +143,7 @@ def test_with_the_textbook_probes_only_time_to_first_token_shows_the_slow_primar
     assert worst and all("via primary" in line for line in worst), evidence
 
 
-def test_the_fleet_leaves_no_process_behind(runs: dict[str, RunResult]) -> None:
+def test_the_fleet_leaves_no_process_behind(runs: Runs) -> None:
     # Each run's own processes (by pid and command line: other modules run fleets of the same files meanwhile).
     for name, result in runs.items():
         for start in result.history.of("target.role_start"):

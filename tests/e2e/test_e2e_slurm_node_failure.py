@@ -20,10 +20,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import ROOT, verdicts
+from support import ROOT, Runs, verdicts
 
 from chaos.cli.testbed import builtin_health_check
-from chaos.run.orchestrator import RunOptions, RunResult, execute
+from chaos.run.orchestrator import RunOptions, execute
 from chaos.spec.scenario import load_scenario
 from chaos.testbed import namespaces as tb
 from chaos.testbed import slurm as slurm_testbed
@@ -50,13 +50,13 @@ def _resume_all(state: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, RunResult]]:
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     reason = _unsupported()
     if reason is not None:
         pytest.skip(reason)
     state = tmp_path_factory.mktemp("slurm-tb")
     reports = tmp_path_factory.mktemp("reports")  # one report root: the golden run is computed once
-    out: dict[str, RunResult] = {}
+    out: Runs = {}
     try:
         program = builtin_health_check(state)
         for name, settings in (
@@ -76,9 +76,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, RunResu
         assert not left.strip(), f"left running after down: {left}"
 
 
-def test_the_health_check_drains_the_bad_node_and_the_requeued_job_resumes_elsewhere(
-    runs: dict[str, RunResult],
-) -> None:
+def test_the_health_check_drains_the_bad_node_and_the_requeued_job_resumes_elsewhere(runs: Runs) -> None:
     result = runs["health_check"]
     got = verdicts(result)
     history = result.history
@@ -96,9 +94,7 @@ def test_the_health_check_drains_the_bad_node_and_the_requeued_job_resumes_elsew
     assert list((result.run_dir / "torchelastic").glob("slurm-*")), list(result.run_dir.iterdir())
 
 
-def test_with_the_health_check_off_the_requeued_job_lands_on_the_bad_node_and_the_scenario_fails(
-    runs: dict[str, RunResult],
-) -> None:
+def test_with_the_health_check_off_the_requeued_job_lands_on_the_bad_node_and_the_scenario_fails(runs: Runs) -> None:
     got = verdicts(runs["no_health_check"])
     assert got["no_repeat_failure_on_bad_node"][0] == "fail", got
     assert got["node_drained_within"][0] == "fail", got

@@ -11,9 +11,9 @@ Both runs happen once per module (about 20 s each). Skipped, with the reason, wi
 from __future__ import annotations
 
 import pytest
-from support import ROOT, verdicts
+from support import ROOT, Runs, verdicts
 
-from chaos.run.orchestrator import RunOptions, RunResult, execute
+from chaos.run.orchestrator import RunOptions, execute
 from chaos.spec.roles import RolesTarget
 from chaos.spec.scenario import Scenario, load_scenario
 
@@ -36,7 +36,7 @@ def unguarded(scenario: Scenario) -> Scenario:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
     scenario = load_scenario(SCENARIO)
     return {
         name: execute(spec, RunOptions(report_root=tmp_path_factory.mktemp(name), scenario_file=SCENARIO))
@@ -44,9 +44,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunResult]:
     }
 
 
-def test_the_guard_catches_it_inside_torchfts_reduction_and_the_step_is_not_committed(
-    runs: dict[str, RunResult],
-) -> None:
+def test_the_guard_catches_it_inside_torchfts_reduction_and_the_step_is_not_committed(runs: Runs) -> None:
     result = runs["guarded"]
     got = verdicts(result)
     history = result.history
@@ -64,9 +62,7 @@ def test_the_guard_catches_it_inside_torchfts_reduction_and_the_step_is_not_comm
     assert result.verdict == "pass", got
 
 
-def test_without_the_guard_the_corrupted_step_is_committed_and_replicas_agree_fails(
-    runs: dict[str, RunResult],
-) -> None:
+def test_without_the_guard_the_corrupted_step_is_committed_and_replicas_agree_fails(runs: Runs) -> None:
     got = verdicts(runs["unguarded"])
     assert not runs["unguarded"].history.of("detect.sdc")
     assert got["replicas_agree"][0] == "fail" and "group.1" in got["replicas_agree"][1], got

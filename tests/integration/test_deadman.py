@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from support import sleeper, wait_for
+from support import cont, frozen_child, wait_for
 
 from chaos.cluster.local import process_state
 from chaos.plugins.injector import Applied
@@ -22,22 +21,10 @@ pytestmark = pytest.mark.usefixtures("isolated_state_dir")  # each test journals
 
 
 @contextmanager
-def frozen_child() -> Iterator[subprocess.Popen[bytes]]:
-    with sleeper() as proc:
-        os.kill(proc.pid, signal.SIGSTOP)
-        assert wait_for(lambda: process_state(proc.pid) == "T", 5)
-        yield proc
-
-
-@contextmanager
 def journal_for(pid: int, op_id: str = "op1") -> Iterator[Journal]:
     with Journal.for_run("run1") as journal:
         journal.intent(Applied(op_id=op_id, fault="hang", injector="freeze", state={"pids": [pid]}))
         yield journal
-
-
-def cont(pid: int) -> list[str]:
-    return ["kill", "-s", "CONT", str(pid)]
 
 
 def test_unhealed_fault_is_reverted_by_the_deadman() -> None:

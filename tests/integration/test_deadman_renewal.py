@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from support import sleeper, wait_for
+from support import cont, frozen_child, wait_for
 
 from chaos.cluster.base import Completed, TransportError
 from chaos.cluster.local import LocalTransport, process_state
@@ -33,22 +33,10 @@ pytestmark = pytest.mark.usefixtures("isolated_state_dir")
 
 
 @contextmanager
-def frozen_child() -> Iterator[subprocess.Popen[bytes]]:
-    with sleeper() as proc:
-        os.kill(proc.pid, signal.SIGSTOP)
-        assert wait_for(lambda: process_state(proc.pid) == "T", 5)
-        yield proc
-
-
-@contextmanager
 def journal_for(pid: int, op_id: str) -> Iterator[Journal]:
     with Journal.for_run(f"run-{uuid.uuid4().hex[:6]}") as journal:
         journal.intent(Applied(op_id=op_id, fault="hang", injector="freeze", state={"pids": [pid], "start_times": [0]}))
         yield journal
-
-
-def cont(pid: int) -> list[str]:
-    return ["kill", "-s", "CONT", str(pid)]
 
 
 def stays_stopped(pid: int, seconds: float) -> bool:

@@ -1,8 +1,7 @@
-"""The ``collective_fault`` fault: its params (the YAML schema), its way into the job's plan file, and the agent-side
-firing.
+"""The ``collective_fault`` fault: its params (the YAML schema) and the agent-side firing. Its way into the job's
+plan file, as every in-job one-shot fault's, is pinned in test_in_job_one_shot_faults.py.
 
-Pinned here: the params' defaults and refusals; it goes into the plan file with its params and passes the
-preflight, while ``trigger.phase`` on it and a target without training ranks are refused; in the agent (a real
+Pinned here: the params' defaults and refusals; a target without training ranks is refused; in the agent (a real
 flight recorder), it fires once, at its (step, index) only, after its ``fault.applied`` and the fire-once
 marker, never again after a restart finds the marker, and the failed call is not recorded as started; the abort
 finds this process's TCP connections and shuts them down without closing their fds. And in two real gloo
@@ -23,17 +22,13 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 from pydantic import ValidationError
-from support import ROOT, TORCHRUN, AgentRank
+from support import COLLECTIVE_FAULT, ROOT, TORCHRUN, AgentRank
 
 from chaos.injob.collective_faults import COLLECTIVE_KINDS, CollectiveFaults
 from chaos.injob.fault_specs import CollectiveFaultSpec
 from chaos.injob.flight_recorder import Recorder, flight_path, read_state
 from chaos.injob.pg_abort import established_tcp, shut_down
-from chaos.plan.agent_plan import InJobOp, load_plan
-from chaos.plan.build import make_plan
-from chaos.plugins import registry
-from chaos.plugins.injector import is_in_job, is_one_shot
-from chaos.run.in_job import in_job_plan
+from chaos.plan.agent_plan import InJobOp
 from chaos.spec.preflight import preflight
 from chaos.spec.scenario import parse_scenario
 from injectors.collective import CollectiveFaultParams
@@ -62,34 +57,11 @@ def test_the_params_default_to_an_error_of_the_steps_first_collective_and_refuse
     assert CollectiveFaultSpec.from_params(validated.model_dump(mode="json")) == CollectiveFaultSpec("abort", 2, 0)
 
 
-def test_it_is_registered_as_an_in_job_one_shot_fault() -> None:
-    cls = registry.injectors()["collective_fault"]
-    assert is_in_job(cls) and is_one_shot(cls) and cls.Params is CollectiveFaultParams
-
-
-FAULT = (
-    "  - {name: cf, type: collective_fault, params: {rank: 1, kind: abort, index: 1}, trigger: {at_step: 7, rank: 1}}"
-)
-
-
-def test_it_goes_into_the_jobs_plan_file_and_passes_the_preflight(tmp_path: Path) -> None:
-    scenario = parse_scenario(TORCHRUN.replace("FAULTS", FAULT))
-    assert [str(problem) for problem in preflight(scenario)] == []
-    in_job, path = in_job_plan(make_plan(scenario), tmp_path, claims=True)
-    assert [op.injector for op in in_job] == ["collective_fault"]  # the agent's, not the harness's
-    [op] = load_plan(str(path)).ops
-    assert (op.at_step, op.rank, op.phase, op.claimable) == (7, 1, None, False)
-    assert op.params == {"kind": "abort", "index": 1, "rank": 1}
-
-
-def test_a_trigger_phase_or_a_target_without_training_ranks_is_refused() -> None:
-    text = TORCHRUN.replace("FAULTS", FAULT.replace("rank: 1}}", "rank: 1, phase: backward}}"))
-    [problem] = [str(problem) for problem in preflight(parse_scenario(text))]
-    assert "cannot fire at a trigger phase" in problem and "own params" in problem
+def test_a_target_without_training_ranks_is_refused() -> None:
     serving = TORCHRUN.replace(
         "  type: torchrun\n  module: chaos.reference.trainer\n  nproc_per_node: 2\n",
         "  type: serving\n  fallback: null\n  port: 0\n",
-    ).replace("FAULTS", FAULT.replace("rank: 1", "rank: 0"))
+    ).replace("FAULTS", COLLECTIVE_FAULT.replace("rank: 1", "rank: 0"))
     problems = [str(problem) for problem in preflight(parse_scenario(serving))]
     assert any("fired by the agent of a training rank" in problem for problem in problems), problems
 

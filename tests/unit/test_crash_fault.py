@@ -1,11 +1,10 @@
-"""The ``crash`` fault: its params (the YAML schema), its way into the job's plan file, and the agent-side firing.
+"""The ``crash`` fault: its params (the YAML schema) and the agent-side firing. Its way into the job's plan file,
+as every in-job one-shot fault's, is pinned in test_in_job_one_shot_faults.py.
 
-Pinned here: the params' defaults and refusals; a crash goes into the plan file with its params (the harness
-applies nothing) and passes the preflight, while ``trigger.phase`` on it is refused with the fix; in the agent, a
-crash fires once, at its (step, phase) only, after its ``fault.applied`` and the fire-once marker, and never
-again after a restart finds the marker; an ``allreduce`` crash asks for the comm hook and needs ``ddp=``; and in
-a child process the three kinds end it as promised: InjectedFault (exit 1), SIGSEGV (-11), SIGABRT (-6), with
-``fault.applied`` already in the event file.
+Pinned here: the params' defaults and refusals; in the agent, a crash fires once, at its (step, phase) only,
+after its ``fault.applied`` and the fire-once marker, and never again after a restart finds the marker; an
+``allreduce`` crash asks for the comm hook and needs ``ddp=``; and in a child process the three kinds end it as
+promised: InjectedFault (exit 1), SIGSEGV (-11), SIGABRT (-6), with ``fault.applied`` already in the event file.
 """
 
 from __future__ import annotations
@@ -20,18 +19,12 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from support import ROOT, TORCHRUN, AgentRank
+from support import ROOT, AgentRank
 
 from chaos.injob.crash_faults import CRASHES, CrashFaults, InjectedFault
 from chaos.injob.fault_specs import CrashSpec
 from chaos.injob.loop_hooks import collective_failure
-from chaos.plan.agent_plan import InJobOp, load_plan
-from chaos.plan.build import make_plan
-from chaos.plugins import registry
-from chaos.plugins.injector import is_in_job, is_one_shot
-from chaos.run.in_job import in_job_plan
-from chaos.spec.preflight import preflight
-from chaos.spec.scenario import parse_scenario
+from chaos.plan.agent_plan import InJobOp
 from injectors.crash import CrashParams
 
 
@@ -57,32 +50,6 @@ def test_the_params_default_to_an_exception_at_forward_and_refuse_what_they_do_n
     assert tuple(CrashParams.model_fields["kind"].annotation.__args__) == CRASHES  # type: ignore[union-attr]
     validated = CrashParams.model_validate({"kind": "abort", "phase": "optimizer_step", "rank": 0})
     assert CrashSpec.from_params(validated.model_dump(mode="json")) == CrashSpec("abort", "optimizer_step", 0)
-
-
-def test_it_is_registered_as_an_in_job_one_shot_fault() -> None:
-    cls = registry.injectors()["crash"]
-    assert is_in_job(cls) and is_one_shot(cls) and cls.Params is CrashParams
-
-
-CRASH = (
-    "  - {name: boom, type: crash, params: {rank: 1, kind: segfault, phase: allreduce}, trigger: {at_step: 7, rank: 1}}"
-)
-
-
-def test_a_crash_goes_into_the_jobs_plan_file_and_passes_the_preflight(tmp_path: Path) -> None:
-    scenario = parse_scenario(TORCHRUN.replace("FAULTS", CRASH))
-    assert [str(problem) for problem in preflight(scenario)] == []
-    in_job, path = in_job_plan(make_plan(scenario), tmp_path, claims=True)
-    assert [op.injector for op in in_job] == ["crash"]  # the agent's, not the harness's
-    [op] = load_plan(str(path)).ops
-    assert (op.at_step, op.rank, op.phase, op.claimable) == (7, 1, None, False)
-    assert op.params == {"kind": "segfault", "phase": "allreduce", "rank": 1}
-
-
-def test_a_trigger_phase_on_a_crash_is_refused_with_the_fix() -> None:
-    text = TORCHRUN.replace("FAULTS", CRASH.replace("rank: 1}}", "rank: 1, phase: backward}}"))
-    [problem] = [str(problem) for problem in preflight(parse_scenario(text))]
-    assert "cannot fire at a trigger phase" in problem and "own params" in problem
 
 
 # -- the agent side ------------------------------------------------------------------------------------------------
