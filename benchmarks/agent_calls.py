@@ -93,13 +93,10 @@ def _rank(rank: int, world: int, report: Report, model: str, setting: str, reps:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = shared.parser(__doc__)
+    parser = shared.interleaved_parser(__doc__, reps=30)
     parser.add_argument("--model", choices=["reference", "user"], default="reference")
     others = [name for name in agent_overhead.SETTINGS if name not in ("bare", "agent")]
     parser.add_argument("--setting", choices=others, default="consistency_10")
-    parser.add_argument("--reps", type=int, default=30, help="interleaved repetitions (default 30)")
-    parser.add_argument("--steps", type=int, default=100, help="steps per block (default 100)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = parser.parse_args(argv)
     ranks = run_group(_rank, 2, args.model, args.setting, args.reps, args.steps, timeout_s=3600)
     print(f"{args.model} model, 2 gloo ranks, medians of {args.reps} blocks of {args.steps} steps, us per step")

@@ -216,16 +216,13 @@ def _rank(
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = shared.parser(__doc__)
+    parser = shared.interleaved_parser(__doc__, reps=20)
     parser.add_argument("--model", choices=["reference", "user"], default="reference")
-    parser.add_argument("--reps", type=int, default=20, help="interleaved repetitions (default 20)")
-    parser.add_argument("--steps", type=int, default=100, help="steps per block (default 100)")
     parser.add_argument(
         "--settings",
         default=",".join(SETTINGS[1:]),
         help="comma-separated settings to compare with bare (default: all); fewer settings, more repetitions each",
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = parser.parse_args(argv)
     chosen = [name for name in args.settings.split(",") if name]
     unknown = sorted(set(chosen) - set(SETTINGS[1:]))
@@ -233,12 +230,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         parser.error(f"unknown setting(s) {', '.join(unknown)}; choose from {', '.join(SETTINGS[1:])}")
     names = ("bare", *(name for name in SETTINGS[1:] if name in chosen))
     row: dict[str, Any] = run_group(_rank, 2, args.model, args.reps, args.steps, names, timeout_s=3600)[0]
-    ms = row["step_ms"]
+    _print_table(row, names)
+    return shared.json_last(row, args.json)
+
+
+def _print_table(row: dict[str, Any], names: tuple[str, ...]) -> None:
+    """The figures of ``row`` (rank 0's row from :func:`_rank`), one line per setting of ``names`` (bare first)."""
+    ms, cpu = row["step_ms"], row["cpu_ms"]
     print(
-        f"{args.model} model ({row['params']} params), 2 gloo ranks, 1 thread each; medians of {row['reps']} "
+        f"{row['model']} model ({row['params']} params), 2 gloo ranks, 1 thread each; medians of {row['reps']} "
         f"interleaved blocks of {row['steps_per_block']} steps; ratio = median of per-block ratios to bare"
     )
-    cpu = row["cpu_ms"]
     print(f"  {'bare':<34} {ms['bare']:7.3f} ms/step            CPU {cpu['bare']:7.3f} ms/step (rank 0's process)")
     for name in names[1:]:
         low, high = row[f"ci95_ratio_{name}"]
@@ -247,7 +249,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"CPU {cpu[name]:7.3f} ms/step   {row[f'cpu_ratio_{name}']:.4f}x"
         )
     print(f"  verdicts by exchange: {row['exchanges']}")
-    return shared.json_last(row, args.json)
 
 
 if __name__ == "__main__":

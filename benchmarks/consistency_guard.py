@@ -74,7 +74,6 @@ def _rank(rank: int, world: int, report: Report, reps: int, steps: int, hidden: 
         every: Agent(model, optimizer=optimizer, ddp=ddp, consistency_every=every, plan=InJobPlan(), emit=_quiet)
         for every in SETTINGS
     }
-    loss_fn = nn.MSELoss()
     step = 0
 
     def block(agent: Agent) -> float:
@@ -86,7 +85,7 @@ def _rank(rank: int, world: int, report: Report, reps: int, steps: int, hidden: 
             agent.begin_step(step)
             features, labels = make_batch(SEED, step_sample_ids(step, rank, BATCH, world))
             optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(ddp(features), labels)
+            loss = nn.functional.mse_loss(ddp(features), labels)
             loss.backward()
             agent.after_backward(loss)
             if agent.allow_optimizer_step():

@@ -18,9 +18,7 @@ Run: ``make bench`` (section "load generator") or ``.venv/bin/python benchmarks/
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import os
 import resource
 import subprocess
 import sys
@@ -28,6 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from shared import Requests, process_cpu_seconds, serve  # noqa: E402
 
 from chaos.history.timeline import History  # noqa: E402
 from chaos.load import LoadRun, LoadSpec, summarize  # noqa: E402
@@ -37,49 +37,15 @@ RAMP = (3000, 4000, 6000, 8000, 12000, 16000)
 
 
 # -- the endpoint (runs in its own process: `load_generator.py --serve`)
-class _Echo(asyncio.Protocol):
+class _Echo(Requests):
     count = 0
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport: asyncio.Transport = transport  # type: ignore[assignment]
-        self.buf = b""
-
-    def data_received(self, data: bytes) -> None:
-        self.buf += data
-        while True:
-            end = self.buf.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            head = self.buf[:end].lower()
-            length = 0
-            at = head.find(b"content-length:")
-            if at >= 0:
-                length = int(head[at + 15 :].split(b"\r\n", 1)[0])
-            if len(self.buf) < end + 4 + length:
-                return
-            self.buf = self.buf[end + 4 + length :]
-            _Echo.count += 1
-            backend = b"b%d" % (_Echo.count % 2)
-            self.transport.write(
-                b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\nX-Backend: "
-                + backend
-                + b"\r\n\r\nok"
-            )
-
-
-def serve() -> None:
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        server = await loop.create_server(_Echo, "127.0.0.1", 0, backlog=1024)
-        print(server.sockets[0].getsockname()[1], flush=True)
-        await server.serve_forever()
-
-    asyncio.run(main())
-
-
-def _proc_cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    def answer(self, head: bytes) -> None:
+        _Echo.count += 1
+        backend = b"b%d" % (_Echo.count % 2)
+        self.transport.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\nX-Backend: " + backend + b"\r\n\r\nok"
+        )
 
 
 def _self_cpu() -> float:
@@ -97,11 +63,11 @@ def measure(port: int, server_pid: int, rate: float, seconds: float, isolation: 
         max_in_flight=512,
     )
     history = History()
-    server0, self0 = _proc_cpu(server_pid), _self_cpu()
+    server0, self0 = process_cpu_seconds(server_pid), _self_cpu()
     run = LoadRun(spec, history=history, isolation=isolation)  # type: ignore[arg-type]
     run.start()
     run.wait()
-    server_cpu, self_cpu = _proc_cpu(server_pid) - server0, _self_cpu() - self0
+    server_cpu, self_cpu = process_cpu_seconds(server_pid) - server0, _self_cpu() - self0
     totals = run.totals or {}
     wall = float(totals.get("wall_s") or seconds)  # type: ignore[arg-type]
     stats = summarize(history)
@@ -180,7 +146,7 @@ if __name__ == "__main__":
     parser.add_argument("--json", action="store_true", help="print one JSON object of the figures as the last line")
     args = parser.parse_args()
     if args.serve:
-        serve()
+        serve(_Echo, backlog=1024)
     else:
         figures = main(args.seconds, ("process", "thread") if args.isolation == "both" else (args.isolation,))
         if args.json:

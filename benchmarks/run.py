@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,6 +40,17 @@ import load_generator  # noqa: E402
 import partition_hosts  # noqa: E402
 import serving_stack  # noqa: E402
 import stream_load  # noqa: E402
+
+# The benchmark modules run after the harness's own figures: a section heading and the module, whose main()
+# returns its figures (stored under the module's name).
+SECTIONS: tuple[tuple[str, ModuleType], ...] = (
+    ("SDC: checksummed vs plain all-reduce", checksum_allreduce),
+    ("SDC: in-place bit flips vs pytorchfi", bitflip_vs_pytorchfi),
+    ("multi-host: partition apply+heal on 1..64 testbed hosts", partition_hosts),
+    ("serving: open-loop load generator", load_generator),
+    ("serving: the reference stack under load, and a failover", serving_stack),
+    ("serving: streamed load, tokens and the generator's ceiling", stream_load),
+)
 
 
 def _per_op(fn, n: int) -> float:  # type: ignore[no-untyped-def]
@@ -146,19 +158,10 @@ def main(as_json: bool = False) -> dict[str, Any]:
         figures["history_and_journal"] = bench_history_and_journal(Path(tmp))
         figures["freeze_roundtrip"] = bench_freeze_roundtrip(Path(tmp))
         figures["kill_rank"] = bench_kill_rank(Path(tmp))
-    print("\n== SDC: checksummed vs plain all-reduce (benchmarks/checksum_allreduce.py)")
-    figures["checksum_allreduce"] = checksum_allreduce.main()
-    print("\n== SDC: in-place bit flips vs pytorchfi (benchmarks/bitflip_vs_pytorchfi.py)")
-    figures["bitflip_vs_pytorchfi"] = bitflip_vs_pytorchfi.main()
-    print("\n== multi-host: partition apply+heal on 1..64 testbed hosts (benchmarks/partition_hosts.py)")
-    figures["partition_hosts"] = partition_hosts.main()
-
-    print("\n== serving: open-loop load generator (benchmarks/load_generator.py)")
-    figures["load_generator"] = load_generator.main()
-    print("\n== serving: the reference stack under load, and a failover (benchmarks/serving_stack.py)")
-    figures["serving_stack"] = serving_stack.main()
-    print("\n== serving: streamed load, tokens and the generator's ceiling (benchmarks/stream_load.py)")
-    figures["stream_load"] = stream_load.main()
+    for heading, module in SECTIONS:
+        name = module.__name__
+        print(f"\n== {heading} (benchmarks/{name}.py)")
+        figures[name] = module.main()
     if as_json:
         print(json.dumps(figures, sort_keys=True, default=str))
     return figures

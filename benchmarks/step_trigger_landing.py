@@ -113,7 +113,7 @@ def run_variant(folder: Path, agent: bool, faults: int, every: int) -> dict[str,
     }
 
 
-def main() -> None:
+def main() -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--faults", type=int, default=100)
     parser.add_argument("--every", type=int, default=20)
@@ -132,7 +132,7 @@ def main() -> None:
                 f"{figures['signals_seen']}); fired by the agent: {figures['fired_by_agent']}, its history says the "
                 f"named step: {figures['history_says_named_step']}; {figures['wall_s']} s, {figures['ended_by']}"
             )
-    shared.json_last(out, args.json, sort_keys=False)
+    return shared.json_last(out, args.json, sort_keys=False)
 
 
 if __name__ == "__main__":

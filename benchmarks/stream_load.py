@@ -31,7 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from shared import json_last, parser  # noqa: E402
+from shared import Requests, json_last, parser, process_cpu_seconds, serve  # noqa: E402
 
 from chaos.cluster.ports import free_port  # noqa: E402
 from chaos.history.timeline import History  # noqa: E402
@@ -43,27 +43,12 @@ RAMP = (100, 200, 400, 800, 1200, 1600, 2400, 3200)
 
 
 # -- the endpoint (runs in its own process: `stream_load.py --serve TOKEN_MS`)
-class _Streams(asyncio.Protocol):
+class _Streams(Requests):
     delay = 0.001
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport: asyncio.Transport = transport  # type: ignore[assignment]
-        self.buf = b""
-
-    def data_received(self, data: bytes) -> None:
-        self.buf += data
-        while (end := self.buf.find(b"\r\n\r\n")) >= 0:
-            head = self.buf[:end]
-            at = head.lower().find(b"content-length:")
-            length = int(head[at + 15 :].split(b"\r\n", 1)[0]) if at >= 0 else 0
-            if len(self.buf) < end + 4 + length:
-                return
-            self.buf = self.buf[end + 4 + length :]
-            target = head.split(b" ", 2)[1]
-            n = int(target.rsplit(b"n=", 1)[1]) if b"n=" in target else 32
-            self._answer(n)
-
-    def _answer(self, n: int) -> None:
+    def answer(self, head: bytes) -> None:
+        target = head.split(b" ", 2)[1]
+        n = int(target.rsplit(b"n=", 1)[1]) if b"n=" in target else 32
         write = self.transport.write
         write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
         loop = asyncio.get_running_loop()
@@ -74,24 +59,8 @@ class _Streams(asyncio.Protocol):
         loop.call_later(max(0, n - 1) * self.delay, write, b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
 
 
-def serve(token_ms: float) -> None:
-    _Streams.delay = token_ms / 1000
-
-    async def main() -> None:
-        server = await asyncio.get_running_loop().create_server(_Streams, "127.0.0.1", 0, backlog=2048)
-        print(server.sockets[0].getsockname()[1], flush=True)
-        await server.serve_forever()
-
-    asyncio.run(main())
-
-
 def _num(value: object) -> float:
     return float(value) if isinstance(value, (int, float)) else 0.0
-
-
-def _proc_cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def measure(
@@ -102,11 +71,11 @@ def measure(
         | {"served_by": {"json": "backend"}, "timeout": timeout, "max_in_flight": 4096}
     )
     history = History()
-    server0 = _proc_cpu(server_pid) if server_pid else 0.0
+    server0 = process_cpu_seconds(server_pid) if server_pid else 0.0
     run = LoadRun(spec, history=history, isolation="process")
     run.start()
     run.wait()
-    server_cpu = _proc_cpu(server_pid) - server0 if server_pid else 0.0
+    server_cpu = process_cpu_seconds(server_pid) - server0 if server_pid else 0.0
     totals = run.totals or {}
     wall = _num(totals.get("wall_s")) or seconds
     cpu = run.cpu_seconds() or 0.0
@@ -216,6 +185,7 @@ if __name__ == "__main__":
     cli.add_argument("--json", action="store_true", help="print one JSON object of the figures as the last line")
     args = cli.parse_args()
     if args.serve is not None:
-        serve(args.serve)
+        _Streams.delay = args.serve / 1000
+        serve(_Streams, backlog=2048)
     else:
         json_last(main(args.seconds), args.json)

@@ -32,7 +32,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from chaos.cluster.local import process_state  # noqa: E402
+from chaos.testbed.slurm_daemons import wait  # noqa: E402
 
 CLI = [str(ROOT / ".venv" / "bin" / "mlchaos")] if (ROOT / ".venv" / "bin" / "mlchaos").exists() else ["mlchaos"]
 MAX_DURATION_S, GRACE_S, FAULT_S, APPLY_AT_S = 10.0, 2.0, 6.0, 1.0
@@ -131,7 +131,7 @@ def _spawn_run(scenario: dict[str, Any], folder: Path, env: dict[str, str]) -> t
 def _into_the_fault(trial: Trial, folder: Path) -> float | None:
     """Wait for the run to apply its fault (its journal says so), then the trial's seeded moment; when it was
     applied (monotonic), or None (noted on the trial) when it never was."""
-    if not _wait(lambda: any(r.get("kind") == "applied" for r in _journal(folder / "state")), 30):
+    if not wait(lambda: any(r.get("kind") == "applied" for r in _journal(folder / "state")), 30):
         trial.left.append("the fault was never applied (no journal record)")
         return None
     applied_at = time.monotonic()
@@ -144,15 +144,6 @@ def _sleep_past_the_deadline(applied_at: float, started: float) -> None:
     deadline counts from its fault clock, which started before the apply (trigger: after APPLY_AT_S)."""
     clock_start = min(applied_at - APPLY_AT_S, started + 30)
     time.sleep(max(0.0, clock_start + MAX_DURATION_S + GRACE_S + 3.0 - time.monotonic()))
-
-
-def _wait(predicate: Callable[[], bool], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 def _journal(state_dir: Path) -> list[dict[str, Any]]:
@@ -240,7 +231,7 @@ def run_trial(kind: str, index: int, rng: random.Random, keep: bool = False) -> 
             trial.left.append(f"the target's processes were not all running when the harness was killed: {jobs}")
         harness.send_signal(signal.SIGKILL)
         harness.wait(timeout=10)
-        if port and not _wait(lambda: not loaders(), 10):
+        if port and not wait(lambda: not loaders(), 10):
             trial.left.append(f"the load generator outlived the harness: {loaders()}")
         _sleep_past_the_deadline(applied_at, started)
         records = _journal(folder / "state")
@@ -349,7 +340,7 @@ def _start_remote_victim(transport: Any, tag: str) -> int:
     transport.run(["sh", "-c", 'setsid -f sh -c "while :; do sleep 0.2; done" "$1" </dev/null >/dev/null 2>&1',
                    "sh", f"victim-{tag}"], timeout=30, check=True)  # fmt: skip
     found: list[int] = []
-    _wait(lambda: bool(found.extend(p for p, c in _cmdlines().items() if f"victim-{tag}" in c) or found), 10)
+    wait(lambda: bool(found.extend(p for p, c in _cmdlines().items() if f"victim-{tag}" in c) or found), 10)
     if not found:
         raise RuntimeError(f"the victim did not start on {transport.host}")
     return min(found)
@@ -421,7 +412,7 @@ def run_remote_trial(kind: str, index: int, rng: random.Random, inventory: Path,
             trial.left.append(f"the victim on {host} is still stopped")
         if container is not None and (now := _container_facts(inventory, host)) != container:
             trial.left.append(f"container {host} is {now}, it was {container}")
-        if node is not None and not _wait(lambda: _node_facts(inventory, host) == node, 30):
+        if node is not None and not wait(lambda: _node_facts(inventory, host) == node, 30):
             trial.left.append(f"Slurm node {host} is {_node_facts(inventory, host)}, it was {node}")
         rules = h.run(["iptables", "-S"], check=True).stdout
         ops = set()

@@ -1,6 +1,6 @@
 """Clock faults end to end. ``scenarios/clock-jump-forward.yaml`` (rank 0's wall clock +1h for 3 s) passes on
-``tests/jobs/user_heartbeat_monotonic.py`` (its peer watchdog times heartbeats on the monotonic clock) and FAILS on
-``tests/jobs/user_heartbeat_wall.py`` (it compares wall-clock stamps: rank 1 looks an hour silent, the watchdog
+``tests/jobs/user_heartbeat.py`` (its peer watchdog times heartbeats on the monotonic clock) and FAILS on the same
+job with ``--watchdog-clock wall`` (it compares wall-clock stamps: rank 1 looks an hour silent, the watchdog
 aborts the job): the same fault, the verdict decided by the job's code. Two runs, each shared by the assertions
 on it. Then the harness is SIGKILLed while a clock fault holds: its dead-man removes the offset file after the
 grace, and nothing of the run is left."""
@@ -31,7 +31,6 @@ pytestmark = [
 ]
 
 SCENARIO = ROOT / "scenarios" / "clock-jump-forward.yaml"
-WALL_JOB = ROOT / "tests" / "jobs" / "user_heartbeat_wall.py"
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +42,8 @@ def monotonic_job(e2e_report_root: Path) -> RunResult:
 def wall_job(e2e_report_root: Path, tmp_path_factory: pytest.TempPathFactory) -> RunResult:
     spec = yaml.safe_load(SCENARIO.read_text())
     spec["name"] = "clock-jump-forward-wall-job"
-    spec["target"]["script"] = str(WALL_JOB)
+    spec["target"]["script"] = str(ROOT / spec["target"]["script"])
+    spec["target"]["args"] += ["--watchdog-clock", "wall"]
     source = tmp_path_factory.mktemp("clock") / "clock-jump-forward-wall.yaml"
     source.write_text(yaml.safe_dump(spec))
     return execute(load_scenario(source), RunOptions(report_root=e2e_report_root, scenario_file=source))

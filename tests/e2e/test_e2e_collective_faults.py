@@ -1,10 +1,10 @@
 """The ``collective_fault`` fault on user-style jobs (hand-written data parallelism, 3 ranks, the one ``attach``
 line) under torchrun, through the whole harness; one run per fixture:
 
-- ``scenarios/collective-error-retry.yaml`` (kind ``error``) against ``tests/jobs/user_allreduce_retry.py``: rank
+- ``scenarios/collective-error-retry.yaml`` (kind ``error``) against ``tests/jobs/user_allreduce.py``: rank
   1's gradient all-reduce of step 12 raises DistBackendError once; the job retries it and the run passes,
   bit-identical to golden, no restart;
-- the same scenario against ``tests/jobs/user_allreduce_moves_on.py`` (the handler goes on with local
+- the same scenario with the job's ``--on-allreduce-error local`` (the handler goes on with local
   gradients): the job hangs, the hang watch names rank 1 at step 12, nothing passes step 12 before the
   process-group timeout, and the run fails on recovery and restarts; it then trains apart and exits 0 with a
   model unlike the retry run's golden one (its own golden run is skipped: the same job but for the handler);
@@ -19,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 from support import ROOT, verdicts
 
 from chaos.run.orchestrator import RunOptions, execute
@@ -27,8 +28,7 @@ from chaos.spec.scenario import load_scenario
 
 pytestmark = pytest.mark.slow
 
-RETRY = "tests/jobs/user_allreduce_retry.py"
-MOVES_ON = "tests/jobs/user_allreduce_moves_on.py"
+SCENARIO = ROOT / "scenarios" / "collective-error-retry.yaml"
 
 
 def _run(source: Path, report_root: Path, golden: bool = True) -> RunResult:
@@ -37,15 +37,17 @@ def _run(source: Path, report_root: Path, golden: bool = True) -> RunResult:
 
 @pytest.fixture(scope="module")
 def retried(e2e_report_root: Path) -> RunResult:
-    return _run(ROOT / "scenarios" / "collective-error-retry.yaml", e2e_report_root)
+    return _run(SCENARIO, e2e_report_root)
 
 
 @pytest.fixture(scope="module")
 def moved_on(e2e_report_root: Path, tmp_path_factory: pytest.TempPathFactory) -> RunResult:
-    text = (ROOT / "scenarios" / "collective-error-retry.yaml").read_text()
-    assert RETRY in text
+    spec = yaml.safe_load(SCENARIO.read_text())
+    assert "--on-allreduce-error" not in spec["target"]["args"]  # the job's default handler retries
+    spec["target"]["script"] = str(ROOT / spec["target"]["script"])
+    spec["target"]["args"] += ["--on-allreduce-error", "local"]
     source = tmp_path_factory.mktemp("moves-on") / "collective-error-moves-on.yaml"
-    source.write_text(text.replace(RETRY, str(ROOT / MOVES_ON)))
+    source.write_text(yaml.safe_dump(spec))
     return _run(source, e2e_report_root, golden=False)
 
 

@@ -29,16 +29,18 @@ model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Li
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 agent = chaos.agent.attach(model, optimizer=optimizer)
 x, y = torch.randn(32, 8), torch.randn(32, 1)
-for step in range(1, 6):
-    agent.begin_step(step)
-    optimizer.zero_grad()
-    loss = torch.nn.functional.mse_loss(model(x), y)
-    loss.backward()
-    agent.after_backward(loss)
-    if agent.allow_optimizer_step():
-        optimizer.step()
-    agent.end_step()
-agent.close()
+try:
+    for step in range(1, 6):
+        agent.begin_step(step)
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        agent.after_backward(loss)
+        if agent.allow_optimizer_step():
+            optimizer.step()
+        agent.end_step()
+finally:
+    agent.close()
 print("user script done")
 """
 

@@ -76,14 +76,14 @@ def main() -> None:
     def state_dict() -> dict[str, object]:
         return {"model": model.state_dict(), "optim": inner.state_dict()}
 
-    pg = ProcessGroupGloo(timeout=timedelta(seconds=args.timeout))
+    timeout = timedelta(seconds=args.timeout)  # the process group's and the manager's alike
     manager = Manager(
-        pg=pg,
+        pg=ProcessGroupGloo(timeout=timeout),
         min_replica_size=1,
         load_state_dict=load_state_dict,
         state_dict=state_dict,
         replica_id=f"torchft_train_{REPLICA_GROUP_ID}",
-        timeout=timedelta(seconds=args.timeout),
+        timeout=timeout,
     )
     ddp = DistributedDataParallel(manager, model)
     optimizer = Optimizer(manager, inner)

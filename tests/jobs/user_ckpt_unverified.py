@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -35,7 +36,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--checkpoint-every", type=int, default=10)
-    parser.add_argument("--checkpoint-dir", type=Path, required=True)
+    parser.add_argument("--checkpoint-dir", type=Path, required=True, help="latest.pt is saved here and resumed from")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--step-time", type=float, default=0.0, help="sleep per step, so a fault lands mid-run")
@@ -53,19 +54,18 @@ def main() -> None:
     start = 1
     if latest.exists():  # whatever is there is trusted: the bug this job exists to show
         state = torch.load(latest)
+        start = state["step"] + 1
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        start = state["step"] + 1
         print(f"rank {rank} resuming from {latest} at step {start}", flush=True)
     ddp = DistributedDataParallel(model)
     agent = chaos.agent.attach(model, optimizer=optimizer, ddp=ddp)
-    loss_fn = nn.MSELoss()
 
     for step in range(start, args.steps + 1):
         agent.begin_step(step)
         inputs, targets = batch(args.seed, step, rank, args.batch)
         optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(ddp(inputs), targets)
+        loss = F.mse_loss(ddp(inputs), targets)
         loss.backward()
         agent.after_backward(loss)
         if agent.allow_optimizer_step():

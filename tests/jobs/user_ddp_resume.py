@@ -39,7 +39,7 @@ def latest_checkpoint(directory: Path) -> Path | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--checkpoint-every", type=int, default=4)
     parser.add_argument("--checkpoint-dir", type=Path, required=True)
@@ -85,7 +85,8 @@ def main() -> None:
             continue  # trained before the restart: skip ahead in the epoch
         agent.begin_step(step)
         optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(ddp(inputs), targets)
+        outputs = ddp(inputs)
+        loss = loss_fn(outputs, targets)
         loss.backward()
         agent.after_backward(loss)
         if agent.allow_optimizer_step():

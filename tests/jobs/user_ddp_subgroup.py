@@ -25,7 +25,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--guard", choices=["none", "checksum"], default="checksum")
-    parser.add_argument("--consistency-every", type=int, default=2)
+    parser.add_argument(
+        "--consistency-every", type=int, default=2, help="check that the ranks' parameters agree every N steps"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group(backend="gloo")
@@ -38,13 +40,13 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     guards = chaos.agent.Guards(checksum=args.guard == "checksum", consistency_every=args.consistency_every)
     agent = chaos.agent.attach(model, optimizer=optimizer, ddp=ddp, guard=guards)
-    loss_fn = nn.MSELoss()
     for step in range(1, args.steps + 1):
         agent.begin_step(step)
         data = torch.Generator().manual_seed(step * world + rank)
         x, y = torch.randn(16, 8, generator=data), torch.randn(16, 4, generator=data)
         optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(ddp(x), y)
+        prediction = ddp(x)
+        loss = nn.functional.mse_loss(prediction, y)
         loss.backward()
         agent.after_backward(loss)
         if agent.allow_optimizer_step():

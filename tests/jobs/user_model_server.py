@@ -1,4 +1,5 @@
-"""A model server written the way users write one: a small torch model behind Python's own HTTP server.
+"""A model server written the way users write one: a small torch model behind Python's ``socketserver``, with
+the little HTTP/1.1 it needs written out by hand (keep-alive connections, JSON bodies with a Content-Length).
 
 It imports nothing from mlchaos. Run two behind a load balancer (``scenarios/serving-haproxy-failover.yaml``)::
 
@@ -17,17 +18,21 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import http.client
 import json
 import signal
+import socketserver
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http import HTTPStatus
 from types import FrameType
 
 import torch
 from torch import nn
 
 SIZES = {"large": 256, "small": 32}
+Answer = tuple[int, dict[str, object]]  # an HTTP status and its JSON body
+NOT_FOUND: Answer = (404, {"error": "not found"})
 
 
 def build(model: str, seed: int) -> nn.Module:
@@ -43,72 +48,84 @@ def features(prompt: str) -> torch.Tensor:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--model", choices=sorted(SIZES), default="large")
-    parser.add_argument("--delay", type=float, default=0.005)
-    parser.add_argument("--seed", type=int, default=0)
+    parser = argparse.ArgumentParser(description="A small torch classifier behind a JSON HTTP API.")
+    parser.add_argument("--port", type=int, required=True, help="port to listen on")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
+    parser.add_argument("--model", choices=sorted(SIZES), default="large", help="model size (default %(default)s)")
+    parser.add_argument("--delay", type=float, default=0.005, help="seconds of accelerator time a request")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the model's weights")
     args = parser.parse_args()
     torch.set_num_threads(1)
     model = build(args.model, args.seed)
     lock = threading.Lock()  # one forward at a time, as on one accelerator
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    def predict(path: str, body: bytes) -> Answer:
+        try:
+            prompt = json.loads(body)["prompt"]
+            if not isinstance(prompt, str):
+                raise TypeError("prompt must be a string")
+        except (ValueError, KeyError, TypeError) as exc:
+            return 400, {"error": f"bad request: {exc}"}
+        if path != "/v1/predict":
+            return NOT_FOUND
+        time.sleep(args.delay)
+        with lock, torch.no_grad():
+            label = int(model(features(prompt)).argmax())
+        return 200, {"label": label, "model": args.model, "degraded": args.model == "small"}
 
-        def log_message(self, format: str, *values: object) -> None:  # noqa: A002 - the base class's name
-            pass  # one line per request would flood the log
+    def route(method: str, path: str, body: bytes) -> Answer:
+        if method == "POST":
+            return predict(path, body)
+        if method == "GET":
+            return (200, {"ok": True, "model": args.model}) if path == "/healthz" else NOT_FOUND
+        return 501, {"error": f"unsupported method {method}"}
 
-        def _answer(self, status: int, body: dict[str, object]) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    class Connection(socketserver.StreamRequestHandler):
+        """One client connection: its requests answered in turn, while the client keeps it open."""
 
-        def do_GET(self) -> None:  # noqa: N802 - the base class's name
-            if self.path == "/healthz":
-                self._answer(200, {"ok": True, "model": args.model})
-            else:
-                self._answer(404, {"error": "not found"})
-
-        def do_POST(self) -> None:  # noqa: N802 - the base class's name
-            length = int(self.headers.get("Content-Length") or 0)
+        def handle(self) -> None:
             try:
-                prompt = json.loads(self.rfile.read(length))["prompt"]
-                if not isinstance(prompt, str):
-                    raise TypeError("prompt must be a string")
-            except (ValueError, KeyError, TypeError) as exc:
-                self._answer(400, {"error": f"bad request: {exc}"})
-                return
-            if self.path != "/v1/predict":
-                self._answer(404, {"error": "not found"})
-                return
-            time.sleep(args.delay)
-            with lock, torch.no_grad():
-                label = int(model(features(prompt)).argmax())
-            self._answer(200, {"label": label, "model": args.model, "degraded": args.model == "small"})
+                while self.exchange():
+                    pass
+            except ConnectionError:
+                pass  # a health check or client that hangs up early is not an error worth a traceback
 
-    class Server(ThreadingHTTPServer):
+        def exchange(self) -> bool:
+            """Read one request and answer it; whether the connection stays open for another."""
+            words = self.rfile.readline(65537).decode("latin-1").split()
+            if not words:
+                return False  # the client closed the connection
+            if len(words) != 3:
+                self.reply(400, {"error": "bad request line"})
+                return False
+            method, path, version = words
+            headers = http.client.parse_headers(self.rfile)
+            body = self.rfile.read(int(headers.get("Content-Length") or 0))
+            self.reply(*route(method, path, body))
+            connection = (headers.get("Connection") or "").lower()  # HTTP/1.1 keeps it open unless told
+            return connection != "close" and (version == "HTTP/1.1" or connection == "keep-alive")
+
+        def reply(self, status: int, answer: dict[str, object]) -> None:
+            data = json.dumps(answer).encode()
+            head = f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\n"
+            head += f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+            self.wfile.write(head.encode() + data)
+
+    class Server(socketserver.ThreadingTCPServer):
         daemon_threads = True
+        allow_reuse_address = True  # a restarted server binds its port again at once
         # socketserver's default listen backlog is 5: at 100 requests/s (one connection each, HTTP/1.0) on a
         # loaded machine the accept thread fell behind, a connect failed and HAProxy marked the live server
         # down (observe layer4). Servers users deploy (uvicorn, gunicorn) listen with a backlog of 2048.
         request_queue_size = 2048
 
-        def handle_error(self, request: object, client_address: object) -> None:
-            pass  # a health check or client that hangs up early is not an error worth a traceback
-
-    server = Server((args.host, args.port), Handler)
-
     def stop(signum: int, frame: FrameType | None) -> None:
-        threading.Thread(target=server.shutdown, daemon=True).start()
+        raise SystemExit(0)  # out of serve_forever; the with block closes the listening socket
 
     signal.signal(signal.SIGTERM, stop)
-    print(f"serving {args.model} on {args.host}:{args.port}", flush=True)
-    server.serve_forever()
+    with Server((args.host, args.port), Connection) as server:
+        print(f"serving {args.model} on {args.host}:{args.port}", flush=True)
+        server.serve_forever()
 
 
 if __name__ == "__main__":

@@ -29,16 +29,16 @@ def main() -> None:
     parser.add_argument("--checkpoint-dir", type=Path, required=True)
     parser.add_argument("--checkpoint-every", type=int, default=10)
     parser.add_argument("--step-time", type=float, default=0.05)
-    parser.add_argument("--pg-timeout", type=float, default=10.0)
+    parser.add_argument("--pg-timeout", type=float, default=10.0, help="gloo's collective timeout (s)")
     args = parser.parse_args()
 
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.pg_timeout))
     rank = dist.get_rank()
-    torch.manual_seed(0)
     gen = torch.Generator().manual_seed(1234)
     dataset = TensorDataset(torch.randn(args.samples, 16, generator=gen), torch.randn(args.samples, 1, generator=gen))
     sampler = DistributedSampler(dataset, shuffle=True, seed=7)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
+    torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
