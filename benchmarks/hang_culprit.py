@@ -90,18 +90,26 @@ class Job:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         base = {
-            **os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(WORLD),
-            ENV_FLIGHT_DIR: str(directory / "flight"), ENV_PLAN: str(directory / "plan.json"),
-            "CHAOS_EVENTS": str(directory / "events.jsonl"), "CHAOS_RUN_DIR": str(directory), "STEPS": str(steps),
-            "STEP_TIME": "0.02", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
-        }  # fmt: skip
+            **os.environ,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "WORLD_SIZE": str(WORLD),
+            ENV_FLIGHT_DIR: str(directory / "flight"),
+            ENV_PLAN: str(directory / "plan.json"),
+            "CHAOS_EVENTS": str(directory / "events.jsonl"),
+            "CHAOS_RUN_DIR": str(directory),
+            "STEPS": str(steps),
+            "STEP_TIME": "0.02",
+            "PYTHONPATH": str(ROOT),
+            "OMP_NUM_THREADS": "1",
+        }
         self.procs = [
             subprocess.Popen(
                 [sys.executable, str(JOB)],
                 env={**base, "RANK": str(r), "LOCAL_RANK": str(r)},
                 stdout=subprocess.DEVNULL,
                 stderr=open(directory / f"rank{r}.log", "wb"),  # noqa: SIM115
-            )  # fmt: skip
+            )
             for r in range(WORLD)
         ]
         self.watch = HangWatch(directory / "flight", hang_after=HANG_AFTER, poll_s=0.1, listeners=[])
@@ -168,7 +176,7 @@ def run_long(workdir: Path, hangs: list[Hang], hold: float, log: bool) -> int:
             params={"rank": h.rank},
             at_step=h.step,
             duration_s=hold,
-        )  # fmt: skip
+        )
         for h in hangs
         if h.kind == "spin"
     ]
@@ -194,16 +202,24 @@ def run_long(workdir: Path, hangs: list[Hang], hold: float, log: bool) -> int:
                 _note(hang, events[0])
                 false_alarms += len(events) - 1
             if log:
-                print(f"{time.monotonic() - BEGAN:6.1f}s {i:3d} {hang.kind:7s} rank {hang.rank} step {hang.step}: named {hang.named} "
-                      f"({hang.reason}) after {hang.latency_s}", flush=True)  # fmt: skip
+                print(
+                    f"{time.monotonic() - BEGAN:6.1f}s {i:3d} {hang.kind:7s} rank {hang.rank} step {hang.step}: named {hang.named} "
+                    f"({hang.reason}) after {hang.latency_s}",
+                    flush=True,
+                )
     finally:
         job.stop()
     return false_alarms
 
 
 def start_skip(workdir: Path, n: int, hang: Hang) -> Job:
-    op = InJobOp(op_id="skip", fault="skip", injector="skip_collective", params={"rank": hang.rank, "index": hang.index},
-                 at_step=hang.step)  # fmt: skip
+    op = InJobOp(
+        op_id="skip",
+        fault="skip",
+        injector="skip_collective",
+        params={"rank": hang.rank, "index": hang.index},
+        at_step=hang.step,
+    )
     return Job(workdir / f"skip-{n}", [op], 10_000)
 
 
@@ -223,8 +239,11 @@ def run_skip(job: Job, hang: Hang, hold: float, log: bool, start_next: Callable[
     finally:
         job.stop()
     if log:
-        print(f"{time.monotonic() - BEGAN:6.1f}s     skip    rank {hang.rank} index {hang.index}: named {hang.named} "
-              f"({hang.reason}) after {hang.latency_s}", flush=True)  # fmt: skip
+        print(
+            f"{time.monotonic() - BEGAN:6.1f}s     skip    rank {hang.rank} index {hang.index}: named {hang.named} "
+            f"({hang.reason}) after {hang.latency_s}",
+            flush=True,
+        )
 
 
 def overhead(calls: int = 10000) -> dict[str, float]:

@@ -98,16 +98,26 @@ def judge(rc: int | None, events: list[dict[str, Any]], log: str, kill_step: int
             and died_of_sigkill
         )
         n = last["data"]["n"]
-        peer = [e["data"]["state"] for e in events if e["rank"] != VICTIM and e["kind"] == "probe.collective"
-                and e["data"]["n"] == n]  # fmt: skip
+        peer = [
+            e["data"]["state"]
+            for e in events
+            if e["rank"] != VICTIM and e["kind"] == "probe.collective" and e["data"]["n"] == n
+        ]
         peer_unfinished = "done" not in peer
         peer_inside = peer_unfinished and "enter" in peer
         if not died_of_sigkill:
             note = note or "torchrun did not report the victim's pid with exit code -9"
     elif not applied:
         note = note or "no fault.applied"
-    return Outcome(history_allreduce, victim_inside, peer_unfinished, peer_inside, history_allreduce and victim_inside,
-                   round(seconds, 2), note)  # fmt: skip
+    return Outcome(
+        history_allreduce,
+        victim_inside,
+        peer_unfinished,
+        peer_inside,
+        history_allreduce and victim_inside,
+        round(seconds, 2),
+        note,
+    )
 
 
 def main() -> None:
@@ -126,9 +136,12 @@ def main() -> None:
             outcome = judge(rc, events, log, args.kill_step, time.monotonic() - start)
             outcomes.append(outcome)
             flags = "landed" if outcome.landed else "MISSED"
-            print(f"run {index + 1:3d}/{args.runs}: {flags} history={outcome.history_allreduce} "
-                  f"victim_inside={outcome.victim_inside} peer_unfinished={outcome.peer_unfinished} peer_inside={outcome.peer_inside} "
-                  f"{outcome.seconds:.1f}s {outcome.note}", flush=True)  # fmt: skip
+            print(
+                f"run {index + 1:3d}/{args.runs}: {flags} history={outcome.history_allreduce} "
+                f"victim_inside={outcome.victim_inside} peer_unfinished={outcome.peer_unfinished} peer_inside={outcome.peer_inside} "
+                f"{outcome.seconds:.1f}s {outcome.note}",
+                flush=True,
+            )
     landed = sum(o.landed for o in outcomes)
     summary = {
         "benchmark": "phase_kill",
@@ -145,10 +158,12 @@ def main() -> None:
         "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
         "misses": [asdict(o) for o in outcomes if not o.landed][:10],
     }
-    print(f"landed inside the all-reduce: {landed}/{len(outcomes)}; history says allreduce: "
-          f"{summary['history_says_allreduce']}; victim inside (probe + SIGKILL): {summary['victim_inside_collective']}; "
-          f"peer never finished that collective: {summary['peer_never_finished_collective']} "
-          f"(had entered it: {summary['peer_entered_and_never_finished']})")  # fmt: skip
+    print(
+        f"landed inside the all-reduce: {landed}/{len(outcomes)}; history says allreduce: "
+        f"{summary['history_says_allreduce']}; victim inside (probe + SIGKILL): {summary['victim_inside_collective']}; "
+        f"peer never finished that collective: {summary['peer_never_finished_collective']} "
+        f"(had entered it: {summary['peer_entered_and_never_finished']})"
+    )
     if args.json:
         print(json.dumps(summary))
 

@@ -45,9 +45,16 @@ def _cpu_s(pid: int) -> float:
 
 def _spec(url: str, rate: float, seconds: float) -> LoadSpec:
     return LoadSpec.model_validate(
-        {"url": url + "/v1/predict", "method": "POST", "rate": rate, "duration": seconds, "timeout": 2.0,
-         "body": '{"prompt": "request {i}"}', "served_by": {"header": "X-Backend"}}
-    )  # fmt: skip
+        {
+            "url": url + "/v1/predict",
+            "method": "POST",
+            "rate": rate,
+            "duration": seconds,
+            "timeout": 2.0,
+            "body": '{"prompt": "request {i}"}',
+            "served_by": {"header": "X-Backend"},
+        }
+    )
 
 
 def _wait_ready(job: ServingJob, history: History) -> None:
@@ -72,10 +79,13 @@ def main(seconds: float = 5.0) -> dict[str, float | None]:
     """Run the load ladder and the failover; return the figures ``--json`` prints (seconds; None: never)."""
     figures: dict[str, float | None] = {}
     spec = ServingTarget.model_validate(
-        {"type": "serving", "request_timeout": "500ms",
-         "probes": {"interval": "500ms", "timeout": "300ms", "failure_threshold": 3, "success_threshold": 2},
-         "primary": {"model": "primary", "restart_delay": "1s"}}
-    )  # fmt: skip
+        {
+            "type": "serving",
+            "request_timeout": "500ms",
+            "probes": {"interval": "500ms", "timeout": "300ms", "failure_threshold": 3, "success_threshold": 2},
+            "primary": {"model": "primary", "restart_delay": "1s"},
+        }
+    )
     with tempfile.TemporaryDirectory(prefix="mlchaos-bench-serving-") as tmp:
         job = ServingJob(spec, LocalTransport(), Path(tmp), seed=1, extra_env={})
         history = History()
@@ -138,9 +148,11 @@ def main(seconds: float = 5.0) -> dict[str, float | None]:
                 return None if ns is None else (ns - kill_ns) / 1e9
 
             fallback_ns = first_fallback.get_int("scheduled_ns") if first_fallback is not None else None
-            print(f"kill primary at 200 req/s: first fallback answer {since(fallback_ns)} (bound {bound:g} s),"
-                  f" backend_down {since(down.ts_ns if down else None)},"
-                  f" primary back {since(up.ts_ns if up else None)}, errors {errors}/{len(reqs)}")  # fmt: skip
+            print(
+                f"kill primary at 200 req/s: first fallback answer {since(fallback_ns)} (bound {bound:g} s),"
+                f" backend_down {since(down.ts_ns if down else None)},"
+                f" primary back {since(up.ts_ns if up else None)}, errors {errors}/{len(reqs)}"
+            )
             figures.update(
                 first_fallback_s=seconds_after(fallback_ns),
                 failover_bound_s=bound,

@@ -63,8 +63,13 @@ def measure(megabytes: int, repeats: int) -> dict[str, float]:
         digests.append(time.perf_counter() - began)
     state_mb = sum(p.numel() * 4 for p in model.parameters()) * 3 / 2**20  # parameters + exp_avg + exp_avg_sq
     digest_s, step_s = statistics.median(digests), statistics.median(steps)
-    return {"state_mb": round(state_mb, 1), "digest_ms": round(digest_s * 1e3, 2), "step_ms": round(step_s * 1e3, 2),
-            "mb_per_s": round(state_mb / digest_s), "steps_worth": round(digest_s / step_s, 2)}  # fmt: skip
+    return {
+        "state_mb": round(state_mb, 1),
+        "digest_ms": round(digest_s * 1e3, 2),
+        "step_ms": round(step_s * 1e3, 2),
+        "mb_per_s": round(state_mb / digest_s),
+        "steps_worth": round(digest_s / step_s, 2),
+    }
 
 
 def main() -> None:
@@ -77,8 +82,10 @@ def main() -> None:
     print(f"state digest, torch {torch.__version__}, Python {platform.python_version()}, 1 thread")
     print(f"{'parameters':>10} {'state MB':>9} {'digest ms':>10} {'MB/s':>6} {'step ms':>8} {'steps worth':>12}")
     for name, row in rows.items():
-        print(f"{name:>10} {row['state_mb']:>9} {row['digest_ms']:>10} {row['mb_per_s']:>6} {row['step_ms']:>8} "
-              f"{row['steps_worth']:>12}")  # fmt: skip
+        print(
+            f"{name:>10} {row['state_mb']:>9} {row['digest_ms']:>10} {row['mb_per_s']:>6} {row['step_ms']:>8} "
+            f"{row['steps_worth']:>12}"
+        )
     if args.json:
         print(json.dumps(rows))
 

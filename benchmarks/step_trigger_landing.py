@@ -80,13 +80,20 @@ def run_variant(folder: Path, agent: bool, faults: int, every: int) -> dict[str,
     scenario = {
         "name": f"landing-{'agent' if agent else 'poll'}",
         "seed": 1,
-        "target": {"type": "torchrun", "script": str(script(folder, agent)), "nproc_per_node": 1,
-                   "max_restarts": 0, "args": [steps]},
-        "faults": [{"name": f"usr1-{n}", "type": "kill", "params": {"rank": 0, "signal": "SIGUSR1"},
-                    "trigger": {"at_step": n}} for n in at],
+        "target": {
+            "type": "torchrun",
+            "script": str(script(folder, agent)),
+            "nproc_per_node": 1,
+            "max_restarts": 0,
+            "args": [steps],
+        },
+        "faults": [
+            {"name": f"usr1-{n}", "type": "kill", "params": {"rank": 0, "signal": "SIGUSR1"}, "trigger": {"at_step": n}}
+            for n in at
+        ],
         "checks": [{"type": "completes"}],
         "safety": {"max_duration": "300s", "no_progress_timeout": "60s"},
-    }  # fmt: skip
+    }
     source = folder / f"{scenario['name']}.yaml"
     source.write_text(yaml.safe_dump(scenario, sort_keys=False))
     began = time.monotonic()

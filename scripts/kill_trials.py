@@ -73,11 +73,35 @@ def _fault(kind: str, tag: str, victim: int, folder: Path) -> dict[str, Any]:
     return {"name": f"f-{tag}", "type": kind, "params": params, "trigger": {"after": f"{APPLY_AT_S:g}s"}}
 
 
-DURATIONLESS = ("partition", "packet_loss", "duplicate", "drop_large_packets", "bandwidth", "delay", "jitter", "gpu_xid",
-                "clock")  # fmt: skip
-KINDS = ("freeze", "slow", "cpu_throttle", "memory_pressure", "partition", "packet_loss", "flap", "storage",
-         "duplicate", "drop_large_packets", "bandwidth", "delay", "jitter", "gpu_xid", "freeze_under_load",
-         "clock")  # fmt: skip
+DURATIONLESS = (
+    "partition",
+    "packet_loss",
+    "duplicate",
+    "drop_large_packets",
+    "bandwidth",
+    "delay",
+    "jitter",
+    "gpu_xid",
+    "clock",
+)
+KINDS = (
+    "freeze",
+    "slow",
+    "cpu_throttle",
+    "memory_pressure",
+    "partition",
+    "packet_loss",
+    "flap",
+    "storage",
+    "duplicate",
+    "drop_large_packets",
+    "bandwidth",
+    "delay",
+    "jitter",
+    "gpu_xid",
+    "freeze_under_load",
+    "clock",
+)
 # freeze_under_load: the victim is an HTTP server (an http target) under the open-loop load generator, frozen;
 # the load generator must die with the harness.
 REMOTE_KINDS = ("partition", "packet_loss", "freeze", "slow")
@@ -103,8 +127,10 @@ class Trial:
     def line(self) -> str:
         what = "no duration" if self.durationless else f"duration {FAULT_S:g}s"
         verdict = "clean" if not self.left else "LEFT: " + "; ".join(self.left)
-        return (f"{self.kind:16} #{self.index} ({what}, killed {self.kill_after_s:.2f}s after apply): {verdict} "
-                f"(healed by {self.healed_by}, {self.seconds:.0f}s)")  # fmt: skip
+        return (
+            f"{self.kind:16} #{self.index} ({what}, killed {self.kill_after_s:.2f}s after apply): {verdict} "
+            f"(healed by {self.healed_by}, {self.seconds:.0f}s)"
+        )
 
 
 def _cmdlines() -> dict[int, str]:
@@ -112,7 +138,9 @@ def _cmdlines() -> dict[int, str]:
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                found[int(entry)] = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                found[int(entry)] = (
+                    Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                )
             except OSError:
                 pass
     return found
@@ -123,8 +151,13 @@ def _spawn_run(scenario: dict[str, Any], folder: Path, env: dict[str, str]) -> t
     started (monotonic)."""
     source = folder / "trial.yaml"
     source.write_text(json.dumps(scenario))
-    harness = subprocess.Popen([*CLI, "run", str(source), "--report-dir", str(folder / "reports"), "--no-golden"],
-                               cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    harness = subprocess.Popen(
+        [*CLI, "run", str(source), "--report-dir", str(folder / "reports"), "--no-golden"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return harness, time.monotonic()
 
 
@@ -180,8 +213,9 @@ def _strings_and_pids(value: Any, key: str = "") -> tuple[list[str], list[int]]:
 def run_trial(kind: str, index: int, rng: random.Random, keep: bool = False) -> Trial:
     # Odd trials of a kind that may go without a duration (partition, packet_loss) have none: only the run's
     # deadline ends those.
-    trial = Trial(kind, index, durationless=index % 2 == 1 and kind in DURATIONLESS,
-                  kill_after_s=rng.uniform(0.3, FAULT_S - 1.0))  # fmt: skip
+    trial = Trial(
+        kind, index, durationless=index % 2 == 1 and kind in DURATIONLESS, kill_after_s=rng.uniform(0.3, FAULT_S - 1.0)
+    )
     began = time.monotonic()
     folder = Path(tempfile.mkdtemp(prefix=f"mlchaos-trial-{kind}-"))
     tag = f"{rng.getrandbits(40):010x}"
@@ -194,8 +228,12 @@ def run_trial(kind: str, index: int, rng: random.Random, keep: bool = False) -> 
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         serve = f"import http.server as h; h.ThreadingHTTPServer(('127.0.0.1', {port}), h.SimpleHTTPRequestHandler).serve_forever()"
-        victim = subprocess.Popen([sys.executable, "-c", serve, f"victim-{tag}"], cwd=folder,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        victim = subprocess.Popen(
+            [sys.executable, "-c", serve, f"victim-{tag}"],
+            cwd=folder,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     else:
         victim = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)", f"victim-{tag}"])
     env = {**os.environ, "MLCHAOS_STATE_DIR": str(folder / "state")}
@@ -208,10 +246,18 @@ def run_trial(kind: str, index: int, rng: random.Random, keep: bool = False) -> 
         target: dict[str, Any] = {"type": "command", "command": job}
         if index % 2 == 0:  # even trials: a roles target of two replicas, whose processes must die with it too
             target = {"type": "roles", "roles": {"job": {"command": job, "replicas": 2}}, "until": ["job"]}
-        scenario = {"name": f"trial-{kind}", "seed": index, "target": target, "faults": [fault],
-                    "checks": [{"type": "progress"}],
-                    "safety": {"max_duration": f"{MAX_DURATION_S:g}s", "heal_grace": f"{GRACE_S:g}s",
-                               "no_progress_timeout": None}}  # fmt: skip
+        scenario = {
+            "name": f"trial-{kind}",
+            "seed": index,
+            "target": target,
+            "faults": [fault],
+            "checks": [{"type": "progress"}],
+            "safety": {
+                "max_duration": f"{MAX_DURATION_S:g}s",
+                "heal_grace": f"{GRACE_S:g}s",
+                "no_progress_timeout": None,
+            },
+        }
         if kind == "freeze_under_load":
             url = f"http://127.0.0.1:{port}/"
             scenario["target"] = {"type": "http", "url": url}
@@ -241,14 +287,20 @@ def run_trial(kind: str, index: int, rng: random.Random, keep: bool = False) -> 
             trial.left.append("the journal has no heal for the op")
         if process_state(victim.pid) in ("T", "t"):
             trial.left.append("the victim is still stopped")
-        others = [f"{pid}: {cmd[:80]}" for pid, cmd in _cmdlines().items()
-                  if (tag in cmd or str(folder) in cmd) and pid != victim.pid]  # the load generator: its run dir
+        others = [
+            f"{pid}: {cmd[:80]}"
+            for pid, cmd in _cmdlines().items()
+            if (tag in cmd or str(folder) in cmd) and pid != victim.pid
+        ]  # the load generator: its run dir
         if others:
             trial.left.append(f"processes left: {others}")
         rules = subprocess.run(["iptables", "-S"], capture_output=True, text=True, check=False).stdout
         for record in records:
-            recorded = {"state": record.get("state"), "applied": (record.get("applied") or {}).get("state"),
-                        "deadman_pid": record.get("pid")}  # fmt: skip
+            recorded = {
+                "state": record.get("state"),
+                "applied": (record.get("applied") or {}).get("state"),
+                "deadman_pid": record.get("pid"),
+            }
             strings, pids = _strings_and_pids(recorded)
             for text in strings:
                 if re.fullmatch(r"CHAOS-[0-9a-f]{10}-(in|out)", text) and text in rules:
@@ -314,22 +366,36 @@ def _container_facts(inventory: Path, host: str) -> dict[str, Any]:
     name = load_inventory(inventory).host(host).container or ""
     attrs = docker.from_env().containers.get(name).attrs
     limits = attrs["HostConfig"]
-    return {"status": attrs["State"]["Status"], "paused": attrs["State"]["Paused"],
-            "cpus": (limits.get("NanoCpus"), max(0, limits.get("CpuQuota") or 0), limits.get("CpuPeriod"))}  # fmt: skip
+    return {
+        "status": attrs["State"]["Status"],
+        "paused": attrs["State"]["Paused"],
+        "cpus": (limits.get("NanoCpus"), max(0, limits.get("CpuQuota") or 0), limits.get("CpuPeriod")),
+    }
 
 
 def _node_facts(inventory: Path, host: str) -> dict[str, Any]:
     """What a Slurm node fault changes, as the testbed's controller and the host say: the node's state flags
     (sinfo %T: idle, drained, down...) and whether its slurmd runs."""
     conf = next(inventory.parent.glob("*slurm/slurm.conf"))
-    state = subprocess.run(["sinfo", "-h", "-N", "-n", host, "-o", "%T"], env={**os.environ, "SLURM_CONF": str(conf)},
-                           capture_output=True, text=True, timeout=30, check=False).stdout.strip()  # fmt: skip
+    state = subprocess.run(
+        ["sinfo", "-h", "-N", "-n", host, "-o", "%T"],
+        env={**os.environ, "SLURM_CONF": str(conf)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    ).stdout.strip()
     from chaos.cluster.inventory import load_inventory
 
     netns = load_inventory(inventory).host(host).labels.get("netns")
     daemons = [pid for pid, cmd in _cmdlines().items() if cmd.split(" ", 1)[0].endswith("/slurmd")]
-    slurmd = any(subprocess.run(["ip", "netns", "identify", str(pid)], capture_output=True, text=True,
-                                check=False).stdout.strip() == netns for pid in daemons)  # fmt: skip
+    slurmd = any(
+        subprocess.run(
+            ["ip", "netns", "identify", str(pid)], capture_output=True, text=True, check=False
+        ).stdout.strip()
+        == netns
+        for pid in daemons
+    )
     return {"state": state, "slurmd": slurmd}
 
 
@@ -337,8 +403,17 @@ def _start_remote_victim(transport: Any, tag: str) -> int:
     """A shell loop on the transport's host, detached from everything (it must outlive the harness: a freeze or
     a duty cycle on it is what the dead-man heals), named ``victim-<tag>``; its pid as this machine sees it (a
     testbed host's processes, in a container too, are visible in this machine's /proc)."""
-    transport.run(["sh", "-c", 'setsid -f sh -c "while :; do sleep 0.2; done" "$1" </dev/null >/dev/null 2>&1',
-                   "sh", f"victim-{tag}"], timeout=30, check=True)  # fmt: skip
+    transport.run(
+        [
+            "sh",
+            "-c",
+            'setsid -f sh -c "while :; do sleep 0.2; done" "$1" </dev/null >/dev/null 2>&1',
+            "sh",
+            f"victim-{tag}",
+        ],
+        timeout=30,
+        check=True,
+    )
     found: list[int] = []
     wait(lambda: bool(found.extend(p for p, c in _cmdlines().items() if f"victim-{tag}" in c) or found), 10)
     if not found:
@@ -356,8 +431,12 @@ def run_remote_trial(kind: str, index: int, rng: random.Random, inventory: Path,
 
     h = _host_transport(inventory, host)
     where = f"{host}({'docker' if type(h).__name__ == 'DockerTransport' else 'ssh'})"
-    trial = Trial(f"{kind}@{where}", index, durationless=index % 2 == 1 and kind in DURATIONLESS,
-                  kill_after_s=rng.uniform(0.3, FAULT_S - 1.0))  # fmt: skip
+    trial = Trial(
+        f"{kind}@{where}",
+        index,
+        durationless=index % 2 == 1 and kind in DURATIONLESS,
+        kill_after_s=rng.uniform(0.3, FAULT_S - 1.0),
+    )
     began = time.monotonic()
     folder = Path(tempfile.mkdtemp(prefix=f"mlchaos-trial-{kind}-{host}-"))
     tag = f"{rng.getrandbits(40):010x}"
@@ -381,8 +460,13 @@ def run_remote_trial(kind: str, index: int, rng: random.Random, inventory: Path,
         node = _node_facts(inventory, host) if kind in SLURM_KINDS else None
         if kind in ("freeze", "slow"):
             victim = _start_remote_victim(h, tag)
-        fault: dict[str, Any] = {"name": f"f-{tag}", "type": kind, "params": params, "hosts": {"host": host},
-                                 "trigger": {"after": f"{APPLY_AT_S:g}s"}}  # fmt: skip
+        fault: dict[str, Any] = {
+            "name": f"f-{tag}",
+            "type": kind,
+            "params": params,
+            "hosts": {"host": host},
+            "trigger": {"after": f"{APPLY_AT_S:g}s"},
+        }
         if not trial.durationless:
             fault["duration"] = f"{FAULT_S:g}s"
         # The job runs on a testbed host too (a roles target): it must die with the harness there (the channel's
@@ -393,12 +477,28 @@ def run_remote_trial(kind: str, index: int, rng: random.Random, inventory: Path,
         target: dict[str, Any] = {"type": "roles", "roles": {"job": job}, "until": ["job"]}
         if node is not None:  # node faults act on the cluster of a slurm target: a batch job on h1
             (folder / "job.sbatch").write_text("#!/bin/sh\nsleep 600\n")
-            target = {"type": "slurm", "script": str(folder / "job.sbatch"), "args": [f"target-{tag}"], "nodes": 1,
-                      "partition": "chaos", "sbatch": ["--nodelist=h1"], "job_name": f"trial-{tag}"}  # fmt: skip
-        scenario = {"name": f"trial-{kind}-{host}", "seed": index, "target": target, "faults": [fault],
-                    "checks": [{"type": "progress"}], "cluster": {"inventory": str(inventory)},
-                    "safety": {"max_duration": f"{MAX_DURATION_S:g}s", "heal_grace": f"{GRACE_S:g}s",
-                               "no_progress_timeout": None}}  # fmt: skip
+            target = {
+                "type": "slurm",
+                "script": str(folder / "job.sbatch"),
+                "args": [f"target-{tag}"],
+                "nodes": 1,
+                "partition": "chaos",
+                "sbatch": ["--nodelist=h1"],
+                "job_name": f"trial-{tag}",
+            }
+        scenario = {
+            "name": f"trial-{kind}-{host}",
+            "seed": index,
+            "target": target,
+            "faults": [fault],
+            "checks": [{"type": "progress"}],
+            "cluster": {"inventory": str(inventory)},
+            "safety": {
+                "max_duration": f"{MAX_DURATION_S:g}s",
+                "heal_grace": f"{GRACE_S:g}s",
+                "no_progress_timeout": None,
+            },
+        }
         harness, started = _spawn_run(scenario, folder, env)
         applied_at = _into_the_fault(trial, folder)
         if applied_at is None:
@@ -419,15 +519,28 @@ def run_remote_trial(kind: str, index: int, rng: random.Random, inventory: Path,
         for record in _journal(folder / "state"):
             ops.add(str(record.get("op_id")))
             strings, _ = _strings_and_pids((record.get("applied") or {}).get("state"))
-            trial.left += [f"chain {t} on {host}" for t in strings if re.fullmatch(r"CHAOS-[0-9a-f]{10}-(in|out)", t) and t in rules]
+            trial.left += [
+                f"chain {t} on {host}"
+                for t in strings
+                if re.fullmatch(r"CHAOS-[0-9a-f]{10}-(in|out)", t) and t in rules
+            ]
             if record.get("kind") == "intent":
                 switches = [c for c in _cmdlines().values() if remote_deadman.marker(str(record.get("op_id"))) in c]
                 trial.left += [f"{host}'s switch still running: {c[:60]}" for c in switches]
         helpers = [c for c in _cmdlines().values() if any(f"--op-id {op}" in c for op in ops if op != "None")]
         trial.left += [f"a helper of the op still running: {c[:80]}" for c in helpers]
-        cleanup = subprocess.run([*CLI, "cleanup", "--inventory", str(inventory)], env=env, cwd=ROOT,
-                                 capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
-        if container is not None or node is not None:  # healed by the dead-man here, which journals it itself: nothing for cleanup
+        cleanup = subprocess.run(
+            [*CLI, "cleanup", "--inventory", str(inventory)],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if (
+            container is not None or node is not None
+        ):  # healed by the dead-man here, which journals it itself: nothing for cleanup
             if "nothing to heal" not in cleanup.stdout:
                 trial.left.append(f"cleanup found something to heal: {cleanup.stdout.strip()[-200:]}")
         elif f"already healed by its dead-man on {host}" not in cleanup.stdout:
@@ -439,8 +552,14 @@ def run_remote_trial(kind: str, index: int, rng: random.Random, inventory: Path,
             # by slurmctld's periodic check (every 30 s) and then KillWait (5 s on the testbed).
             time.sleep(max(0.0, started + 60 + 30 + 5 + 10 - time.monotonic()))
             conf = next(inventory.parent.glob("*slurm/slurm.conf"))
-            queued = subprocess.run(["squeue", "-h", "-n", f"trial-{tag}", "-o", "%i %T"], capture_output=True, text=True,
-                                    env={**os.environ, "SLURM_CONF": str(conf)}, timeout=30, check=False).stdout.strip()  # fmt: skip
+            queued = subprocess.run(
+                ["squeue", "-h", "-n", f"trial-{tag}", "-o", "%i %T"],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "SLURM_CONF": str(conf)},
+                timeout=30,
+                check=False,
+            ).stdout.strip()
             if queued:
                 trial.left.append(f"the Slurm job is still queued: {queued}")
         others = [f"{pid}: {cmd[:80]}" for pid, cmd in _cmdlines().items() if tag in cmd and pid != victim]
@@ -460,8 +579,14 @@ def run_remote_trial(kind: str, index: int, rng: random.Random, inventory: Path,
         h.close()
         trial.seconds = time.monotonic() - began
         if trial.left:
-            subprocess.run([*CLI, "cleanup", "--inventory", str(inventory)], env=env, cwd=ROOT, capture_output=True,
-                           timeout=120, check=False)  # fmt: skip
+            subprocess.run(
+                [*CLI, "cleanup", "--inventory", str(inventory)],
+                env=env,
+                cwd=ROOT,
+                capture_output=True,
+                timeout=120,
+                check=False,
+            )
         else:
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -473,15 +598,24 @@ def _testbed_trials(testbed: str, count: int, seed: int) -> list[Trial] | None:
     state = Path(tempfile.mkdtemp(prefix="mlchaos-trials-tb-"))
     docker = testbed == "docker"
     flags = {"ssh": [], "docker": ["--docker"], "slurm": ["--slurm"]}[testbed]
-    up = subprocess.run([*CLI, "testbed", "up", "--hosts", "3" if docker else "2", *flags, "--state-dir", str(state)], cwd=ROOT,
-                        capture_output=True, text=True, check=False)  # fmt: skip
+    up = subprocess.run(
+        [*CLI, "testbed", "up", "--hosts", "3" if docker else "2", *flags, "--state-dir", str(state)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     try:
         if up.returncode != 0:
             print(f"testbed up failed: {up.stdout[-500:]}{up.stderr[-500:]}")
             return None
         inventory = Path(up.stdout.strip().splitlines()[-1])
-        plan = [(kind, i, random.Random(f"{seed}-{kind}-{'d' if docker else 'n'}h2-{i}")) for kind in REMOTE_KINDS
-                for i in range(count) if testbed != "slurm"]  # fmt: skip
+        plan = [
+            (kind, i, random.Random(f"{seed}-{kind}-{'d' if docker else 'n'}h2-{i}"))
+            for kind in REMOTE_KINDS
+            for i in range(count)
+            if testbed != "slurm"
+        ]
         trials = []
         with ThreadPoolExecutor(max_workers=len(REMOTE_KINDS)) as pool:
             for trial in pool.map(lambda item: run_remote_trial(*item, inventory), plan):
@@ -495,8 +629,12 @@ def _testbed_trials(testbed: str, count: int, seed: int) -> list[Trial] | None:
                 print(trials[-1].line(), flush=True)
         return trials
     finally:
-        subprocess.run([*CLI, "testbed", "down", *[f for f in flags if f != "--slurm"], "--state-dir", str(state)], cwd=ROOT, capture_output=True,
-                       check=False)  # fmt: skip
+        subprocess.run(
+            [*CLI, "testbed", "down", *[f for f in flags if f != "--slurm"], "--state-dir", str(state)],
+            cwd=ROOT,
+            capture_output=True,
+            check=False,
+        )
 
 
 def main() -> int:
@@ -506,12 +644,24 @@ def main() -> int:
     parser.add_argument("--kinds", default=",".join(KINDS))
     parser.add_argument("--parallel", type=int, default=4, help="trials at once (each is mostly waiting)")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--remote-trials", type=int, default=0,
-                        help="also this many trials per remote kind on a namespace testbed host (brought up here)")  # fmt: skip
-    parser.add_argument("--slurm-trials", type=int, default=0,
-                        help="also this many trials per Slurm node kind on a Slurm testbed (brought up here)")  # fmt: skip
-    parser.add_argument("--docker-trials", type=int, default=0,
-                        help="also this many trials per remote kind on a container testbed host (brought up here)")  # fmt: skip
+    parser.add_argument(
+        "--remote-trials",
+        type=int,
+        default=0,
+        help="also this many trials per remote kind on a namespace testbed host (brought up here)",
+    )
+    parser.add_argument(
+        "--slurm-trials",
+        type=int,
+        default=0,
+        help="also this many trials per Slurm node kind on a Slurm testbed (brought up here)",
+    )
+    parser.add_argument(
+        "--docker-trials",
+        type=int,
+        default=0,
+        help="also this many trials per remote kind on a container testbed host (brought up here)",
+    )
     args = parser.parse_args()
     kinds = [k for k in args.kinds.split(",") if k]
     unknown = sorted(set(kinds) - set(KINDS))
@@ -537,8 +687,14 @@ def main() -> int:
                 return 1
             trials += done
             kinds += sorted({t.kind for t in done})
-    summary = {kind: {"trials": sum(t.kind == kind for t in trials), "clean": sum(t.kind == kind and not t.left for t in trials),
-                      "healed_by": sorted({str(t.healed_by) for t in trials if t.kind == kind})} for kind in kinds}  # fmt: skip
+    summary = {
+        kind: {
+            "trials": sum(t.kind == kind for t in trials),
+            "clean": sum(t.kind == kind and not t.left for t in trials),
+            "healed_by": sorted({str(t.healed_by) for t in trials if t.kind == kind}),
+        }
+        for kind in kinds
+    }
     clean = sum(not t.left for t in trials)
     print(f"{clean}/{len(trials)} trials left nothing behind")
     if args.json:

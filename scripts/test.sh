@@ -31,7 +31,7 @@ parallel=()
 step pytest .venv/bin/python -m pytest -q --durations=25 "${parallel[@]}" tests
 step mypy .venv/bin/python -m mypy
 step ruff .venv/bin/ruff check chaos injectors tests benchmarks scripts
-step format .venv/bin/ruff format --check chaos injectors
+step format .venv/bin/ruff format --check chaos injectors tests benchmarks scripts
 step validate .venv/bin/mlchaos validate scenarios/*.yaml
 
 echo

@@ -47,9 +47,15 @@ _SHARED_RUNS = {"test_e2e_training.py": "kill-rank-run", "test_e2e_report.py": "
 # inside e2e the modules that took longest (2026-11-28, 4 workers: 200-370 s each) before all others.
 _FOLDER_ORDER = {"e2e": 0, "integration": 1, "unit": 2}
 _HEAVIEST_FIRST = (
-    "test_e2e_torchft", "test_e2e_docker", "test_e2e_multinode", "test_e2e_training", "test_e2e_sdc",
-    "test_e2e_slurm_node_failure", "test_e2e_serving", "test_e2e_checkpoint_faults",
-)  # fmt: skip
+    "test_e2e_torchft",
+    "test_e2e_docker",
+    "test_e2e_multinode",
+    "test_e2e_training",
+    "test_e2e_sdc",
+    "test_e2e_slurm_node_failure",
+    "test_e2e_serving",
+    "test_e2e_checkpoint_faults",
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

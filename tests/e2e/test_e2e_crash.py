@@ -38,8 +38,12 @@ def test_a_crash_fires_once_kills_its_rank_as_its_kind_says_and_the_job_recovers
     e2e_report_root: Path, tmp_path: Path, kind: str, phase: str, exitcode: int
 ) -> None:
     job = attached_script(JOB, tmp_path / "attached.py", "chaos.agent.attach(model, optimizer, ddp=ddp)")
-    crash = {"name": "crash", "type": "crash", "params": {"rank": 1, "kind": kind, "phase": phase},
-             "trigger": {"at_step": 6, "rank": 1}}  # fmt: skip
+    crash = {
+        "name": "crash",
+        "type": "crash",
+        "params": {"rank": 1, "kind": kind, "phase": phase},
+        "trigger": {"at_step": 6, "rank": 1},
+    }
     checks = [
         {"type": "detected_within", "params": {"fault": "crash", "within": "10s"}},
         {"type": "recovered_within", "params": {"fault": "crash", "within": "60s"}},

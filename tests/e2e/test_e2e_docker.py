@@ -171,8 +171,14 @@ def test_a_killed_harness_leaves_nothing_on_a_container_past_its_runs_deadline(
     inventory_file = write_inventory(docker_testbed, tmp_path)
     plan = [("partition", 1, "h2"), ("freeze", 0, "h2"), ("container_pause", 0, "h3")]
     with ThreadPoolExecutor(max_workers=len(plan)) as pool:
-        trials = list(pool.map(lambda item: run_remote_trial(item[0], item[1], random.Random(f"suite-docker-{item[0]}"),
-                                                             inventory_file, item[2]), plan))  # fmt: skip
+        trials = list(
+            pool.map(
+                lambda item: run_remote_trial(
+                    item[0], item[1], random.Random(f"suite-docker-{item[0]}"), inventory_file, item[2]
+                ),
+                plan,
+            )
+        )
     assert [t.line() for t in trials if t.left] == []
     assert [t.healed_by for t in trials] == ["deadman"] * 3, [t.line() for t in trials]
     assert trials[0].durationless

@@ -37,15 +37,32 @@ def good(e2e_report_root: Path) -> RunResult:
 
 @pytest.fixture(scope="module")
 def broken(e2e_report_root: Path, tmp_path_factory: pytest.TempPathFactory) -> RunResult:
-    target = {"type": "torchrun", "script": str(BROKEN), "nproc_per_node": 3, "max_restarts": 0,
-              "env": {"STEPS": "250", "STEP_TIME": "0.03"}, "hang_watch": {"hang_after": "2s"}}  # fmt: skip
+    target = {
+        "type": "torchrun",
+        "script": str(BROKEN),
+        "nproc_per_node": 3,
+        "max_restarts": 0,
+        "env": {"STEPS": "250", "STEP_TIME": "0.03"},
+        "hang_watch": {"hang_after": "2s"},
+    }
     # Once all three workers are up (not after a fixed time: on a loaded machine they took 10 s to appear and a
     # 5 s trigger found no rank 1). Frozen in its first collectives, rank 1 hangs the job all the same.
-    fault = {"name": "freeze-rank1", "type": "freeze", "params": {"rank": 1},
-             "trigger": {"on_event": {"kind": "target.worker", "nth": 3}}, "duration": "4s"}  # fmt: skip
+    fault = {
+        "name": "freeze-rank1",
+        "type": "freeze",
+        "params": {"rank": 1},
+        "trigger": {"on_event": {"kind": "target.worker", "nth": 3}},
+        "duration": "4s",
+    }
     checks = [{"type": "culprit_named", "params": {"fault": "freeze-rank1"}}, {"type": "completes"}]
-    text = scenario_yaml("hang-culprit-broken", 7, target, faults=[fault], checks=checks,
-                         safety={"max_duration": "60s", "no_progress_timeout": None})  # fmt: skip
+    text = scenario_yaml(
+        "hang-culprit-broken",
+        7,
+        target,
+        faults=[fault],
+        checks=checks,
+        safety={"max_duration": "60s", "no_progress_timeout": None},
+    )
     source = tmp_path_factory.mktemp("hang") / "broken.yaml"
     source.write_text(text)
     return execute(load_scenario(source), RunOptions(report_root=e2e_report_root, scenario_file=source))

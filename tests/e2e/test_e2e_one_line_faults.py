@@ -27,11 +27,21 @@ ARGS: list[str | float] = ["--checkpoint-dir", "{run_dir}/ckpt", "--step-time", 
 def test_a_flip_in_transit_is_caught_and_a_kill_in_the_all_reduce_recovers_bit_identical(
     e2e_report_root: Path, tmp_path: Path
 ) -> None:
-    job = attached_script(JOB, tmp_path / "attached.py", 'chaos.agent.attach(model, optimizer, ddp=ddp, guard="checksum")')
-    flip = {"name": "flip", "type": "grad_corrupt", "params": {"site": "in_transit", "rank": 1, "bit": "exponent",
-            "magnitude": "rms"}, "trigger": {"at_step": 10, "rank": 1}}  # fmt: skip
-    kill = {"name": "kill", "type": "kill", "params": {"rank": 1},
-            "trigger": {"at_step": 30, "rank": 1, "phase": "allreduce"}}  # fmt: skip
+    job = attached_script(
+        JOB, tmp_path / "attached.py", 'chaos.agent.attach(model, optimizer, ddp=ddp, guard="checksum")'
+    )
+    flip = {
+        "name": "flip",
+        "type": "grad_corrupt",
+        "params": {"site": "in_transit", "rank": 1, "bit": "exponent", "magnitude": "rms"},
+        "trigger": {"at_step": 10, "rank": 1},
+    }
+    kill = {
+        "name": "kill",
+        "type": "kill",
+        "params": {"rank": 1},
+        "trigger": {"at_step": 30, "rank": 1, "phase": "allreduce"},
+    }
     checks = [
         {"type": "sdc_detected", "params": {"fault": "flip", "within_steps": 0}},
         {"type": "step_blocked", "params": {"fault": "flip"}},
@@ -40,8 +50,9 @@ def test_a_flip_in_transit_is_caught_and_a_kill_in_the_all_reduce_recovers_bit_i
         {"type": "matches_golden"},
         {"type": "completes"},
     ]
-    result = run_user_script(e2e_report_root, tmp_path, "one-line-sdc-kill", job, ["--steps", 40, *ARGS],
-                             [flip, kill], checks)  # fmt: skip
+    result = run_user_script(
+        e2e_report_root, tmp_path, "one-line-sdc-kill", job, ["--steps", 40, *ARGS], [flip, kill], checks
+    )
     got = verdicts(result)
     assert all(status == "pass" for status, _ in got.values()), got
     applied = {e.get_str("fault"): e for e in result.history.of("fault.applied")}
@@ -53,8 +64,12 @@ def test_a_flip_in_transit_is_caught_and_a_kill_in_the_all_reduce_recovers_bit_i
 
 def test_a_flip_in_one_ranks_adam_state_fails_ranks_agree(e2e_report_root: Path, tmp_path: Path) -> None:
     job = attached_script(JOB, tmp_path / "attached.py", "chaos.agent.attach(model, optimizer, ddp=ddp)")
-    flip = {"name": "flip-exp-avg", "type": "bitflip", "params": {"where": "optimizer_state", "state": "exp_avg",
-            "layer": "0.weight", "bit": 22, "rank": 1}, "trigger": {"at_step": 12, "rank": 1}}  # fmt: skip
+    flip = {
+        "name": "flip-exp-avg",
+        "type": "bitflip",
+        "params": {"where": "optimizer_state", "state": "exp_avg", "layer": "0.weight", "bit": 22, "rank": 1},
+        "trigger": {"at_step": 12, "rank": 1},
+    }
     checks = [{"type": "ranks_agree"}, {"type": "completes"}]
     result = run_user_script(e2e_report_root, tmp_path, "one-line-adam-flip", job, ["--steps", 30, *ARGS], flip, checks)
     got = verdicts(result)

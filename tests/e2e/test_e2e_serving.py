@@ -43,9 +43,7 @@ def _serving_processes(folder: Path) -> list[str]:
     """This test's serving processes (their command lines name its folder: other tests' stacks may run
     beside it on parallel workers)."""
     ps = subprocess.run(["ps", "-eo", "pid=,stat=,args="], capture_output=True, text=True).stdout
-    return [
-        line.strip() for line in ps.splitlines() if "chaos.reference.serving" in line and str(folder) in line
-    ]
+    return [line.strip() for line in ps.splitlines() if "chaos.reference.serving" in line and str(folder) in line]
 
 
 @pytest.fixture(autouse=True)
@@ -103,9 +101,12 @@ def test_http_target_runs_against_a_gateway_mlchaos_did_not_start(tmp_path: Path
     stack_dir = tmp_path / "stack"
     stack_dir.mkdir()
     spec = ServingTarget.model_validate(
-        {"type": "serving", "request_timeout": "500ms",
-         "probes": {"interval": "500ms", "timeout": "300ms", "failure_threshold": 3, "success_threshold": 2}}
-    )  # fmt: skip
+        {
+            "type": "serving",
+            "request_timeout": "500ms",
+            "probes": {"interval": "500ms", "timeout": "300ms", "failure_threshold": 3, "success_threshold": 2},
+        }
+    )
     stack = ServingJob(spec, LocalTransport(), stack_dir, seed=3, extra_env={})
     stack.start()
     try:
@@ -173,10 +174,21 @@ def test_interrupted_serving_run_stops_the_stack_and_the_load(tmp_path: Path) ->
     # load generators and stacks of their own alive right now, which are not this run's leftovers.
     mark = f"interrupted-serving-{os.getpid()}-{time.monotonic_ns()}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "chaos.cli.commands", "run", str(ROOT / "scenarios" / "serving-primary-slow.yaml"),
-         "--report-dir", str(tmp_path)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "TEST_RUN_MARK": mark},
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "chaos.cli.commands",
+            "run",
+            str(ROOT / "scenarios" / "serving-primary-slow.yaml"),
+            "--report-dir",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "TEST_RUN_MARK": mark},
+    )
     try:
         assert proc.stdout is not None
         for line in proc.stdout:

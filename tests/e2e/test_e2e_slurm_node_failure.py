@@ -60,10 +60,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     try:
         program = builtin_health_check(state)
         for name, settings in (
-            ("health_check", SlurmSettings(health_check_program=program, health_check_interval=5,
-                                           requeue_exit=(REQUEUE_EXIT,))),
+            (
+                "health_check",
+                SlurmSettings(health_check_program=program, health_check_interval=5, requeue_exit=(REQUEUE_EXIT,)),
+            ),
             ("no_health_check", SlurmSettings(requeue_exit=(REQUEUE_EXIT,))),
-        ):  # fmt: skip
+        ):
             slurm_testbed.up(3, state, settings=settings)
             _resume_all(state)  # every run starts on a whole cluster
             options = RunOptions(report_root=reports, scenario_file=SCENARIO, inventory=tb.Layout.of(state).inventory)
@@ -80,7 +82,9 @@ def test_the_health_check_drains_the_bad_node_and_the_requeued_job_resumes_elsew
     result = runs["health_check"]
     got = verdicts(result)
     history = result.history
-    drained = [e for e in history.of("slurm.node") if e.get_str("node") == "h2" and "DRAIN" in (e.get_str("state") or "")]
+    drained = [
+        e for e in history.of("slurm.node") if e.get_str("node") == "h2" and "DRAIN" in (e.get_str("state") or "")
+    ]
     assert drained and (drained[0].get_str("reason") or "").startswith("mlchaos-hc: xid 79"), [e.data for e in drained]
     attempts = [e for e in history.of("slurm.job") if e.get_str("state") == "RUNNING"]
     assert [sorted(e.data["nodes"]) for e in attempts][:1] == [["h1", "h2"]], [e.data for e in attempts]

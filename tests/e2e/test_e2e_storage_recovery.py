@@ -55,9 +55,19 @@ def _on_user_job(tmp: Path, how: str) -> Path:
         "script": str(USER_JOB),
         "nproc_per_node": 2,
         "max_restarts": 0,
-        "args": ["--steps", 40, "--checkpoint-every", 10, "--checkpoint-dir", "{run_dir}/checkpoints",
-                 "--step-time", 0.1, "--on-save-error", how],
-    }  # fmt: skip
+        "args": [
+            "--steps",
+            40,
+            "--checkpoint-every",
+            10,
+            "--checkpoint-dir",
+            "{run_dir}/checkpoints",
+            "--step-time",
+            0.1,
+            "--on-save-error",
+            how,
+        ],
+    }
     source = tmp / f"retry-{how}.yaml"
     source.write_text(yaml.safe_dump(spec))
     return source

@@ -55,7 +55,9 @@ def test_the_guard_catches_it_inside_torchfts_reduction_and_the_step_is_not_comm
     # torchft's error path: group 1's next step after the flip was not committed (torchft's step stayed at 39),
     # and group 1 then took group 0's state (target.heal) instead of its own corrupted one.
     after = [e for e in history.of("target.step") if e.get_str("replica") == "group.1" and e.ts_ns > applied.ts_ns]
-    assert after and after[0].data.get("committed") is False and after[0].get_int("step") == 39, [e.data for e in after[:2]]
+    assert after and after[0].data.get("committed") is False and after[0].get_int("step") == 39, [
+        e.data for e in after[:2]
+    ]
     heals = [e for e in history.of("target.heal") if e.get_str("replica") == "group.1" and e.ts_ns > applied.ts_ns]
     assert heals, "group 1 did not heal from its peer after dropping the step"
     assert got["replicas_agree"][0] == "pass", got

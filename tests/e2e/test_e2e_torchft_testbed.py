@@ -28,7 +28,8 @@ SCENARIO = ROOT / "scenarios" / "torchft-replica-killed-testbed.yaml"
 def test_a_replica_group_on_another_host_is_killed_there_and_rejoins(testbed: Inventory, tmp_path: Path) -> None:
     inventory = write_inventory(testbed, tmp_path)
     result = execute(
-        load_scenario(SCENARIO), RunOptions(report_root=tmp_path / "reports", scenario_file=SCENARIO, inventory=inventory)
+        load_scenario(SCENARIO),
+        RunOptions(report_root=tmp_path / "reports", scenario_file=SCENARIO, inventory=inventory),
     )
     got = {r.name: (r.status, r.reason) for r in result.results}
     history = result.history

@@ -31,11 +31,16 @@ def run(root: Path, tmp: Path, name: str, params: dict[str, Any], at_step: int) 
     return write_and_run(root, tmp, name, 11, TARGET, faults=[fault], checks=CHECKS, safety=safety)
 
 
-def test_second_moment_flip_on_rank_1_fails_matches_golden_naming_rank_1(
-    e2e_report_root: Path, tmp_path: Path
-) -> None:
-    params = {"where": "optimizer_state", "state": "exp_avg_sq", "layer": "4.weight", "element": 5, "bit": 12,
-              "phase": "backward", "rank": 1}  # fmt: skip
+def test_second_moment_flip_on_rank_1_fails_matches_golden_naming_rank_1(e2e_report_root: Path, tmp_path: Path) -> None:
+    params = {
+        "where": "optimizer_state",
+        "state": "exp_avg_sq",
+        "layer": "4.weight",
+        "element": 5,
+        "bit": 12,
+        "phase": "backward",
+        "rank": 1,
+    }
     result = run(e2e_report_root, tmp_path, "user-adam-second-moment", params, at_step=STEPS)
     [applied] = result.history.of("fault.applied")
     assert applied.rank == 1 and applied.data.get("state") == "exp_avg_sq", applied

@@ -27,8 +27,9 @@ PG_TIMEOUT = 10.0
 
 
 def run(root: Path, tmp: Path, name: str, job: Path, fault: dict[str, Any], checks: list[dict[str, Any]]) -> RunResult:
-    return run_user_script(root, tmp, name, job, ["--checkpoint-dir", "{run_dir}/ckpt", "--pg-timeout", PG_TIMEOUT],
-                           fault, checks)  # fmt: skip
+    return run_user_script(
+        root, tmp, name, job, ["--checkpoint-dir", "{run_dir}/ckpt", "--pg-timeout", PG_TIMEOUT], fault, checks
+    )
 
 
 def test_unmodified_a_killed_rank_is_detected_and_recovered(e2e_report_root: Path, tmp_path: Path) -> None:

@@ -34,8 +34,19 @@ KILL = {"name": "kill-group-1", "type": "kill", "params": {"replica": "group.1"}
 
 def roles(script: Path, steps: int) -> dict[str, Any]:
     """A lighthouse and two replica groups of ``script``, restarted on failure: the roles target users write."""
-    lighthouse = ["{bin}/torchft_lighthouse", "--min_replicas", "1", "--quorum_tick_ms", "100", "--join_timeout_ms",
-                  "2000", "--heartbeat_timeout_ms", str(int(HEARTBEAT_S * 1000)), "--bind", "[::]:{port:lighthouse}"]  # fmt: skip
+    lighthouse = [
+        "{bin}/torchft_lighthouse",
+        "--min_replicas",
+        "1",
+        "--quorum_tick_ms",
+        "100",
+        "--join_timeout_ms",
+        "2000",
+        "--heartbeat_timeout_ms",
+        str(int(HEARTBEAT_S * 1000)),
+        "--bind",
+        "[::]:{port:lighthouse}",
+    ]
     group = {
         "torchrun": {"script": str(script), "args": ["--steps", str(steps), "--step-time", "0.2", "--timeout", "10"]},
         "replicas": 2,
@@ -48,7 +59,12 @@ def roles(script: Path, steps: int) -> dict[str, Any]:
 
 
 def run(
-    root: Path, folder: Path, name: str, script: Path, steps: int, faults: list[dict[str, Any]],
+    root: Path,
+    folder: Path,
+    name: str,
+    script: Path,
+    steps: int,
+    faults: list[dict[str, Any]],
     checks: list[dict[str, Any]],
 ) -> RunResult:
     safety = {"max_duration": "200s", "no_progress_timeout": "60s"}
@@ -65,8 +81,13 @@ def one_line(tmp: Path, drop: str | None = None) -> Path:
 def test_an_unmodified_torchft_job_gets_its_kill_and_freeze_detected_and_recovered(
     e2e_report_root: Path, tmp_path: Path
 ) -> None:
-    freeze = {"name": "freeze-group-1", "type": "freeze", "params": {"replica": "group.1"},
-              "trigger": {"at_step": 45}, "duration": "12s"}  # fmt: skip
+    freeze = {
+        "name": "freeze-group-1",
+        "type": "freeze",
+        "params": {"replica": "group.1"},
+        "trigger": {"at_step": 45},
+        "duration": "12s",
+    }
     within = f"{HEARTBEAT_S + 2:g}s"  # a killed group that restarts sooner is seen sooner: its replacement joins
     checks: list[dict[str, Any]] = []
     for fault in ("kill-group-1", "freeze-group-1"):

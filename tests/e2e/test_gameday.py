@@ -71,7 +71,9 @@ def test_blast_radius_names_hosts_processes_and_warns_about_existing_matches() -
     stranger = subprocess.Popen(["sleep", arg])  # already running before the game day
     try:
         deadline = time.monotonic() + 10  # until the child has exec'd sleep (a busy machine forks slowly)
-        while not Path(f"/proc/{stranger.pid}/cmdline").read_bytes().startswith(b"sleep") and time.monotonic() < deadline:
+        while (
+            not Path(f"/proc/{stranger.pid}/cmdline").read_bytes().startswith(b"sleep") and time.monotonic() < deadline
+        ):
             time.sleep(0.01)
         [reach] = blast_radius(scenario, make_plan(scenario), hosts)
         assert reach.warnings == []  # outside the command's own tree: a scoped selector never touches it

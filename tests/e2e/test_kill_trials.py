@@ -33,7 +33,9 @@ def test_a_killed_harness_leaves_nothing_past_its_runs_deadline(testbed: Invento
     inventory = tmp_path / "inventory.yaml"
     dump_inventory(testbed, inventory)
     with ThreadPoolExecutor(max_workers=len(SAMPLE) + len(REMOTE)) as pool:
-        remote = [pool.submit(run_remote_trial, *item, random.Random(f"suite-h2-{item[0]}"), inventory) for item in REMOTE]
+        remote = [
+            pool.submit(run_remote_trial, *item, random.Random(f"suite-h2-{item[0]}"), inventory) for item in REMOTE
+        ]
         trials = list(pool.map(lambda item: run_trial(*item, random.Random(f"suite-{item[0]}")), SAMPLE))
         trials += [future.result() for future in remote]
     assert [t.line() for t in trials if t.left] == []

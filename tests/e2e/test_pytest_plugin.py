@@ -64,7 +64,7 @@ faults:
     checks += "  - type: completes\n"
     return (
         f"name: {name}\nseed: 3\ntarget:\n  type: command\n"
-        f"  command: [{json.dumps(sys.executable)}, -c, {script}, \"{{run_dir}}\"]\n"
+        f'  command: [{json.dumps(sys.executable)}, -c, {script}, "{{run_dir}}"]\n'
         "  matchers:\n"
         "    - {pattern: 'tick (?P<step>\\d+)', event: target.step}\n"
         "    - {pattern: 'stall detected', event: detect.stall}\n"
@@ -251,7 +251,9 @@ def test_a_scenario_needing_hosts_skips_with_the_fix_when_no_inventory_is_given(
     pytester.makefile(".yaml", remote=scenario_yaml("remote", host="h2"))
     result = pytester.runpytest_subprocess("remote.yaml", "-rs", "-p", "no:cacheprovider")
     result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines(["*remote runs on inventory hosts and no inventory was given: pass --chaos-inventory=FILE*"])
+    result.stdout.fnmatch_lines(
+        ["*remote runs on inventory hosts and no inventory was given: pass --chaos-inventory=FILE*"]
+    )
     assert not (pytester.path / "reports").exists()  # nothing ran, nothing was written
 
 
@@ -274,7 +276,9 @@ def test_unrelated_yaml_is_not_collected_and_globs_opt_in(pytester: pytest.Pytes
     assert not any("ci.yaml" in line or "compose" in line for line in globbed.outlines)
 
 
-def test_bad_seed_in_the_environment_is_a_usage_error(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_seed_in_the_environment_is_a_usage_error(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("MLCHAOS_SEED", "twelve")
     pytester.makepyfile(test_plain="def test_ok():\n    pass\n")
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
@@ -286,7 +290,9 @@ def test_bad_seed_in_the_environment_is_a_usage_error(pytester: pytest.Pytester,
 
 
 @pytest.mark.slow
-def test_chaos_run_marker_overrides_and_seed_precedence(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_chaos_run_marker_overrides_and_seed_precedence(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytester.makefile(".yaml", stall=scenario_yaml("stall"), quick=scenario_yaml("quick", fault=False, ticks=3))
     pytester.makeini("[pytest]\nchaos_seed = 1\nchaos_report_dir = out\n")
     monkeypatch.setenv("MLCHAOS_SEED", "2")

@@ -35,7 +35,18 @@ def test_pytest_n_2_runs_shipped_scenarios_side_by_side(e2e_report_root: Path, t
     (e2e_report_root / ".golden").mkdir(exist_ok=True)
     (reports / ".golden").symlink_to(e2e_report_root / ".golden")
     files = [str(SCENARIOS / f"{name}.yaml") for name in SIDE_BY_SIDE]
-    argv = [sys.executable, "-m", "pytest", "-n", "2", "-p", "no:cacheprovider", "-q", "--chaos-report-dir", str(reports)]
+    argv = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-n",
+        "2",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "--chaos-report-dir",
+        str(reports),
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}  # not this session's xdist worker
     done = subprocess.run([*argv, *files], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]

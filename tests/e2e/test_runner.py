@@ -265,8 +265,9 @@ def test_a_slow_start_is_not_a_stall_but_silence_after_it_is(tmp_path: Path) -> 
 
     def scenario(name: str, code: str) -> str:
         target = {"type": "command", "command": [sys.executable, "-c", code], "matchers": matchers}
-        return scenario_yaml(name, 3, target, checks=[{"type": "completes"}],
-                             safety={"no_progress_timeout": "4s", "max_duration": "60s"})  # fmt: skip
+        return scenario_yaml(
+            name, 3, target, checks=[{"type": "completes"}], safety={"no_progress_timeout": "4s", "max_duration": "60s"}
+        )
 
     slow = "import time\ntime.sleep(2); print('started', flush=True); time.sleep(2.5)\n"
     slow += "for i in range(5): print('tick', i, flush=True); time.sleep(0.1)"
@@ -288,10 +289,17 @@ def test_a_faults_time_is_taken_before_its_signal_is_sent(tmp_path: Path) -> Non
         "signal.signal(signal.SIGTERM, on_term)\n"
         "for i in range(100): print('tick', i, flush=True); time.sleep(0.1)\n"
     )
-    target = {"type": "command", "command": [sys.executable, "-c", code],
-              "matchers": [{"pattern": r"tick (?P<step>\d+)", "event": "target.step"}]}  # fmt: skip
-    fault = {"name": "term", "type": "kill", "params": {"name": "stamp-before-signal", "signal": "SIGTERM"},
-             "trigger": {"at_step": 5}}  # fmt: skip
+    target = {
+        "type": "command",
+        "command": [sys.executable, "-c", code],
+        "matchers": [{"pattern": r"tick (?P<step>\d+)", "event": "target.step"}],
+    }
+    fault = {
+        "name": "term",
+        "type": "kill",
+        "params": {"name": "stamp-before-signal", "signal": "SIGTERM"},
+        "trigger": {"at_step": 5},
+    }
     text = scenario_yaml("stamp", 3, target, faults=[fault], safety={"max_duration": "60s"})
     result = execute(parse_scenario(text), RunOptions(report_root=tmp_path))
     [applied] = result.history.of(FAULT_APPLIED)

@@ -57,15 +57,24 @@ def _train(rank: int, world: int, report: Report, ops: list[dict[str, Any]] | No
 
 def _phase_op(rank: int) -> dict[str, Any]:
     return {
-        "op_id": "k#1", "fault": "k", "injector": "kill", "at_step": 2, "rank": rank, "phase": "allreduce",
+        "op_id": "k#1",
+        "fault": "k",
+        "injector": "kill",
+        "at_step": 2,
+        "rank": rank,
+        "phase": "allreduce",
         "params": {"rank": rank, "signal": "SIGCONT"},
-    }  # fmt: skip
+    }
 
 
 SDC = {
-    "op_id": "sdc#1", "fault": "sdc", "injector": "grad_corrupt", "at_step": 2, "rank": 1,
+    "op_id": "sdc#1",
+    "fault": "sdc",
+    "injector": "grad_corrupt",
+    "at_step": 2,
+    "rank": 1,
     "params": {"site": "in_transit", "rank": 1},
-}  # fmt: skip
+}
 
 
 @pytest.mark.slow

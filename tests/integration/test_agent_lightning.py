@@ -24,9 +24,13 @@ pytest.importorskip(
 
 JOB = str(ROOT / "tests" / "jobs" / "user_lightning.py")
 SDC = {
-    "op_id": "sdc#1", "fault": "sdc", "injector": "grad_corrupt", "at_step": 3, "rank": 1,
+    "op_id": "sdc#1",
+    "fault": "sdc",
+    "injector": "grad_corrupt",
+    "at_step": 3,
+    "rank": 1,
     "params": {"site": "in_transit", "rank": 1},
-}  # fmt: skip
+}
 
 
 # An abort of one rank AFTER the run: C++ std::terminate during interpreter finalization, no Python frame left

@@ -123,16 +123,21 @@ def test_the_exit_reports_the_digest_unless_the_process_died_of_an_exception() -
 @pytest.mark.parametrize(
     ("error", "kind"),
     [
-        (RuntimeError("[../gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 10000ms for recv"),
-         "detect.collective_timeout"),
-        (torch.distributed.DistBackendError("NCCL watchdog: collective operation timeout"), "detect.collective_timeout"),
+        (
+            RuntimeError("[../gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 10000ms for recv"),
+            "detect.collective_timeout",
+        ),
+        (
+            torch.distributed.DistBackendError("NCCL watchdog: collective operation timeout"),
+            "detect.collective_timeout",
+        ),
         (RuntimeError("Connection reset by peer (gloo)"), "detect.peer_lost"),
         (torch.distributed.DistBackendError("ProcessGroupGloo: invalid size"), "detect.collective_error"),
         (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"), "detect.oom"),
         (ValueError("my script has a bug"), None),
         (TimeoutError("the data loader timed out"), None),
     ],
-)  # fmt: skip
+)
 def test_collective_failures_are_told_from_the_scripts_own_errors(error: BaseException, kind: str | None) -> None:
     assert collective_failure(error) == kind
 

@@ -45,9 +45,13 @@ def test_guards_run_on_the_ddp_modules_own_group(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_sdc_in_one_groups_reduction_is_detected_there_and_repaired(tmp_path: Path) -> None:
     op = {
-        "op_id": "sdc#1", "fault": "sdc", "injector": "grad_corrupt", "at_step": 3, "rank": 3,
+        "op_id": "sdc#1",
+        "fault": "sdc",
+        "injector": "grad_corrupt",
+        "at_step": 3,
+        "rank": 3,
         "params": {"site": "in_transit", "rank": 3},
-    }  # fmt: skip
+    }
     rc, events, log = launch(tmp_path / "job", JOB, [op], nproc=4)
     assert rc == 0, log[-3000:]
     assert [(e["rank"], e["data"]["step"]) for e in events if e["kind"] == "fault.applied"] == [(3, 3)]

@@ -41,9 +41,13 @@ def one_line(tmp: Path, guard: str) -> str:
 
 def _sdc(step: int, site: str) -> dict[str, Any]:
     return {
-        "op_id": f"sdc-{site}#1", "fault": f"sdc-{site}", "injector": "grad_corrupt", "at_step": step, "rank": 0,
+        "op_id": f"sdc-{site}#1",
+        "fault": f"sdc-{site}",
+        "injector": "grad_corrupt",
+        "at_step": step,
+        "rank": 0,
         "params": {"site": site, "replica": "group.1", "rank": 0},
-    }  # fmt: skip
+    }
 
 
 def _steps(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

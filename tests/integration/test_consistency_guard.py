@@ -195,8 +195,13 @@ def test_a_fault_planned_on_one_rank_puts_every_rank_on_the_same_hook_and_exchan
     # Only rank 1 corrupts its gradients (in transit, step 3), but every rank must reduce through the agent's
     # plain hook: the digest rides there, and a rank on DDP's default reduction would exchange on its own while
     # the other carried, and the job would hang at the next check (found in the sdc-in-transit scenario).
-    grad = InJobOp(op_id="flip#1", fault="flip", injector="grad_corrupt", at_step=3,
-                   params={"site": "in_transit", "rank": 1, "kind": "bitflip", "bit": "mantissa"})  # fmt: skip
+    grad = InJobOp(
+        op_id="flip#1",
+        fault="flip",
+        injector="grad_corrupt",
+        at_step=3,
+        params={"site": "in_transit", "rank": 1, "kind": "bitflip", "bit": "mantissa"},
+    )
     results = run_group(_train, 2, 12, 5, {}, False, {"plan": InJobPlan(seed=7, ops=[grad])}, timeout_s=TIMEOUT_S)
     assert [r["comm_hook"] for r in results] == ["_plain_hook", "_plain_hook"]
     assert all(r["exchanges"] == {"carried": 2, "own": 0} for r in results)
@@ -266,5 +271,7 @@ def test_bad_consistency_settings_raise() -> None:
         attach(model, guard=Guards(consistency_optimizer=True))
     with pytest.raises(ValueError, match="guard='checksums': pass 'checksum', 'none' or Guards"):
         attach(model, guard="checksums")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"unknown forwards \(choose from forward, optimizer, commit, atexit, excepthook\)"):
+    with pytest.raises(
+        ValueError, match=r"unknown forwards \(choose from forward, optimizer, commit, atexit, excepthook\)"
+    ):
         attach(model, torch.optim.SGD(model.parameters(), lr=0.1), hooks=["forwards"])

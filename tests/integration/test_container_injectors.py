@@ -107,18 +107,31 @@ def test_revert_commands_run_docker_on_the_harness_machine() -> None:
 
     assert ContainerStopInjector().revert_command(applied("container_stop")) == ["docker", "start", "web"]
     assert ContainerPauseInjector().revert_command(applied("container_pause", "tcp://d:2375")) == [
-        "docker", "-H", "tcp://d:2375", "unpause", "web",
-    ]  # fmt: skip
+        "docker",
+        "-H",
+        "tcp://d:2375",
+        "unpause",
+        "web",
+    ]
     cpu = ContainerCpuInjector()
     assert cpu.revert_command(applied("container_cpu", previous_cpu_quota=0, fault_cpu_quota=20000)) == [
-        "docker", "update", "--cpu-quota=-1", "web",
-    ]  # fmt: skip
+        "docker",
+        "update",
+        "--cpu-quota=-1",
+        "web",
+    ]
     assert cpu.revert_command(applied("container_cpu", previous_cpu_quota=50000, fault_cpu_quota=20000)) == [
-        "docker", "update", "--cpu-quota=50000", "web",
-    ]  # fmt: skip
+        "docker",
+        "update",
+        "--cpu-quota=50000",
+        "web",
+    ]
     assert cpu.revert_command(applied("container_cpu", previous_nano_cpus=1500000000, fault_nano_cpus=1)) == [
-        "docker", "update", "--cpus=1.5", "web",
-    ]  # fmt: skip
+        "docker",
+        "update",
+        "--cpus=1.5",
+        "web",
+    ]
     assert ContainerKillInjector().revert_command(applied("container_kill")) is None
     assert ContainerRestartInjector().revert_command(applied("container_restart")) is None
     assert all(cls.revert_on_harness for cls in INJECTORS)

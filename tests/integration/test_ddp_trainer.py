@@ -105,13 +105,35 @@ def start_job(workdir: Path, *, seed: int = SEED, steps: int = STEPS, env: dict[
     )
     child_env.update(env or {})
     argv = [
-        sys.executable, "-m", "torch.distributed.run", "--log-dir", str(log_path.parent / "torchelastic"),
-        "--standalone", "--nproc-per-node", str(WORLD),
-        "--max-restarts", "3", "--monitor-interval", "0.5", "-m", "chaos.reference.trainer",
-        "--steps", str(steps), "--batch-size", str(BATCH), "--checkpoint-every", str(CHECKPOINT_EVERY),
-        "--checkpoint-dir", str(checkpoint_dir), "--seed", str(seed), "--step-time", "0.05",
-        "--pg-timeout", "30",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--log-dir",
+        str(log_path.parent / "torchelastic"),
+        "--standalone",
+        "--nproc-per-node",
+        str(WORLD),
+        "--max-restarts",
+        "3",
+        "--monitor-interval",
+        "0.5",
+        "-m",
+        "chaos.reference.trainer",
+        "--steps",
+        str(steps),
+        "--batch-size",
+        str(BATCH),
+        "--checkpoint-every",
+        str(CHECKPOINT_EVERY),
+        "--checkpoint-dir",
+        str(checkpoint_dir),
+        "--seed",
+        str(seed),
+        "--step-time",
+        "0.05",
+        "--pg-timeout",
+        "30",
+    ]
     log = open(log_path, "wb")  # noqa: SIM115 - closed by Job.cleanup
     proc = subprocess.Popen(argv, cwd=ROOT, env=child_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return Job(proc, events_path, checkpoint_dir, log_path, log)

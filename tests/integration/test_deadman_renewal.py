@@ -100,7 +100,9 @@ def test_remote_switch_generations_replace_each_other_and_the_op_marker_cancels_
 
 
 def _active(switch: DeadMan, pid: int) -> ActiveFault:
-    op = FaultOp(op_id=switch.op_key, fault="hang", injector="freeze", params=FreezeInjector.Params.model_construct(pid=pid))
+    op = FaultOp(
+        op_id=switch.op_key, fault="hang", injector="freeze", params=FreezeInjector.Params.model_construct(pid=pid)
+    )
     applied = Applied(op_id=switch.op_key, fault="hang", injector="freeze")
     return ActiveFault(op, FreezeInjector(), applied, switch.ctx, switch)
 
@@ -152,7 +154,9 @@ def test_no_switch_outlives_the_runs_deadline_plus_grace(local: bool, duration_s
     ctx = InjectionContext(LocalTransport())
     with frozen_child() as child, journal_for(child.pid, op_key) as journal:
         ends_at = time.monotonic() + 2.0
-        switch = DeadMan.arm(ctx, journal.path, op_key, cont(child.pid), duration_s, safety, local=local, ends_at=ends_at)
+        switch = DeadMan.arm(
+            ctx, journal.path, op_key, cont(child.pid), duration_s, safety, local=local, ends_at=ends_at
+        )
         assert switch is not None and not switch.renewable and switch.window_s == pytest.approx(3.0, abs=0.2)
         try:
             assert renew_switches([_active(switch, child.pid)], time.monotonic() + 2.5, print) == []

@@ -201,7 +201,9 @@ def test_validate_with_an_inventory_reaches_the_hosts_as_run_does(testbed: Inven
     address = testbed.host("h2").address
     lines = testbed.known_hosts.read_text().splitlines()
     other = next(line for line in lines if not line.startswith(address + " ")).split(" ", 1)[1]  # another host's key
-    forged.write_text("\n".join([line for line in lines if not line.startswith(address + " ")] + [f"{address} {other}"]) + "\n")
+    forged.write_text(
+        "\n".join([line for line in lines if not line.startswith(address + " ")] + [f"{address} {other}"]) + "\n"
+    )
     [problem] = _validated(tmp_path, testbed.model_copy(update={"known_hosts": forged}), "key")
     assert ":4:" in problem and "host h2" in problem and "cannot be reached" in problem, problem
     assert "fix: check its address, user, key and known_hosts" in problem

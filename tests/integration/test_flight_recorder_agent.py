@@ -93,9 +93,16 @@ def test_skip_collective_skips_exactly_that_collective(
     got, _ = _train(InJobPlan(ops=[op]), 3)
     applied = [d for k, d in got if k == "fault.applied"]
     assert len(applied) == 1 and (applied[0]["step"], applied[0]["index"], applied[0]["collective"]) == (
-        2, 1, "barrier")  # fmt: skip
+        2,
+        1,
+        "barrier",
+    )
     state = read_state(flight_path(tmp_path, 0))
     assert state is not None and state.started == 5, state  # 6 collectives, the step-2 barrier skipped
     assert [(r.step, r.index, r.op) for r in state.recent] == [
-        (1, 0, "all_reduce"), (1, 1, "barrier"), (2, 0, "all_reduce"), (3, 0, "all_reduce"), (3, 1, "barrier"),
-    ]  # fmt: skip
+        (1, 0, "all_reduce"),
+        (1, 1, "barrier"),
+        (2, 0, "all_reduce"),
+        (3, 0, "all_reduce"),
+        (3, 1, "barrier"),
+    ]

@@ -95,14 +95,20 @@ def _netns(tmp: Path, op_id: str, params: dict[str, Any]) -> Iterator[World]:
     name = f"chaos-ct-{uuid.uuid4().hex[:8]}"
     subprocess.run(["ip", "netns", "add", name], check=True)
     try:
-        for argv in (["ip", "link", "set", "lo", "up"], ["ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1"],
-                     ["ip", "addr", "add", "10.77.0.1/24", "dev", "d0"], ["ip", "link", "set", "d0", "up"], ["ip", "link", "set", "d1", "up"]):  # fmt: skip
+        for argv in (
+            ["ip", "link", "set", "lo", "up"],
+            ["ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1"],
+            ["ip", "addr", "add", "10.77.0.1/24", "dev", "d0"],
+            ["ip", "link", "set", "d0", "up"],
+            ["ip", "link", "set", "d1", "up"],
+        ):
             subprocess.run(["ip", "netns", "exec", name, *argv], check=True)
 
         def observe() -> object:
             rules = subprocess.run(["ip", "netns", "exec", name, "iptables", "-S"], capture_output=True, text=True)
-            qdiscs = subprocess.run(["ip", "netns", "exec", name, "tc", "qdisc", "show", "dev", "d0"],
-                                    capture_output=True, text=True)  # fmt: skip
+            qdiscs = subprocess.run(
+                ["ip", "netns", "exec", name, "tc", "qdisc", "show", "dev", "d0"], capture_output=True, text=True
+            )
             return (rules.stdout, qdiscs.stdout.split(" refcnt")[0], _cmdlines_with(f"--op-id {op_id}"))
 
         yield World(NetnsTransport(name), params, observe, run_in=["ip", "netns", "exec", name])
@@ -133,7 +139,9 @@ def _xid_log(tmp: Path, op_id: str) -> Iterator[World]:
 def _checkpoints(tmp: Path, op_id: str, params: dict[str, Any]) -> Iterator[World]:
     directory = tmp / "ckpt"
     for step in (10, 20):
-        parts = [store.write_part(directory, step, rank, {"w": torch.full((8,), float(step + rank))}) for rank in (0, 1)]
+        parts = [
+            store.write_part(directory, step, rank, {"w": torch.full((8,), float(step + rank))}) for rank in (0, 1)
+        ]
         store.commit(directory, step, parts, 2)
     history = History()
     history.record("target.checkpoint", step=20, path=str(store.step_dir(directory, 20)))
@@ -201,10 +209,14 @@ JOURNAL_ONLY = ("checkpoint_corrupt", "checkpoint_drop_shard", "checkpoint_stale
 # Held to the same contract where their victims are built: a whole testbed, a Docker daemon, a writer to trace.
 ELSEWHERE = {
     "checkpoint_torn_write": "tests/integration/test_checkpoint_injectors.py (a real writer process it cuts)",
-    **{name: "tests/integration/test_container_injectors.py (the Docker testbed)" for name in
-       ("container_kill", "container_stop", "container_restart", "container_pause", "container_cpu")},  # fmt: skip
-    **{name: "tests/integration/test_slurm_testbed.py and scripts/kill_trials.py --slurm-trials (the Slurm testbed)"
-       for name in ("node_fail", "slurmd_stop", "drain")},  # fmt: skip
+    **{
+        name: "tests/integration/test_container_injectors.py (the Docker testbed)"
+        for name in ("container_kill", "container_stop", "container_restart", "container_pause", "container_cpu")
+    },
+    **{
+        name: "tests/integration/test_slurm_testbed.py and scripts/kill_trials.py --slurm-trials (the Slurm testbed)"
+        for name in ("node_fail", "slurmd_stop", "drain")
+    },
 }
 
 
@@ -220,8 +232,9 @@ def test_every_harness_side_injector_is_held_to_the_contract() -> None:
 def _started(name: str, world: World, op_id: str) -> tuple[Injector, InjectionContext, FaultOp]:
     inj = registry.injector(name)
     ctx = InjectionContext(world.transport, history=world.history or History(), run_dir=world.run_dir)
-    op = FaultOp(op_id=op_id, fault=op_id[:-2], injector=name, params=inj.Params.model_validate(world.params),
-                 duration_s=30)  # fmt: skip
+    op = FaultOp(
+        op_id=op_id, fault=op_id[:-2], injector=name, params=inj.Params.model_validate(world.params), duration_s=30
+    )
     inj.check(ctx, op.params)
     return inj, ctx, op
 
@@ -239,8 +252,13 @@ def _heal_in_a_fresh_process(applied: Applied, world: World, state_dir: Path) ->
         "t = NetnsTransport(sys.argv[2]) if sys.argv[2] else LocalTransport()\n"
         "print(heal_leftovers(t, state_dir=Path(sys.argv[1]), only_dead_owners=False))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code, str(state_dir), namespace or ""], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "MLCHAOS_STATE_DIR": str(state_dir)})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(state_dir), namespace or ""],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "MLCHAOS_STATE_DIR": str(state_dir)},
+    )
     assert done.returncode == 0 and "healed" in done.stdout, done.stdout + done.stderr
 
 
@@ -296,7 +314,9 @@ class _ForgetfulPartition:
         return None
 
 
-def test_a_planted_heal_that_forgets_its_rules_fails_the_contract(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_planted_heal_that_forgets_its_rules_fails_the_contract(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     forgetful = _ForgetfulPartition()
     monkeypatch.setattr(registry, "injector", lambda name: forgetful if name == "partition" else None)
     with pytest.raises(AssertionError, match="heal left"):  # (its namespace, rules and all, is deleted after)

@@ -186,8 +186,10 @@ def test_a_heal_done_by_the_hosts_own_deadman_is_recorded_as_its_and_not_done_ag
         os.kill(child.pid, signal.SIGSTOP)  # a heal now would continue it: cleanup must not heal again
         try:
             lines = heal_leftovers(hosts, state_dir=tmp_path)
-            assert lines == [f"run fired-run: {record.op_id} ({record.description}): already healed by its dead-man "
-                             "on h1 (revert exit 0)"], lines  # fmt: skip
+            assert lines == [
+                f"run fired-run: {record.op_id} ({record.description}): already healed by its dead-man "
+                "on h1 (revert exit 0)"
+            ], lines
             assert wait_for(lambda: process_state(child.pid) == "T", 5)
             done = Journal(journal_dir(tmp_path) / "done" / "fired-run.jsonl", owner=False)
             assert done.healed_by(record.op_id) == "deadman"
@@ -203,7 +205,9 @@ def test_cleanup_stops_the_hosts_deadman_of_what_it_heals(tmp_path: Path) -> Non
         assert wait_for(lambda: len(_switches(record.op_id)) == 1, 5) and process_state(child.pid) == "T"
         try:
             lines = heal_leftovers({"h1": LocalTransport()}, state_dir=tmp_path)
-            assert lines[0].endswith(": healed") and lines[1] == f"run armed-run: {record.op_id}: dead-man on h1 stopped"
+            assert (
+                lines[0].endswith(": healed") and lines[1] == f"run armed-run: {record.op_id}: dead-man on h1 stopped"
+            )
             assert wait_for(lambda: process_state(child.pid) not in (None, "T"), 5)
             assert wait_for(lambda: _switches(record.op_id) == [], 5)
         finally:

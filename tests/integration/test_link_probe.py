@@ -46,9 +46,11 @@ def test_probe_names_the_large_packet_hole_and_nothing_else(
         for host, peer in (("h2", "host:h1"), ("h1", "host:h3")):
             ctx = InjectionContext(testbed_transports[host], extras={"host": host, "inventory": testbed})
             fault = FaultOp(
-                op_id=f"lp-{uuid.uuid4().hex[:8]}", fault="f", injector="drop_large_packets",
+                op_id=f"lp-{uuid.uuid4().hex[:8]}",
+                fault="f",
+                injector="drop_large_packets",
                 params=DropLargeParams(peers=[peer]),
-            )  # fmt: skip
+            )
             injector.check(ctx, fault.params)
             applied.append((ctx, injector.prepare(ctx, fault)))
             injector.apply(*applied[-1])

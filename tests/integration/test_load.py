@@ -220,9 +220,14 @@ def test_step_and_burst_patterns_live(server: str) -> None:
 
 def test_served_by_and_degraded_from_headers(server: str, received: list[dict[str, object]]) -> None:
     spec = _spec(
-        f"{server}/echo", method="POST", rate=100, duration="0.6s", body='{"i": {i}}',
-        served_by={"header": "x-backend"}, degraded={"header": "X-Degraded"},
-    )  # fmt: skip
+        f"{server}/echo",
+        method="POST",
+        rate=100,
+        duration="0.6s",
+        body='{"i": {i}}',
+        served_by={"header": "x-backend"},
+        degraded={"header": "X-Degraded"},
+    )
     events, history = _run(spec, isolation="process")
     assert len(events) == 60 and len(received) == 60
     for e in _by_i(events):
@@ -238,26 +243,42 @@ def test_served_by_and_degraded_from_headers(server: str, received: list[dict[st
 def test_served_by_and_degraded_from_json_paths(server: str) -> None:
     # i%3 picks the framing: content-length, chunked, or close-delimited; the reading must not care.
     spec = _spec(
-        f"{server}/echo", method="POST", rate=100, duration="0.6s", body='{"i": {i}}',
-        served_by={"json": "meta.backend"}, degraded={"json": "flags.0.degraded"},
-    )  # fmt: skip
+        f"{server}/echo",
+        method="POST",
+        rate=100,
+        duration="0.6s",
+        body='{"i": {i}}',
+        served_by={"json": "meta.backend"},
+        degraded={"json": "flags.0.degraded"},
+    )
     events, _ = _run(spec)
     assert len(events) == 60
     for e in _by_i(events):
         i = e.get_int("i")
         assert i is not None
         assert (e.data["status"], e.data["backend"], e.data["degraded"]) == (200, f"j{i % 2}", i % 4 == 0), e
-    with_value = _spec(f"{server}/echo", method="POST", rate=50, duration="0.2s", body='{"i": {i}}',
-                       degraded={"json": "meta.backend", "value": "j1"})  # fmt: skip
+    with_value = _spec(
+        f"{server}/echo",
+        method="POST",
+        rate=50,
+        duration="0.2s",
+        body='{"i": {i}}',
+        degraded={"json": "meta.backend", "value": "j1"},
+    )
     for e in _run(with_value)[0]:
         assert e.data["degraded"] == ((e.get_int("i") or 0) % 2 == 1)
 
 
 def test_priorities_follow_seeded_weights_and_reach_the_server(server: str, received: list[dict[str, object]]) -> None:
     spec = _spec(
-        f"{server}/echo", method="POST", rate=400, duration="0.5s", seed=7,
-        priorities={"premium": 0.2, "free": 0.8}, body='{"i": {i}, "tier": "{priority}"}',
-    )  # fmt: skip
+        f"{server}/echo",
+        method="POST",
+        rate=400,
+        duration="0.5s",
+        seed=7,
+        priorities={"premium": 0.2, "free": 0.8},
+        body='{"i": {i}, "tier": "{priority}"}',
+    )
     events, _ = _run(spec)
     expected = list(islice(priority_sequence(spec), 200))
     assert [e.data["priority"] for e in _by_i(events)] == expected  # exact, request by request
@@ -370,9 +391,17 @@ def _req(
         ts_ns=scheduled + int((latency_ms or 0) * 1e6),
         kind=LOAD_REQUEST,
         source="load",
-        data={"i": t_ms, "scheduled_ns": scheduled, "latency_s": None if latency_ms is None else latency_ms / 1000,
-              "status": status, "backend": backend, "degraded": degraded, "priority": "free", "send_lag_s": 0.0},
-    )  # fmt: skip
+        data={
+            "i": t_ms,
+            "scheduled_ns": scheduled,
+            "latency_s": None if latency_ms is None else latency_ms / 1000,
+            "status": status,
+            "backend": backend,
+            "degraded": degraded,
+            "priority": "free",
+            "send_lag_s": 0.0,
+        },
+    )
 
 
 def test_summary_functions_on_hand_made_events() -> None:

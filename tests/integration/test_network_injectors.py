@@ -308,11 +308,14 @@ def test_restore_texts_batch_exactly_what_install_and_heal_do() -> None:
         {
             "chains": [
                 {"chain": "CHAOS-0123456789-in", "hook": "INPUT", "rules": [["-s", "10.0.0.2", "-j", "DROP"]]},
-                {"chain": "CHAOS-0123456789-out", "hook": "OUTPUT", "rules": [["-d", "10.0.0.2", "-m", "comment",
-                                                                                  "--comment", odd, "-j", "DROP"]]},
+                {
+                    "chain": "CHAOS-0123456789-out",
+                    "hook": "OUTPUT",
+                    "rules": [["-d", "10.0.0.2", "-m", "comment", "--comment", odd, "-j", "DROP"]],
+                },
             ]
         }
-    )  # fmt: skip
+    )
     assert netfilter.install_text(specs, "mlchaos:op-1", bypass=True).splitlines() == [
         "*filter",
         "-N CHAOS-0123456789-in",

@@ -114,7 +114,9 @@ def test_a_rank_frozen_inside_the_all_reduce_holds_its_peer_in_the_collective_th
     # The peer sat inside a collective for the freeze: that one, or (when gloo's background thread had already
     # exchanged the victim's contribution before the stop landed) the next one, which the frozen rank never
     # entered until it was continued.
-    peer = {(e["data"]["n"], e["data"]["state"]): e for e in events if e["rank"] == 0 and e["kind"] == "probe.collective"}
+    peer = {
+        (e["data"]["n"], e["data"]["state"]): e for e in events if e["rank"] == 0 and e["kind"] == "probe.collective"
+    }
     held = {
         k: (peer[(k, "done")]["ts_ns"] - peer[(k, "enter")]["ts_ns"]) / 1e9
         for k, state in peer

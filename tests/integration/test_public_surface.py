@@ -53,8 +53,14 @@ def test_a_users_script_importing_only_chaos_agent_gets_its_fault_fired_and_heal
     write_plan(plan, 7, [InJobOp(op_id="op-1", fault="flip", injector="bitflip", params=flip, at_step=3, rank=0)])
     env = {**os.environ, "CHAOS_PLAN": str(plan), "CHAOS_EVENTS": str(events), "RANK": "0", "WORLD_SIZE": "1"}
     env.pop("PYTHONWARNINGS", None)
-    done = subprocess.run([sys.executable, "-W", "default", str(script)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-W", "default", str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "user script done" in done.stdout
     assert "moved to" not in done.stderr, "the public chaos.agent path must not warn"
@@ -181,8 +187,14 @@ def test_the_public_module_paths_import_without_a_warning(statement: str) -> Non
 # (pydantic, yaml, docker, paramiko, typer, rich, matplotlib, prometheus_client, pytest, hypothesis, ...) must not
 # be imported by the in-job surface, nor may the injector modules (pydantic models: the YAML schema).
 IN_JOB_SURFACE = (
-    "chaos.agent", "chaos.events", "chaos.event_kinds", "chaos.kernel", "chaos.injob", "chaos.guards",
-    "chaos.plan.agent_plan", "chaos.plan.seeds",
+    "chaos.agent",
+    "chaos.events",
+    "chaos.event_kinds",
+    "chaos.kernel",
+    "chaos.injob",
+    "chaos.guards",
+    "chaos.plan.agent_plan",
+    "chaos.plan.seeds",
 )
 
 AGENT_IMPORT = """
@@ -234,12 +246,30 @@ agent.close()
 
 
 def test_the_agent_fires_heals_and_reports_without_numpy(tmp_path: Path) -> None:
-    plan = {"seed": 3, "ops": [{"op_id": "flip#1", "fault": "flip", "injector": "bitflip", "at_step": 2, "rank": 0,
-                                "params": {"where": "weights", "bit": 30}}]}  # fmt: skip
+    plan = {
+        "seed": 3,
+        "ops": [
+            {
+                "op_id": "flip#1",
+                "fault": "flip",
+                "injector": "bitflip",
+                "at_step": 2,
+                "rank": 0,
+                "params": {"where": "weights", "bit": 30},
+            }
+        ],
+    }
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     events = tmp_path / "events.jsonl"
     env = {**os.environ, "CHAOS_PLAN": str(tmp_path / "plan.json"), "CHAOS_EVENTS": str(events)}
     subprocess.run([sys.executable, "-c", WITHOUT_NUMPY], env=env, check=True, timeout=120, capture_output=True)
     kinds = [json.loads(line)["kind"] for line in events.read_text().splitlines()]
-    assert kinds == ["target.start", "target.step", "fault.applied", "fault.healed", "target.step", "target.step",
-                     "target.digest"], kinds  # fmt: skip
+    assert kinds == [
+        "target.start",
+        "target.step",
+        "fault.applied",
+        "fault.healed",
+        "target.step",
+        "target.step",
+        "target.digest",
+    ], kinds

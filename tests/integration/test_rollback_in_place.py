@@ -45,15 +45,29 @@ class Job:
         self.events: list[tuple[str, dict[str, Any]]] = []
         self.digests: dict[int, str] = {}
         self.rollback = SdcRollback(
-            self.guard, self.steps, model=self.model, optimizer=self.optimizer, directory=directory, seed=SEED,
-            lr=LR, rank=0, world_size=1, policy=policy, max_rollbacks=max_rollbacks,  # type: ignore[arg-type]
+            self.guard,
+            self.steps,
+            model=self.model,
+            optimizer=self.optimizer,
+            directory=directory,
+            seed=SEED,
+            lr=LR,
+            rank=0,
+            world_size=1,
+            policy=policy,
+            max_rollbacks=max_rollbacks,  # type: ignore[arg-type]
             emit=lambda kind, **data: self.events.append((kind, data)),
-        )  # fmt: skip
+        )
         for step in range(1, 21):
             self.train(step)
             if step in saves:
-                state = {"format": 1, "step": step, "model": self.model.state_dict(),
-                         "optimizer": self.optimizer.state_dict(), "rng": torch.get_rng_state()}  # fmt: skip
+                state = {
+                    "format": 1,
+                    "step": step,
+                    "model": self.model.state_dict(),
+                    "optimizer": self.optimizer.state_dict(),
+                    "rng": torch.get_rng_state(),
+                }
                 checkpoint_store.save(directory, step, state, rank=0, world_size=1, attempt=0)
                 self.digests[step] = state_digest(self.model, self.optimizer)
 

@@ -156,6 +156,7 @@ def _kill(stack: Stack, replica: str) -> int:
     os.kill(pids[0], signal.SIGKILL)
     return pids[0]
 
+
 # -- pure logic (fake clock) -------------------------------------------------------------------------------
 
 

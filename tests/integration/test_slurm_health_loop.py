@@ -87,9 +87,18 @@ def loop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loop]:
     program = write_program(work / "mlchaos-hc", config)
     try:
         _cli(
-            "testbed", "up", "--slurm", "--hosts", "3", "--state-dir", str(state),
-            "--health-check", str(program), "--health-check-interval", str(INTERVAL),
-        )  # fmt: skip
+            "testbed",
+            "up",
+            "--slurm",
+            "--hosts",
+            "3",
+            "--state-dir",
+            str(state),
+            "--health-check",
+            str(program),
+            "--health-check-interval",
+            str(INTERVAL),
+        )
         cluster = slurm_testbed.attach(state)
         yield Loop(state, work, config, settings, cluster.client(), cluster.inventory)
     finally:

@@ -81,6 +81,10 @@ def test_the_interpreters_own_sitecustomize_still_runs(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(BOOTSTRAP_DIR), str(theirs)])}
     out = subprocess.run(
         [sys.executable, "-c", "import builtins; print(getattr(builtins, 'THEIRS_RAN', False))"],
-        env=env, capture_output=True, text=True, check=True, timeout=60,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     assert out.stdout.strip() == "True"

@@ -67,14 +67,35 @@ class _Job:
             }
         )
         argv = [
-            sys.executable, "-m", "torch.distributed.run", "--log-dir", str(workdir / "torchelastic"),
-            "--standalone", "--nnodes", "1",
-            "--nproc-per-node", str(WORLD), "--max-restarts", "0", "--monitor-interval", "0.5",
-            "-m", "chaos.reference.trainer", "--steps", str(STEPS), "--step-time", "0.05",
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--log-dir",
+            str(workdir / "torchelastic"),
+            "--standalone",
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            str(WORLD),
+            "--max-restarts",
+            "0",
+            "--monitor-interval",
+            "0.5",
+            "-m",
+            "chaos.reference.trainer",
+            "--steps",
+            str(STEPS),
+            "--step-time",
+            "0.05",
             # No checkpoint inside the run: rank 0's checkpoint write is local work of rank 0 only.
-            "--checkpoint-every", "1000", "--checkpoint-dir", str(workdir / "ckpt"), "--pg-timeout", "30",
+            "--checkpoint-every",
+            "1000",
+            "--checkpoint-dir",
+            str(workdir / "ckpt"),
+            "--pg-timeout",
+            "30",
             "--straggler-guard",
-        ]  # fmt: skip
+        ]
         self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in cleanup
         self.proc = subprocess.Popen(
             argv, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True

@@ -28,6 +28,7 @@ def _root_addresses() -> set[str]:
     out = subprocess.run(["ip", "-4", "-j", "addr"], capture_output=True, text=True, check=True).stdout
     return {info["local"] for entry in json.loads(out) for info in entry["addr_info"]} - {"127.0.0.1"}
 
+
 # --- pure: how commands reach the remote shell --------------------------------------------------------------
 
 
@@ -84,7 +85,9 @@ def test_run_timeout_kills_the_remote_command(testbed: Inventory, testbed_transp
 
     def gone() -> bool:
         pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout.split()
-        return not any(marker.encode() in Path(f"/proc/{p}/cmdline").read_bytes() for p in pids if Path(f"/proc/{p}").exists())
+        return not any(
+            marker.encode() in Path(f"/proc/{p}/cmdline").read_bytes() for p in pids if Path(f"/proc/{p}").exists()
+        )
 
     assert wait_for(gone, 5)
 

@@ -139,8 +139,11 @@ def test_the_scan_is_one_command_over_ssh_on_a_testbed_host(testbed_transports: 
     started over SSH, its tree read with the snippet over SSH, and a name selector resolves inside it there."""
     transport = testbed_transports["h2"]
     python = host_python(transport)
-    launcher = transport.spawn([python, "-c", LAUNCHER_CODE, "disc-ssh", "launcher-disc-ssh"],
-                               env={"PATH": os.environ["PATH"]}, kill_with_parent=signal.SIGTERM)  # fmt: skip
+    launcher = transport.spawn(
+        [python, "-c", LAUNCHER_CODE, "disc-ssh", "launcher-disc-ssh"],
+        env={"PATH": os.environ["PATH"]},
+        kill_with_parent=signal.SIGTERM,
+    )
     seen: dict[int, int | None] = {}
     try:
         # launcher, 2 workers, the loader (and, over SSH, the transport's kill-with-parent watcher: no rank)
@@ -182,8 +185,13 @@ def test_kill_rank_1_of_a_user_script_resolves_by_discovery_and_restarts_are_rep
     from chaos.run.orchestrator import RunOptions, execute
     from chaos.spec.scenario import load_scenario
 
-    target = {"type": "torchrun", "script": str(JOB), "nproc_per_node": 2, "max_restarts": 1,
-              "args": ["--steps", STEPS]}  # fmt: skip
+    target = {
+        "type": "torchrun",
+        "script": str(JOB),
+        "nproc_per_node": 2,
+        "max_restarts": 1,
+        "args": ["--steps", STEPS],
+    }
     # An event trigger on rank 1's step KILL_AT: the HARNESS resolves and kills (an at_step kill of one rank is
     # fired by that rank's own agent, and this job attaches one).
     trigger = {"on_event": {"kind": "target.step", "nth": KILL_AT, "rank": 1}}
@@ -193,8 +201,14 @@ def test_kill_rank_1_of_a_user_script_resolves_by_discovery_and_restarts_are_rep
         {"type": "restarts_at_most", "name": "restarts_at_most[1]", "params": {"restarts": 1}},
         {"type": "completes"},
     ]
-    text = scenario_yaml("user-kill-rank1", 5, target, faults=[fault], checks=checks,
-                         safety={"max_duration": "150s", "no_progress_timeout": "90s"})  # fmt: skip
+    text = scenario_yaml(
+        "user-kill-rank1",
+        5,
+        target,
+        faults=[fault],
+        checks=checks,
+        safety={"max_duration": "150s", "no_progress_timeout": "90s"},
+    )
     source = tmp_path / "user-kill-rank1.yaml"
     source.write_text(text)
     result = execute(load_scenario(source), RunOptions(report_root=tmp_path / "reports", scenario_file=source))

@@ -201,8 +201,15 @@ def test_a_torchrun_job_runs_with_the_python_and_launcher_the_target_names(tmp_p
     python = _wrapper(tmp_path / "env", "python", mark=mark)
     launcher = VENV_BIN / "torchrun"
     job = ROOT / "tests" / "jobs" / "user_ddp_adam.py"
-    target = {"type": "torchrun", "script": str(job), "nproc_per_node": 1, "max_restarts": 0, "args": ["--steps", 2],
-              "python": str(python), "torchrun": [str(launcher)]}  # fmt: skip
+    target = {
+        "type": "torchrun",
+        "script": str(job),
+        "nproc_per_node": 1,
+        "max_restarts": 0,
+        "args": ["--steps", 2],
+        "python": str(python),
+        "torchrun": [str(launcher)],
+    }
     source = tmp_path / "t.yaml"
     source.write_text(
         scenario_yaml("user-env", 1, target, checks=[{"type": "completes"}], safety={"max_duration": "120s"})

@@ -26,8 +26,9 @@ def run_job(workdir: Path, phase: str | None) -> list[dict[str, Any]]:
     ops = []
     if phase is not None:
         params = {"where": "weights", "layer": "4.bias", "element": 1, "bit": 0, "phase": phase, "rank": 1}
-        ops = [{"op_id": "op1", "fault": "flip", "injector": "bitflip", "at_step": FAULT_STEP, "rank": 1,
-                "params": params}]  # fmt: skip
+        ops = [
+            {"op_id": "op1", "fault": "flip", "injector": "bitflip", "at_step": FAULT_STEP, "rank": 1, "params": params}
+        ]
     rc, events, log = launch(workdir, [str(JOB), "--steps", str(STEPS)], ops, timeout_s=TIMEOUT_S, seed=5)
     assert rc == 0, log[-3000:]
     return events

@@ -44,9 +44,18 @@ def launch(
     if ops:
         (workdir / "plan.json").write_text(json.dumps({"seed": seed, "ops": list(ops)}))
         env["CHAOS_PLAN"] = str(workdir / "plan.json")
-    argv = [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(workdir / "torchelastic"), "--standalone",
-            "--nproc-per-node", str(nproc),
-            *launcher, *job]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--log-dir",
+        str(workdir / "torchelastic"),
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        *launcher,
+        *job,
+    ]
     with open(workdir / "torchrun.log", "wb") as log:
         proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:

@@ -58,8 +58,19 @@ def launch_groups(
     timeout) with ``ops`` as the plan; returns each group's run. Every process started here is gone on return."""
     workdir.mkdir(parents=True)
     port = _free_port()
-    lighthouse_argv = [str(LIGHTHOUSE), "--min_replicas", str(min_replicas), "--quorum_tick_ms", "100", "--join_timeout_ms", "2000",
-                       "--heartbeat_timeout_ms", "5000", "--bind", f"[::]:{port}"]  # fmt: skip
+    lighthouse_argv = [
+        str(LIGHTHOUSE),
+        "--min_replicas",
+        str(min_replicas),
+        "--quorum_tick_ms",
+        "100",
+        "--join_timeout_ms",
+        "2000",
+        "--heartbeat_timeout_ms",
+        "5000",
+        "--bind",
+        f"[::]:{port}",
+    ]
     # Not TORCH_DISABLE_SHARE_RDZV_TCP_STORE: torchft's Manager connects to the store torchrun shares at MASTER_PORT.
     unset = ("CHAOS_PLAN", "CHAOS_RUN_DIR", "RANK", "WORLD_SIZE", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
     base = {k: v for k, v in os.environ.items() if k not in unset}
@@ -80,9 +91,19 @@ def launch_groups(
             name = f"group.{index}"
             events = workdir / f"events-{name}.jsonl"
             env = {**base, "REPLICA_GROUP_ID": str(index), "CHAOS_REPLICA": name, "CHAOS_EVENTS": str(events)}
-            argv = [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(workdir / "torchelastic"),
-                    "--standalone", "--nproc-per-node", "1",
-                    "--max-restarts", "0", *job]  # fmt: skip
+            argv = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--log-dir",
+                str(workdir / "torchelastic"),
+                "--standalone",
+                "--nproc-per-node",
+                "1",
+                "--max-restarts",
+                "0",
+                *job,
+            ]
             with open(workdir / f"{name}.log", "wb") as log:
                 proc = subprocess.Popen(
                     argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True

@@ -56,7 +56,9 @@ class PeerWatchdog(threading.Thread):
                     seen[peer] = (step, now)
                 age = time.time() - float(stamp) if self.clock == "wall" else now - seen[peer][1]
                 if age > self.timeout:
-                    print(f"watchdog: rank {peer} silent for {age:.0f}s (limit {self.timeout:.0f}s), aborting", flush=True)
+                    print(
+                        f"watchdog: rank {peer} silent for {age:.0f}s (limit {self.timeout:.0f}s), aborting", flush=True
+                    )
                     os._exit(3)
 
 

@@ -40,10 +40,16 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(256, 8, generator=gen), torch.randn(256, 4, generator=gen))
     trainer = pl.Trainer(
-        accelerator="cpu", devices=args.devices, strategy="ddp" if args.devices > 1 else "auto",
-        max_steps=args.steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=[ChaosCallback(guard=args.guard)],
-    )  # fmt: skip
+        accelerator="cpu",
+        devices=args.devices,
+        strategy="ddp" if args.devices > 1 else "auto",
+        max_steps=args.steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[ChaosCallback(guard=args.guard)],
+    )
     trainer.fit(Regressor(), DataLoader(data, batch_size=16))
     # Lightning leaves the process group to the script. Exiting without destroying it lets gloo's worker threads
     # outlive the interpreter: an occasional SIGABRT ("terminate called without an active exception") at exit,

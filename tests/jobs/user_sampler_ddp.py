@@ -67,8 +67,13 @@ def main() -> None:
             if step % args.checkpoint_every == 0 and rank == 0:
                 args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
                 tmp = ckpt.with_suffix(".tmp")
-                state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                         "epoch": epoch, "batch": batch + 1, "step": step}  # fmt: skip
+                state = {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "epoch": epoch,
+                    "batch": batch + 1,
+                    "step": step,
+                }
                 torch.save(state, tmp)
                 os.replace(tmp, ckpt)
             time.sleep(args.step_time)

@@ -73,9 +73,13 @@ class CkptRun:
             file = f"{ckpt(damaged)}/.rank-0.pt.tmp.4242"
         if self.with_damage:
             damage: dict[str, JsonValue] = {
-                "fault": FAULT, "op": f"{FAULT}#1", "mode": self.mode, "path": file, "checkpoint": ckpt(damaged),
+                "fault": FAULT,
+                "op": f"{FAULT}#1",
+                "mode": self.mode,
+                "path": file,
+                "checkpoint": ckpt(damaged),
                 "step": damaged if committed else None,
-            }  # fmt: skip
+            }
             events.append(Event(ts_ns=t + 1, kind="fault.checkpoint", data=damage))
         t += 2 * SECOND
         events.append(Event(ts_ns=t, kind="target.restart", source="target", rank=0, data={"attempt": 1}))
@@ -97,8 +101,9 @@ class CkptRun:
                         Event(ts_ns=t + SECOND + rank, kind="target.resume", source="target", rank=rank, data=data)
                     )
                 stepped: dict[str, JsonValue] = {"step": at + 1, "attempt": 1}
-                events.append(Event(ts_ns=t + 2 * SECOND + rank, kind="target.step", source="target", rank=rank,
-                                    data=stepped))  # fmt: skip
+                events.append(
+                    Event(ts_ns=t + 2 * SECOND + rank, kind="target.step", source="target", rank=rank, data=stepped)
+                )
         return events
 
 

@@ -49,8 +49,18 @@ class HangRun:
             out.append(self._hang(self.fault_at - 1.0, (self.hit,)))
         if self.with_fault:
             source = "target" if self.injector != "freeze" else "runner"
-            out.append(ev(self.fault_at, "fault.applied", self.hit, source=source, fault=FAULT, op="op-1",
-                          injector=self.injector, description=f"{self.injector} rank {self.hit}"))  # fmt: skip
+            out.append(
+                ev(
+                    self.fault_at,
+                    "fault.applied",
+                    self.hit,
+                    source=source,
+                    fault=FAULT,
+                    op="op-1",
+                    injector=self.injector,
+                    description=f"{self.injector} rank {self.hit}",
+                )
+            )
             out.append(ev(self.fault_at + 4.0, "fault.healed", self.hit, source=source, fault=FAULT, op="op-1"))
         if self.after is not None:
             named = (self.hit,) if self.named is None else self.named
@@ -60,10 +70,24 @@ class HangRun:
     def _hang(self, t: float, named: tuple[int, ...]) -> Event:
         culprit = named[0] if len(named) == 1 else None
         waiting = [r for r in range(self.world) if r not in named]
-        return ev(t, "detect.hang", culprit, source="runner", detector="flight_recorder", culprit_rank=culprit,
-                  culprit_ranks=list(named), reason=self.reason if named else "all_waiting", seq=40, op="all_reduce",
-                  nbytes=16384, step=12, waiting_ranks=waiting, stalled_s=1.2, hung_since_ns=ns(t - 1.2),
-                  evidence={})  # fmt: skip
+        return ev(
+            t,
+            "detect.hang",
+            culprit,
+            source="runner",
+            detector="flight_recorder",
+            culprit_rank=culprit,
+            culprit_ranks=list(named),
+            reason=self.reason if named else "all_waiting",
+            seq=40,
+            op="all_reduce",
+            nbytes=16384,
+            step=12,
+            waiting_ranks=waiting,
+            stalled_s=1.2,
+            hung_since_ns=ns(t - 1.2),
+            evidence={},
+        )
 
     def case(self) -> tuple[list[Event], dict[str, Any], None]:
         params: dict[str, Any] = {"fault": FAULT}

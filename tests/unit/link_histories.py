@@ -52,12 +52,21 @@ def link(
 ) -> Event:
     first, second = sorted((a, b), key=HOSTS.__getitem__)
     data: dict[str, Any] = {
-        "detector": "link_probe", "ranks": [HOSTS[first], HOSTS[second]], "hosts": [first, second],
-        "addresses": [ADDRESS[first], ADDRESS[second]], "groups": [GROUPS[first], GROUPS[second]],
-        "small_ok": small_ok, "large_ok": large_ok, "small_bytes": 56, "large_bytes": 1400,
-        "verdict": "large_dropped" if small_ok else "down", "probes": [], "started_ns": ns(started if started is not None else t - 2),
-        "probe_s": 2.0, "hang_ts_ns": None,
-    }  # fmt: skip
+        "detector": "link_probe",
+        "ranks": [HOSTS[first], HOSTS[second]],
+        "hosts": [first, second],
+        "addresses": [ADDRESS[first], ADDRESS[second]],
+        "groups": [GROUPS[first], GROUPS[second]],
+        "small_ok": small_ok,
+        "large_ok": large_ok,
+        "small_bytes": 56,
+        "large_bytes": 1400,
+        "verdict": "large_dropped" if small_ok else "down",
+        "probes": [],
+        "started_ns": ns(started if started is not None else t - 2),
+        "probe_s": 2.0,
+        "hang_ts_ns": None,
+    }
     return Event(ts_ns=ns(t), kind="detect.link", source="runner", data=data)
 
 
@@ -133,17 +142,25 @@ class LinkRun:
             return ev
         hang_at = self.fault_at + self.hang_after
         ev.append(
-            Event(ts_ns=ns(hang_at), kind="detect.hang", source="runner",
-                  data={"detector": "flight_recorder", "culprit_rank": None, "reason": "all_waiting"})
-        )  # fmt: skip
+            Event(
+                ts_ns=ns(hang_at),
+                kind="detect.hang",
+                source="runner",
+                data={"detector": "flight_recorder", "culprit_rank": None, "reason": "all_waiting"},
+            )
+        )
         sent = hang_at + 0.1 + self.probe_offset
         named = self.pairs_hit() if self.named is None else list(self.named)
         for a, b in named:
             ev.append(link(sent + 2.0, a, b, small_ok=self.small_ok, started=sent))
         ev.append(
-            Event(ts_ns=ns(sent + 2.0), kind="runner.link_probe", source="runner",
-                  data={"pairs": 3, "bad": len(named), "errors": [], "started_ns": ns(sent), "probe_s": 2.0})
-        )  # fmt: skip
+            Event(
+                ts_ns=ns(sent + 2.0),
+                kind="runner.link_probe",
+                source="runner",
+                data={"pairs": 3, "bad": len(named), "errors": [], "started_ns": ns(sent), "probe_s": 2.0},
+            )
+        )
         return ev
 
 

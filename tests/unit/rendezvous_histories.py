@@ -47,23 +47,50 @@ class RdzvRun:
         if self.first_round:
             out += [ev(1.0, "target.rendezvous", source="torchrun", host=h, detector="torchrun") for h in hosts]
         out += [ev(1.2, "target.start", r, host=h, attempt=0) for r, h in enumerate(hosts)]
-        out += [ev(1.5 + s * 0.1, "target.step", r, step=s) for s in range(int((self.fault_at - 1.6) / 0.1)) for r in range(self.nodes)]  # fmt: skip
+        out += [
+            ev(1.5 + s * 0.1, "target.step", r, step=s)
+            for s in range(int((self.fault_at - 1.6) / 0.1))
+            for r in range(self.nodes)
+        ]
         if self.with_fault:
-            out.append(ev(self.fault_at, "fault.applied", self.nodes - 1, source="runner", fault=FAULT, op="op-1",
-                          injector="kill", host=hosts[-1]))  # fmt: skip
+            out.append(
+                ev(
+                    self.fault_at,
+                    "fault.applied",
+                    self.nodes - 1,
+                    source="runner",
+                    fault=FAULT,
+                    op="op-1",
+                    injector="kill",
+                    host=hosts[-1],
+                )
+            )
         if self.rejoin_after is not None:
             t = self.fault_at + self.rejoin_after
             joined = hosts[: self.rejoining if self.rejoining is not None else self.nodes]
             out += [ev(t, "target.rendezvous", source="torchrun", host=h, detector="torchrun") for h in joined]
             if self.resumed:
-                out += [ev(t + 1.0 + s * 0.1, "target.step", r, step=30 + s) for s in range(5) for r in range(self.nodes)]  # fmt: skip
+                out += [
+                    ev(t + 1.0 + s * 0.1, "target.step", r, step=30 + s) for s in range(5) for r in range(self.nodes)
+                ]
         if self.exit_after is not None:
             t = self.fault_at + self.exit_after
             if self.rdzv_error:
-                out.append(ev(t - 0.5, "detect.rendezvous_error", source="torchrun", host=hosts[0], detector="torchrun",
-                              error="RendezvousConnectionError: The connection to the C10d store has failed."))  # fmt: skip
+                out.append(
+                    ev(
+                        t - 0.5,
+                        "detect.rendezvous_error",
+                        source="torchrun",
+                        host=hosts[0],
+                        detector="torchrun",
+                        error="RendezvousConnectionError: The connection to the C10d store has failed.",
+                    )
+                )
             leaving = hosts[: self.exiting if self.exiting is not None else self.nodes]
-            out += [ev(t + 0.01 * i, "target.node_exit", source="runner", host=h, code=self.exit_code) for i, h in enumerate(leaving)]  # fmt: skip
+            out += [
+                ev(t + 0.01 * i, "target.node_exit", source="runner", host=h, code=self.exit_code)
+                for i, h in enumerate(leaving)
+            ]
             if len(leaving) == self.nodes:
                 out.append(ev(t + 0.1, "target.exit", source="runner", code=self.exit_code))
         return sorted(out, key=lambda e: e.ts_ns)

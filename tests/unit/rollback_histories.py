@@ -106,8 +106,14 @@ class RollbackRun:
                 )
                 if diverged and self.detect and checked == self.detected:
                     t += 1000
-                    ev("detect.divergence", self.victim, step=checked, culprit_rank=self.victim,
-                       odd_ranks=[self.victim], detector="consistency")  # fmt: skip
+                    ev(
+                        "detect.divergence",
+                        self.victim,
+                        step=checked,
+                        culprit_rank=self.victim,
+                        odd_ranks=[self.victim],
+                        detector="consistency",
+                    )
                     if self.rollback:
                         t += 1000
                         rolled = True
@@ -128,8 +134,15 @@ class RollbackRun:
         data = {"to_step": to} if self.to_step_known else {}
         if self.style in ("inplace", "both"):
             for r in ranks:
-                emit("target.rollback", r, from_step=from_step, detected_step=self.detected,
-                     last_clean_step=self.last_clean, reason="divergence", **data)  # fmt: skip
+                emit(
+                    "target.rollback",
+                    r,
+                    from_step=from_step,
+                    detected_step=self.detected,
+                    last_clean_step=self.last_clean,
+                    reason="divergence",
+                    **data,
+                )
         if self.style in ("resume", "both"):
             attempt += 1
             resumed = to if self.resume_step is None else self.resume_step

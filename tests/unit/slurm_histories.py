@@ -31,8 +31,13 @@ def node(t: float, name: str, state: str, reason: str | None = None) -> Event:
 
 def job(t: float, state: str, nodes: tuple[str, ...] = (), restarts: int = 0, job_id: int = JOB) -> Event:
     data: dict[str, Any] = {
-        "job_id": job_id, "state": state, "reason": None, "nodes": list(nodes), "restarts": restarts, "exit_code": None,
-    }  # fmt: skip
+        "job_id": job_id,
+        "state": state,
+        "reason": None,
+        "nodes": list(nodes),
+        "restarts": restarts,
+        "exit_code": None,
+    }
     return Event(ts_ns=ns(t), kind="slurm.job", source="slurm", data=data)
 
 

@@ -26,18 +26,40 @@ FAULT = "ckpt-storage"
 
 
 def applied(t: float, mode: str) -> Event:
-    return ev(t, "fault.applied", source="runner", fault=FAULT, op="op-1", injector="storage", host="local",
-              description=f"FUSE {mode} over /ckpt")  # fmt: skip
+    return ev(
+        t,
+        "fault.applied",
+        source="runner",
+        fault=FAULT,
+        op="op-1",
+        injector="storage",
+        host="local",
+        description=f"FUSE {mode} over /ckpt",
+    )
 
 
 def hit(op: str, path: str, times: list[float], errno_name: str | None, latency: float = 0.0) -> Event:
     stamps = [ns(t) for t in sorted(times)]
     return Event(
-        ts_ns=stamps[0], kind="storage.hit", source="injector",
-        data={"op_id": "op-1", "fault": FAULT, "host": "local", "op": op, "path": path, "mount": "/ckpt",
-              "mode": "latency" if errno_name is None else "eio", "errno_name": errno_name, "latency_s": latency,
-              "count": len(stamps), "first_ns": stamps[0], "last_ns": stamps[-1], "times_ns": stamps[:256]},
-    )  # fmt: skip
+        ts_ns=stamps[0],
+        kind="storage.hit",
+        source="injector",
+        data={
+            "op_id": "op-1",
+            "fault": FAULT,
+            "host": "local",
+            "op": op,
+            "path": path,
+            "mount": "/ckpt",
+            "mode": "latency" if errno_name is None else "eio",
+            "errno_name": errno_name,
+            "latency_s": latency,
+            "count": len(stamps),
+            "first_ns": stamps[0],
+            "last_ns": stamps[-1],
+            "times_ns": stamps[:256],
+        },
+    )
 
 
 @dataclass(frozen=True)
@@ -73,13 +95,15 @@ class StragglerRun:
             end = 6.5 + took
             ends.append(end)
             if self.restores and (self.aimed_restores or r != self.aimed):
-                found.append(ev(end, "target.restore", r, step=10, path="/ckpt/step-10", duration_s=took,
-                                bytes=4096))  # fmt: skip
+                found.append(ev(end, "target.restore", r, step=10, path="/ckpt/step-10", duration_s=took, bytes=4096))
             if r == slow and self.hits:
                 found.append(hit("read", f"step-10/rank-{self.aimed}.pt", [6.55, 6.5 + took / 2], None, self.delay / 2))
         if self.resumes:
-            found += [ev(max(ends) + 0.1 + 0.2 * i, "target.step", r, step=11 + i, attempt=1)
-                      for i in range(4) for r in range(self.world)]  # fmt: skip
+            found += [
+                ev(max(ends) + 0.1 + 0.2 * i, "target.step", r, step=11 + i, attempt=1)
+                for i in range(4)
+                for r in range(self.world)
+            ]
         if not self.attempts:
             found = [e.model_copy(update={"data": {k: v for k, v in e.data.items() if k != "attempt"}}) for e in found]
         return found
@@ -138,8 +162,18 @@ class RetryRun:
         if self.report:
             for k, t in enumerate(fails if not self.gives_up else fails[:-1]):
                 delay = min(self.base * self.growth**k, self.cap) if not self.spin else 0.0
-                found.append(ev(t + 0.001, "target.checkpoint_retry", 0, step=20, attempt=k + 1, errno_name="EIO",
-                                error="[Errno 5] Input/output error", delay_s=delay))  # fmt: skip
+                found.append(
+                    ev(
+                        t + 0.001,
+                        "target.checkpoint_retry",
+                        0,
+                        step=20,
+                        attempt=k + 1,
+                        errno_name="EIO",
+                        error="[Errno 5] Input/output error",
+                        delay_s=delay,
+                    )
+                )
         if self.gives_up:
             found.append(ev(last + 0.001, "target.checkpoint_failed", 0, step=20, attempts=len(fails), error="EIO"))
             found.append(ev(last + 0.2, "target.exit", source="runner", code=1))

@@ -108,8 +108,18 @@ class StreamRun:
         out: list[Event] = []
         t0 = self.fault_at
         if self.with_fault:
-            out.append(ev(t0, "fault.applied", source="runner", fault=KILL, op="op-1", injector="kill", host="local",
-                          replica="primary"))  # fmt: skip
+            out.append(
+                ev(
+                    t0,
+                    "fault.applied",
+                    source="runner",
+                    fault=KILL,
+                    op="op-1",
+                    injector="kill",
+                    host="local",
+                    replica="primary",
+                )
+            )
             out.append(ev(t0 + 0.01, "serving.replica_exit", source="runner", replica="primary", code=-9))
             if self.breaker:
                 out.append(ev(t0 + 0.02, "serving.breaker", backend="primary", state="open"))
@@ -122,8 +132,18 @@ class StreamRun:
                 out.append(ev(self.back_at, "serving.breaker", backend="primary", state="closed"))
         if self.cache_from is not None and self.small_signal:
             at = self.cache_from + self.leak
-            out.append(ev(at, "fault.applied", source="runner", fault=KILL_SMALL, op="op-2", injector="kill",
-                          host="local", replica="small"))  # fmt: skip
+            out.append(
+                ev(
+                    at,
+                    "fault.applied",
+                    source="runner",
+                    fault=KILL_SMALL,
+                    op="op-2",
+                    injector="kill",
+                    host="local",
+                    replica="small",
+                )
+            )
             out.append(ev(at + 0.2, "detect.backend_down", backend="small", reason="health"))
         if self.routes:
             lower = "cache" if self.skip_small else "small"
@@ -166,13 +186,25 @@ class StreamRun:
             ended, status, gaps, latency = "timeout", "timeout", [gap, gap], self.timeout
         tokens = 0 if first is None else len(gaps) + 1
         data: dict[str, Any] = {
-            "i": i, "scheduled_ns": round(t * 1e9), "latency_s": latency, "status": status,
-            "backend": backends[0] if backends else None, "degraded": backends[:1] == ["cache"], "priority": None,
+            "i": i,
+            "scheduled_ns": round(t * 1e9),
+            "latency_s": latency,
+            "status": status,
+            "backend": backends[0] if backends else None,
+            "degraded": backends[:1] == ["cache"],
+            "priority": None,
             "send_lag_s": 0.0,
-        }  # fmt: skip
+        }
         if self.stream:
-            data.update(stream=True, ttft_s=first, gaps_s=gaps, tokens=tokens, backends=backends, resumed=resumed,
-                        session=None if self.sessions is None else f"s{i % self.sessions}")  # fmt: skip
+            data.update(
+                stream=True,
+                ttft_s=first,
+                gaps_s=gaps,
+                tokens=tokens,
+                backends=backends,
+                resumed=resumed,
+                session=None if self.sessions is None else f"s{i % self.sessions}",
+            )
             if self.ended:
                 data["ended"] = ended
         elif self.sessions is not None:

@@ -32,8 +32,12 @@ TARGETS: dict[str, JsonValue] = {
 }
 KILL: dict[str, JsonValue] = {**TARGETS, "signal": "SIGKILL"}
 SLOW: dict[str, JsonValue] = {
-    **TARGETS, "stopped_fraction": 0.5, "period_s": 1.0, "helper_pid": 5151, "helper_start_time": 2000,
-}  # fmt: skip
+    **TARGETS,
+    "stopped_fraction": 0.5,
+    "period_s": 1.0,
+    "helper_pid": 5151,
+    "helper_start_time": 2000,
+}
 PARTITION: dict[str, JsonValue] = {
     "chains": [
         {"chain": CHAIN_IN, "hook": "INPUT", "rules": [["-s", "10.0.0.2", "-j", "DROP"]]},
@@ -88,13 +92,21 @@ CONTAINER: dict[str, JsonValue] = {"container": "trainer-0", "container_id": "4f
 CONTAINER_KILL: dict[str, JsonValue] = {**CONTAINER, "signal": "SIGKILL"}
 CONTAINER_STOP: dict[str, JsonValue] = {**CONTAINER, "docker_url": "tcp://10.0.0.5:2375", "timeout_s": 2}
 CONTAINER_CPU_QUOTA: dict[str, JsonValue] = {
-    **CONTAINER, "previous_cpu_quota": 0, "previous_cpu_period": 0, "previous_nano_cpus": 0, "cpus": 0.5,
+    **CONTAINER,
+    "previous_cpu_quota": 0,
+    "previous_cpu_period": 0,
+    "previous_nano_cpus": 0,
+    "cpus": 0.5,
     "fault_cpu_quota": 50000,
-}  # fmt: skip
+}
 CONTAINER_CPU_NANO: dict[str, JsonValue] = {
-    **CONTAINER, "previous_cpu_quota": 0, "previous_cpu_period": 0, "previous_nano_cpus": 2000000000, "cpus": 0.5,
+    **CONTAINER,
+    "previous_cpu_quota": 0,
+    "previous_cpu_period": 0,
+    "previous_nano_cpus": 2000000000,
+    "cpus": 0.5,
     "fault_nano_cpus": 500000000,
-}  # fmt: skip
+}
 CONTAINER_SKIPPED: dict[str, JsonValue] = {**CONTAINER_KILL, "skipped": True}
 
 # (record class, literal state); each literal is exactly what to_json writes back.

@@ -78,7 +78,10 @@ def test_a_bad_value_says_what_would_be_valid_and_what_it_got() -> None:
         .replace("kil\n", "kill\n")
     )
     assert "(got 'SIGTREM')" in typo and "did you mean 'SIGTERM'?" in typo
-    [literal] = _problems(BAD.replace("name: t\n", "name: t\ncluster: {transport: sshh}\n").split("faults:")[0] + "allow_no_checks: true\n")
+    [literal] = _problems(
+        BAD.replace("name: t\n", "name: t\ncluster: {transport: sshh}\n").split("faults:")[0]
+        + "allow_no_checks: true\n"
+    )
     assert literal.startswith("bad.yaml:2:11: cluster.transport: expected one of local, ssh (got 'sshh')")
     assert "did you mean 'ssh'?" in literal
 

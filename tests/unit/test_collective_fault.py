@@ -91,10 +91,18 @@ def test_an_error_fails_exactly_its_collective_once_after_its_event_and_marker(t
         recorder.started_one("barrier", 0, 0)
     [(kind, data)] = rank.events
     assert kind == "fault.applied" and rank.markers == {"cf#1"}
-    assert {k: data[k] for k in ("fault", "op", "injector", "rank", "step", "index", "collective", "collective_kind")} == {
-        "fault": "cf", "op": "cf#1", "injector": "collective_fault", "rank": 1, "step": 4, "index": 1,
-        "collective": "barrier", "collective_kind": "error",
-    }  # fmt: skip
+    assert {
+        k: data[k] for k in ("fault", "op", "injector", "rank", "step", "index", "collective", "collective_kind")
+    } == {
+        "fault": "cf",
+        "op": "cf#1",
+        "injector": "collective_fault",
+        "rank": 1,
+        "step": 4,
+        "index": 1,
+        "collective": "barrier",
+        "collective_kind": "error",
+    }
     assert data["pid"] == os.getpid()
     # The failed call never ran: not recorded as started; the retry is the step's next call and runs.
     state = read_state(flight_path(tmp_path, 1))
@@ -160,8 +168,15 @@ def _pair(tmp_path: Path, kind: str) -> tuple[list[str], list[str], list[dict[st
     for rank in (0, 1):
         env = {**os.environ, "PYTHONPATH": str(ROOT), "CHAOS_RUN_DIR": str(tmp_path)}
         env["CHAOS_EVENTS"] = str(tmp_path / f"events-{rank}.jsonl")
-        procs.append(subprocess.Popen([sys.executable, "-c", PAIR, str(rank), kind, init], env=env, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", PAIR, str(rank), kind, init],
+                env=env,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+        )
     outs = []
     for proc in procs:
         out, _ = proc.communicate(timeout=90)
@@ -185,8 +200,12 @@ def test_in_a_real_gloo_pair_an_abort_fails_both_ranks_collectives_with_gloos_ow
     rank0, rank1, faults = _pair(tmp_path, "abort")
     for out in (rank0, rank1):
         assert out[0] == "step 1 try 1: 3" and out[-1] == "alive", out  # the process lives on
-        assert len(out) == 6 and all("RuntimeError: [" in line and "Connection closed by peer" in line
-                                     for line in out[1:5]), out  # fmt: skip
+        assert len(out) == 6 and all(
+            "RuntimeError: [" in line and "Connection closed by peer" in line for line in out[1:5]
+        ), out
     [applied] = faults
     assert (applied["data"]["collective_kind"], applied["data"]["groups"], applied["data"]["connections"]) == (
-        "abort", 1, 1)  # fmt: skip
+        "abort",
+        1,
+        1,
+    )

@@ -85,7 +85,9 @@ def test_an_interrupt_is_named_and_a_stop_after_the_exit_does_not_count() -> Non
     no_exit = [*RUN, ev(5.0, RUNNER_STOP, reason="max_duration 5s reached")]
     result = judge(no_exit)
     assert result.status == "unknown"
-    assert result.reason.startswith("the harness stopped the job (max_duration 5s reached) and its exit was never recorded; ")
+    assert result.reason.startswith(
+        "the harness stopped the job (max_duration 5s reached) and its exit was never recorded; "
+    )
     assert "to fix: let the job end by itself within safety.max_duration" in result.reason
 
 

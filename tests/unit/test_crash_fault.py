@@ -69,9 +69,14 @@ def test_an_exception_crash_fires_once_at_its_step_and_phase_after_its_event_and
     [(kind, data)] = rank.events
     assert kind == "fault.applied" and rank.markers == {"boom#1"}
     assert {k: data[k] for k in ("fault", "op", "injector", "rank", "step", "phase", "crash_kind")} == {
-        "fault": "boom", "op": "boom#1", "injector": "crash", "rank": 1, "step": 4, "phase": "backward",
+        "fault": "boom",
+        "op": "boom#1",
+        "injector": "crash",
+        "rank": 1,
+        "step": 4,
+        "phase": "backward",
         "crash_kind": "exception",
-    }  # fmt: skip
+    }
     assert data["pid"] == os.getpid()
     faults.at("backward")  # a script that caught it and goes on: the op is spent
     # A restarted rank (new agent, same markers) recomputing step 4 does not crash again.

@@ -295,7 +295,12 @@ def test_every_shipped_scenario_with_detected_within_still_parses() -> None:
 def test_a_torchft_groups_kill_is_detected_by_a_survivors_quorum_that_lost_it_not_by_one_that_lost_another() -> None:
     scenario = shipped("torchft-replica-killed")  # group 1 killed; the roles target names the lost group
     applied = ev(4.0, "fault.applied", fault="kill-group-1", op="kill-group-1#1", injector="kill", replica="group.1")
-    seen = {"lost": ["user_torchft_1"], "detector": "torchft", "signature": "torchft_quorum_lost", "reporter": "group.0"}
+    seen = {
+        "lost": ["user_torchft_1"],
+        "detector": "torchft",
+        "signature": "torchft_quorum_lost",
+        "reporter": "group.0",
+    }
     right = ev(9.0, "detect.peer_lost", replica="group.1", **seen)
     result = judge([applied, right], scenario, fault="kill-group-1", within="6s")
     assert result.status == "pass" and any("names replica group.1" in line for line in result.evidence), result

@@ -63,14 +63,23 @@ def test_an_unknown_field_is_refused_naming_it() -> None:
 
 
 def test_the_plan_file_reads_back_what_was_written_and_a_wrong_one_is_named(tmp_path: Path) -> None:
-    op = InJobOp(op_id="f#1", fault="f", injector="freeze", params={"rank": 0}, at_step=3, rank=0, phase="forward",
-                 duration_s=2.0)  # fmt: skip
+    op = InJobOp(
+        op_id="f#1",
+        fault="f",
+        injector="freeze",
+        params={"rank": 0},
+        at_step=3,
+        rank=0,
+        phase="forward",
+        duration_s=2.0,
+    )
     path = tmp_path / "chaos-plan.json"
     write_plan(path, 7, [op])
     assert load_plan(str(path)) == InJobPlan(seed=7, ops=[op])
     with pytest.raises(PlanFileError, match=r"plan op 'x': at_step is 'three', not int"):
-        InJobPlan.from_json('{"seed": 1, "ops": [{"op_id": "x", "fault": "f", "injector": "kill", "params": {}, '
-                            '"at_step": "three"}]}')  # fmt: skip
+        InJobPlan.from_json(
+            '{"seed": 1, "ops": [{"op_id": "x", "fault": "f", "injector": "kill", "params": {}, "at_step": "three"}]}'
+        )
     with pytest.raises(PlanFileError, match=r"unknown field\(s\) colour"):
         InJobPlan.from_json('{"seed": 1, "colour": "red"}')
     write_plan(path, 7, [op], digest_every=5)

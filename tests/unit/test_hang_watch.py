@@ -15,15 +15,37 @@ S = 1_000_000_000
 NOW = 100 * S
 
 
-def state(rank: int, *, busy: bool = True, step: int = 7, index: int = 0, op: str = "all_reduce", nbytes: int = 64,
-          group: int = 0, since: float = 5.0, done_at: float = 10.0) -> FlightState:  # fmt: skip
+def state(
+    rank: int,
+    *,
+    busy: bool = True,
+    step: int = 7,
+    index: int = 0,
+    op: str = "all_reduce",
+    nbytes: int = 64,
+    group: int = 0,
+    since: float = 5.0,
+    done_at: float = 10.0,
+) -> FlightState:
     """Rank ``rank`` in collective (``busy``) or just past it; the last completion ``done_at`` s before NOW."""
     seq = 40
-    record = CollectiveRecord(seq, step, index, nbytes, NOW - int(since * S), 0 if busy else NOW - int(done_at * S),
-                              op, group)  # fmt: skip
-    return FlightState(rank=rank, world=4, pid=1000 + rank, start_time=1, step=step, next_index=index + 1,
-                       started=seq, completed=seq - 1 if busy else seq, completed_ns=NOW - int(done_at * S), host="h",
-                       current=record, recent=(record,))  # fmt: skip
+    record = CollectiveRecord(
+        seq, step, index, nbytes, NOW - int(since * S), 0 if busy else NOW - int(done_at * S), op, group
+    )
+    return FlightState(
+        rank=rank,
+        world=4,
+        pid=1000 + rank,
+        start_time=1,
+        step=step,
+        next_index=index + 1,
+        started=seq,
+        completed=seq - 1 if busy else seq,
+        completed_ns=NOW - int(done_at * S),
+        host="h",
+        current=record,
+        recent=(record,),
+    )
 
 
 def view(st: FlightState, proc: str = "S", cpu: float | None = 0.0) -> RankView:
@@ -105,7 +127,13 @@ def test_recorder_file_round_trip_and_skip(tmp_path: Path) -> None:
     got = read_state(flight_path(tmp_path, 1))
     assert got is not None and got.in_collective and got.current is not None
     assert (got.rank, got.pid, got.step, got.current.op, got.current.nbytes, got.current.index) == (
-        1, os.getpid(), 3, "all_reduce", 128, 0)  # fmt: skip
+        1,
+        os.getpid(),
+        3,
+        "all_reduce",
+        128,
+        0,
+    )
     rec.completed_one(seq)
     rec.skip_next(3, 1)
     skipped_seen: list[tuple[int, int, str]] = []

@@ -82,7 +82,12 @@ def test_dump_then_load_round_trips(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "line", "message", "hint"),
     [
-        ("hosts:\n  - name: h1\n    adress: 10.0.0.1\n", 3, "unknown key 'adress' in hosts.0", "did you mean 'address'?"),
+        (
+            "hosts:\n  - name: h1\n    adress: 10.0.0.1\n",
+            3,
+            "unknown key 'adress' in hosts.0",
+            "did you mean 'address'?",
+        ),
         ("hosts:\n  - name: h1\n", 2, "missing required key 'address'", "add address: <value>"),
         ("hosts:\n  - name: h1\n    address: a\n    port: 70000\n", 4, "hosts.0.port:", ""),
         ("hosts:\n  - {name: a, address: x}\n  - {name: a, address: y}\n", 3, "duplicate host name 'a'", "unique"),

@@ -18,8 +18,16 @@ ROOT = Path(__file__).resolve().parents[2]
 # package, and of any package in a LOWER layer, nothing else. Two packages in one layer never import each other.
 LAYERS: list[tuple[str, ...]] = [
     # foundation: leaves that import nothing of mlchaos (chaos.event_kinds: every event kind, declared once)
-    ("chaos", "chaos.events", "chaos.event_kinds", "chaos.kernel", "chaos.safety.state", "chaos.spec.units",
-     "chaos.injob.bitflip", "chaos.plan.seeds"),  # fmt: skip
+    (
+        "chaos",
+        "chaos.events",
+        "chaos.event_kinds",
+        "chaos.kernel",
+        "chaos.safety.state",
+        "chaos.spec.units",
+        "chaos.injob.bitflip",
+        "chaos.plan.seeds",
+    ),
     ("chaos.history", "chaos.cluster.base", "chaos.injob.fault_specs"),  # fault_specs: the in-job faults' params
     ("chaos.plugins",),  # the Injector and Check contracts, the entry-point registry
     ("chaos.spec",),  # the typed scenario
@@ -45,8 +53,15 @@ LAYERS: list[tuple[str, ...]] = [
 # What runs inside the user's process may import only these (it must stay importable with torch alone).
 IN_JOB = ("chaos.injob", "chaos.guards", "chaos.agent", "chaos.integrations")
 IN_JOB_MAY_IMPORT = (
-    "chaos", "chaos.events", "chaos.event_kinds", "chaos.kernel", "chaos.injob", "chaos.guards", "chaos.plan.agent_plan",
-    "chaos.plan.seeds", "chaos.agent",
+    "chaos",
+    "chaos.events",
+    "chaos.event_kinds",
+    "chaos.kernel",
+    "chaos.injob",
+    "chaos.guards",
+    "chaos.plan.agent_plan",
+    "chaos.plan.seeds",
+    "chaos.agent",
 )
 
 
@@ -95,11 +110,15 @@ def layering_violations(graph: dict[str, set[str]]) -> list[str]:
                 continue
             if prefix == "chaos" and target_layer == 0:
                 continue
-            problems.append(f"{module} (layer {layer}, {prefix}) imports {target} (layer {target_layer}, {target_prefix})")
+            problems.append(
+                f"{module} (layer {layer}, {prefix}) imports {target} (layer {target_layer}, {target_prefix})"
+            )
         if prefix in IN_JOB or module.startswith(IN_JOB):
             for target in sorted(targets):
-                if not any(target == ok or target.startswith(ok + ".") for ok in IN_JOB_MAY_IMPORT if ok != "chaos") \
-                        and target != "chaos":
+                if (
+                    not any(target == ok or target.startswith(ok + ".") for ok in IN_JOB_MAY_IMPORT if ok != "chaos")
+                    and target != "chaos"
+                ):
                     problems.append(f"{module} runs in the user's job but imports {target}")
     return problems
 
@@ -170,21 +189,38 @@ def test_top_level_chaos_holds_only_the_public_modules() -> None:
     assert not loose, f"chaos/ top level holds only the public modules; move {loose} into a package"
 
 
-REVIEW_LINES, MAX_LINES = 600, 800  # a module past REVIEW_LINES is named for a look at its cohesion; MAX_LINES is a hard stop
+# A module past REVIEW_LINES is named for a look at its cohesion; MAX_LINES is a hard stop.
+REVIEW_LINES, MAX_LINES = 600, 800
+# Where the formatter's word is final (``make test`` runs ``ruff format --check`` on the same folders).
+FORMATTED = ("chaos", "injectors", "tests", "benchmarks", "scripts")
+SKIP_MARKERS = ("fmt: " + "skip", "fmt: " + "off")  # spelled apart, so this file does not hold them
+
+
+def packed_files(root: Path) -> list[str]:
+    """The Python files under ``root``'s formatted folders that carry a formatter-skip marker."""
+    files = (path for top in FORMATTED for path in sorted((root / top).rglob("*.py")))
+    return [str(path.relative_to(root)) for path in files if any(m in path.read_text() for m in SKIP_MARKERS)]
 
 
 def test_modules_stay_cohesive_in_size_and_are_not_packed() -> None:
     """A module over MAX_LINES fails (split it by what it does, not to fit); one over REVIEW_LINES is named in a
-    warning for review. Code is never packed to fit: no formatter-skip markers (``make test`` runs ``ruff format
-    --check`` on chaos/ and injectors/)."""
+    warning for review. Code is never packed to fit: no formatter-skip markers anywhere the formatter runs."""
     sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in project_modules().values()}
     too_long = {path: n for path, n in sizes.items() if n > MAX_LINES}
     assert not too_long, f"modules over {MAX_LINES} lines (split them by what they do): {too_long}"
-    packed = [path for path in sizes if "fmt: skip" in (ROOT / path).read_text() or "fmt: off" in (ROOT / path).read_text()]
+    packed = packed_files(ROOT)
     assert not packed, f"formatter markers that pack code: {packed}"
     review = {path: n for path, n in sorted(sizes.items()) if n > REVIEW_LINES}
     if review:
         warnings.warn(f"modules over {REVIEW_LINES} lines, worth a look at their cohesion: {review}", stacklevel=1)
+
+
+def test_a_planted_marker_is_found(tmp_path: Path) -> None:
+    """The packing check can fail: a test file holding a skip marker is named."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "packed.py").write_text("x = [1,\n     2]  # " + SKIP_MARKERS[0] + "\n")
+    (tmp_path / "tests" / "clean.py").write_text("x = [1, 2]\n")
+    assert packed_files(tmp_path) == ["tests/packed.py"]
 
 
 def test_the_contract_catches_an_upward_import_and_a_circle() -> None:
@@ -205,5 +241,5 @@ def render_layers() -> str:
 def test_docs_architecture_draws_the_same_layers() -> None:
     doc = (ROOT / "docs" / "architecture.md").read_text()
     start = doc.index("<!-- layers:")
-    block = doc[start:doc.index("<!-- /layers -->")].split("```")[1].strip("\n")
+    block = doc[start : doc.index("<!-- /layers -->")].split("```")[1].strip("\n")
     assert block == render_layers(), "docs/architecture.md's layer block is stale; paste:\n" + render_layers()

@@ -145,8 +145,10 @@ def test_round_reports_only_the_bad_pair() -> None:
     calls: list[tuple[str, list[str]]] = []
     found = _probe(history, {"h1": {"10.0.0.12": (2, 0)}}, calls).round(_hang())
     assert {(r.a.host, r.b.host): r.verdict for r in found.results} == {
-        ("h1", "h2"): "large_dropped", ("h1", "h3"): "ok", ("h2", "h3"): "ok",
-    }  # fmt: skip
+        ("h1", "h2"): "large_dropped",
+        ("h1", "h3"): "ok",
+        ("h2", "h3"): "ok",
+    }
     assert sorted((src, argv[3]) for src, argv in calls) == [
         ("h1", "10.0.0.12"),
         ("h1", "10.0.0.13"),

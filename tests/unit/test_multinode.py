@@ -167,14 +167,29 @@ def _straggler_history(named: list[int]) -> list[Event]:
 
 
 def test_detected_within_exclusive_rank_fails_when_another_rank_is_named_first() -> None:
-    ok = judge("detected_within", _straggler_history([1]), fault="slow", within="5s", event="detect.straggler",
-               rank=1, exclusive=True)  # fmt: skip
+    ok = judge(
+        "detected_within",
+        _straggler_history([1]),
+        fault="slow",
+        within="5s",
+        event="detect.straggler",
+        rank=1,
+        exclusive=True,
+    )
     assert ok.status == "pass", ok.reason
-    wrong = judge("detected_within", _straggler_history([2, 1]), fault="slow", within="5s",
-                  event="detect.straggler", rank=1, exclusive=True)  # fmt: skip
+    wrong = judge(
+        "detected_within",
+        _straggler_history([2, 1]),
+        fault="slow",
+        within="5s",
+        event="detect.straggler",
+        rank=1,
+        exclusive=True,
+    )
     assert wrong.status == "fail" and "named rank 2, not 1" in wrong.reason
-    lenient = judge("detected_within", _straggler_history([2, 1]), fault="slow", within="5s",
-                    event="detect.straggler", rank=1)  # fmt: skip
+    lenient = judge(
+        "detected_within", _straggler_history([2, 1]), fault="slow", within="5s", event="detect.straggler", rank=1
+    )
     assert lenient.status == "pass"
 
 

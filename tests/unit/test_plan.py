@@ -58,7 +58,9 @@ def test_fault_params_expand_run_placeholders() -> None:
     from chaos.plan.build import fault_op
 
     scenario = parse_scenario(
-        BASE.format(seed=4, trigger="{after: 1s}").replace("params: {pid: 1234}", "params: {name: 'job {seed} {run_dir}'}")
+        BASE.format(seed=4, trigger="{after: 1s}").replace(
+            "params: {pid: 1234}", "params: {name: 'job {seed} {run_dir}'}"
+        )
     )
     op = fault_op(make_plan(scenario).ops[0], scenario, {"run_dir": "/r/run-1", "seed": "4"})
     assert op.params.name == "job 4 /r/run-1"  # type: ignore[attr-defined]

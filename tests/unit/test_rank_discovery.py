@@ -89,8 +89,9 @@ def test_unparsable_rank_variables_are_no_worker() -> None:
 
 def failed_line(local_rank: int, pid: int, exitcode: int) -> Event:
     """The launcher's ``failed (exitcode: ...)`` line as TORCHRUN_MATCHERS turn it into an event."""
-    return Event(ts_ns=5, kind="detect.worker_exit", source="torchrun", rank=local_rank,
-                 data={"exitcode": exitcode, "pid": pid})  # fmt: skip
+    return Event(
+        ts_ns=5, kind="detect.worker_exit", source="torchrun", rank=local_rank, data={"exitcode": exitcode, "pid": pid}
+    )
 
 
 def test_a_watch_reports_new_workers_then_a_restart_with_the_logged_cause() -> None:
@@ -106,8 +107,14 @@ def test_a_watch_reports_new_workers_then_a_restart_with_the_logged_cause() -> N
     assert watch.update(workers_in(generation(0, 200), LAUNCHER, "local"), 11) == ([], [])
 
     watch.note(failed_line(1, 201, -9))
-    watch.note(Event(ts_ns=6, kind="target.agent_restart", source="torchrun",
-                     data={"state": "FAILED", "attempts_left": 1, "max_restarts": 1}))  # fmt: skip
+    watch.note(
+        Event(
+            ts_ns=6,
+            kind="target.agent_restart",
+            source="torchrun",
+            data={"state": "FAILED", "attempts_left": 1, "max_restarts": 1},
+        )
+    )
     events, new = watch.update(workers_in(generation(1, 400), LAUNCHER, "local"), 20)
     assert [e.kind for e in events] == ["target.restart", "target.worker", "target.worker"]
     restart = events[0]
@@ -132,8 +139,14 @@ def test_a_restart_without_a_logged_failure_says_so_and_skipped_rounds_each_coun
 def test_a_failure_of_a_worker_never_seen_is_named_by_its_local_rank() -> None:
     watch = TreeWatch("h2", lambda root: [], restart_is_attempt=False)
     # A multi-node job moves the launcher's local rank to data.local_rank (the event's rank is global).
-    watch.note(Event(ts_ns=5, kind="detect.worker_exit", source="torchrun",
-                     data={"local_rank": 0, "pid": 999, "exitcode": 1, "host": "h2"}))  # fmt: skip
+    watch.note(
+        Event(
+            ts_ns=5,
+            kind="detect.worker_exit",
+            source="torchrun",
+            data={"local_rank": 0, "pid": 999, "exitcode": 1, "host": "h2"},
+        )
+    )
     events, _ = watch.update(workers_in(generation(1, 400), LAUNCHER, "h2"), 20)
     assert events[0].data["cause"] == "local_rank 0 (pid 999) exited with code 1"
     assert "failed_rank" not in events[0].data and events[0].data["failed_local_rank"] == 0

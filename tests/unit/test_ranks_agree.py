@@ -36,9 +36,17 @@ def digest(t: float, rank: int, value: str) -> Event:
 
 def test_a_divergence_fails_naming_the_odd_rank_and_step() -> None:
     divergence = ev(
-        2.0, "detect.divergence", 1, detector="consistency", step=20, odd_ranks=[1], culprit_rank=1,
-        groups=[[0, 2], [1]], tensors=["4.weight"], message="rank 1 diverged",
-    )  # fmt: skip
+        2.0,
+        "detect.divergence",
+        1,
+        detector="consistency",
+        step=20,
+        odd_ranks=[1],
+        culprit_rank=1,
+        groups=[[0, 2], [1]],
+        tensors=["4.weight"],
+        message="rank 1 diverged",
+    )
     result = judge("ranks_agree", [fault(), guard_ran(1.5, 10), divergence, guard_ran(3.0, 30)])
     assert result.status == "fail"
     assert "rank 1 diverged from the others at step 20 (in 4.weight)" in result.reason

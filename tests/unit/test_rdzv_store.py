@@ -65,7 +65,10 @@ def test_etcd_target_spec_is_refused_when_incomplete(target: dict[str, Any], mes
 
 
 def test_role_is_one_host_and_excludes_the_other_selectors() -> None:
-    for hosts, message in (({"role": "rdzv_store", "host": "h1"}, "not host and role"), ({"role": "rdzv_store", "count": 2}, "single host")):  # fmt: skip
+    for hosts, message in (
+        ({"role": "rdzv_store", "host": "h1"}, "not host and role"),
+        ({"role": "rdzv_store", "count": 2}, "single host"),
+    ):
         with pytest.raises(ScenarioError, match=message):
             parse_scenario(_scenario({"nodes": {"group": "all"}}, [{**STORE_FAULT, "hosts": hosts}]))
 

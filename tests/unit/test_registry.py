@@ -60,7 +60,9 @@ def unlisted_check_modules(package: str, listed: tuple[str, ...]) -> list[str]:
     for _ in _modules(package):  # importing a check module registers its checks
         pass
     registering = {spec.evaluate.__module__ for spec in check_module.CHECKS.values()}
-    return sorted(m for m in registering if m.split(".")[0] == package.split(".")[0] and m.startswith(package) and m not in listed)
+    return sorted(
+        m for m in registering if m.split(".")[0] == package.split(".")[0] and m.startswith(package) and m not in listed
+    )
 
 
 def test_every_builtin_injector_is_registered_under_its_own_name() -> None:

@@ -106,7 +106,11 @@ def test_every_runnable_reference_module_has_its_old_path_in_the_table_and_no_re
         for path in (root / "chaos" / "reference").rglob("*.py")
         if 'if __name__ == "__main__":' in path.read_text()
     )
-    assert {"chaos.reference.serving.gateway", "chaos.reference.serving.model_server", "chaos.reference.trainer"} <= set(runnable)
+    assert {
+        "chaos.reference.serving.gateway",
+        "chaos.reference.serving.model_server",
+        "chaos.reference.trainer",
+    } <= set(runnable)
     for module in runnable:
         assert RENAMED_MODULES[module.replace("chaos.reference.", "chaos.targets.reference.", 1)] == module
     assert not set(RENAMED_MODULES.values()) & set(RENAMED_MODULES), "every old path maps straight to the new one"

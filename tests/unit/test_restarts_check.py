@@ -39,8 +39,12 @@ def agent_line(t: float, left: int, budget: int) -> Event:
 
 
 CLEAN = [worker(1, 0, 0), worker(1, 1, 0)]
-ONE_RESTART = [*CLEAN, restart(5, 1, "rank 1 (local_rank 1, pid 101) died of SIGKILL (exitcode -9)"),
-               worker(5, 0, 1), worker(5, 1, 1)]  # fmt: skip
+ONE_RESTART = [
+    *CLEAN,
+    restart(5, 1, "rank 1 (local_rank 1, pid 101) died of SIGKILL (exitcode -9)"),
+    worker(5, 0, 1),
+    worker(5, 1, 1),
+]
 
 
 def test_a_clean_run_used_no_restart() -> None:
@@ -69,8 +73,15 @@ def test_ranks_own_reports_count_and_a_nodes_own_count_wins_over_the_job_wide_at
     single = [Event(ts_ns=S, kind="target.start", source="target", rank=0, data={"pid": 5, "attempt": 2})]
     assert judge(single, 1).status == "fail" and judge(single, 2).status == "pass"
     # Multi-node: attempt is job-wide (3 rounds), node_attempt the launcher's own count (1): the budget is its.
-    multi = [Event(ts_ns=S, kind="target.start", source="target", rank=0,
-                   data={"pid": 5, "attempt": 3, "node_attempt": 1, "host": "h1"})]  # fmt: skip
+    multi = [
+        Event(
+            ts_ns=S,
+            kind="target.start",
+            source="target",
+            rank=0,
+            data={"pid": 5, "attempt": 3, "node_attempt": 1, "host": "h1"},
+        )
+    ]
     assert judge(multi, 1).status == "pass"
 
 
@@ -114,7 +125,9 @@ def test_the_verdict_table_row_of_a_torchrun_run() -> None:
 
 
 def role_event(t: float, kind: str, replica: str, **data: Any) -> Event:
-    return Event(ts_ns=int(t * S), kind=kind, source="runner", data={"role": replica.split(".")[0], "replica": replica, **data})
+    return Event(
+        ts_ns=int(t * S), kind=kind, source="runner", data={"role": replica.split(".")[0], "replica": replica, **data}
+    )
 
 
 def test_the_row_of_a_roles_run_counts_policy_restarts_per_replica() -> None:
@@ -152,7 +165,9 @@ def test_report_html_shows_the_row() -> None:
 
 
 def role_start(t: float, replica: str, attempt: int) -> Event:
-    return Event(ts_ns=int(t * S), kind="target.role_start", source="runner", data={"replica": replica, "attempt": attempt})
+    return Event(
+        ts_ns=int(t * S), kind="target.role_start", source="runner", data={"replica": replica, "attempt": attempt}
+    )
 
 
 def test_a_roles_supervisors_restarts_count_per_replica() -> None:

@@ -59,7 +59,11 @@ def test_the_floor_keeps_sub_millisecond_noise_quiet() -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"window": 0}, "window"), ({"window": 2, "ratio": 0.5}, "ratio"), ({"window": 2, "min_excess": -1}, "min_excess")],
+    [
+        ({"window": 0}, "window"),
+        ({"window": 2, "ratio": 0.5}, "ratio"),
+        ({"window": 2, "min_excess": -1}, "min_excess"),
+    ],
 )
 def test_bad_settings_are_refused(kwargs: dict[str, float], message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -45,11 +45,17 @@ def make_result(
     """A finished run as the runner would hand it over, without running anything."""
     scenario = parse_scenario(_scenario(name))
     checks = [
-        CheckResult(check="detected_within", name=f"detected_within[f{i}]", status="pass", measured=v, bound="<= 30s", unit="s")
+        CheckResult(
+            check="detected_within", name=f"detected_within[f{i}]", status="pass", measured=v, bound="<= 30s", unit="s"
+        )
         for i, v in enumerate(detect or [])
     ]
     if recover is not None:
-        checks.append(CheckResult(check="recovered_within", name="recovered_within[f0]", status="pass", measured=recover, unit="s"))
+        checks.append(
+            CheckResult(
+                check="recovered_within", name="recovered_within[f0]", status="pass", measured=recover, unit="s"
+            )
+        )
     checks += extra_checks or []
     history = History.from_events(
         [
@@ -59,7 +65,14 @@ def make_result(
     )
     exit_code = {"pass": 0, "fail": 1, "error": 3}[verdict]
     return RunResult(
-        scenario, make_plan(scenario), run_dir, history, checks, verdict, exit_code, "target exited (0)"  # type: ignore[arg-type]
+        scenario,
+        make_plan(scenario),
+        run_dir,
+        history,
+        checks,
+        verdict,
+        exit_code,
+        "target exited (0)",  # type: ignore[arg-type]
     )
 
 
@@ -117,7 +130,12 @@ def test_a_run_is_stored_with_its_checks_and_derived_timings(tmp_path: Path) -> 
         assert run.host and run.ended_by == "target exited (0)"
         checks = store.checks(run_id)
         assert [c.type for c in checks] == [
-            "detected_within", "recovered_within", "lost_work_at_most", "failover_within", "failback_within", "matches_golden",
+            "detected_within",
+            "recovered_within",
+            "lost_work_at_most",
+            "failover_within",
+            "failback_within",
+            "matches_golden",
         ]
         golden = checks[-1]
         assert golden.measured is None and golden.measured_text == "ab12cd"  # a digest is text, not a number

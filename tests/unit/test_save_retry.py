@@ -43,9 +43,13 @@ def test_transient_errors_are_retried_with_growing_delays(events: Callable[[], l
     assert slept == [0.2, 0.4, 0.8]
     got = events()
     assert [e["kind"] for e in got] == ["target.checkpoint_retry"] * 3
-    assert [(e["data"]["attempt"], e["data"]["errno_name"], e["data"]["delay_s"], e["data"]["step"], e["rank"]) for e in got] == [
-        (1, "EIO", 0.2, 20, 1), (2, "EIO", 0.4, 20, 1), (3, "EIO", 0.8, 20, 1),
-    ]  # fmt: skip
+    assert [
+        (e["data"]["attempt"], e["data"]["errno_name"], e["data"]["delay_s"], e["data"]["step"], e["rank"]) for e in got
+    ] == [
+        (1, "EIO", 0.2, 20, 1),
+        (2, "EIO", 0.4, 20, 1),
+        (3, "EIO", 0.8, 20, 1),
+    ]
 
 
 def test_the_delay_is_capped_and_the_job_gives_up_after_max_attempts(

@@ -100,14 +100,15 @@ def test_shipped_scenarios_validate(path: Path) -> None:
 def test_cli_validate_misspelt_key_exits_2_and_starts_nothing(tmp_path: Path) -> None:
     marker = tmp_path / "started"
     bad = tmp_path / "bad.yaml"
-    bad.write_text(
-        GOOD.replace('[python, -c, "print(1)"]', f"[touch, {marker}]").replace("checks:", "chekcs:")
-    )
+    bad.write_text(GOOD.replace('[python, -c, "print(1)"]', f"[touch, {marker}]").replace("checks:", "chekcs:"))
     for verb in ("validate", "run"):
         extra = ["--report-dir", str(tmp_path)] if verb == "run" else []
         proc = subprocess.run(
             [sys.executable, "-m", "chaos.cli.commands", verb, str(bad), *extra],
-            capture_output=True, text=True, cwd=ROOT, timeout=60,
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
         )
         assert proc.returncode == 2, proc.stderr
         assert f"{bad}:10:1: unknown key 'chekcs'" in proc.stderr

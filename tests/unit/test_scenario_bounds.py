@@ -136,7 +136,9 @@ def test_a_script_or_module_that_does_not_exist_here_is_refused_at_its_line(tmp_
     no_module = tmp_path / "module.yaml"
     no_module.write_text(KILL_RANK.replace("chaos.reference.trainer", "trainr.main"))
     roles = tmp_path / "roles.yaml"
-    roles.write_text((ROOT / "scenarios" / "torchft-replica-killed.yaml").read_text().replace("torchft_train.py", "torchft_trian.py"))
+    roles.write_text(
+        (ROOT / "scenarios" / "torchft-replica-killed.yaml").read_text().replace("torchft_train.py", "torchft_trian.py")
+    )
     placeholder = tmp_path / "placeholder.yaml"  # its path is known only at run time: left to the run
     placeholder.write_text(KILL_RANK.replace("module: chaos.reference.trainer", "script: '{scenario_dir}/x.py'"))
     checked = check_files([missing, no_module, roles, placeholder])
@@ -159,5 +161,10 @@ def test_a_file_too_big_to_parse_in_bounded_time_is_refused_before_parsing(tmp_p
     assert problem.startswith("bad.yaml:1:1: the file is") and "more than the 262,144 a scenario may have" in problem
     assert "repeat a fault with an every or poisson trigger" in problem
     # Below the bound, validation stays linear: 2,000 faults parse and validate (the bound is ~2,800 such lines).
-    parse_scenario(KILL_RANK.split("faults:")[0] + "faults:\n" + "".join(entry.replace("NUM", str(i)) for i in range(2000))
-                   + "checks: [{type: completes}]\n", "ok.yaml")  # fmt: skip
+    parse_scenario(
+        KILL_RANK.split("faults:")[0]
+        + "faults:\n"
+        + "".join(entry.replace("NUM", str(i)) for i in range(2000))
+        + "checks: [{type: completes}]\n",
+        "ok.yaml",
+    )

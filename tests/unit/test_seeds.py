@@ -15,8 +15,12 @@ def test_the_plan_stream_is_the_run_seed_itself() -> None:
 
 def test_purposes_give_the_streams_of_the_formats_used_before() -> None:
     # hosts: f"{seed}:{op_id}" / f"{seed}:target"; agent: f"{seed}:{op_id}:{rank}"; load: f"{seed}:arrivals"
-    for purpose, legacy in [(("op-3",), "7:op-3"), (("target",), "7:target"), (("op-1", 2), "7:op-1:2"),
-                            (("arrivals",), "7:arrivals")]:
+    for purpose, legacy in [
+        (("op-3",), "7:op-3"),
+        (("target",), "7:target"),
+        (("op-1", 2), "7:op-1:2"),
+        (("arrivals",), "7:arrivals"),
+    ]:
         assert derive_rng(7, *purpose).random() == random.Random(legacy).random()
 
 

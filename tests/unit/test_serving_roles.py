@@ -39,7 +39,9 @@ def match(line: str) -> list[tuple[str, dict[str, object]]]:
 
 
 def test_haproxy_server_state_lines_become_backend_events() -> None:
-    assert match(DOWN) == [(BACKEND_DOWN, {"proxy": "models", "backend": "primary", "reason": "Layer4 connection problem"})]
+    assert match(DOWN) == [
+        (BACKEND_DOWN, {"proxy": "models", "backend": "primary", "reason": "Layer4 connection problem"})
+    ]
     assert match(DOWN_LIVE) == [(BACKEND_DOWN, {"proxy": "models", "backend": "primary", "reason": "Health analyze"})]
     assert match(UP) == [(BACKEND_UP, {"proxy": "models", "backend": "primary", "reason": "Layer7 check passed"})]
     assert match("[NOTICE]   (6226) : haproxy version is 2.6.12") == []
@@ -73,11 +75,10 @@ LOAD = "load: {url: /v1/predict, rate: 10, duration: 1s}\nchecks: [{type: comple
 
 def test_a_load_path_needs_the_fleets_url() -> None:
     with pytest.raises(ScenarioError, match=r"fleet.yaml:5:1: load: .*roles target has no url"):
-        parse_scenario(
-            "name: x\ntarget:\n  type: roles\n  roles: {a: {command: [sleep, '1']}}\n" + LOAD, "fleet.yaml"
-        )
+        parse_scenario("name: x\ntarget:\n  type: roles\n  roles: {a: {command: [sleep, '1']}}\n" + LOAD, "fleet.yaml")
     scenario = parse_scenario(
-        "name: x\ntarget:\n  type: roles\n  url: http://127.0.0.1:18180\n  roles: {a: {command: [sleep, '1']}}\n" + LOAD,
+        "name: x\ntarget:\n  type: roles\n  url: http://127.0.0.1:18180\n  roles: {a: {command: [sleep, '1']}}\n"
+        + LOAD,
         "fleet.yaml",
     )
     assert isinstance(scenario.target, RolesTarget) and scenario.target.url == "http://127.0.0.1:18180"

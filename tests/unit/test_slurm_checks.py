@@ -88,11 +88,18 @@ def test_requeued_within_on_requeue_exit_counts_the_next_attempt_not_the_failed_
     assert result.status == "pass" and result.measured == 13.0, result
     # Failed for good: no later attempt. And a RUNNING again WITHOUT a higher restart count (e.g. a suspended
     # job resumed) is not a requeue.
-    gone = judge("requeued_within", [running, applied(12.0, "h2"), requeued[0], job(60.0, "FAILED", ("h1", "h2"))],
-                 fault=FAULT, within=90)  # fmt: skip
+    gone = judge(
+        "requeued_within",
+        [running, applied(12.0, "h2"), requeued[0], job(60.0, "FAILED", ("h1", "h2"))],
+        fault=FAULT,
+        within=90,
+    )
     assert gone.status == "fail" and "was not requeued" in gone.reason, gone
     resumed = [running, applied(12.0, "h2"), job(13.0, "SUSPENDED", ("h1", "h2")), job(14.0, "RUNNING", ("h1", "h2"))]
-    assert judge("requeued_within", [*resumed, job(99.0, "COMPLETED", ("h1", "h2"))], fault=FAULT, within=90).status != "pass"
+    assert (
+        judge("requeued_within", [*resumed, job(99.0, "COMPLETED", ("h1", "h2"))], fault=FAULT, within=90).status
+        != "pass"
+    )
 
 
 def test_node_drained_within_cannot_tell_for_a_node_first_seen_drained_after_the_fault() -> None:

@@ -86,9 +86,16 @@ def test_commands_are_argv_lists_under_the_given_conf() -> None:
     client = SlurmClient(rec, conf="/s/slurm.conf", completion_log=True)
     assert client.submit(Path("/j/x.sh"), nodes=2, ntasks_per_node=1, job_name="t", requeue=True) == 42
     assert rec.calls[-1] == [
-        "env", "SLURM_CONF=/s/slurm.conf", "sbatch", "--parsable", "--nodes=2", "--ntasks-per-node=1",
-        "--job-name=t", "--requeue", "/j/x.sh",
-    ]  # fmt: skip
+        "env",
+        "SLURM_CONF=/s/slurm.conf",
+        "sbatch",
+        "--parsable",
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--job-name=t",
+        "--requeue",
+        "/j/x.sh",
+    ]
     client.drain("h1", "bad; rm -rf /")  # one argv word: nothing for a shell to see
     assert rec.calls[-1][-1] == "reason=bad; rm -rf /"
     rec.out = ""
@@ -157,9 +164,14 @@ def test_conf_has_the_hooks_and_refuses_what_slurm_conf_cannot_hold() -> None:
     ):
         assert expected in lines, expected
     assert "HealthCheckProgram" not in conf_text(
-        cluster="c", controller_host="c", controller_address="1.1.1.1", controller_port=1, nodes=[("h1", "x")],
-        paths=_paths(Path("/v")), settings=SlurmSettings(),
-    )  # fmt: skip
+        cluster="c",
+        controller_host="c",
+        controller_address="1.1.1.1",
+        controller_port=1,
+        nodes=[("h1", "x")],
+        paths=_paths(Path("/v")),
+        settings=SlurmSettings(),
+    )
     for bad in (
         SlurmSettings(health_check_program=Path("relative.sh")),
         SlurmSettings(health_check_program=Path("/a b/hc.sh")),
@@ -170,9 +182,14 @@ def test_conf_has_the_hooks_and_refuses_what_slurm_conf_cannot_hold() -> None:
             bad.check()
     with pytest.raises(SlurmConfError, match="state dir"):
         conf_text(
-            cluster="c", controller_host="c", controller_address="1.1.1.1", controller_port=1, nodes=[("h1", "x")],
-            paths=_paths(Path("/tmp/with space")), settings=SlurmSettings(),
-        )  # fmt: skip
+            cluster="c",
+            controller_host="c",
+            controller_address="1.1.1.1",
+            controller_port=1,
+            nodes=[("h1", "x")],
+            paths=_paths(Path("/tmp/with space")),
+            settings=SlurmSettings(),
+        )
 
 
 def test_a_state_dir_too_long_for_a_job_steps_socket_is_refused_with_the_length_to_use() -> None:

@@ -39,8 +39,13 @@ def test_first_observation_and_every_change_are_recorded_once() -> None:
     events = watch.observe(_view("RUNNING"), 3)
     assert len(events) == 1 and events[0].kind == "slurm.job" and events[0].source == "slurm"
     assert events[0].data == {
-        "job_id": 7, "state": "RUNNING", "reason": None, "nodes": ["h1", "h2"], "restarts": 0, "exit_code": "0:0"
-    }  # fmt: skip
+        "job_id": 7,
+        "state": "RUNNING",
+        "reason": None,
+        "nodes": ["h1", "h2"],
+        "restarts": 0,
+        "exit_code": "0:0",
+    }
 
 
 def test_a_missed_attempt_end_is_read_from_accounting_then_requeued() -> None:

@@ -139,5 +139,7 @@ def test_a_bit_index_no_tensor_has_is_refused_at_validate(fault: str) -> None:
         f"faults:\n  - {{name: f, type: {fault}, params: {params}, trigger: {{at_step: 3, rank: 1}}}}\n"
         "checks: [{type: completes}]\n"
     )
-    with pytest.raises(ScenarioError, match=r"t.yaml:4:\d+: faults.0.params.bit: Input should be less than or equal to 63"):
+    with pytest.raises(
+        ScenarioError, match=r"t.yaml:4:\d+: faults.0.params.bit: Input should be less than or equal to 63"
+    ):
         parse_scenario(text, "t.yaml")

@@ -101,8 +101,15 @@ def test_streams_cut_by_a_fault_belong_to_its_during_window_though_sent_before_i
     during = judge("streams_completed", run.events(), **DURING, min_share=1.0)
     assert during.status == "fail"
     assert before.status == "fail"  # open before the fault too: the cut stream was sent then
-    after = judge("streams_completed", run.events(), fault=KILL, window="after", until="serving.backend_up",
-                  until_backend="primary", min_share=1.0)  # fmt: skip
+    after = judge(
+        "streams_completed",
+        run.events(),
+        fault=KILL,
+        window="after",
+        until="serving.backend_up",
+        until_backend="primary",
+        min_share=1.0,
+    )
     assert after.status == "pass"
 
 
@@ -187,8 +194,10 @@ def test_a_request_that_failed_on_the_rung_is_a_signal_unless_left_out() -> None
 def test_transition_noise_is_not_a_move() -> None:
     ladder = Ladder.of([Rung(backend="primary", rung="big"), Rung(backend="small", rung="small")])
     backends = ["primary"] * 10 + ["small", "primary"] + ["small"] * 10
-    reqs = [ev(k * 0.1, "load.request", source="load", i=k, scheduled_ns=round(k * 1e8), status=200, backend=b)
-            for k, b in enumerate(backends)]  # fmt: skip
+    reqs = [
+        ev(k * 0.1, "load.request", source="load", i=k, scheduled_ns=round(k * 1e8), status=200, backend=b)
+        for k, b in enumerate(backends)
+    ]
     kept = smoothed(request_points(reqs, ladder), min_run=3)
     assert [p.rung for p in kept] == [0, 1]
 
@@ -202,9 +211,26 @@ def _long_load(fallback: tuple[float, float], minutes: float = 12.0) -> list[Eve
     out = [ev(0.0, "load.start", source="load", start_ns=0, duration_s=minutes * 60, rate=1.0)]
     for i in range(round(minutes * 60)):
         backend = "small" if fallback[0] <= i < fallback[1] else "primary"
-        out.append(ev(i + 0.1, "load.request", source="load", i=i, scheduled_ns=round(i * 1e9), latency_s=0.1,
-                      status=200, backend=backend, stream=True, ttft_s=0.05, gaps_s=[0.05], tokens=2,
-                      ended="complete", backends=[backend], resumed=False, session=None))  # fmt: skip
+        out.append(
+            ev(
+                i + 0.1,
+                "load.request",
+                source="load",
+                i=i,
+                scheduled_ns=round(i * 1e9),
+                latency_s=0.1,
+                status=200,
+                backend=backend,
+                stream=True,
+                ttft_s=0.05,
+                gaps_s=[0.05],
+                tokens=2,
+                ended="complete",
+                backends=[backend],
+                resumed=False,
+                session=None,
+            )
+        )
     return out
 
 

@@ -136,16 +136,24 @@ def test_torchfts_quorum_without_a_groups_process_is_a_detection_naming_that_gro
     own = reader.match(TORCHFT_LISTENING, 1)
     assert own is not None and (own.kind, own.data["replica_id"]) == ("target.torchft_replica", "user_torchft_0")
     # The first quorum, the same one again, a group joining: nothing lost.
-    assert [reader.match(quorum_line(n, *m), 2) for n, m in ((1, [G0]), (1, [G0]), (2, [G0, G1]), (2, [G0, G1]))] == [None] * 4
+    assert [reader.match(quorum_line(n, *m), 2) for n, m in ((1, [G0]), (1, [G0]), (2, [G0, G1]), (2, [G0, G1]))] == [
+        None
+    ] * 4
     # Group 1's process replaced (killed, restarted, rejoined before its heartbeat ran out): the old one is lost.
     replaced = reader.match(quorum_line(3, G0, G1_RESTARTED), 3)
     assert replaced is not None and replaced.kind == "detect.peer_lost", replaced
     assert (replaced.data["lost"], replaced.data["quorum_id"], replaced.data["signature"]) == (
-        ["user_torchft_1"], 3, "torchft_quorum_lost"
+        ["user_torchft_1"],
+        3,
+        "torchft_quorum_lost",
     )
     # Group 1 gone (frozen past its heartbeat): lost again; its return is not a detection.
     shrunk = reader.match(quorum_line(4, G0), 4)
-    assert shrunk is not None and shrunk.data["lost"] == ["user_torchft_1"] and shrunk.data["participants"] == ["user_torchft_0"]
+    assert (
+        shrunk is not None
+        and shrunk.data["lost"] == ["user_torchft_1"]
+        and shrunk.data["participants"] == ["user_torchft_0"]
+    )
     assert reader.match(quorum_line(5, G0, G1_RESTARTED), 5) is None
     # Off with the other signatures, or by leaving it out of a list.
     for choice in ("none", ["gloo_timeout"]):
