@@ -24,7 +24,6 @@ every rank), so the probe sees both ranks' collectives. ``--json`` prints one JS
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import re
@@ -40,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "tests" / "jobs" / "user_ddp_adam.py"
 PROBE = ROOT / "tests" / "jobs" / "collective_probe.py"
 sys.path.insert(0, str(ROOT / "tests"))
+import shared  # noqa: E402  (this folder: the script's own, first on sys.path)
 from jobs.launch import launch  # noqa: E402  (tests/jobs is not a package of the project)
 
 VICTIM = 1
@@ -164,8 +164,7 @@ def main() -> None:
         f"peer never finished that collective: {summary['peer_never_finished_collective']} "
         f"(had entered it: {summary['peer_entered_and_never_finished']})"
     )
-    if args.json:
-        print(json.dumps(summary))
+    shared.json_last(summary, args.json, sort_keys=False)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ prints one JSON object as the last line.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -24,6 +23,8 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+import shared  # noqa: E402  (this folder: the script's own, first on sys.path)
 
 from chaos.injob.progress import state_digest  # noqa: E402
 
@@ -86,8 +87,7 @@ def main() -> None:
             f"{name:>10} {row['state_mb']:>9} {row['digest_ms']:>10} {row['mb_per_s']:>6} {row['step_ms']:>8} "
             f"{row['steps_worth']:>12}"
         )
-    if args.json:
-        print(json.dumps(rows))
+    shared.json_last(rows, args.json, sort_keys=False)
 
 
 if __name__ == "__main__":

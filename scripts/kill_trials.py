@@ -41,6 +41,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from chaos.cluster.local import process_state  # noqa: E402
+from chaos.plugins import registry  # noqa: E402
+from chaos.plugins.injector import needs_duration  # noqa: E402
 from chaos.testbed.slurm_daemons import wait  # noqa: E402
 
 CLI = [str(ROOT / ".venv" / "bin" / "mlchaos")] if (ROOT / ".venv" / "bin" / "mlchaos").exists() else ["mlchaos"]
@@ -73,17 +75,6 @@ def _fault(kind: str, tag: str, victim: int, folder: Path) -> dict[str, Any]:
     return {"name": f"f-{tag}", "type": kind, "params": params, "trigger": {"after": f"{APPLY_AT_S:g}s"}}
 
 
-DURATIONLESS = (
-    "partition",
-    "packet_loss",
-    "duplicate",
-    "drop_large_packets",
-    "bandwidth",
-    "delay",
-    "jitter",
-    "gpu_xid",
-    "clock",
-)
 KINDS = (
     "freeze",
     "slow",
@@ -102,6 +93,8 @@ KINDS = (
     "freeze_under_load",
     "clock",
 )
+# The kinds whose fault may be held without a duration (until its heal): every other trial of these omits it.
+DURATIONLESS = tuple(kind for kind, cls in registry.injectors().items() if kind in KINDS and not needs_duration(cls))
 # freeze_under_load: the victim is an HTTP server (an http target) under the open-loop load generator, frozen;
 # the load generator must die with the harness.
 REMOTE_KINDS = ("partition", "packet_loss", "freeze", "slow")
@@ -144,6 +137,23 @@ def _cmdlines() -> dict[int, str]:
             except OSError:
                 pass
     return found
+
+
+def _trial_scenario(
+    name: str, seed: int, target: dict[str, Any], fault: dict[str, Any], **extra: Any
+) -> dict[str, Any]:
+    """A trial's scenario: its target, its one fault, a progress check, the trials' limits (no stall cut-off)."""
+    safety = {"max_duration": f"{MAX_DURATION_S:g}s", "heal_grace": f"{GRACE_S:g}s", "no_progress_timeout": None}
+    checks = [{"type": "progress"}]
+    return {
+        "name": name,
+        "seed": seed,
+        "target": target,
+        "faults": [fault],
+        "checks": checks,
+        **extra,
+        "safety": safety,
+    }
 
 
 def _spawn_run(scenario: dict[str, Any], folder: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], float]:
@@ -246,18 +256,7 @@ def run_trial(kind: str, index: int, rng: random.Random, keep: bool = False) -> 
         target: dict[str, Any] = {"type": "command", "command": job}
         if index % 2 == 0:  # even trials: a roles target of two replicas, whose processes must die with it too
             target = {"type": "roles", "roles": {"job": {"command": job, "replicas": 2}}, "until": ["job"]}
-        scenario = {
-            "name": f"trial-{kind}",
-            "seed": index,
-            "target": target,
-            "faults": [fault],
-            "checks": [{"type": "progress"}],
-            "safety": {
-                "max_duration": f"{MAX_DURATION_S:g}s",
-                "heal_grace": f"{GRACE_S:g}s",
-                "no_progress_timeout": None,
-            },
-        }
+        scenario = _trial_scenario(f"trial-{kind}", index, target, fault)
         if kind == "freeze_under_load":
             url = f"http://127.0.0.1:{port}/"
             scenario["target"] = {"type": "http", "url": url}
@@ -486,19 +485,7 @@ def run_remote_trial(kind: str, index: int, rng: random.Random, inventory: Path,
                 "sbatch": ["--nodelist=h1"],
                 "job_name": f"trial-{tag}",
             }
-        scenario = {
-            "name": f"trial-{kind}-{host}",
-            "seed": index,
-            "target": target,
-            "faults": [fault],
-            "checks": [{"type": "progress"}],
-            "cluster": {"inventory": str(inventory)},
-            "safety": {
-                "max_duration": f"{MAX_DURATION_S:g}s",
-                "heal_grace": f"{GRACE_S:g}s",
-                "no_progress_timeout": None,
-            },
-        }
+        scenario = _trial_scenario(f"trial-{kind}-{host}", index, target, fault, cluster={"inventory": str(inventory)})
         harness, started = _spawn_run(scenario, folder, env)
         applied_at = _into_the_fault(trial, folder)
         if applied_at is None:
@@ -538,9 +525,8 @@ def run_remote_trial(kind: str, index: int, rng: random.Random, inventory: Path,
             timeout=120,
             check=False,
         )
-        if (
-            container is not None or node is not None
-        ):  # healed by the dead-man here, which journals it itself: nothing for cleanup
+        # A container's or a node's fault is healed by the dead-man here, which journals it itself: nothing for cleanup.
+        if container is not None or node is not None:
             if "nothing to heal" not in cleanup.stdout:
                 trial.left.append(f"cleanup found something to heal: {cleanup.stdout.strip()[-200:]}")
         elif f"already healed by its dead-man on {host}" not in cleanup.stdout:

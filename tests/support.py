@@ -49,6 +49,20 @@ ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ROOT / "scenarios"
 # `mlchaos` as a user runs it, without relying on the console script being on PATH.
 CLI = [sys.executable, "-m", "chaos.cli.commands"]
+# What runs inside the user's training process: torch and these mlchaos modules, nothing else of what the harness
+# depends on (pydantic, yaml, docker, paramiko, typer, rich, matplotlib, prometheus_client, pytest, ...), nor the
+# injector modules (pydantic models: the YAML schema). The layering test holds the imports to it; the public
+# surface test, what a fresh interpreter loads.
+IN_JOB_SURFACE = (
+    "chaos.agent",
+    "chaos.events",
+    "chaos.event_kinds",
+    "chaos.kernel",
+    "chaos.injob",
+    "chaos.guards",
+    "chaos.plan.agent_plan",
+    "chaos.plan.seeds",
+)
 _START_DOCKERD = ROOT / "scripts" / "start-dockerd.sh"
 
 

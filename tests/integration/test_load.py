@@ -136,6 +136,11 @@ def _spec(url: str, **fields: object) -> LoadSpec:
     return LoadSpec.model_validate({"url": url, **fields})
 
 
+def _echo(server: str, rate: int, duration: str, **reading: object) -> LoadSpec:
+    """POSTs of ``{"i": i}`` to the test server's echo endpoint, read as ``reading`` says (served_by, degraded)."""
+    return _spec(f"{server}/echo", method="POST", rate=rate, duration=duration, body='{"i": {i}}', **reading)
+
+
 # -- schedule (pure)
 
 
@@ -219,15 +224,7 @@ def test_step_and_burst_patterns_live(server: str) -> None:
 
 
 def test_served_by_and_degraded_from_headers(server: str, received: list[dict[str, object]]) -> None:
-    spec = _spec(
-        f"{server}/echo",
-        method="POST",
-        rate=100,
-        duration="0.6s",
-        body='{"i": {i}}',
-        served_by={"header": "x-backend"},
-        degraded={"header": "X-Degraded"},
-    )
+    spec = _echo(server, 100, "0.6s", served_by={"header": "x-backend"}, degraded={"header": "X-Degraded"})
     events, history = _run(spec, isolation="process")
     assert len(events) == 60 and len(received) == 60
     for e in _by_i(events):
@@ -242,29 +239,14 @@ def test_served_by_and_degraded_from_headers(server: str, received: list[dict[st
 
 def test_served_by_and_degraded_from_json_paths(server: str) -> None:
     # i%3 picks the framing: content-length, chunked, or close-delimited; the reading must not care.
-    spec = _spec(
-        f"{server}/echo",
-        method="POST",
-        rate=100,
-        duration="0.6s",
-        body='{"i": {i}}',
-        served_by={"json": "meta.backend"},
-        degraded={"json": "flags.0.degraded"},
-    )
+    spec = _echo(server, 100, "0.6s", served_by={"json": "meta.backend"}, degraded={"json": "flags.0.degraded"})
     events, _ = _run(spec)
     assert len(events) == 60
     for e in _by_i(events):
         i = e.get_int("i")
         assert i is not None
         assert (e.data["status"], e.data["backend"], e.data["degraded"]) == (200, f"j{i % 2}", i % 4 == 0), e
-    with_value = _spec(
-        f"{server}/echo",
-        method="POST",
-        rate=50,
-        duration="0.2s",
-        body='{"i": {i}}',
-        degraded={"json": "meta.backend", "value": "j1"},
-    )
+    with_value = _echo(server, 50, "0.2s", degraded={"json": "meta.backend", "value": "j1"})
     for e in _run(with_value)[0]:
         assert e.data["degraded"] == ((e.get_int("i") or 0) % 2 == 1)
 

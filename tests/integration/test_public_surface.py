@@ -17,6 +17,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from support import IN_JOB_SURFACE
 
 from chaos.plan.agent_plan import InJobOp, write_plan
 
@@ -182,20 +183,6 @@ def test_the_public_module_paths_import_without_a_warning(statement: str) -> Non
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
 
-
-# What a training image needs for the agent: torch and mlchaos's own files. Everything else the harness depends on
-# (pydantic, yaml, docker, paramiko, typer, rich, matplotlib, prometheus_client, pytest, hypothesis, ...) must not
-# be imported by the in-job surface, nor may the injector modules (pydantic models: the YAML schema).
-IN_JOB_SURFACE = (
-    "chaos.agent",
-    "chaos.events",
-    "chaos.event_kinds",
-    "chaos.kernel",
-    "chaos.injob",
-    "chaos.guards",
-    "chaos.plan.agent_plan",
-    "chaos.plan.seeds",
-)
 
 AGENT_IMPORT = """
 import json, sys

@@ -11,13 +11,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from jobs.launch import torchrun_argv, with_repo_on_path
 from support import ROOT
 
 # --- one real job: 3 gloo ranks under torchrun, rank 1 slowed by a SIGSTOP duty cycle ------------------------
@@ -63,20 +63,14 @@ class _Job:
                 "CHAOS_EVENTS": str(self.events_path),
                 "OMP_NUM_THREADS": "1",
                 "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
-                "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
             }
         )
-        argv = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--log-dir",
-            str(workdir / "torchelastic"),
-            "--standalone",
+        env = with_repo_on_path(env)
+        argv = torchrun_argv(
+            workdir,
+            WORLD,
             "--nnodes",
             "1",
-            "--nproc-per-node",
-            str(WORLD),
             "--max-restarts",
             "0",
             "--monitor-interval",
@@ -95,7 +89,7 @@ class _Job:
             "--pg-timeout",
             "30",
             "--straggler-guard",
-        ]
+        )
         self.log = open(self.log_path, "wb")  # noqa: SIM115 - closed in cleanup
         self.proc = subprocess.Popen(
             argv, cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True

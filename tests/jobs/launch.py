@@ -19,6 +19,18 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def torchrun_argv(workdir: Path, nproc: int, *args: str) -> list[str]:
+    """``python -m torch.distributed.run --log-dir WORKDIR/torchelastic --standalone --nproc-per-node NPROC ARGS``:
+    a single-machine torchrun whose workers' logs stay in ``workdir``."""
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--log-dir", str(workdir / "torchelastic")]
+    return [*torchrun, "--standalone", "--nproc-per-node", str(nproc), *args]
+
+
+def with_repo_on_path(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with this checkout first on PYTHONPATH (so a job imports this tree's ``chaos``)."""
+    return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))}
+
+
 def launch(
     workdir: Path,
     job: Sequence[str],
@@ -39,23 +51,12 @@ def launch(
         CHAOS_EVENTS=str(events),
         TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
         PYTHONFAULTHANDLER="1",  # a rank that dies in C++ leaves its Python stacks in the log
-        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     )
+    env = with_repo_on_path(env)
     if ops:
         (workdir / "plan.json").write_text(json.dumps({"seed": seed, "ops": list(ops)}))
         env["CHAOS_PLAN"] = str(workdir / "plan.json")
-    argv = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--log-dir",
-        str(workdir / "torchelastic"),
-        "--standalone",
-        "--nproc-per-node",
-        str(nproc),
-        *launcher,
-        *job,
-    ]
+    argv = torchrun_argv(workdir, nproc, *launcher, *job)
     with open(workdir / "torchrun.log", "wb") as log:
         proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jobs.launch import ROOT, kill_leftovers
+from jobs.launch import ROOT, kill_leftovers, torchrun_argv, with_repo_on_path
 
 LIGHTHOUSE = Path(sys.executable).parent / "torchft_lighthouse"
 
@@ -78,8 +78,8 @@ def launch_groups(
         TORCHFT_LIGHTHOUSE=f"http://localhost:{port}",
         NUM_REPLICA_GROUPS=str(groups),
         CHAOS_RUN_DIR=str(workdir),
-        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     )
+    base = with_repo_on_path(base)
     if ops:
         (workdir / "plan.json").write_text(json.dumps({"seed": seed, "ops": list(ops)}))
         base["CHAOS_PLAN"] = str(workdir / "plan.json")
@@ -91,19 +91,7 @@ def launch_groups(
             name = f"group.{index}"
             events = workdir / f"events-{name}.jsonl"
             env = {**base, "REPLICA_GROUP_ID": str(index), "CHAOS_REPLICA": name, "CHAOS_EVENTS": str(events)}
-            argv = [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--log-dir",
-                str(workdir / "torchelastic"),
-                "--standalone",
-                "--nproc-per-node",
-                "1",
-                "--max-restarts",
-                "0",
-                *job,
-            ]
+            argv = torchrun_argv(workdir, 1, "--max-restarts", "0", *job)
             with open(workdir / f"{name}.log", "wb") as log:
                 proc = subprocess.Popen(
                     argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True

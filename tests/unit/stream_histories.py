@@ -108,18 +108,7 @@ class StreamRun:
         out: list[Event] = []
         t0 = self.fault_at
         if self.with_fault:
-            out.append(
-                ev(
-                    t0,
-                    "fault.applied",
-                    source="runner",
-                    fault=KILL,
-                    op="op-1",
-                    injector="kill",
-                    host="local",
-                    replica="primary",
-                )
-            )
+            out.append(_killed(t0, KILL, "op-1", "primary"))
             out.append(ev(t0 + 0.01, "serving.replica_exit", source="runner", replica="primary", code=-9))
             if self.breaker:
                 out.append(ev(t0 + 0.02, "serving.breaker", backend="primary", state="open"))
@@ -132,18 +121,7 @@ class StreamRun:
                 out.append(ev(self.back_at, "serving.breaker", backend="primary", state="closed"))
         if self.cache_from is not None and self.small_signal:
             at = self.cache_from + self.leak
-            out.append(
-                ev(
-                    at,
-                    "fault.applied",
-                    source="runner",
-                    fault=KILL_SMALL,
-                    op="op-2",
-                    injector="kill",
-                    host="local",
-                    replica="small",
-                )
-            )
+            out.append(_killed(at, KILL_SMALL, "op-2", "small"))
             out.append(ev(at + 0.2, "detect.backend_down", backend="small", reason="health"))
         if self.routes:
             lower = "cache" if self.skip_small else "small"
@@ -224,6 +202,11 @@ class StreamRun:
             value = e.data.get(field)
             found += value if isinstance(value, list) else [] if value is None else [value]
         return max(found, default=0.0)
+
+
+def _killed(at: float, fault: str, op: str, replica: str) -> Event:
+    """The runner's ``fault.applied`` of a ``kill`` of ``replica`` at ``at``."""
+    return ev(at, "fault.applied", source="runner", fault=fault, op=op, injector="kill", host="local", replica=replica)
 
 
 def scenario() -> Any:

@@ -8,10 +8,10 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support import mlchaos
 from typer.testing import CliRunner
 
 import chaos
@@ -109,15 +109,8 @@ def test_cli_validate_lists_the_problems_of_every_file(tmp_path: Path) -> None:
 
 def test_help_in_a_pipe_is_not_cut_at_80_columns() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "TERMINAL_WIDTH")}
-    proc = subprocess.run(
-        [sys.executable, "-m", "chaos.cli.commands", "run", "--help"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env=env,
-        timeout=120,
-        check=True,
-    )
+    proc = mlchaos("run", "--help", env=env)
+    assert proc.returncode == 0, proc.stderr
     # The whole description of --nodes on the option's own line, not wrapped into a narrow column.
     [line] = [line for line in proc.stdout.splitlines() if "--nodes" in line]
     assert "run the scenario's torchrun job across inventory hosts: all, group:NAME[:COUNT] or host:NAME" in line

@@ -12,6 +12,8 @@ import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
+from support import IN_JOB_SURFACE
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # Lowest first. A module belongs to the most specific prefix listed; a module may import modules of its own
@@ -52,17 +54,7 @@ LAYERS: list[tuple[str, ...]] = [
 
 # What runs inside the user's process may import only these (it must stay importable with torch alone).
 IN_JOB = ("chaos.injob", "chaos.guards", "chaos.agent", "chaos.integrations")
-IN_JOB_MAY_IMPORT = (
-    "chaos",
-    "chaos.events",
-    "chaos.event_kinds",
-    "chaos.kernel",
-    "chaos.injob",
-    "chaos.guards",
-    "chaos.plan.agent_plan",
-    "chaos.plan.seeds",
-    "chaos.agent",
-)
+IN_JOB_MAY_IMPORT = ("chaos", *IN_JOB_SURFACE)
 
 
 def module_name(path: Path) -> str:

@@ -135,6 +135,19 @@ def _paths(root: Path) -> ConfPaths:
     )
 
 
+def _one_node_conf(state_dir: Path) -> str:
+    """slurm.conf of a one-node cluster with the default settings, its state under ``state_dir``."""
+    return conf_text(
+        cluster="c",
+        controller_host="c",
+        controller_address="1.1.1.1",
+        controller_port=1,
+        nodes=[("h1", "x")],
+        paths=_paths(state_dir),
+        settings=SlurmSettings(),
+    )
+
+
 def test_conf_has_the_hooks_and_refuses_what_slurm_conf_cannot_hold() -> None:
     settings = SlurmSettings(
         health_check_program=Path("/opt/hc.sh"), health_check_interval=30, requeue_exit=(75, 99), cpus=2
@@ -163,15 +176,7 @@ def test_conf_has_the_hooks_and_refuses_what_slurm_conf_cannot_hold() -> None:
         "PartitionName=chaos Nodes=h1,h2 Default=YES MaxTime=INFINITE State=UP",
     ):
         assert expected in lines, expected
-    assert "HealthCheckProgram" not in conf_text(
-        cluster="c",
-        controller_host="c",
-        controller_address="1.1.1.1",
-        controller_port=1,
-        nodes=[("h1", "x")],
-        paths=_paths(Path("/v")),
-        settings=SlurmSettings(),
-    )
+    assert "HealthCheckProgram" not in _one_node_conf(Path("/v"))
     for bad in (
         SlurmSettings(health_check_program=Path("relative.sh")),
         SlurmSettings(health_check_program=Path("/a b/hc.sh")),
@@ -181,15 +186,7 @@ def test_conf_has_the_hooks_and_refuses_what_slurm_conf_cannot_hold() -> None:
         with pytest.raises(SlurmConfError):
             bad.check()
     with pytest.raises(SlurmConfError, match="state dir"):
-        conf_text(
-            cluster="c",
-            controller_host="c",
-            controller_address="1.1.1.1",
-            controller_port=1,
-            nodes=[("h1", "x")],
-            paths=_paths(Path("/tmp/with space")),
-            settings=SlurmSettings(),
-        )
+        _one_node_conf(Path("/tmp/with space"))
 
 
 def test_a_state_dir_too_long_for_a_job_steps_socket_is_refused_with_the_length_to_use() -> None:
