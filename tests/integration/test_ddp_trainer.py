@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
+from jobs.launch import torchrun_argv
 from support import ROOT
 
 STEPS = 60
@@ -89,8 +89,11 @@ def _is_our_worker(pid: int) -> bool:
         return False
 
 
-def start_job(workdir: Path, *, seed: int = SEED, steps: int = STEPS, env: dict[str, str] | None = None) -> Job:
-    """Launch torchrun (2 ranks, up to 3 restarts) writing events, checkpoints and a log under ``workdir``."""
+def start_job(
+    workdir: Path, *, seed: int = SEED, steps: int = STEPS, env: dict[str, str] | None = None, monitor_s: float = 0.5
+) -> Job:
+    """Launch torchrun (2 ranks, up to 3 restarts, a worker poll every ``monitor_s``) writing events, checkpoints
+    and a log under ``workdir``."""
     workdir.mkdir(parents=True, exist_ok=True)
     events_path = workdir / "events.jsonl"
     checkpoint_dir = workdir / "ckpt"
@@ -104,19 +107,13 @@ def start_job(workdir: Path, *, seed: int = SEED, steps: int = STEPS, env: dict[
         }
     )
     child_env.update(env or {})
-    argv = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--log-dir",
-        str(log_path.parent / "torchelastic"),
-        "--standalone",
-        "--nproc-per-node",
-        str(WORLD),
+    argv = torchrun_argv(
+        workdir,
+        WORLD,
         "--max-restarts",
         "3",
         "--monitor-interval",
-        "0.5",
+        str(monitor_s),
         "-m",
         "chaos.reference.trainer",
         "--steps",
@@ -133,7 +130,7 @@ def start_job(workdir: Path, *, seed: int = SEED, steps: int = STEPS, env: dict[
         "0.05",
         "--pg-timeout",
         "30",
-    ]
+    )
     log = open(log_path, "wb")  # noqa: SIM115 - closed by Job.cleanup
     proc = subprocess.Popen(argv, cwd=ROOT, env=child_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return Job(proc, events_path, checkpoint_dir, log_path, log)
@@ -151,8 +148,12 @@ def run_to_completion(workdir: Path, **kwargs: Any) -> tuple[int, list[dict[str,
 
 
 def run_kill_resume(workdir: Path, env: dict[str, str] | None = None) -> tuple[int, list[dict[str, Any]], str]:
-    """SIGKILL rank 1 once it reports step >= KILL_AT_STEP, let torchrun restart the group, wait for exit."""
-    job = start_job(workdir, env=env)
+    """SIGKILL rank 1 once it reports step >= KILL_AT_STEP, let torchrun restart the group, wait for exit.
+
+    torchrun polls its workers every 2 s here: once it sees rank 1 dead it SIGTERMs rank 0, and the tests read
+    rank 0's own detection of the dead peer (its failed collective), which a loaded machine can delay past a
+    0.5 s poll (seen once: rank 0 terminated before it recorded anything)."""
+    job = start_job(workdir, env=env, monitor_s=2.0)
     try:
         deadline = time.monotonic() + JOB_TIMEOUT_S
         victim: int | None = None
