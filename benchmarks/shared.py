@@ -11,8 +11,9 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
+
+from chaos.kernel.procfs import read_stat
 
 Figures = TypeVar("Figures")
 
@@ -52,9 +53,11 @@ def json_last(figures: Figures, wanted: bool, *, sort_keys: bool = True) -> Figu
 
 
 def process_cpu_seconds(pid: int) -> float:
-    """The CPU seconds (user + system) process ``pid`` has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """The CPU seconds (user + system) process ``pid`` has used so far (:func:`chaos.kernel.procfs.read_stat`)."""
+    stat = read_stat(pid)
+    if stat is None:
+        raise ProcessLookupError(f"no process {pid}")
+    return stat.cpu_ticks / os.sysconf("SC_CLK_TCK")
 
 
 class Requests(asyncio.Protocol):

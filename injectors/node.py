@@ -120,13 +120,6 @@ class Hierarchy(CpuCgroup):
     def unlimited(self) -> str:
         return "-1" if self.version == 1 else "max"
 
-    def fs_path(self, cgroup: str) -> str | None:
-        """The directory of ``cgroup`` (a /proc/<pid>/cgroup path), or None when outside this mount."""
-        root = self.root.rstrip("/")
-        if cgroup != root and not cgroup.startswith(root + "/"):
-            return None
-        return self.mount.rstrip("/") + cgroup[len(root) :] if cgroup[len(root) :] else self.mount
-
 
 class _HostFs(HostFiles):
     """Reads and writes of small (pseudo-)files on the fault's host: local directly, remote through sh."""
@@ -184,14 +177,7 @@ def _hierarchy(fs: _HostFs) -> Hierarchy:
 
 def _cgroup_of(fs: _HostFs, hierarchy: Hierarchy, pid: int) -> str | None:
     """The directory of ``pid``'s cpu cgroup, or None when the pid is gone or outside the hierarchy."""
-    text = fs.read(f"/proc/{pid}/cgroup")
-    for line in (text or "").splitlines():
-        hier_id, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
-        v1_match = hierarchy.version == 1 and "cpu" in controllers.split(",")
-        if v1_match or (hierarchy.version == 2 and hier_id == "0" and controllers == ""):
-            return hierarchy.fs_path(path)
-    return None
+    return hierarchy.directory_of(fs.read(f"/proc/{pid}/cgroup") or "")
 
 
 def _under(mount: str, path: str) -> bool:

@@ -41,9 +41,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from chaos.cluster.local import process_state  # noqa: E402
+from chaos.cluster.poll import wait_until  # noqa: E402
 from chaos.plugins import registry  # noqa: E402
 from chaos.plugins.injector import needs_duration  # noqa: E402
-from chaos.testbed.slurm_daemons import wait  # noqa: E402
 
 CLI = [str(ROOT / ".venv" / "bin" / "mlchaos")] if (ROOT / ".venv" / "bin" / "mlchaos").exists() else ["mlchaos"]
 MAX_DURATION_S, GRACE_S, FAULT_S, APPLY_AT_S = 10.0, 2.0, 6.0, 1.0
@@ -174,7 +174,7 @@ def _spawn_run(scenario: dict[str, Any], folder: Path, env: dict[str, str]) -> t
 def _into_the_fault(trial: Trial, folder: Path) -> float | None:
     """Wait for the run to apply its fault (its journal says so), then the trial's seeded moment; when it was
     applied (monotonic), or None (noted on the trial) when it never was."""
-    if not wait(lambda: any(r.get("kind") == "applied" for r in _journal(folder / "state")), 30):
+    if not wait_until(lambda: any(r.get("kind") == "applied" for r in _journal(folder / "state")), 30):
         trial.left.append("the fault was never applied (no journal record)")
         return None
     applied_at = time.monotonic()
@@ -276,7 +276,7 @@ def run_trial(kind: str, index: int, rng: random.Random, keep: bool = False) -> 
             trial.left.append(f"the target's processes were not all running when the harness was killed: {jobs}")
         harness.send_signal(signal.SIGKILL)
         harness.wait(timeout=10)
-        if port and not wait(lambda: not loaders(), 10):
+        if port and not wait_until(lambda: not loaders(), 10):
             trial.left.append(f"the load generator outlived the harness: {loaders()}")
         _sleep_past_the_deadline(applied_at, started)
         records = _journal(folder / "state")
@@ -414,7 +414,7 @@ def _start_remote_victim(transport: Any, tag: str) -> int:
         check=True,
     )
     found: list[int] = []
-    wait(lambda: bool(found.extend(p for p, c in _cmdlines().items() if f"victim-{tag}" in c) or found), 10)
+    wait_until(lambda: bool(found.extend(p for p, c in _cmdlines().items() if f"victim-{tag}" in c) or found), 10)
     if not found:
         raise RuntimeError(f"the victim did not start on {transport.host}")
     return min(found)
@@ -499,7 +499,7 @@ def run_remote_trial(kind: str, index: int, rng: random.Random, inventory: Path,
             trial.left.append(f"the victim on {host} is still stopped")
         if container is not None and (now := _container_facts(inventory, host)) != container:
             trial.left.append(f"container {host} is {now}, it was {container}")
-        if node is not None and not wait(lambda: _node_facts(inventory, host) == node, 30):
+        if node is not None and not wait_until(lambda: _node_facts(inventory, host) == node, 30):
             trial.left.append(f"Slurm node {host} is {_node_facts(inventory, host)}, it was {node}")
         rules = h.run(["iptables", "-S"], check=True).stdout
         ops = set()

@@ -55,6 +55,24 @@ class CpuCgroup:
     mount: str
     root: str
 
+    def fs_path(self, cgroup: str) -> str | None:
+        """The directory of ``cgroup`` (a /proc/<pid>/cgroup path), or None when outside this mount."""
+        root = self.root.rstrip("/")
+        if cgroup != root and not cgroup.startswith(root + "/"):
+            return None
+        return self.mount.rstrip("/") + cgroup[len(root) :] if cgroup[len(root) :] else self.mount
+
+    def directory_of(self, proc_cgroup: str) -> str | None:
+        """The directory of a process's cpu cgroup, from its ``/proc/<pid>/cgroup`` text: None when no line is
+        this hierarchy's (v1: the one listing ``cpu``; v2: ``0::``) or its cgroup lies outside this mount."""
+        for line in proc_cgroup.splitlines():
+            hierarchy, _, rest = line.partition(":")
+            controllers, _, path = rest.partition(":")
+            v1_match = self.version == 1 and "cpu" in controllers.split(",")
+            if v1_match or (self.version == 2 and hierarchy == "0" and controllers == ""):
+                return self.fs_path(path)
+        return None
+
 
 def cpu_cgroup(text: str, read: Callable[[str], str | None] | None = None) -> CpuCgroup | None:
     """The cpu controller's hierarchy in a mountinfo text: v1 ``cpu`` first, else the unified v2 hierarchy.

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from chaos.kernel.mounts import cpu_cgroup
+from chaos.kernel.mounts import CpuCgroup, cpu_cgroup
 from chaos.kernel.procfs import read_stat
 from chaos.slurm.client import expand_hostlist, parse_fields
 from chaos.slurm.healthcheck_xid import scan
@@ -211,18 +211,10 @@ def cpu_mount(mountinfo: str) -> CpuMount | None:
 
 
 def cgroup_dir(mount: CpuMount, proc_cgroup: str) -> Path | None:
-    """The directory of a process's cpu cgroup (from its ``/proc/<pid>/cgroup`` text), or None."""
-    for line in proc_cgroup.splitlines():
-        hier, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
-        if (mount.version == 1 and "cpu" in controllers.split(",")) or (
-            mount.version == 2 and hier == "0" and not controllers
-        ):
-            root = mount.root.rstrip("/")
-            if path != root and not path.startswith(root + "/") and root:
-                return None
-            return mount.mount / path[len(root) :].lstrip("/")
-    return None
+    """The directory of a process's cpu cgroup (from its ``/proc/<pid>/cgroup`` text), or None
+    (:meth:`chaos.kernel.mounts.CpuCgroup.directory_of`)."""
+    found = CpuCgroup(mount.version, str(mount.mount), mount.root).directory_of(proc_cgroup)
+    return None if found is None else Path(found)
 
 
 def cpu_limit(mount: CpuMount, folder: Path) -> tuple[float, Path] | None:

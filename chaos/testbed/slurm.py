@@ -37,6 +37,7 @@ from pathlib import Path
 from chaos.cluster.base import Transport
 from chaos.cluster.inventory import Inventory, dump_inventory, load_inventory
 from chaos.cluster.local import LocalTransport
+from chaos.cluster.poll import wait_until
 from chaos.slurm.client import SlurmClient, SlurmError
 from chaos.testbed import base as tb
 from chaos.testbed import namespaces
@@ -252,7 +253,7 @@ def _ensure_munged(layout: SlurmLayout, log: Callable[[str], None]) -> None:
         "--force",  # the state dir may sit under /tmp, whose permissions munged would otherwise refuse
     ]
     daemons.start("munged", argv, layout.munged_log)
-    if not daemons.wait(lambda: layout.munge_socket.exists(), 10.0):
+    if not wait_until(lambda: layout.munge_socket.exists(), 10.0):
         raise TestbedError(f"munged did not create {layout.munge_socket}:\n{daemons.tail(layout.munged_log)}")
     log(f"started munged ({layout.munge_socket})")
 
@@ -296,7 +297,7 @@ def _wait_nodes_up(testbed: SlurmTestbed, layout: SlurmLayout) -> None:
         seen.update({node.name: "+".join([node.state, *sorted(node.flags)]) for node in nodes})
         return {node.name for node in nodes if node.responding} == set(testbed.nodes)
 
-    if not daemons.wait(ready, _READY_S, interval=0.2):
+    if not wait_until(ready, _READY_S, interval=0.2):
         tails = "\n".join(f"{node}: {daemons.tail(layout.slurmd_log(node), 3)}" for node in testbed.nodes)
         raise TestbedError(f"not every slurmd registered within {_READY_S:.0f}s: {seen}\n{tails}")
 

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -253,17 +252,6 @@ def write_json(path: Path, data: dict[str, object]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")
     os.replace(tmp, path)
-
-
-def wait(ready: Callable[[], bool], timeout: float, *, interval: float = 0.05) -> bool:
-    """True as soon as ``ready()``; False after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if ready():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(interval)
 
 
 def tail(path: Path, lines: int = 12) -> str:

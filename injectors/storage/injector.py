@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
@@ -25,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, m
 import injectors.storage.fuselayer as fuselayer
 from chaos.cluster.base import Transport, TransportError, host_python
 from chaos.cluster.local import LocalTransport
+from chaos.cluster.poll import wait_until
 from chaos.plugins.injector import (
     Applied,
     FaultOp,
@@ -246,15 +246,6 @@ def _write_fault(ctx: InjectionContext, state: StorageState, fault: fuselayer.Fa
         raise InjectionError(f"cannot write the fault control file {path}: {exc}") from exc
 
 
-def _wait(predicate: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return bool(predicate())
-
-
 def change(ctx: InjectionContext, applied: Applied, params: StorageParams | None) -> None:
     """Switch a live ``storage`` fault to ``params`` (None clears it) and wait until the daemon adopted it.
 
@@ -267,7 +258,7 @@ def change(ctx: InjectionContext, applied: Applied, params: StorageParams | None
     host, files = ProcessHost(ctx.transport), _Files(ctx.transport)
     generation = time.time_ns()
     _write_fault(ctx, state, _fault(params, generation))
-    if not _wait(lambda: _status(files, state).get("generation") == generation, ACK_TIMEOUT_S):
+    if not wait_until(lambda: _status(files, state).get("generation") == generation, ACK_TIMEOUT_S):
         alive = "alive" if _daemons(host, applied) else "gone"
         raise InjectionError(f"the fault layer on {state.path} did not adopt the change (daemon {alive})")
 
@@ -471,7 +462,7 @@ class StorageInjector(HeldFault, name="storage", params=StorageParams):
         def failed() -> bool:
             return not host.is_helper(helper, fuselayer.MODULE, applied.op_id)
 
-        if not _wait(lambda: serving() or failed(), READY_TIMEOUT_S) or not serving():
+        if not wait_until(lambda: serving() or failed(), READY_TIMEOUT_S) or not serving():
             log = (files.read(state.log) or "").strip().splitlines()[-5:]
             raise InjectionError(f"the FUSE layer on {path} did not come up: {' | '.join(log) or 'no log'}")
 
@@ -499,11 +490,11 @@ class StorageInjector(HeldFault, name="storage", params=StorageParams):
             ok, detail = files.run(fuselayer.unmount_argv(path, lazy=lazy))
             if not ok:
                 errors.append(f"{' '.join(fuselayer.unmount_argv(path, lazy=lazy))}: {detail}")
-        if daemons and not _wait(lambda: not _daemons(host, applied), drain_s + _EXIT_GRACE_S):
+        if daemons and not wait_until(lambda: not _daemons(host, applied), drain_s + _EXIT_GRACE_S):
             # Exiting closes /dev/fuse, which aborts the connection; SIGKILL does the same without libfuse's
             # SIGTERM path, which would unmount by path (possibly someone else's newer mount).
             host.signal("SIGKILL", _daemons(host, applied))
-            _wait(lambda: not _daemons(host, applied), _EXIT_GRACE_S)
+            wait_until(lambda: not _daemons(host, applied), _EXIT_GRACE_S)
         if fuselayer.is_mounted(fsname, path, files.mounts()):
             raise InjectionError(f"the FUSE layer {fsname} is still mounted on {path}: {'; '.join(errors)}")
         # Recorded once: the file goes with it (a cleared, draining daemon counts nothing more).

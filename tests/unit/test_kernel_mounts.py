@@ -29,3 +29,13 @@ def test_the_unified_hierarchy_counts_only_where_it_offers_cpu() -> None:
     assert cpu_cgroup(V2, lambda path: "cpuset cpu io memory") == CpuCgroup(2, "/sys/fs/cgroup", "/")
     assert cpu_cgroup(V2, lambda path: "memory pids") is None
     assert cpu_cgroup("") is None
+
+
+def test_a_process_cgroup_maps_to_its_directory_under_the_mount() -> None:
+    v1 = CpuCgroup(1, "/sys/fs/cgroup/cpu,cpuacct", "/docker/x")
+    proc_v1 = "12:memory:/docker/x/job\n4:cpu,cpuacct:/docker/x/job\n0::/docker/x/job\n"
+    assert v1.directory_of(proc_v1) == "/sys/fs/cgroup/cpu,cpuacct/job"
+    assert v1.directory_of("4:cpu,cpuacct:/elsewhere\n") is None
+    v2 = CpuCgroup(2, "/sys/fs/cgroup", "/")
+    assert v2.directory_of(proc_v1) == "/sys/fs/cgroup/docker/x/job"
+    assert v2.directory_of("4:cpu,cpuacct:/docker/x/job\n") is None
